@@ -1,0 +1,77 @@
+"""Pure-ASGI middleware: request id, arrival time, and one JSON access-log line per request.
+
+It runs before everything else, so `arrival` (a `time.perf_counter()` in seconds, kept in the
+ASGI scope's `state`) is the clock start for TTFT. The request id comes from a well-formed
+incoming `X-Request-ID` or is made here, and goes back in the `X-Request-ID` response header.
+The log line has no prompt text and no secrets: only the key's id, never the key.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+logger = logging.getLogger("gateway.access")
+
+_VALID_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+class AccessMiddleware:
+    """Wraps the app; see the module docstring."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Stamp the request, add `X-Request-ID`, log one line when the response ends."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        arrival = time.perf_counter()
+        request_id = _incoming_id(scope) or uuid.uuid4().hex
+        state = scope.setdefault("state", {})
+        state.update(arrival=arrival, request_id=request_id)
+        status = 500
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            if scope["path"] not in ("/metrics", "/healthz", "/readyz"):
+                self._log(scope, state, status, arrival)
+
+    @staticmethod
+    def _log(scope: Scope, state: dict[str, object], status: int, arrival: float) -> None:
+        summary = state.get("summary")
+        record = {
+            "request_id": state["request_id"],
+            "method": scope["method"],
+            "route": scope["path"] if scope["path"].startswith("/v1/") else "other",
+            "status": status,
+            "key_id": state.get("key_id"),
+            "model": state.get("model"),
+            **(summary if isinstance(summary, dict) else {"outcome": state.get("outcome")}),
+        }
+        record.setdefault("duration_s", round(time.perf_counter() - arrival, 6))
+        logger.info(json.dumps(record, separators=(",", ":"), default=str))
+
+
+def _incoming_id(scope: Scope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            text = value.decode("latin-1")
+            return text if _VALID_ID.match(text) else None
+    return None

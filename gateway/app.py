@@ -1,0 +1,79 @@
+"""`create_app`: builds the FastAPI app, its lifespan resources and its wiring."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI
+from prometheus_client import make_asgi_app
+
+from gateway import __version__
+from gateway.access import AccessMiddleware
+from gateway.deps import GatewayState
+from gateway.errors import register_error_handlers
+from gateway.health import router as health_router
+from gateway.keys.store import KeyStore
+from gateway.metrics import Metrics
+from gateway.relay.routes import router as relay_router
+from gateway.settings import Settings
+from gateway.upstream.catalog import ModelCatalog
+from gateway.upstream.client import build_upstream_client
+from gateway.upstream.dialect import Dialect
+from gateway.upstream.ollama import OllamaDialect
+from gateway.upstream.openai import OpenAIDialect
+
+
+def build_dialect(settings: Settings) -> Dialect:
+    """Return the dialect object for `GATEWAY_UPSTREAM_DIALECT`."""
+    return OpenAIDialect() if settings.upstream_dialect == "openai" else OllamaDialect()
+
+
+def create_app(
+    settings: Settings | None = None, *, upstream_transport: httpx.AsyncBaseTransport | None = None
+) -> FastAPI:
+    """Build the gateway app.
+
+    Args:
+        settings: Configuration; None reads `GATEWAY_*` variables and `.env`.
+        upstream_transport: An httpx transport for the upstream client (tests).
+
+    Returns:
+        The app. Its lifespan opens the upstream client and the key store (creating the key
+        table if missing) and closes both on shutdown.
+    """
+    settings = settings or Settings()
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[GatewayState]:
+        store = KeyStore.from_url(settings.database_url)
+        await store.create_schema()
+        dialect = build_dialect(settings)
+        async with build_upstream_client(settings, upstream_transport) as client:
+            try:
+                yield GatewayState(
+                    settings=settings,
+                    client=client,
+                    store=store,
+                    metrics=metrics,
+                    dialect=dialect,
+                    catalog=ModelCatalog(dialect, client),
+                )
+            finally:
+                await store.close()
+
+    app = FastAPI(
+        title="LLM gateway",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    register_error_handlers(app)
+    app.include_router(health_router)
+    app.include_router(relay_router)
+    app.mount("/metrics", make_asgi_app(registry=metrics.registry))
+    app.add_middleware(AccessMiddleware)
+    return app

@@ -1,0 +1,1 @@
+"""API keys: the principal, key format and hashing, and the request dependency."""

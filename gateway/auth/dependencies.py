@@ -1,0 +1,55 @@
+"""`require_principal`: the router-level dependency that authenticates every app request."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from gateway.auth.principal import Principal
+from gateway.deps import KeyStoreDep, SettingsDep
+from gateway.errors import UnauthorizedError
+from gateway.keys.store import InvalidKeyError
+
+logger = logging.getLogger("gateway.auth")
+
+
+def presented_key(request: Request) -> str | None:
+    """Return the key from `Authorization: Bearer <key>` (RFC 6750) or `X-API-Key: <key>`."""
+    authorization = request.headers.get("authorization")
+    if authorization:
+        scheme, _, credentials = authorization.partition(" ")
+        if scheme.lower() == "bearer" and credentials.strip():
+            return credentials.strip()
+        return None
+    api_key = request.headers.get("x-api-key")
+    return api_key.strip() if api_key and api_key.strip() else None
+
+
+async def require_principal(
+    request: Request, store: KeyStoreDep, settings: SettingsDep
+) -> Principal:
+    """Authenticate the request's API key and return its principal.
+
+    The principal is also stored in `request.state.principal` (the rate limiter keys on it).
+
+    Raises:
+        UnauthorizedError: the key is missing, malformed, unknown, revoked or expired (401).
+    """
+    key = presented_key(request)
+    if key is None:
+        raise UnauthorizedError("missing API key: send Authorization: Bearer <key>")
+    try:
+        record = await store.authenticate(key)
+    except InvalidKeyError as exc:
+        logger.info("rejected API key: %s", exc.reason)
+        raise UnauthorizedError(str(exc)) from exc
+    await store.touch(record.id, min_interval=settings.last_used_interval)
+    principal = Principal(record.id, record.name, record.models)
+    request.state.principal = principal
+    request.scope.setdefault("state", {})["key_id"] = record.id
+    return principal
+
+
+PrincipalDep = Annotated[Principal, Depends(require_principal)]

@@ -1,0 +1,76 @@
+# ruff: noqa: T201 (a command-line interface prints by design)
+"""The `gateway` command: `gateway serve` and `gateway keys create|list|revoke|rotate`.
+
+`main(argv)` parses the arguments, builds `Settings()` once and hands both to the chosen
+subcommand's `handler`, so tests can run any command in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from gateway import __version__
+from gateway.keys import cli as keys_cli
+from gateway.settings import Settings
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}: use 1 to 65535")
+    return int(text)
+
+
+def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    # Imported here so that `gateway keys ...` does not load the web stack.
+    from gateway import server
+
+    host = settings.host if args.host is None else args.host
+    port = settings.port if args.port is None else args.port
+    server.serve(settings, host=host, port=port)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the `gateway` argument parser with all its subcommands."""
+    parser = argparse.ArgumentParser(
+        prog="gateway",
+        description="Authenticated inference gateway for Ollama-compatible model servers. "
+        "Configuration comes from GATEWAY_* environment variables and .env.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+
+    serve = commands.add_parser("serve", help="run the gateway HTTP server")
+    serve.add_argument("--host", help="address to bind (default: GATEWAY_HOST)")
+    serve.add_argument("--port", type=_port, help="port to listen on (default: GATEWAY_PORT)")
+    serve.set_defaults(handler=_serve)
+
+    keys_cli.add_parser(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `gateway` command.
+
+    Args:
+        argv: The arguments after the program name; default: `sys.argv[1:]`.
+
+    Returns:
+        The process exit code: 0 on success, 1 when the command failed, 2 on invalid
+        configuration.
+
+    Raises:
+        SystemExit: from argparse, on `--help`, `--version` or a usage error (code 2).
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        print(f"gateway: invalid configuration:\n{exc}", file=sys.stderr)
+        return 2
+    handler: keys_cli.CommandHandler = args.handler
+    return handler(args, settings)

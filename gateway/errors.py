@@ -1,0 +1,210 @@
+"""Errors the gateway answers with, and the one place their HTTP bodies are rendered.
+
+Hierarchy (each carries an HTTP status and a message that is safe to show a client)::
+
+    GatewayError
+    ├── BadRequestError            400  body is not JSON, or not an object
+    ├── UnauthorizedError          401  key missing, unknown, revoked or expired (+ WWW-Authenticate)
+    ├── ForbiddenError             403  the key may not use this model
+    ├── NotFoundError              404  unknown route
+    ├── PayloadTooLargeError       413  body over GATEWAY_MAX_BODY_BYTES
+    ├── UnprocessableError         422  JSON with the wrong shape (model missing, stream not a bool)
+    └── UpstreamError              502  the upstream failed (base of the upstream family)
+        ├── UpstreamStatusError    4xx passed through, 5xx as 502, 503 kept with Retry-After
+        ├── UpstreamUnavailableError 502 connection refused / reset / dropped
+        └── UpstreamTimeoutError   504  connect, first-byte or idle timeout
+
+Bodies follow the client's dialect: Ollama's `{"error": "..."}` on the Ollama-shaped routes
+(reference section 4.1) and OpenAI's `{"error": {"message", "type", "param", "code"}}` on
+`/v1/models`. A failure after the first streamed byte cannot change the status any more; the relay
+turns it into one final NDJSON `{"error": ...}` line instead (reference section 4.3).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger("gateway.errors")
+
+#: Routes whose clients speak OpenAI's error dialect; every other route speaks Ollama's.
+OPENAI_DIALECT_PATHS = ("/v1/models",)
+
+
+class GatewayError(Exception):
+    """Base of every error the gateway answers with.
+
+    Attributes:
+        status_code: HTTP status sent to the client.
+        message: Client-safe text; never contains secrets or upstream internals.
+        headers: Extra response headers (for example `Retry-After`).
+        outcome: The `outcome` label recorded in metrics for a request that ends here.
+    """
+
+    status_code = 500
+    outcome = "error"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+
+class BadRequestError(GatewayError):
+    """The body is not valid JSON (400, as Ollama answers; reference section 1)."""
+
+    status_code = 400
+    outcome = "bad_request"
+
+
+class UnauthorizedError(GatewayError):
+    """No usable API key (401 with `WWW-Authenticate: Bearer`, RFC 6750 section 3)."""
+
+    status_code = 401
+    outcome = "rejected_auth"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"WWW-Authenticate": 'Bearer realm="gateway"'})
+
+
+class ForbiddenError(GatewayError):
+    """The key is valid but may not use the requested model (403)."""
+
+    status_code = 403
+    outcome = "forbidden"
+
+
+class NotFoundError(GatewayError):
+    """Unknown route (404)."""
+
+    status_code = 404
+    outcome = "not_found"
+
+
+class PayloadTooLargeError(GatewayError):
+    """The request body is larger than `GATEWAY_MAX_BODY_BYTES` (413)."""
+
+    status_code = 413
+    outcome = "bad_request"
+
+
+class UnprocessableError(GatewayError):
+    """Well-formed JSON of the wrong shape (422)."""
+
+    status_code = 422
+    outcome = "bad_request"
+
+
+class UpstreamError(GatewayError):
+    """The upstream model server failed (502 unless a subclass says otherwise)."""
+
+    status_code = 502
+    outcome = "upstream_error"
+
+
+class UpstreamStatusError(UpstreamError):
+    """The upstream answered with an error status before the first byte.
+
+    4xx statuses other than 401/403 are the client's fault and pass through with the upstream's
+    message (for example Ollama's 404 `model 'x' not found`). 401/403 from the upstream mean the
+    gateway is misconfigured (Ollama's empty-bodied Host/Origin gate, reference section 6.8) and
+    become 502. 503 (Ollama's "server busy", reference section 8) stays 503 with `Retry-After`.
+    Other 5xx become 502.
+    """
+
+    def __init__(self, upstream_status: int, message: str) -> None:
+        self.upstream_status = upstream_status
+        headers: dict[str, str] = {}
+        if upstream_status in (401, 403):
+            status, text = 502, f"upstream refused the gateway (status {upstream_status})"
+        elif 400 <= upstream_status < 500:
+            status, text = upstream_status, message
+        elif upstream_status == 503:
+            status, text = 503, message or "upstream busy"
+            headers["Retry-After"] = "1"
+        else:
+            status, text = 502, message or f"upstream failed with status {upstream_status}"
+        super().__init__(text, headers=headers)
+        self.status_code = status
+        self.outcome = "client_error" if 400 <= status < 500 else "upstream_error"
+
+
+class UpstreamUnavailableError(UpstreamError):
+    """The upstream could not be reached, or dropped the connection (502)."""
+
+
+class UpstreamTimeoutError(UpstreamError):
+    """The upstream did not answer in time (504)."""
+
+    status_code = 504
+    outcome = "timeout"
+
+
+def ollama_error_body(message: str) -> bytes:
+    """Serialize Ollama's error object, `{"error": message}` (reference section 4.1), as bytes."""
+    return json.dumps({"error": message}, ensure_ascii=False).encode()
+
+
+def openai_error_body(message: str, status_code: int) -> bytes:
+    """Serialize OpenAI's error object; `type` follows Ollama's mapping (reference section 4.1)."""
+    kind = {400: "invalid_request_error", 404: "not_found_error"}.get(status_code, "api_error")
+    if status_code in (401, 403):
+        kind = "authentication_error" if status_code == 401 else "permission_error"
+    error: dict[str, Any] = {"message": message, "type": kind, "param": None, "code": None}
+    return json.dumps({"error": error}, ensure_ascii=False).encode()
+
+
+def error_response(
+    path: str, status_code: int, message: str, headers: dict[str, str] | None = None
+) -> Response:
+    """Build the error response for `path` in its clients' dialect.
+
+    Args:
+        path: Request path; decides the dialect (see `OPENAI_DIALECT_PATHS`).
+        status_code: HTTP status.
+        message: Client-safe message.
+        headers: Extra headers such as `WWW-Authenticate` or `Retry-After`.
+    """
+    if path.startswith(OPENAI_DIALECT_PATHS):
+        body = openai_error_body(message, status_code)
+    else:
+        body = ollama_error_body(message)
+    return Response(body, status_code, headers=headers, media_type="application/json")
+
+
+async def _handle_gateway_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GatewayError)  # noqa: S101 - registered for GatewayError only
+    request.scope.setdefault("state", {})["outcome"] = exc.outcome
+    return error_response(request.url.path, exc.status_code, exc.message, exc.headers)
+
+
+async def _handle_http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)  # noqa: S101
+    message = {404: "not found", 405: "method not allowed"}.get(exc.status_code, str(exc.detail))
+    return error_response(request.url.path, exc.status_code, message, exc.headers)
+
+
+async def _handle_validation_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)  # noqa: S101
+    first = exc.errors()[0] if exc.errors() else {}
+    where = ".".join(str(part) for part in first.get("loc", ()))
+    return error_response(request.url.path, 422, f"invalid request: {where} {first.get('msg', '')}")
+
+
+async def _handle_unexpected(request: Request, exc: Exception) -> Response:
+    logger.error("unhandled error on %s", request.url.path, exc_info=exc)
+    return error_response(request.url.path, 500, "internal gateway error")
+
+
+def register_error_handlers(app: FastAPI) -> None:
+    """Register every exception handler of the gateway on `app` (called once by `create_app`)."""
+    app.add_exception_handler(GatewayError, _handle_gateway_error)
+    app.add_exception_handler(StarletteHTTPException, _handle_http_exception)
+    app.add_exception_handler(RequestValidationError, _handle_validation_error)
+    app.add_exception_handler(Exception, _handle_unexpected)

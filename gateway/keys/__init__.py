@@ -1,0 +1,1 @@
+"""The API key store (SQLAlchemy async) and the `gateway keys` commands."""

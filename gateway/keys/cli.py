@@ -1,0 +1,235 @@
+# ruff: noqa: T201 (a command-line interface prints by design)
+"""The `gateway keys` commands: create, list, revoke and rotate API keys from a shell.
+
+Each command opens the key store at `Settings.database_url`, creates its table if missing, does
+one thing and closes the store. A new key is printed once, to stdout, and nowhere else; listings
+never show secrets (the store has none to show). Errors go to stderr with exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+
+from gateway.keys.store import InvalidKeyError, KeyNotFoundError, KeyRecord, KeyStore
+from gateway.settings import Settings
+
+CommandHandler = Callable[[argparse.Namespace, Settings], int]
+"""What each subcommand stores as `handler`: takes the parsed arguments, returns an exit code."""
+
+_DURATION = re.compile(r"([1-9][0-9]*)([smhdw])")
+_MAX_LIFETIME = timedelta(days=36525)
+_NOT_SHOWN_AGAIN = "Store this key now: it will not be shown again."
+
+
+def parse_duration(text: str) -> timedelta:
+    """Parse a key lifetime such as `90s`, `15m`, `12h`, `30d` or `2w` (an argparse `type`).
+
+    Raises:
+        argparse.ArgumentTypeError: on any other form, zero, or more than 100 years.
+    """
+    match = _DURATION.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: use a positive whole number and one unit "
+            "(s, m, h, d or w), for example 90s, 15m, 12h, 30d or 2w"
+        )
+    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}[match[2]]
+    try:
+        lifetime = timedelta(**{unit: int(match[1])})
+    except OverflowError:
+        lifetime = timedelta.max
+    if lifetime > _MAX_LIFETIME:
+        raise argparse.ArgumentTypeError(f"duration {text!r} is longer than 100 years")
+    return lifetime
+
+
+def parse_models(text: str) -> list[str]:
+    """Parse `--models a,b` into distinct, stripped names (an argparse `type`).
+
+    Raises:
+        argparse.ArgumentTypeError: if no name is given.
+    """
+    names = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one model name, for example llama3.2:1b")
+    return names
+
+
+def _key_name(text: str) -> str:
+    if not text.strip() or len(text) > 200:
+        raise argparse.ArgumentTypeError("a key name must be 1 to 200 characters")
+    return text
+
+
+def _when(moment: datetime | None) -> str:
+    return "-" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _record_json(record: KeyRecord, now: datetime) -> dict[str, Any]:
+    def iso(moment: datetime | None) -> str | None:
+        return None if moment is None else moment.isoformat()
+
+    return {
+        "id": record.id,
+        "name": record.name,
+        "models": None if record.models is None else list(record.models),
+        "created_at": iso(record.created_at),
+        "expires_at": iso(record.expires_at),
+        "revoked_at": iso(record.revoked_at),
+        "last_used_at": iso(record.last_used_at),
+        "status": record.status(now),
+    }
+
+
+def _print_table(records: list[KeyRecord], now: datetime) -> None:
+    header = ("ID", "NAME", "MODELS", "CREATED", "EXPIRES", "LAST USED", "STATUS")
+    rows = [
+        (
+            record.id,
+            record.name,
+            "all" if record.models is None else ",".join(record.models),
+            _when(record.created_at),
+            "never" if record.expires_at is None else _when(record.expires_at),
+            "never" if record.last_used_at is None else _when(record.last_used_at),
+            record.status(now),
+        )
+        for record in records
+    ]
+    widths = [max(len(row[column]) for row in [header, *rows]) for column in range(len(header))]
+    for row in [header, *rows]:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+
+
+def _run(settings: Settings, action: Callable[[KeyStore], Awaitable[int]]) -> int:
+    """Run one store action on a fresh store and map expected failures to exit code 1."""
+
+    async def with_store() -> int:
+        store = KeyStore.from_url(settings.database_url)
+        try:
+            await store.create_schema()
+            return await action(store)
+        finally:
+            await store.close()
+
+    try:
+        return asyncio.run(with_store())
+    except KeyNotFoundError as exc:
+        print(f"gateway keys: {exc}", file=sys.stderr)
+    except (SQLAlchemyError, OSError) as exc:
+        # The URL may carry a password; show it masked.
+        url = make_url(settings.database_url).render_as_string(hide_password=True)
+        print(f"gateway keys: key store {url} failed: {exc}", file=sys.stderr)
+    return 1
+
+
+def _print_new_key(record: KeyRecord, key: str, *, as_json: bool, verb: str) -> None:
+    now = datetime.now(UTC)
+    if as_json:
+        print(json.dumps({**_record_json(record, now), "key": key}))
+        return
+    models = "all" if record.models is None else ", ".join(record.models)
+    expires = "never" if record.expires_at is None else _when(record.expires_at)
+    print(f"{verb} key {record.id} ({record.name}); models: {models}; expires: {expires}")
+    print(key)
+    print(_NOT_SHOWN_AGAIN)
+
+
+def _create(args: argparse.Namespace, settings: Settings) -> int:
+    expires_at = None if args.expires_in is None else datetime.now(UTC) + args.expires_in
+
+    async def action(store: KeyStore) -> int:
+        record, key = await store.create_key(args.name, models=args.models, expires_at=expires_at)
+        _print_new_key(record, key, as_json=args.json, verb="Created")
+        return 0
+
+    return _run(settings, action)
+
+
+def _list(args: argparse.Namespace, settings: Settings) -> int:
+    async def action(store: KeyStore) -> int:
+        records = await store.list_keys()
+        now = datetime.now(UTC)
+        if args.json:
+            print(json.dumps([_record_json(record, now) for record in records]))
+        elif records:
+            _print_table(records, now)
+        else:
+            print("No API keys yet; create one with `gateway keys create --name NAME`.")
+        return 0
+
+    return _run(settings, action)
+
+
+def _revoke(args: argparse.Namespace, settings: Settings) -> int:
+    async def action(store: KeyStore) -> int:
+        record = await store.revoke(args.key_id)
+        print(f"Revoked key {record.id} ({record.name}) at {_when(record.revoked_at)}.")
+        return 0
+
+    return _run(settings, action)
+
+
+def _rotate(args: argparse.Namespace, settings: Settings) -> int:
+    async def action(store: KeyStore) -> int:
+        try:
+            record, key = await store.rotate(args.key_id)
+        except InvalidKeyError:
+            print(f"gateway keys: key {args.key_id} is revoked; create a new one", file=sys.stderr)
+            return 1
+        _print_new_key(record, key, as_json=args.json, verb="Rotated (old secret revoked)")
+        return 0
+
+    return _run(settings, action)
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `keys` command and its `create`, `list`, `revoke` and `rotate` subcommands.
+
+    Args:
+        subparsers: The top-level `gateway` parser's subparsers. Each leaf parser sets
+            `handler`, a `CommandHandler`.
+    """
+    keys = subparsers.add_parser("keys", help="create, list, revoke and rotate API keys")
+    commands = keys.add_subparsers(title="commands", metavar="COMMAND", required=True)
+
+    create = commands.add_parser("create", help="create a key and print it once")
+    create.add_argument("--name", required=True, type=_key_name, help="who the key is for")
+    create.add_argument(
+        "--models",
+        type=parse_models,
+        metavar="M1,M2",
+        help="comma-separated models the key may use (default: all)",
+    )
+    create.add_argument(
+        "--expires-in",
+        type=parse_duration,
+        metavar="DURATION",
+        help="lifetime such as 90s, 15m, 12h, 30d or 2w (default: never expires)",
+    )
+    create.add_argument("--json", action="store_true", help="print one JSON object")
+    create.set_defaults(handler=_create)
+
+    list_ = commands.add_parser("list", help="list keys (never their secrets)")
+    list_.add_argument("--json", action="store_true", help="print one JSON array")
+    list_.set_defaults(handler=_list)
+
+    revoke = commands.add_parser("revoke", help="revoke a key for good")
+    revoke.add_argument("key_id", metavar="ID", help="the key's id (the 12 hex characters)")
+    revoke.set_defaults(handler=_revoke)
+
+    rotate = commands.add_parser("rotate", help="give a key a new secret and print it once")
+    rotate.add_argument("key_id", metavar="ID", help="the key's id (the 12 hex characters)")
+    rotate.add_argument("--json", action="store_true", help="print one JSON object")
+    rotate.set_defaults(handler=_rotate)

@@ -1,0 +1,110 @@
+"""Prometheus metrics, bound to one `CollectorRegistry` per app (STYLE section 8).
+
+Every metric, its labels, unit and buckets, and where each number comes from, is documented in
+`docs/metrics.md`. Label values are bounded: `model` is a model the upstream lists or the fixed
+value `other`; `key` is a key's admin-chosen name (or `all` when `GATEWAY_METRICS_PER_KEY=false`);
+`route` is a route template; never a raw path or a secret.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+#: Time to first token, seconds: 10 ms (warm, short prompt) to 60 s (cold load, long prefill).
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 30, 60)
+#: Decode rate, output tokens per second: 1 (CPU, large model) to 2,000 (small model, big GPU).
+TOKENS_PER_SECOND_BUCKETS = (1, 2.5, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000)
+#: Time per output token (inter-token latency), seconds: 0.5 ms to 1 s.
+TPOT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1)
+#: Whole request duration, seconds: 50 ms to 10 min.
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
+
+#: The model label for any model the upstream does not list (bounds the label's cardinality).
+OTHER_MODEL = "other"
+
+
+class Metrics:
+    """The gateway's Prometheus metrics in their own registry.
+
+    Attributes:
+        registry: The registry `/metrics` exposes.
+        requests: Counter `gateway_requests_total{route, model, status_class, outcome}`.
+        ttft: Histogram `gateway_time_to_first_token_seconds{model}`, request arrival to the
+            first generated token sent to the client.
+        output_tokens_per_second: Histogram `gateway_output_tokens_per_second{model}`, the
+            decode rate.
+        time_per_output_token: Histogram `gateway_time_per_output_token_seconds{model}`.
+        request_duration: Histogram `gateway_request_duration_seconds{route, model}`.
+        input_tokens: Counter `gateway_input_tokens_total{model, key}` (prompt tokens).
+        output_tokens: Counter `gateway_output_tokens_total{model, key}` (generated tokens).
+        in_flight: Gauge `gateway_requests_in_flight{model}`.
+        upstream_errors: Counter `gateway_upstream_errors_total{kind}`.
+        upstream_up: Gauge `gateway_upstream_up`, 1 when the last readiness probe succeeded.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "gateway_requests",
+            "Requests by route, model, HTTP status class and outcome.",
+            ("route", "model", "status_class", "outcome"),
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "gateway_time_to_first_token_seconds",
+            "Time from the request's arrival to the first generated token sent to the client.",
+            ("model",),
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.output_tokens_per_second = Histogram(
+            "gateway_output_tokens_per_second",
+            "Decode rate: output tokens per second of generation (eval_count / eval_duration).",
+            ("model",),
+            buckets=TOKENS_PER_SECOND_BUCKETS,
+            registry=r,
+        )
+        self.time_per_output_token = Histogram(
+            "gateway_time_per_output_token_seconds",
+            "Mean time between output tokens of a request (TPOT, inter-token latency).",
+            ("model",),
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "gateway_request_duration_seconds",
+            "Whole request duration, arrival to the last byte or the failure.",
+            ("route", "model"),
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.input_tokens = Counter(
+            "gateway_input_tokens",
+            "Prompt (input) tokens, as the upstream counted them.",
+            ("model", "key"),
+            registry=r,
+        )
+        self.output_tokens = Counter(
+            "gateway_output_tokens",
+            "Generated (output) tokens; for a stream cut short, the tokens relayed until then.",
+            ("model", "key"),
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "gateway_requests_in_flight",
+            "Generation requests being served right now.",
+            ("model",),
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "gateway_upstream_errors",
+            "Upstream failures by kind (connect, timeout, status, stream).",
+            ("kind",),
+            registry=r,
+        )
+        self.upstream_up = Gauge(
+            "gateway_upstream_up",
+            "1 when the upstream answered its last readiness probe, else 0.",
+            registry=r,
+        )

@@ -1,0 +1,1 @@
+"""The app-facing API: request bodies, routes and the streaming relay."""

@@ -1,0 +1,198 @@
+"""One relayed generation: open the upstream stream, pull its chunks under deadlines, close it.
+
+Timeouts (seconds, from `Settings`): the first-byte deadline covers connecting, sending and
+waiting for the first chunk (Ollama sends its headers only with the first token, reference
+section 1); the idle deadline covers each later chunk. A failure before the first chunk raises a
+`GatewayError` (a real status for the client); a failure after it ends the stream with one
+`{"error": ...}` line (reference section 4.3) and is kept in `failure`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+
+from gateway.errors import (
+    GatewayError,
+    UpstreamError,
+    UpstreamStatusError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+)
+from gateway.metrics import Metrics
+from gateway.settings import Settings
+from gateway.upstream.dialect import Chunk, Dialect, Route, StreamBrokenError
+
+logger = logging.getLogger("gateway.relay")
+
+#: Most bytes of an upstream error body read to find its message.
+_ERROR_BODY_LIMIT = 64 * 1024
+
+
+class Exchange:
+    """The upstream side of one request.
+
+    Attributes:
+        outcome: None while running; then `completed`, `upstream_error` or `timeout`.
+        failure: The error that ended the stream after its first chunk, if any.
+    """
+
+    def __init__(
+        self,
+        *,
+        client: httpx.AsyncClient,
+        dialect: Dialect,
+        route: Route,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        settings: Settings,
+        metrics: Metrics,
+        started: float,
+    ) -> None:
+        self._client = client
+        self._dialect = dialect
+        self._route = route
+        self._body = body
+        self._headers = headers
+        self._settings = settings
+        self._metrics = metrics
+        self._started = started
+        self._response: httpx.Response | None = None
+        self._chunks: AsyncIterator[Chunk] | None = None
+        self._first: Chunk | None = None
+        self.outcome: str | None = None
+        self.failure: GatewayError | None = None
+
+    async def open(self) -> None:
+        """Send the request and wait for the first chunk.
+
+        Raises:
+            UpstreamTimeoutError: no first chunk within `first_byte_timeout` (504).
+            UpstreamUnavailableError: connection refused, reset or dropped (502).
+            UpstreamStatusError: the upstream answered an error status, or its first line was
+                an error (Ollama before v0.12.6 sends errors as a 200 line; section 4.2).
+        """
+        timeout = self._settings.first_byte_timeout
+        try:
+            with anyio.fail_after(timeout):
+                request = self._dialect.build_request(
+                    self._client, self._route, self._body, self._headers
+                )
+                self._response = await self._client.send(request, stream=True)
+                if self._response.status_code != 200:
+                    raise await self._status_error(self._response)
+                self._chunks = self._dialect.chunks(
+                    self._response, self._route, self._body, self._started
+                )
+                self._first = await anext(self._chunks)
+        except BaseException as exc:
+            await self.aclose()
+            error = self._classify(exc, f"upstream sent nothing within {timeout:g} s")
+            if error is None:
+                raise
+            raise error from exc
+        if self._first.is_error:
+            await self.aclose()
+            raise self._count(UpstreamStatusError(500, str(self._first.data["error"])), "status")
+
+    async def stream(self) -> AsyncIterator[Chunk]:
+        """Yield the first chunk, then the rest, each within `idle_timeout`.
+
+        Ends after the final chunk, or after one error chunk that replaces a failure; never
+        raises for an upstream fault. `open()` must have succeeded.
+        """
+        assert self._first is not None and self._chunks is not None  # noqa: S101
+        yield self._first
+        if self._finished_by(self._first):
+            return
+        idle = self._settings.idle_timeout
+        while True:
+            try:
+                with anyio.fail_after(idle):
+                    chunk = await anext(self._chunks)
+            except Exception as exc:
+                error = self._classify(exc, f"upstream sent nothing for {idle:g} s")
+                self.failure = error or UpstreamError("upstream stream failed")
+                self.outcome = self.failure.outcome
+                logger.warning("upstream stream failed: %s", self.failure.message)
+                yield Chunk.error(self.failure.message)
+                return
+            yield chunk
+            if self._finished_by(chunk):
+                return
+
+    def _finished_by(self, chunk: Chunk) -> bool:
+        if chunk.is_error:
+            self.failure = UpstreamError(str(chunk.data["error"]))
+            self.outcome = "upstream_error"
+            self._metrics.upstream_errors.labels("stream").inc()
+            return True
+        if chunk.is_done:
+            self.outcome = "completed"
+            return True
+        return False
+
+    async def aclose(self) -> None:
+        """Close the upstream response at once; this is what frees the model server's slot.
+
+        Safe to call more than once, and from a cancelled task (the close is shielded).
+        """
+        with anyio.CancelScope(shield=True):
+            chunks, self._chunks = self._chunks, None
+            if chunks is not None and hasattr(chunks, "aclose"):
+                await chunks.aclose()
+            response, self._response = self._response, None
+            if response is not None:
+                await response.aclose()
+
+    async def _status_error(self, response: httpx.Response) -> UpstreamStatusError:
+        """Read the upstream's error body (bounded) and build the client's error."""
+        raw = b""
+        async for part in response.aiter_bytes():
+            raw += part
+            if len(raw) >= _ERROR_BODY_LIMIT:
+                break
+        message = _error_message(raw)
+        logger.warning("upstream answered %s: %s", response.status_code, message[:200])
+        return self._count(UpstreamStatusError(response.status_code, message), "status")
+
+    def _classify(self, exc: BaseException, deadline_message: str) -> GatewayError | None:
+        """Map a transport exception to the client's error; None for ones to re-raise."""
+        if isinstance(exc, GatewayError):
+            return exc
+        if isinstance(exc, TimeoutError):
+            return self._count(UpstreamTimeoutError(deadline_message), "timeout")
+        if isinstance(exc, httpx.ConnectTimeout):
+            return self._count(UpstreamTimeoutError("timed out connecting to upstream"), "timeout")
+        if isinstance(exc, httpx.TimeoutException):
+            return self._count(UpstreamTimeoutError(deadline_message), "timeout")
+        if isinstance(exc, httpx.ConnectError):
+            return self._count(UpstreamUnavailableError("upstream is unreachable"), "connect")
+        if isinstance(exc, httpx.HTTPError):
+            return self._count(
+                UpstreamUnavailableError("upstream closed the connection unexpectedly"), "stream"
+            )
+        if isinstance(exc, StreamBrokenError):
+            return self._count(UpstreamUnavailableError(str(exc)), "stream")
+        return None
+
+    def _count(self, error: GatewayError, kind: str) -> Any:
+        self._metrics.upstream_errors.labels(kind).inc()
+        return error
+
+
+def _error_message(raw: bytes) -> str:
+    """Find the message in an Ollama (`{"error": str}`) or OpenAI (`{"error": {...}}`) body."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return raw[:200].decode("utf-8", "replace").strip()
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        error = error.get("message")
+    return str(error) if error else ""

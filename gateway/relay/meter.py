@@ -1,0 +1,147 @@
+"""Per-request measurement: TTFT, token counts, decode rate, outcome; recorded exactly once.
+
+Sources of each number (also in `docs/metrics.md`):
+
+* TTFT: `time.perf_counter()` at the request's arrival (the ASGI middleware) to the moment the
+  first chunk carrying generated text (response, content, thinking or tool calls) is handed to
+  the server for sending. For `stream:false` it ends when that chunk reaches the gateway.
+* Output tokens: the final chunk's `eval_count` (Ollama) or the upstream's usage (OpenAI); when
+  the stream ends early, the number of text-bearing chunks relayed (one token each in Ollama).
+* Decode tokens/s: `eval_count / eval_duration * 1e9` when the upstream reports both in
+  nanoseconds (reference section 9.1); else measured here as `(n - 1) / (t_last - t_first)`
+  over the chunk arrival times, which leaves the first token (spent in prefill) out.
+* Time per output token: `eval_duration / max(eval_count - 1, 1)` (reference section 9.1), or
+  `(t_last - t_first) / (n - 1)` as measured.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.metrics import Metrics
+from gateway.upstream.dialect import Chunk
+
+
+@dataclass
+class RequestMeter:
+    """Observations of one generation request; `finish` records them into `Metrics` once.
+
+    Attributes:
+        arrival: `time.perf_counter()` seconds when the gateway received the request.
+        first_token: perf-counter seconds of the first generated token, or None.
+        last_token: perf-counter seconds of the latest generated token, or None.
+        text_chunks: Chunks with generated text seen so far.
+        final: The final chunk's data (`done: true`), when one arrived.
+        outcome: `completed`, `client_disconnect`, `upstream_error`, `timeout`, ...
+    """
+
+    metrics: Metrics
+    route: str
+    model: str
+    key: str
+    arrival: float
+    first_token: float | None = None
+    last_token: float | None = None
+    text_chunks: int = 0
+    final: dict[str, Any] | None = None
+    outcome: str | None = None
+    status: int = 200
+    finished: bool = field(default=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.metrics.in_flight.labels(self.model).inc()
+
+    def observe(self, chunk: Chunk) -> None:
+        """Account for one chunk just before it goes to the client."""
+        if chunk.generated_text or chunk.has_tool_calls:
+            now = time.perf_counter()
+            if self.first_token is None:
+                self.first_token = now
+            self.last_token = now
+            self.text_chunks += 1
+        if chunk.is_done:
+            self.final = chunk.data
+
+    @property
+    def ttft(self) -> float | None:
+        """Seconds from arrival to the first generated token, or None if none came."""
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def input_tokens(self) -> int:
+        """Prompt tokens reported by the upstream (0 when unknown: stream cut short)."""
+        return int((self.final or {}).get("prompt_eval_count") or 0)
+
+    @property
+    def output_tokens(self) -> int:
+        """Generated tokens: upstream's `eval_count`, else the text chunks relayed."""
+        reported = (self.final or {}).get("eval_count")
+        return int(reported) if isinstance(reported, int) and reported > 0 else self.text_chunks
+
+    def decode_rate(self) -> tuple[float, float] | None:
+        """Return (output tokens per second, seconds per output token), or None if unknown."""
+        final = self.final or {}
+        count, duration_ns = final.get("eval_count"), final.get("eval_duration")
+        if (
+            isinstance(count, int)
+            and isinstance(duration_ns, int)
+            and count > 0
+            and duration_ns > 0
+        ):
+            seconds = duration_ns / 1e9
+            return count / seconds, seconds / max(count - 1, 1)
+        if self.first_token is None or self.last_token is None or self.text_chunks < 2:
+            return None
+        span = self.last_token - self.first_token
+        if span <= 0:
+            return None
+        return (self.text_chunks - 1) / span, span / (self.text_chunks - 1)
+
+    def finish(self, outcome: str, status: int | None = None) -> dict[str, Any]:
+        """Record the request into the metrics; later calls do nothing.
+
+        Args:
+            outcome: The `outcome` label (see `docs/metrics.md`). The first call wins.
+            status: Final HTTP status, when it differs from 200.
+
+        Returns:
+            A summary for the access log: outcome, ttft_s, tokens_in, tokens_out,
+            tokens_per_s, duration_s.
+        """
+        if self.finished:
+            return self.summary()
+        self.finished = True
+        self.outcome = outcome
+        if status is not None:
+            self.status = status
+        m = self.metrics
+        m.in_flight.labels(self.model).dec()
+        m.requests.labels(self.route, self.model, f"{self.status // 100}xx", outcome).inc()
+        m.request_duration.labels(self.route, self.model).observe(
+            time.perf_counter() - self.arrival
+        )
+        if self.ttft is not None:
+            m.ttft.labels(self.model).observe(self.ttft)
+        rate = self.decode_rate()
+        if rate is not None:
+            m.output_tokens_per_second.labels(self.model).observe(rate[0])
+            m.time_per_output_token.labels(self.model).observe(rate[1])
+        if self.input_tokens:
+            m.input_tokens.labels(self.model, self.key).inc(self.input_tokens)
+        if self.output_tokens:
+            m.output_tokens.labels(self.model, self.key).inc(self.output_tokens)
+        return self.summary()
+
+    def summary(self) -> dict[str, Any]:
+        """The request's numbers for the access log (no prompt text, no secrets)."""
+        rate = self.decode_rate()
+        return {
+            "outcome": self.outcome,
+            "ttft_s": None if self.ttft is None else round(self.ttft, 6),
+            "tokens_in": self.input_tokens,
+            "tokens_out": self.output_tokens,
+            "tokens_per_s": None if rate is None else round(rate[0], 3),
+            "duration_s": round(time.perf_counter() - self.arrival, 6),
+        }

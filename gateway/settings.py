@@ -1,0 +1,114 @@
+"""The gateway's one settings class, read from `GATEWAY_*` environment variables and `.env`.
+
+There is no module-level instance: `create_app(settings=None)` and the CLI build one, and tests pass
+their own `Settings(...)`. Every field is listed with its default in `.env.example` and explained in
+`docs/configuration.md`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, HttpUrl, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Dialect = Literal["ollama", "openai"]
+
+
+class Settings(BaseSettings):
+    """Gateway configuration. Times are in seconds, sizes in bytes.
+
+    Raises:
+        pydantic.ValidationError: on a malformed value, or a timeout that cannot work
+            (for example an idle timeout longer than the first-byte timeout is allowed, but a
+            non-positive one is not).
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="GATEWAY_",
+        env_file=".env",
+        env_ignore_empty=True,
+        extra="ignore",
+    )
+
+    # --- serving -------------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Address `gateway serve` binds to.")
+    port: int = Field(8080, ge=1, le=65535, description="Port `gateway serve` listens on.")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    # --- upstream ------------------------------------------------------------------------------
+    upstream_url: HttpUrl = Field(
+        HttpUrl("http://127.0.0.1:11434"),
+        description="Base URL of the model server (Ollama's native API, or an OpenAI-compatible server).",
+    )
+    upstream_dialect: Dialect = Field(
+        "ollama",
+        description="`ollama`: relay to /api/generate and /api/chat; "
+        "`openai`: translate to /v1/chat/completions and /v1/completions.",
+    )
+    upstream_api_key: SecretStr | None = Field(
+        None,
+        description="Credential the gateway itself sends upstream as `Authorization: Bearer` "
+        "(vLLM --api-key, LM Studio). The client's credentials are never forwarded.",
+    )
+    upstream_host_header: str | None = Field(
+        None,
+        description="`Host` header sent upstream. Default: the upstream URL's host:port, which "
+        "passes Ollama's loopback Host gate (reference section 6.8).",
+    )
+    connect_timeout: float = Field(
+        5.0, gt=0, description="Seconds to open a TCP connection upstream."
+    )
+    first_byte_timeout: float = Field(
+        300.0,
+        gt=0,
+        description="Seconds from sending the request to the first streamed chunk. Long on purpose: "
+        "Ollama sends nothing while it loads a model (reference section 1; OLLAMA_LOAD_TIMEOUT is 5m).",
+    )
+    idle_timeout: float = Field(
+        60.0, gt=0, description="Seconds allowed between two chunks once the stream has started."
+    )
+    max_connections: int = Field(
+        256, ge=1, description="Upper bound on open connections to the upstream (httpx pool)."
+    )
+
+    # --- requests ------------------------------------------------------------------------------
+    max_body_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body accepted, in bytes (base64 images make chat bodies large).",
+    )
+    max_json_depth: int = Field(64, ge=4, description="Deepest nesting accepted in a request body.")
+
+    # --- keys ----------------------------------------------------------------------------------
+    database_url: str = Field(
+        "sqlite+aiosqlite:///./gateway.db",
+        description="SQLAlchemy async URL of the key store: SQLite (one machine) or "
+        "`postgresql+asyncpg://user@host/db` (replicas share it).",
+    )
+    last_used_interval: float = Field(
+        60.0,
+        ge=0,
+        description="A key's `last_used_at` is written at most once per this many seconds.",
+    )
+
+    # --- metrics -------------------------------------------------------------------------------
+    metrics_per_key: bool = Field(
+        True,
+        description="Label token counters with the key's name. Turn off for fleets with many keys.",
+    )
+
+    @model_validator(mode="after")
+    def _reject_placeholder_secrets(self) -> Settings:
+        """Refuse the placeholder values shipped in `.env.example`."""
+        if self.upstream_api_key is not None and self.upstream_api_key.get_secret_value() in {
+            "changeme",
+            "change-me",
+        }:
+            raise ValueError("GATEWAY_UPSTREAM_API_KEY still holds the placeholder value")
+        return self
+
+    @property
+    def upstream_base(self) -> str:
+        """The upstream base URL as a string without a trailing slash."""
+        return str(self.upstream_url).rstrip("/")

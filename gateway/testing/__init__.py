@@ -1,0 +1,1 @@
+"""Test and benchmark support: the Ollama emulator and a loopback uvicorn runner."""

@@ -1,0 +1,1 @@
+"""Upstream model servers: the shared HTTP client, header filters and the dialects."""

@@ -1,0 +1,77 @@
+"""Pure header filters for the upstream hop (reference section 6.8; RFC 9110 section 7.6.1).
+
+The gateway builds the upstream request's headers itself from an allow-list, so the client's
+credentials (`Authorization`, `X-API-Key`, `Cookie`, `Proxy-Authorization`), its `Host` and its
+`Origin` can never reach the model server: a new header a client invents is dropped by default.
+Responses to the client are likewise built by the gateway, never copied from the upstream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+#: Connection-level headers that a proxy must not forward in either direction
+#: (RFC 9110 section 7.6.1, plus the de-facto `keep-alive` and `proxy-connection`).
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+
+#: Client headers that carry the gateway credential or browser identity; never forwarded.
+CREDENTIALS = frozenset({"authorization", "x-api-key", "cookie", "proxy-authorization", "origin"})
+
+#: The only client headers forwarded upstream: harmless and useful in upstream logs.
+FORWARDED = frozenset({"user-agent", "accept-language"})
+
+
+def upstream_request_headers(
+    client_headers: Iterable[tuple[str, str]],
+    *,
+    request_id: str,
+    host: str | None,
+    api_key: str | None,
+) -> dict[str, str]:
+    """Return the headers for the upstream request.
+
+    Args:
+        client_headers: The client's headers as (name, value) pairs, any case.
+        request_id: The gateway's request id, sent as `X-Request-ID` for log correlation.
+        host: A `Host` override; None lets httpx derive it from the upstream URL, which is the
+            loopback address Ollama's Host gate accepts (reference section 6.8).
+        api_key: The gateway's own upstream credential, sent as `Authorization: Bearer`.
+
+    Returns:
+        A new dict of lower-case header names; no hop-by-hop, credential, `Host` (unless
+        overridden) or `Origin` header from the client is in it.
+    """
+    headers = {
+        name.lower(): value
+        for name, value in client_headers
+        if name.lower() in FORWARDED and name.lower() not in HOP_BY_HOP | CREDENTIALS
+    }
+    headers["x-request-id"] = request_id
+    headers["accept-encoding"] = "identity"
+    if host:
+        headers["host"] = host
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def end_to_end(headers: Mapping[str, str]) -> dict[str, str]:
+    """Drop hop-by-hop headers, including those named by `Connection` (RFC 9110 section 7.6.1)."""
+    named = {token.strip().lower() for token in headers.get("connection", "").split(",")}
+    return {
+        name: value
+        for name, value in headers.items()
+        if name.lower() not in HOP_BY_HOP and name.lower() not in named
+    }

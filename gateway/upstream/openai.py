@@ -1,0 +1,217 @@
+"""The `openai` dialect: serve Ollama-shaped requests from an OpenAI-compatible server.
+
+Works in front of llama.cpp's server, llama-cpp-python, vLLM and LM Studio.
+
+Requests: `/v1/chat` becomes `POST /v1/chat/completions`. `/v1/generate` becomes a chat
+completion with the prompt as the user turn (and `system` as a system turn), because Ollama's
+generate applies the model's chat template to the prompt (reference section 2.1, `raw` and
+`template`); with `raw: true` it becomes `POST /v1/completions` with the prompt as is. The upstream
+is always asked to stream with `stream_options.include_usage`, so token counts arrive even when the
+client asked for neither (field failure F-17).
+
+Answers: SSE events (`data: {...}`, ending in `data: [DONE]`, reference section 7.1) become
+Ollama chunks, and a final `done: true` chunk carries `done_reason`, `prompt_eval_count` and
+`eval_count` (from the upstream's usage, else counted chunks) and durations in nanoseconds
+measured by the gateway: `prompt_eval_duration` from sending the request to the first token,
+`eval_duration` from the first token to the last, `total_duration` from the request's arrival.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from gateway.upstream.dialect import (
+    Chunk,
+    ModelInfo,
+    Route,
+    StreamBrokenError,
+    iter_lines,
+    rfc3339_now,
+)
+from gateway.upstream.openai_request import to_openai_request
+
+_FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop", "eos": "stop"}
+
+
+class OpenAIDialect:
+    """An OpenAI-compatible upstream (`/v1/chat/completions`, `/v1/completions`, `/v1/models`)."""
+
+    name = "openai"
+    readiness_path = "/v1/models"
+
+    def build_request(
+        self, client: httpx.AsyncClient, route: Route, body: dict[str, Any], headers: dict[str, str]
+    ) -> httpx.Request:
+        """Translate the Ollama-shaped body (see the module docstring)."""
+        path, payload = to_openai_request(route, body)
+        content = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+        headers = {**headers, "content-type": "application/json", "accept": "text/event-stream"}
+        return client.build_request("POST", path, content=content, headers=headers)
+
+    def chunks(
+        self, response: httpx.Response, route: Route, body: dict[str, Any], started: float
+    ) -> AsyncIterator[Chunk]:
+        """Translate the SSE stream into Ollama chunks (see `_Translation`)."""
+        return _Translation(route, str(body.get("model", "")), started).run(response)
+
+    async def list_models(self, client: httpx.AsyncClient) -> list[ModelInfo]:
+        """Read `GET /v1/models` (OpenAI list shape; `data` may be null, reference section 7.3).
+
+        Raises:
+            httpx.HTTPError: the request failed or returned an error status.
+            ValueError: the answer is not a model list.
+        """
+        response = await client.get("/v1/models")
+        response.raise_for_status()
+        data = response.json().get("data") or []
+        if not isinstance(data, list):
+            raise ValueError("upstream /v1/models has no data list")
+        return [
+            ModelInfo(entry["id"], int(entry.get("created") or 0), str(entry.get("owned_by", "")))
+            for entry in data
+            if isinstance(entry, dict) and isinstance(entry.get("id"), str)
+        ]
+
+
+class _Translation:
+    """State of one SSE-to-NDJSON translation. Times are `time.perf_counter()` seconds."""
+
+    def __init__(self, route: Route, model: str, started: float) -> None:
+        self.route = route
+        self.model = model
+        self.started = started
+        self.sent = time.perf_counter()
+        self.first_token: float | None = None
+        self.last_token: float | None = None
+        self.chunks_with_text = 0
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] = {}
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+
+    async def run(self, response: httpx.Response) -> AsyncIterator[Chunk]:
+        data_lines: list[bytes] = []
+        async for raw in iter_lines(response.aiter_bytes()):
+            line = raw.rstrip(b"\r\n")
+            if line.startswith(b"data:"):
+                data_lines.append(line[5:].strip())
+                continue
+            if line or not data_lines:
+                continue  # comments, `event:`/`id:` fields, keep-alive blank lines
+            payload, data_lines = b"\n".join(data_lines), []
+            if payload == b"[DONE]":
+                for chunk in self._finish():
+                    yield chunk
+                return
+            chunk = self._translate_event(payload)
+            if chunk is not None:
+                yield chunk
+                if chunk.is_error:
+                    return
+        raise StreamBrokenError("upstream closed the stream before data: [DONE]")
+
+    def _translate_event(self, payload: bytes) -> Chunk | None:
+        try:
+            event = json.loads(payload)
+        except ValueError as exc:
+            raise StreamBrokenError("upstream sent a malformed SSE event") from exc
+        if not isinstance(event, dict):
+            raise StreamBrokenError("upstream sent a non-object SSE event")
+        if "error" in event:
+            error = event["error"]
+            message = error.get("message") if isinstance(error, dict) else error
+            return Chunk.error(str(message or "upstream error"))
+        if isinstance(event.get("usage"), dict):
+            self.usage = event["usage"]
+        choices = event.get("choices") or []
+        if not choices or not isinstance(choices[0], dict):
+            return None
+        choice = choices[0]
+        self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        delta = choice.get("delta") if self.route == "chat" or "delta" in choice else None
+        if isinstance(delta, dict):
+            self._collect_tool_calls(delta.get("tool_calls"))
+            text = delta.get("content") or ""
+            thinking = delta.get("reasoning_content") or delta.get("reasoning") or ""
+        else:
+            text, thinking = choice.get("text") or "", ""
+        if not text and not thinking:
+            return None
+        now = time.perf_counter()
+        self.first_token = self.first_token or now
+        self.last_token = now
+        self.chunks_with_text += 1
+        return Chunk.from_data(self._chunk(text, thinking, done=False))
+
+    def _collect_tool_calls(self, calls: object) -> None:
+        """Accumulate streamed tool-call fragments (OpenAI streams `arguments` in pieces)."""
+        if not isinstance(calls, list):
+            return
+        for call in calls:
+            if not isinstance(call, dict):
+                continue
+            slot = self.tool_calls.setdefault(int(call.get("index") or 0), {"name": "", "args": ""})
+            function = call.get("function") or {}
+            slot["id"] = call.get("id") or slot.get("id")
+            slot["name"] += function.get("name") or ""
+            slot["args"] += function.get("arguments") or ""
+
+    def _finish(self) -> list[Chunk]:
+        chunks = []
+        if self.tool_calls:
+            calls = [_ollama_tool_call(i, slot) for i, slot in sorted(self.tool_calls.items())]
+            data = self._chunk("", "", done=False)
+            data["message"]["tool_calls"] = calls
+            chunks.append(Chunk.from_data(data))
+        now = time.perf_counter()
+        final = self._chunk("", "", done=True)
+        final["done_reason"] = _FINISH_REASONS.get(self.finish_reason or "stop", "stop")
+        eval_count = int(self.usage.get("completion_tokens") or self.chunks_with_text)
+        metrics = {
+            "total_duration": _ns(now - self.started),
+            "prompt_eval_count": int(self.usage.get("prompt_tokens") or 0),
+            "prompt_eval_duration": _ns((self.first_token or now) - self.sent),
+            "eval_count": eval_count,
+            "eval_duration": _ns((self.last_token or now) - (self.first_token or now)),
+        }
+        # Ollama omits zero metrics (`omitempty`, reference section 1); so do we.
+        final.update({name: value for name, value in metrics.items() if value})
+        chunks.append(Chunk.from_data(final))
+        return chunks
+
+    def _chunk(self, text: str, thinking: str, *, done: bool) -> dict[str, Any]:
+        data: dict[str, Any] = {"model": self.model, "created_at": rfc3339_now()}
+        if self.route == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if thinking:
+                message["thinking"] = thinking
+            data["message"] = message
+        else:
+            data["response"] = text
+            if thinking:
+                data["thinking"] = thinking
+        data["done"] = done
+        return data
+
+
+def _ollama_tool_call(index: int, slot: dict[str, Any]) -> dict[str, Any]:
+    """Build a native tool call; `arguments` is an object there (reference section 3.1)."""
+    try:
+        arguments = json.loads(slot["args"]) if slot["args"] else {}
+    except ValueError:
+        arguments = {"_raw": slot["args"]}
+    call: dict[str, Any] = {
+        "function": {"index": index, "name": slot["name"], "arguments": arguments}
+    }
+    if slot.get("id"):
+        call["id"] = slot["id"]
+    return call
+
+
+def _ns(seconds: float) -> int:
+    """Convert seconds to whole nanoseconds, Ollama's duration unit (reference section 1)."""
+    return max(int(seconds * 1e9), 0)

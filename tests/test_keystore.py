@@ -1,0 +1,336 @@
+"""KeyStore against both backends: a SQLite file, and the PostgreSQL server on this machine.
+
+Each PostgreSQL test gets its own schema (via `search_path`), dropped with its table afterwards, so
+tests are isolated, rerunnable, and safe next to another run using the same database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
+
+from gateway.auth import apikey
+from gateway.keys import store as store_module
+from gateway.keys.store import InvalidKeyError, KeyNotFoundError, KeyRecord, KeyStore
+
+PG_URL = os.environ.get(
+    "GATEWAY_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
+)
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in {"", "0", "false", "no"}
+
+
+@dataclass
+class Database:
+    """Where a test's stores connect: a URL plus extra engine options."""
+
+    url: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def open(self) -> KeyStore:
+        return KeyStore.from_url(self.url, **self.options)
+
+
+async def _postgres_database() -> AsyncIterator[Database]:
+    schema = f"gw_test_{secrets.token_hex(6)}"
+    admin = create_async_engine(PG_URL, poolclass=NullPool, connect_args={"timeout": 5})
+    try:
+        async with admin.begin() as conn:
+            await conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    except (OSError, SQLAlchemyError) as exc:
+        await admin.dispose()
+        message = f"PostgreSQL at {PG_URL} is not reachable: {exc!r}"
+        if _in_ci():
+            pytest.fail(f"{message} (CI is set, so this is a failure, not a skip)")
+        pytest.skip(f"{message}; start it or set GATEWAY_TEST_POSTGRES_URL")
+    try:
+        yield Database(
+            PG_URL, {"connect_args": {"timeout": 5, "server_settings": {"search_path": schema}}}
+        )
+    finally:
+        async with admin.begin() as conn:
+            await conn.execute(text(f'DROP TABLE IF EXISTS "{schema}".gateway_api_keys'))
+            await conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        await admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
+    if request.param == "sqlite":
+        yield Database(f"sqlite+aiosqlite:///{tmp_path / 'keys.db'}")
+    else:
+        async for database in _postgres_database():
+            yield database
+
+
+@pytest.fixture
+async def store(database: Database) -> AsyncIterator[KeyStore]:
+    key_store = database.open()
+    try:
+        await key_store.create_schema()
+        yield key_store
+    finally:
+        await key_store.close()
+
+
+@pytest.mark.anyio
+async def test_created_key_authenticates(store: KeyStore) -> None:
+    record, key = await store.create_key("alice", expires_at=T0)
+
+    authenticated = await store.authenticate(key, now=T0 - timedelta(seconds=1))
+
+    assert authenticated == record
+    assert key.startswith(f"gw_{record.id}_")
+    assert record.name == "alice"
+    assert record.models is None
+    assert record.expires_at == T0
+    assert record.revoked_at is None
+    assert record.last_used_at is None
+    assert record.created_at.tzinfo is UTC
+
+
+@pytest.mark.anyio
+async def test_read_back_times_are_utc_aware(store: KeyStore) -> None:
+    plus_two = datetime(2030, 1, 1, 14, 0, tzinfo=timezone(timedelta(hours=2)))
+    record, _ = await store.create_key("zoned", expires_at=plus_two)
+
+    stored = await store.get_key(record.id)
+
+    assert stored == record
+    assert stored.expires_at == T0
+    assert stored.expires_at is not None
+    assert stored.expires_at.utcoffset() == timedelta(0)
+    assert stored.created_at.utcoffset() == timedelta(0)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("presented", ["", "garbage", "gw_XYZ_secret", "Bearer gw_0123456789ab_s"])
+async def test_authenticate_rejects_malformed_key(store: KeyStore, presented: str) -> None:
+    with pytest.raises(InvalidKeyError) as caught:
+        await store.authenticate(presented)
+
+    assert caught.value.reason == "malformed"
+    assert caught.value.message == "invalid API key"
+
+
+@pytest.mark.anyio
+async def test_authenticate_rejects_unknown_id_after_a_dummy_compare(
+    store: KeyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    compared: list[str] = []
+
+    def spy(secret: str, stored_hash: str) -> bool:
+        compared.append(stored_hash)
+        return apikey.secret_matches(secret, stored_hash)
+
+    monkeypatch.setattr(store_module, "secret_matches", spy)
+    _, _, key = apikey.generate_key()
+
+    with pytest.raises(InvalidKeyError) as caught:
+        await store.authenticate(key)
+
+    assert caught.value.reason == "unknown"
+    assert str(caught.value) == "invalid API key"
+    assert len(compared) == 1
+
+
+@pytest.mark.anyio
+async def test_authenticate_rejects_wrong_secret_like_unknown_id(store: KeyStore) -> None:
+    record, _ = await store.create_key("alice")
+    _, other_secret, _ = apikey.generate_key()
+
+    with pytest.raises(InvalidKeyError) as caught:
+        await store.authenticate(f"gw_{record.id}_{other_secret}")
+
+    assert caught.value.reason == "unknown"
+
+
+@pytest.mark.anyio
+async def test_revoked_key_is_rejected_and_revoke_is_idempotent(store: KeyStore) -> None:
+    record, key = await store.create_key("alice")
+
+    first = await store.revoke(record.id)
+    second = await store.revoke(record.id)
+
+    assert first.revoked_at is not None
+    assert second.revoked_at == first.revoked_at
+    with pytest.raises(InvalidKeyError) as caught:
+        await store.authenticate(key)
+    assert caught.value.reason == "revoked"
+    assert caught.value.message == "API key has been revoked"
+
+
+@pytest.mark.anyio
+async def test_key_expires_at_expires_at(store: KeyStore) -> None:
+    _, key = await store.create_key("temp", expires_at=T0)
+
+    await store.authenticate(key, now=T0 - timedelta(microseconds=1))
+    with pytest.raises(InvalidKeyError) as caught:
+        await store.authenticate(key, now=T0)
+
+    assert caught.value.reason == "expired"
+    assert caught.value.message == "API key has expired"
+
+
+@pytest.mark.anyio
+async def test_revoked_wins_over_expired(store: KeyStore) -> None:
+    record, key = await store.create_key("temp", expires_at=T0)
+    await store.revoke(record.id)
+
+    with pytest.raises(InvalidKeyError) as caught:
+        await store.authenticate(key, now=T0 + timedelta(days=1))
+
+    assert caught.value.reason == "revoked"
+
+
+@pytest.mark.anyio
+async def test_rotate_replaces_the_secret_at_once(store: KeyStore) -> None:
+    record, old_key = await store.create_key("alice", models=["llama3.2:1b"])
+
+    rotated, new_key = await store.rotate(record.id)
+
+    assert rotated == record
+    assert new_key != old_key
+    assert new_key.startswith(f"gw_{record.id}_")
+    assert await store.authenticate(new_key) == record
+    with pytest.raises(InvalidKeyError) as caught:
+        await store.authenticate(old_key)
+    assert caught.value.reason == "unknown"
+
+
+@pytest.mark.anyio
+async def test_rotate_revoked_key_is_refused(store: KeyStore) -> None:
+    record, key = await store.create_key("alice")
+    await store.revoke(record.id)
+
+    with pytest.raises(InvalidKeyError) as caught:
+        await store.rotate(record.id)
+
+    assert caught.value.reason == "revoked"
+    with pytest.raises(InvalidKeyError):
+        await store.authenticate(key)
+
+
+@pytest.mark.anyio
+async def test_admin_operations_on_unknown_id_raise_key_not_found(store: KeyStore) -> None:
+    with pytest.raises(KeyNotFoundError):
+        await store.get_key("0123456789ab")
+    with pytest.raises(KeyNotFoundError):
+        await store.revoke("0123456789ab")
+    with pytest.raises(KeyNotFoundError) as caught:
+        await store.rotate("0123456789ab")
+    assert caught.value.key_id == "0123456789ab"
+
+
+@pytest.mark.anyio
+async def test_model_allow_list_is_stored_and_enforced(store: KeyStore) -> None:
+    _, key = await store.create_key("scoped", models=["llama3.2:1b", "qwen3", "qwen3"])
+
+    authenticated = await store.authenticate(key)
+
+    assert authenticated.models == ("llama3.2:1b", "qwen3")
+    assert authenticated.allows_model("llama3.2:1b")
+    assert authenticated.allows_model("qwen3:latest")
+    assert not authenticated.allows_model("llama3.2:3b")
+    assert not authenticated.allows_model("llama3.2")
+
+
+def _record(models: tuple[str, ...] | None) -> KeyRecord:
+    return KeyRecord("0123456789ab", "n", models, T0, None, None, None)
+
+
+def test_allows_model_without_allow_list_allows_everything() -> None:
+    assert _record(None).allows_model("anything:7b")
+
+
+def test_allows_model_treats_latest_as_the_bare_name() -> None:
+    assert _record(("llama3:latest",)).allows_model("llama3")
+    assert _record(("llama3",)).allows_model("llama3:latest")
+    assert not _record(("llama3",)).allows_model("llama3:8b")
+    assert not _record(("Llama3",)).allows_model("llama3")
+    assert not _record(()).allows_model("llama3")
+
+
+@pytest.mark.anyio
+async def test_touch_writes_last_used_at_at_most_once_per_interval(store: KeyStore) -> None:
+    record, _ = await store.create_key("alice")
+
+    await store.touch(record.id, now=T0, min_interval=60)
+    assert (await store.get_key(record.id)).last_used_at == T0
+
+    await store.touch(record.id, now=T0 + timedelta(seconds=59), min_interval=60)
+    assert (await store.get_key(record.id)).last_used_at == T0
+
+    await store.touch(record.id, now=T0 + timedelta(seconds=60), min_interval=60)
+    assert (await store.get_key(record.id)).last_used_at == T0 + timedelta(seconds=60)
+
+    await store.touch(record.id, now=T0, min_interval=0)
+    assert (await store.get_key(record.id)).last_used_at == T0 + timedelta(seconds=60)
+
+    await store.touch("0123456789ab", now=T0)
+
+
+@pytest.mark.anyio
+async def test_list_keys_returns_all_keys_oldest_first(store: KeyStore) -> None:
+    assert await store.list_keys() == []
+    first, _ = await store.create_key("first")
+    second, _ = await store.create_key("second", models=["m"])
+    await store.revoke(first.id)
+
+    listed = await store.list_keys()
+
+    assert [record.id for record in listed] == [first.id, second.id]
+    assert listed[0].revoked_at is not None
+    assert listed[1] == second
+
+
+@pytest.mark.anyio
+async def test_create_key_rejects_bad_input(store: KeyStore) -> None:
+    with pytest.raises(ValueError, match="name"):
+        await store.create_key("  ")
+    with pytest.raises(ValueError, match="name"):
+        await store.create_key("x" * 201)
+    with pytest.raises(ValueError, match="models"):
+        await store.create_key("x", models=[])
+    with pytest.raises(ValueError, match="naive"):
+        await store.create_key("x", expires_at=datetime(2030, 1, 1))
+    assert await store.list_keys() == []
+
+
+@pytest.mark.anyio
+async def test_naive_now_is_rejected(store: KeyStore) -> None:
+    record, key = await store.create_key("alice")
+    naive = datetime(2030, 1, 1)
+
+    with pytest.raises(ValueError, match="naive"):
+        await store.authenticate(key, now=naive)
+    with pytest.raises(ValueError, match="naive"):
+        await store.touch(record.id, now=naive)
+
+
+@pytest.mark.anyio
+async def test_create_schema_is_idempotent_and_safe_concurrently(database: Database) -> None:
+    stores = [database.open() for _ in range(4)]
+    try:
+        await asyncio.gather(*(key_store.create_schema() for key_store in stores))
+        await stores[0].create_schema()
+        record, key = await stores[1].create_key("alice")
+        assert await stores[2].authenticate(key) == record
+    finally:
+        for key_store in stores:
+            await key_store.close()
