@@ -7,7 +7,6 @@ from contextlib import asynccontextmanager
 
 import httpx
 from fastapi import FastAPI
-from prometheus_client import make_asgi_app
 
 from gateway import __version__
 from gateway.access import AccessMiddleware
@@ -74,6 +73,6 @@ def create_app(
     register_error_handlers(app)
     app.include_router(health_router)
     app.include_router(relay_router)
-    app.mount("/metrics", make_asgi_app(registry=metrics.registry))
+    app.add_route("/metrics", metrics.endpoint, methods=["GET"], include_in_schema=False)
     app.add_middleware(AccessMiddleware)
     return app

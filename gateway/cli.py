@@ -26,11 +26,11 @@ def _port(text: str) -> int:
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     # Imported here so that `gateway keys ...` does not load the web stack.
-    from gateway import server
+    from gateway.server import serve
 
     host = settings.host if args.host is None else args.host
     port = settings.port if args.port is None else args.port
-    server.serve(settings, host=host, port=port)
+    serve(settings, host=host, port=port)
     return 0
 
 

@@ -150,10 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _report(client: dict[str, float], server: dict[str, float]) -> None:
     print("\n                      client measured   gateway /metrics")
-    print(f"  TTFT                {client['ttft_s'] * 1000:12.1f} ms {server['ttft_s'] * 1000:14.1f} ms")
-    print(
-        f"  decode tokens/s     {client['tokens_per_s']:12.1f}    {server['tokens_per_s']:14.1f}"
-    )
+    ttft_client, ttft_server = client["ttft_s"] * 1000, server["ttft_s"] * 1000
+    print(f"  TTFT                {ttft_client:12.1f} ms {ttft_server:14.1f} ms")
+    print(f"  decode tokens/s     {client['tokens_per_s']:12.1f}    {server['tokens_per_s']:14.1f}")
     print(
         f"  output tokens       {client['tokens']:12.0f}    {server['output_tokens']:14.0f}"
         f"   (final chunk eval_count: {client['eval_count']:.0f})"

@@ -4,13 +4,13 @@ Hierarchy (each carries an HTTP status and a message that is safe to show a clie
 
     GatewayError
     ├── BadRequestError            400  body is not JSON, or not an object
-    ├── UnauthorizedError          401  key missing, unknown, revoked or expired (+ WWW-Authenticate)
+    ├── UnauthorizedError          401  key missing, unknown, revoked, expired (WWW-Authenticate)
     ├── ForbiddenError             403  the key may not use this model
     ├── NotFoundError              404  unknown route
     ├── PayloadTooLargeError       413  body over GATEWAY_MAX_BODY_BYTES
     ├── UnprocessableError         422  JSON with the wrong shape (model missing, stream not a bool)
     └── UpstreamError              502  the upstream failed (base of the upstream family)
-        ├── UpstreamStatusError    4xx passed through, 5xx as 502, 503 kept with Retry-After
+        ├── UpstreamStatusError    4xx passed on, other 5xx as 502, 503 kept with Retry-After
         ├── UpstreamUnavailableError 502 connection refused / reset / dropped
         └── UpstreamTimeoutError   504  connect, first-byte or idle timeout
 
@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger("gateway.errors")
@@ -161,7 +162,7 @@ def openai_error_body(message: str, status_code: int) -> bytes:
 
 
 def error_response(
-    path: str, status_code: int, message: str, headers: dict[str, str] | None = None
+    path: str, status_code: int, message: str, headers: Mapping[str, str] | None = None
 ) -> Response:
     """Build the error response for `path` in its clients' dialect.
 

@@ -8,7 +8,16 @@ value `other`; `key` is a key's admin-chosen name (or `all` when `GATEWAY_METRIC
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from starlette.requests import Request
+from starlette.responses import Response
 
 #: Time to first token, seconds: 10 ms (warm, short prompt) to 60 s (cold load, long prefill).
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 30, 60)
@@ -108,3 +117,7 @@ class Metrics:
             "1 when the upstream answered its last readiness probe, else 0.",
             registry=r,
         )
+
+    async def endpoint(self, _: Request) -> Response:
+        """Serve `GET /metrics` in the Prometheus text format (0.0.4), without a redirect."""
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)

@@ -39,7 +39,8 @@ class Settings(BaseSettings):
     # --- upstream ------------------------------------------------------------------------------
     upstream_url: HttpUrl = Field(
         HttpUrl("http://127.0.0.1:11434"),
-        description="Base URL of the model server (Ollama's native API, or an OpenAI-compatible server).",
+        description="Base URL of the model server (Ollama's native API, or an "
+        "OpenAI-compatible server).",
     )
     upstream_dialect: Dialect = Field(
         "ollama",
@@ -62,8 +63,9 @@ class Settings(BaseSettings):
     first_byte_timeout: float = Field(
         300.0,
         gt=0,
-        description="Seconds from sending the request to the first streamed chunk. Long on purpose: "
-        "Ollama sends nothing while it loads a model (reference section 1; OLLAMA_LOAD_TIMEOUT is 5m).",
+        description="Seconds from sending the request to the first streamed chunk. Long on "
+        "purpose: Ollama sends nothing while it loads a model (reference section 1; "
+        "OLLAMA_LOAD_TIMEOUT is 5m).",
     )
     idle_timeout: float = Field(
         60.0, gt=0, description="Seconds allowed between two chunks once the stream has started."
@@ -76,7 +78,8 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         16 * 1024 * 1024,
         ge=1024,
-        description="Largest request body accepted, in bytes (base64 images make chat bodies large).",
+        description="Largest request body accepted, in bytes (base64 images make chat "
+        "bodies large).",
     )
     max_json_depth: int = Field(64, ge=4, description="Deepest nesting accepted in a request body.")
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator
+from typing import Any, TypeVar
 
 import anyio
 import httpx
@@ -29,6 +29,8 @@ from gateway.settings import Settings
 from gateway.upstream.dialect import Chunk, Dialect, Route, StreamBrokenError
 
 logger = logging.getLogger("gateway.relay")
+
+E = TypeVar("E", bound=GatewayError)
 
 #: Most bytes of an upstream error body read to find its message.
 _ERROR_BODY_LIMIT = 64 * 1024
@@ -63,7 +65,7 @@ class Exchange:
         self._metrics = metrics
         self._started = started
         self._response: httpx.Response | None = None
-        self._chunks: AsyncIterator[Chunk] | None = None
+        self._chunks: AsyncGenerator[Chunk, None] | None = None
         self._first: Chunk | None = None
         self.outcome: str | None = None
         self.failure: GatewayError | None = None
@@ -100,13 +102,14 @@ class Exchange:
             await self.aclose()
             raise self._count(UpstreamStatusError(500, str(self._first.data["error"])), "status")
 
-    async def stream(self) -> AsyncIterator[Chunk]:
+    async def stream(self) -> AsyncGenerator[Chunk, None]:
         """Yield the first chunk, then the rest, each within `idle_timeout`.
 
         Ends after the final chunk, or after one error chunk that replaces a failure; never
         raises for an upstream fault. `open()` must have succeeded.
         """
-        assert self._first is not None and self._chunks is not None  # noqa: S101
+        assert self._first is not None  # noqa: S101 - open() succeeded
+        assert self._chunks is not None  # noqa: S101
         yield self._first
         if self._finished_by(self._first):
             return
@@ -144,7 +147,7 @@ class Exchange:
         """
         with anyio.CancelScope(shield=True):
             chunks, self._chunks = self._chunks, None
-            if chunks is not None and hasattr(chunks, "aclose"):
+            if chunks is not None:
                 await chunks.aclose()
             response, self._response = self._response, None
             if response is not None:
@@ -181,7 +184,7 @@ class Exchange:
             return self._count(UpstreamUnavailableError(str(exc)), "stream")
         return None
 
-    def _count(self, error: GatewayError, kind: str) -> Any:
+    def _count(self, error: E, kind: str) -> E:
         self._metrics.upstream_errors.labels(kind).inc()
         return error
 

@@ -14,6 +14,7 @@ from contextlib import aclosing
 from typing import Any
 
 import anyio
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.relay.exchange import Exchange
@@ -22,8 +23,10 @@ from gateway.relay.meter import RequestMeter
 NDJSON = "application/x-ndjson"
 
 
-class RelayStreamResponse:
+class RelayStreamResponse(Response):
     """Stream an `Exchange` to the client as NDJSON, one line per chunk, unbuffered.
+
+    A `Response` subclass only so that FastAPI passes it through untouched; it renders itself.
 
     Args:
         exchange: An opened exchange (its first chunk is ready).
@@ -39,6 +42,8 @@ class RelayStreamResponse:
         headers: dict[str, str],
         on_finish: Callable[[dict[str, Any]], None],
     ) -> None:
+        self.status_code = 200
+        self.background = None
         self.exchange = exchange
         self.meter = meter
         self.on_finish = on_finish
@@ -48,7 +53,7 @@ class RelayStreamResponse:
         ]
         self.client_gone = False
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # noqa: ARG002
         """Run the relay; see the module docstring."""
         try:
             async with anyio.create_task_group() as group:

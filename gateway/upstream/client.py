@@ -24,6 +24,22 @@ def upstream_timeout(settings: Settings) -> httpx.Timeout:
     )
 
 
+def upstream_default_headers(settings: Settings) -> dict[str, str]:
+    """Headers on every upstream call (generation, model list, readiness probe).
+
+    `Host` defaults to the upstream URL's host:port (httpx derives it), which passes Ollama's
+    loopback Host gate (reference section 6.8); `GATEWAY_UPSTREAM_HOST_HEADER` overrides it.
+    `Authorization` carries the gateway's own upstream credential, if one is configured.
+    `Accept-Encoding: identity` spares decompressing token streams.
+    """
+    headers = {"accept-encoding": "identity", "user-agent": "llm-gateway"}
+    if settings.upstream_host_header:
+        headers["host"] = settings.upstream_host_header
+    if settings.upstream_api_key is not None:
+        headers["authorization"] = f"Bearer {settings.upstream_api_key.get_secret_value()}"
+    return headers
+
+
 def build_upstream_client(
     settings: Settings, transport: httpx.AsyncBaseTransport | None = None
 ) -> httpx.AsyncClient:
@@ -44,6 +60,7 @@ def build_upstream_client(
     )
     return httpx.AsyncClient(
         base_url=settings.upstream_base,
+        headers=upstream_default_headers(settings),
         timeout=upstream_timeout(settings),
         limits=limits,
         transport=transport or httpx.AsyncHTTPTransport(limits=limits),

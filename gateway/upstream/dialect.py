@@ -8,7 +8,7 @@ A dialect turns an app's Ollama-shaped request (`/v1/generate` or `/v1/chat`) in
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
@@ -32,13 +32,13 @@ class StreamBrokenError(Exception):
 
 @dataclass(slots=True)
 class Chunk:
-    """One Ollama-shaped streamed object.
+    r"""One Ollama-shaped streamed object.
 
     Attributes:
         data: The parsed object: a generate chunk (`response`, `thinking`), a chat chunk
             (`message.content`, `message.thinking`, `message.tool_calls`), the final chunk
             (`done: true` plus metrics in nanoseconds), or an error line `{"error": str}`.
-        line: The NDJSON line sent to the client, ending in `\\n`. For the Ollama dialect these
+        line: The NDJSON line sent to the client, ending in `\n`. For the Ollama dialect these
             are the upstream's own bytes, relayed unchanged.
     """
 
@@ -111,7 +111,7 @@ class Dialect(Protocol):
 
     def chunks(
         self, response: httpx.Response, route: Route, body: dict[str, Any], started: float
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncGenerator[Chunk, None]:
         """Yield the upstream's answer as Ollama chunks.
 
         Args:

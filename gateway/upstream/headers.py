@@ -37,21 +37,17 @@ def upstream_request_headers(
     client_headers: Iterable[tuple[str, str]],
     *,
     request_id: str,
-    host: str | None,
-    api_key: str | None,
 ) -> dict[str, str]:
     """Return the headers for the upstream request.
 
     Args:
         client_headers: The client's headers as (name, value) pairs, any case.
         request_id: The gateway's request id, sent as `X-Request-ID` for log correlation.
-        host: A `Host` override; None lets httpx derive it from the upstream URL, which is the
-            loopback address Ollama's Host gate accepts (reference section 6.8).
-        api_key: The gateway's own upstream credential, sent as `Authorization: Bearer`.
 
     Returns:
-        A new dict of lower-case header names; no hop-by-hop, credential, `Host` (unless
-        overridden) or `Origin` header from the client is in it.
+        A new dict of lower-case header names; no hop-by-hop, credential, `Host` or `Origin`
+        header from the client is in it. The upstream client adds its own `Host` and
+        credential (`gateway.upstream.client.upstream_default_headers`).
     """
     headers = {
         name.lower(): value
@@ -59,11 +55,6 @@ def upstream_request_headers(
         if name.lower() in FORWARDED and name.lower() not in HOP_BY_HOP | CREDENTIALS
     }
     headers["x-request-id"] = request_id
-    headers["accept-encoding"] = "identity"
-    if host:
-        headers["host"] = host
-    if api_key:
-        headers["authorization"] = f"Bearer {api_key}"
     return headers
 
 

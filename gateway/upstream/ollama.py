@@ -9,7 +9,7 @@ relayed with the upstream's own bytes (reference section 1) and parsed only to o
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from datetime import datetime
 from typing import Any
 
@@ -41,7 +41,7 @@ class OllamaDialect:
         route: Route,  # noqa: ARG002 - part of the Dialect contract
         body: dict[str, Any],  # noqa: ARG002
         started: float,  # noqa: ARG002
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncGenerator[Chunk, None]:
         """Yield each NDJSON line as a chunk; stop after `done:true` or an error line.
 
         Raises:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import httpx
@@ -55,7 +55,7 @@ class OpenAIDialect:
 
     def chunks(
         self, response: httpx.Response, route: Route, body: dict[str, Any], started: float
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncGenerator[Chunk, None]:
         """Translate the SSE stream into Ollama chunks (see `_Translation`)."""
         return _Translation(route, str(body.get("model", "")), started).run(response)
 
@@ -93,7 +93,7 @@ class _Translation:
         self.usage: dict[str, Any] = {}
         self.tool_calls: dict[int, dict[str, Any]] = {}
 
-    async def run(self, response: httpx.Response) -> AsyncIterator[Chunk]:
+    async def run(self, response: httpx.Response) -> AsyncGenerator[Chunk, None]:
         data_lines: list[bytes] = []
         async for raw in iter_lines(response.aiter_bytes()):
             line = raw.rstrip(b"\r\n")
@@ -107,10 +107,10 @@ class _Translation:
                 for chunk in self._finish():
                     yield chunk
                 return
-            chunk = self._translate_event(payload)
-            if chunk is not None:
-                yield chunk
-                if chunk.is_error:
+            translated = self._translate_event(payload)
+            if translated is not None:
+                yield translated
+                if translated.is_error:
                     return
         raise StreamBrokenError("upstream closed the stream before data: [DONE]")
 

@@ -64,7 +64,7 @@ def to_openai_request(route: Route, body: dict[str, Any]) -> tuple[str, dict[str
             user["images"] = body["images"]
         messages.append(_message(user))
         payload["messages"] = messages
-    options = body.get("options") if isinstance(body.get("options"), dict) else {}
+    options: dict[str, Any] = body.get("options") or {}
     payload.update({_OPTIONS[k]: v for k, v in options.items() if k in _OPTIONS})
     num_predict = options.get("num_predict")
     if isinstance(num_predict, int) and num_predict > 0:

@@ -1,0 +1,125 @@
+"""A real uvicorn server on a loopback port, run in a background thread, for tests and benchmarks.
+
+Owns `LoopbackServer`. `httpx.ASGITransport` buffers whole bodies, so streaming, timeout and
+disconnect behaviour needs real sockets (STYLE §9). The pattern follows httpx's
+`tests/conftest.py` `serve_in_thread`: `uvicorn.Server.run` in a thread with its own event loop,
+wait for `started`, and set `should_exit` to stop. uvicorn installs signal handlers only in the
+main thread, so nothing needs overriding.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from types import TracebackType
+from typing import Literal, Self
+
+import uvicorn
+from starlette.types import ASGIApp
+
+logger = logging.getLogger(__name__)
+
+
+class LoopbackServer:
+    """Serve an ASGI app on `127.0.0.1` at a free port in a background thread.
+
+    Use it as a context manager (`with LoopbackServer(app) as server: ... server.url`) or call
+    `start()` and `stop()`.
+
+    Args:
+        app: The ASGI app to serve.
+        http: uvicorn's HTTP implementation.
+        startup_timeout: Seconds to wait for the server to listen.
+        shutdown_timeout: Seconds uvicorn gives open requests to finish on stop
+            (`timeout_graceful_shutdown`); then it cancels them. A hanging emulator request only
+            ends this way or when its client leaves.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        http: Literal["h11", "httptools"] = "httptools",
+        startup_timeout: float = 10.0,
+        shutdown_timeout: int = 2,
+    ) -> None:
+        config = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=0,  # the OS picks a free port; `port` reads it back after startup
+            log_level="warning",
+            # No dictConfig of the process's logging: records propagate to whatever the
+            # test runner or benchmark configured.
+            log_config=None,
+            lifespan="auto",
+            loop="asyncio",
+            http=http,
+            ws="none",
+            timeout_graceful_shutdown=shutdown_timeout,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, name="loopback-uvicorn", daemon=True
+        )
+        self._startup_timeout = startup_timeout
+        self._shutdown_timeout = shutdown_timeout
+        self._port: int | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port.
+
+        Raises:
+            RuntimeError: The server is not running.
+        """
+        if self._port is None:
+            raise RuntimeError("the server is not running")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """The base URL without a trailing slash, e.g. `http://127.0.0.1:43123`."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        """Start serving and wait until the socket listens.
+
+        Raises:
+            RuntimeError: The server stopped during startup or did not start in time.
+        """
+        self._thread.start()
+        deadline = time.monotonic() + self._startup_timeout
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("uvicorn stopped during startup (see its log)")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"uvicorn did not start within {self._startup_timeout} s")
+            time.sleep(0.001)
+        self._port = self._server.servers[0].sockets[0].getsockname()[1]
+
+    def stop(self) -> None:
+        """Ask uvicorn to exit, and join its thread (forcing the exit if it lingers)."""
+        if self._thread.ident is None:  # never started
+            return
+        self._server.should_exit = True
+        self._thread.join(self._shutdown_timeout + 2.0)
+        if self._thread.is_alive():
+            self._server.force_exit = True
+            self._thread.join(2.0)
+        if self._thread.is_alive():
+            logger.warning("loopback uvicorn on port %s did not stop", self._port)
+        self._port = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
