@@ -179,15 +179,32 @@ def error_response(
     return Response(body, status_code, headers=headers, media_type="application/json")
 
 
+def _route_template(request: Request) -> str:
+    """The matched route's path template (bounded), or `other`; never the raw path."""
+    route = request.scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else "other"
+
+
+def _count_rejection(request: Request, status_code: int, outcome: str) -> None:
+    """Count a request that ended in an error before the relay metered it."""
+    state = request.scope.setdefault("state", {})
+    state["outcome"] = outcome
+    metrics = state.get("metrics")
+    if metrics is not None and "summary" not in state:
+        metrics.count_rejection(_route_template(request), status_code, outcome)
+
+
 async def _handle_gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)  # noqa: S101 - registered for GatewayError only
-    request.scope.setdefault("state", {})["outcome"] = exc.outcome
+    _count_rejection(request, exc.status_code, exc.outcome)
     return error_response(request.url.path, exc.status_code, exc.message, exc.headers)
 
 
 async def _handle_http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)  # noqa: S101
     message = {404: "not found", 405: "method not allowed"}.get(exc.status_code, str(exc.detail))
+    _count_rejection(request, exc.status_code, "not_found" if exc.status_code == 404 else "error")
     return error_response(request.url.path, exc.status_code, message, exc.headers)
 
 

@@ -118,6 +118,13 @@ class Metrics:
             registry=r,
         )
 
+    def count_rejection(self, route: str, status: int, outcome: str) -> None:
+        """Count a request refused before it reached the relay (auth, body checks, 404).
+
+        Its model is not known or not trusted yet, so it is counted under `model="other"`.
+        """
+        self.requests.labels(route, OTHER_MODEL, f"{status // 100}xx", outcome).inc()
+
     async def endpoint(self, _: Request) -> Response:
         """Serve `GET /metrics` in the Prometheus text format (0.0.4), without a redirect."""
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)

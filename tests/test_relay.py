@@ -414,3 +414,19 @@ def test_unknown_models_share_one_metrics_label(gateway: Gateway):
     text = gateway.metrics_text()
     assert "junk-" not in text
     assert metric_value(text, "gateway_requests_total", model="other") == 5
+
+
+def test_rejected_requests_are_counted_with_bounded_labels(gateway: Gateway):
+    """F-18: bad keys, junk paths and bad bodies add a bounded set of series, no secrets."""
+    for i in range(20):
+        httpx.post(f"{gateway.url}/v1/generate", headers={"Authorization": f"Bearer gw_{i}_s"})
+        httpx.get(f"{gateway.url}/v1/junk-{i}", headers=gateway.headers())
+        _post(gateway, "/v1/generate", {"model": f"m{i}", "stream": "x"})
+    text = gateway.metrics_text()
+    assert metric_value(text, "gateway_requests_total", outcome="rejected_auth") == 20
+    assert metric_value(text, "gateway_requests_total", outcome="bad_request") == 20
+    assert metric_value(text, "gateway_requests_total", outcome="not_found") == 20
+    series = [line for line in text.splitlines() if line.startswith("gateway_requests_total")]
+    assert len(series) == 3
+    assert "junk" not in text
+    assert gateway.key not in text

