@@ -131,6 +131,7 @@ def test_models_and_readiness(stack):
 
 def test_the_demo_runs_and_leaves_nothing_behind(tmp_path: Path):
     """The README's main job, as a user runs it (without the install step)."""
+    before = _servers()
     result = subprocess.run(
         [sys.executable, "-m", "gateway.demo", "--max-tokens", "24"],
         capture_output=True,
@@ -142,17 +143,18 @@ def test_the_demo_runs_and_leaves_nothing_behind(tmp_path: Path):
     assert "TTFT" in result.stdout
     assert "decode tokens/s" in result.stdout
     assert "nothing is left running" in result.stdout
-    assert _processes_mentioning("gateway-demo-") == []
+    assert "model server ready" in result.stdout
+    assert _servers() - before == set()
 
 
-def _processes_mentioning(text: str) -> list[str]:
-    """Command lines of running processes that contain `text` (read from /proc)."""
-    found = []
+def _servers() -> set[tuple[str, str]]:
+    """(pid, command line) of running model servers and gateways, read from /proc."""
+    found = set()
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             command = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if text in command:
-            found.append(command)
+        if "llama_cpp.server" in command or "-m gateway serve" in command:
+            found.add((cmdline.parent.name, command))
     return found
