@@ -44,27 +44,26 @@ def stream_answer(url: str, key: str, prompt: str, max_tokens: int) -> dict[str,
     first = last = None
     chunks = 0
     final: dict[str, float] = {}
-    sent = time.perf_counter()
-    with httpx.stream(
-        "POST", f"{url}/v1/generate", json=body, headers=headers, timeout=300
-    ) as response:
-        if response.status_code != 200:
-            response.read()
-            raise RuntimeError(f"gateway answered {response.status_code}: {response.text}")
-        for line in response.iter_lines():
-            if not line:
-                continue
-            chunk = json.loads(line)
-            if "error" in chunk:
-                raise RuntimeError(f"stream failed: {chunk['error']}")
-            if chunk.get("response"):
-                now = time.perf_counter()
-                first = first or now
-                last = now
-                chunks += 1
-                print(chunk["response"], end="", flush=True)
-            if chunk.get("done"):
-                final = chunk
+    with httpx.Client(timeout=300) as client:  # built before the clock starts
+        sent = time.perf_counter()
+        with client.stream("POST", f"{url}/v1/generate", json=body, headers=headers) as response:
+            if response.status_code != 200:
+                response.read()
+                raise RuntimeError(f"gateway answered {response.status_code}: {response.text}")
+            for line in response.iter_lines():
+                if not line:
+                    continue
+                chunk = json.loads(line)
+                if "error" in chunk:
+                    raise RuntimeError(f"stream failed: {chunk['error']}")
+                if chunk.get("response"):
+                    now = time.perf_counter()
+                    first = first or now
+                    last = now
+                    chunks += 1
+                    print(chunk["response"], end="", flush=True)
+                if chunk.get("done"):
+                    final = chunk
     print()
     if first is None or last is None:
         raise RuntimeError("the model produced no tokens")

@@ -3,12 +3,13 @@
 The gateway builds the upstream request's headers itself from an allow-list, so the client's
 credentials (`Authorization`, `X-API-Key`, `Cookie`, `Proxy-Authorization`), its `Host` and its
 `Origin` can never reach the model server: a new header a client invents is dropped by default.
-Responses to the client are likewise built by the gateway, never copied from the upstream.
+Responses to the client are likewise built by the gateway, never copied from the upstream, so
+no upstream hop-by-hop header can reach the client either.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 #: Connection-level headers that a proxy must not forward in either direction
 #: (RFC 9110 section 7.6.1, plus the de-facto `keep-alive` and `proxy-connection`).
@@ -56,13 +57,3 @@ def upstream_request_headers(
     }
     headers["x-request-id"] = request_id
     return headers
-
-
-def end_to_end(headers: Mapping[str, str]) -> dict[str, str]:
-    """Drop hop-by-hop headers, including those named by `Connection` (RFC 9110 section 7.6.1)."""
-    named = {token.strip().lower() for token in headers.get("connection", "").split(",")}
-    return {
-        name: value
-        for name, value in headers.items()
-        if name.lower() not in HOP_BY_HOP and name.lower() not in named
-    }

@@ -13,7 +13,8 @@ Answers: SSE events (`data: {...}`, ending in `data: [DONE]`, reference section 
 Ollama chunks, and a final `done: true` chunk carries `done_reason`, `prompt_eval_count` and
 `eval_count` (from the upstream's usage, else counted chunks) and durations in nanoseconds
 measured by the gateway: `prompt_eval_duration` from sending the request to the first token,
-`eval_duration` from the first token to the last, `total_duration` from the request's arrival.
+`eval_duration` from the measured decode rate (see `_Translation._eval_seconds`),
+`total_duration` from the request's arrival.
 """
 
 from __future__ import annotations
@@ -176,12 +177,25 @@ class _Translation:
             "prompt_eval_count": int(self.usage.get("prompt_tokens") or 0),
             "prompt_eval_duration": _ns((self.first_token or now) - self.sent),
             "eval_count": eval_count,
-            "eval_duration": _ns((self.last_token or now) - (self.first_token or now)),
+            "eval_duration": _ns(self._eval_seconds(eval_count)),
         }
         # Ollama omits zero metrics (`omitempty`, reference section 1); so do we.
         final.update({name: value for name, value in metrics.items() if value})
         chunks.append(Chunk.from_data(final))
         return chunks
+
+    def _eval_seconds(self, eval_count: int) -> float:
+        """Decode time for `eval_count` tokens, from the measured chunk rate.
+
+        The first token arrives at the end of prefill, so the decode rate is measured as
+        `(chunks - 1) / (t_last - t_first)` and `eval_duration = eval_count / rate`: a client
+        computing `eval_count / eval_duration * 1e9` (reference section 9.1) then gets the
+        measured decode rate, without the upward bias of counting the first token.
+        """
+        if self.first_token is None or self.last_token is None or self.chunks_with_text < 2:
+            return 0.0
+        span = self.last_token - self.first_token
+        return eval_count * span / (self.chunks_with_text - 1)
 
     def _chunk(self, text: str, thinking: str, *, done: bool) -> dict[str, Any]:
         data: dict[str, Any] = {"model": self.model, "created_at": rfc3339_now()}
