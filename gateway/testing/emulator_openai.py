@@ -1,20 +1,31 @@
-"""The OpenAI-compatible face of the Ollama emulator: `/v1` request options and wire shapes.
+"""The OpenAI-compatible face of the Ollama emulator: `/v1` request options, wire shapes, routes.
 
 Owns how the emulator speaks reference §7 in its current (>= v0.32.6) shape: the request fields
 that change an answer (`stream`, `stream_options.include_usage`, `max_tokens`), the chunk, finish,
-usage and error objects of `/v1/chat/completions` and `/v1/completions`, and the `/v1/models`
-list. Timing, faults, framing (`data: ...` events) and recording live in
-`gateway.testing.emulator`, which drives the two dialect classes here through its `Dialect`
-protocol. This module imports nothing from it at run time, so the dependency runs one way.
+usage and error objects of `/v1/chat/completions` and `/v1/completions`, the `/v1/models` list,
+and the routes that serve them. Timing, faults and framing (`data: ...` events) live in
+`gateway.testing.emulator_engine`, which drives the two dialect classes here through the
+`Dialect` protocol (`gateway.testing.emulator_dialect`); the engine imports nothing from here,
+so the dependency runs one way.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from starlette.routing import Route
+
+from gateway.testing.emulator_engine import Endpoint, answer
+from gateway.testing.emulator_state import request_context
+from gateway.testing.emulator_wire import json_response, read_json
+
 if TYPE_CHECKING:
-    from gateway.testing.emulator import Event, Piece, Summary
+    from starlette.requests import Request
+    from starlette.types import ASGIApp
+
+    from gateway.testing.emulator_dialect import Event, Piece, Summary
 
 # openai/openai.go NewError: 400 and 404 have their own types, every other status is api_error.
 _ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error"}
@@ -237,3 +248,43 @@ class CompletionDialect(_OpenAIDialect):
             "finish_reason": summary.done_reason if summary else None,
         }
         return self._with_usage(self._envelope([choice]), summary)
+
+
+async def _openai(request: Request, *, chat: bool) -> ASGIApp:
+    """`POST /v1/chat/completions` (§7.1) and `POST /v1/completions` (§7.2)."""
+    state, config, record = request_context(request)
+    struct = "openai.ChatCompletionRequest" if chat else "openai.CompletionRequest"
+    # gin's ShouldBindJSON reports an empty body as io.EOF's text; only /api/* rewords it.
+    error = await read_json(request, record, struct, "EOF")
+    parsed = parse_request(record.body, chat=chat) if error is None else (400, error)
+    if isinstance(parsed, tuple):
+        return json_response(parsed[0], error_object(*parsed))
+    if chat and not parsed.model:
+        return json_response(400, error_object(400, "model is required"))
+    kind = ChatCompletionDialect if chat else CompletionDialect
+    number, created = state.next_id(), int(time.time())
+    dialect = kind(parsed, number=number, created=created, omit_usage=config.omit_usage)
+    return answer(
+        dialect, config, record, model=parsed.model, stream=parsed.stream, limit=parsed.max_tokens
+    )
+
+
+async def _chat_completions(request: Request) -> ASGIApp:
+    return await _openai(request, chat=True)
+
+
+async def _completions(request: Request) -> ASGIApp:
+    return await _openai(request, chat=False)
+
+
+async def _models(request: Request) -> ASGIApp:
+    state, config, _ = request_context(request)
+    return json_response(200, model_list(config.models, int(state.booted_at)))
+
+
+ROUTES = (
+    Route("/v1/models", Endpoint(_models), methods=["GET"]),
+    Route("/v1/chat/completions", Endpoint(_chat_completions), methods=["POST"]),
+    Route("/v1/completions", Endpoint(_completions), methods=["POST"]),
+)
+"""The `/v1` routes, in the order `create_emulator_app` mounts them."""

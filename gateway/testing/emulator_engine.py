@@ -1,0 +1,250 @@
+"""The Ollama emulator's timing and fault engine, shared by its native and OpenAI faces.
+
+Owns how one generation runs once a request is valid: picking the answer (a fault before any
+byte, an unknown model, a load, or a generation), laying out its chunks, sending them on
+schedule as a raw ASGI app, playing mid-stream faults, noticing a client disconnect (§5) and
+measuring what the final chunk reports. How chunks look is the `Dialect`'s business
+(`gateway.testing.emulator_dialect`); `Endpoint` lets routes return such raw ASGI apps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.testing.emulator_dialect import Dialect, Event, Piece, Summary
+from gateway.testing.emulator_state import EmulatorConfig, Outcome, ReceivedRequest
+from gateway.testing.emulator_wire import JSON_MEDIA_TYPE, encode_json, json_response
+
+_MIDSTREAM = frozenset(
+    {"error_midstream", "hang_midstream", "drop_midstream", "eof_without_done", "malformed"}
+)
+_BUSY = "server busy, please try again.  maximum pending requests exceeded"  # two spaces, §4.2
+_MALFORMED = '{"model":"truncated'
+
+Handler = Callable[[Request], Awaitable[ASGIApp]]
+"""A route handler: decodes the request and returns the ASGI app that answers it."""
+
+
+class Endpoint:
+    """Adapt `async handler(request) -> ASGI app` into an ASGI endpoint.
+
+    Starlette's own adapter wants a `Response`; `_Generation` is a bare ASGI app that must see
+    the raw `receive` to notice disconnects, so routes use this instead.
+    """
+
+    def __init__(self, handler: Handler) -> None:
+        self._handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Decode the request through the handler, then let the app it returns answer."""
+        app: ASGIApp = await self._handler(Request(scope, receive))
+        await app(scope, receive, send)
+
+
+def answer(
+    dialect: Dialect,
+    config: EmulatorConfig,
+    record: ReceivedRequest,
+    *,
+    model: str,
+    stream: bool,
+    limit: int | None,
+    loaded: dict[str, Any] | None = None,
+) -> ASGIApp:
+    """Pick the answer once a body is valid: a fault before any byte, 404, load, or a generation."""
+    before = {
+        "status_before": (config.fault_status, config.fault_message),
+        "busy": (503, _BUSY),
+        "not_found": (404, f"model '{model}' not found"),
+    }
+    if config.fault in before:
+        record.outcome = "fault"
+        status, message = before[config.fault]
+        return json_response(status, dialect.error_body(status, message))
+    if _resolve(model, config.models) is None:
+        return json_response(404, dialect.error_body(404, f"model '{model}' not found"))
+    if loaded is not None:
+        return json_response(200, loaded)
+    return _Generation(dialect, config, record, stream=stream, limit=limit)
+
+
+def _resolve(name: str, models: list[str]) -> str | None:
+    """Find an installed model; the tag defaults to `latest`, matching ignores case (§2.1)."""
+    wanted = name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+    return next((model for model in models if model.lower() == wanted.lower()), None)
+
+
+def _plan(config: EmulatorConfig, limit: int | None) -> tuple[list[Piece], str]:
+    """Lay out the chunks of one answer and its `done_reason` (`length` when cut by a limit)."""
+    pieces = [Piece(thinking=f"think{i} ") for i in range(config.thinking_tokens)]
+    pieces += [Piece(content=f"tok{i} ") for i in range(config.tokens)]
+    reason = "stop"
+    if limit is not None and 0 <= limit < len(pieces):
+        pieces, reason = pieces[:limit], "length"
+    if config.empty_first_chunk:
+        pieces.insert(0, Piece(counted=False))
+    return pieces, reason
+
+
+def _ns(seconds: float) -> int:
+    return max(0, round(seconds * 1e9))
+
+
+class _Generation:
+    """One answer as a raw ASGI app: timed chunks, faults, and disconnect detection.
+
+    A listener task awaits `receive()` next to the producer and cancels both on
+    `http.disconnect`, so a disconnect is noticed at once, even during a sleep or a hang (§5).
+    The headers go out with the first chunk only (§1).
+    """
+
+    def __init__(
+        self,
+        dialect: Dialect,
+        config: EmulatorConfig,
+        record: ReceivedRequest,
+        *,
+        stream: bool,
+        limit: int | None,
+    ) -> None:
+        self._dialect = dialect
+        self._config = config
+        self._record = record
+        self._stream = stream
+        self._pieces, self._done_reason = _plan(config, limit)
+        self._send: Send | None = None
+        self._started = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # noqa: ARG002
+        self._send = send
+        outcome: Outcome | None = None
+        disconnected = False
+        try:
+            async with anyio.create_task_group() as group:
+
+                async def listen() -> None:
+                    nonlocal disconnected
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    disconnected = True
+                    group.cancel_scope.cancel()
+
+                group.start_soon(listen)
+                try:
+                    outcome = await self._produce()
+                except OSError:  # ASGI spec 2.4 servers raise on a send after a disconnect
+                    disconnected = True
+                group.cancel_scope.cancel()
+        finally:
+            # uvicorn also reports `http.disconnect` once the response is complete, so a
+            # finished producer wins; without one, the listener's verdict decides. Neither
+            # means an outside cancellation, such as a server shutdown.
+            self._record.finish(outcome or ("client_disconnect" if disconnected else "fault"))
+
+    async def _produce(self) -> Outcome:
+        config, record = self._config, self._record
+        if config.fault == "hang_before":
+            await anyio.sleep_forever()
+        cut = config.fault_after if config.fault in _MIDSTREAM else None
+        sent: list[Piece] = []
+        first_at: float | None = None
+        for piece in self._pieces:
+            if cut is not None and piece.counted and record.tokens_sent >= cut:
+                break
+            # Schedule against the arrival time, so sleeps do not accumulate drift.
+            await _sleep_until(record.started_at + config.ttft + len(sent) * config.inter_token)
+            first_at = first_at or time.monotonic()
+            if self._stream:
+                await self._emit(self._dialect.chunk(piece, len(sent)))
+            sent.append(piece)
+            record.tokens_sent += piece.counted
+        await _sleep_until(record.started_at + config.ttft + len(sent) * config.inter_token)
+        if cut is not None:
+            return await self._fault(sent)
+        summary = self._summarize(first_at, sent)
+        if self._stream:
+            await self._emit(self._dialect.finish(summary), more_body=False)
+        else:
+            await self._respond(200, encode_json(self._dialect.body(sent, summary)))
+        return "completed"
+
+    async def _fault(self, sent: list[Piece]) -> Outcome:
+        """Play a mid-stream fault at the point where the next chunk was due."""
+        config, dialect = self._config, self._dialect
+        if config.fault == "hang_midstream":
+            await anyio.sleep_forever()
+        if config.fault == "drop_midstream":
+            # Returning with the body unfinished makes uvicorn close the transport mid-body
+            # ("ASGI callable returned without completing response"): the client sees a
+            # truncated chunked body. Without streaming the headers go out first, then the drop.
+            await self._start()
+            return "fault"
+        if not self._stream:
+            if config.fault == "error_midstream":  # §2.4: the partial text is discarded
+                error = dialect.error_body(config.fault_status, config.fault_message)
+                await self._respond(config.fault_status, encode_json(error))
+            elif config.fault == "eof_without_done":
+                await self._respond(200, encode_json(dialect.body(sent, None)))
+            else:
+                await self._respond(200, _MALFORMED)
+            return "fault"
+        events: dict[str, list[Event]] = {
+            "error_midstream": dialect.midstream_error(config.fault_message),
+            "malformed": [_MALFORMED],
+            "eof_without_done": [],
+        }
+        await self._emit(events[str(config.fault)], more_body=False)
+        return "fault"
+
+    def _summarize(self, first_at: float | None, sent: list[Piece]) -> Summary:
+        now = time.monotonic()
+        first = now if first_at is None else first_at
+        ttft = _ns(first - self._record.started_at)
+        load = min(self._config.load_duration_ns, ttft)
+        return Summary(
+            done_reason=self._done_reason,
+            prompt_eval_count=self._config.prompt_eval_count,
+            eval_count=sum(piece.counted for piece in sent),
+            total_duration=_ns(now - self._record.started_at),
+            load_duration=load,
+            prompt_eval_duration=ttft - load,
+            eval_duration=_ns(now - first),
+        )
+
+    async def _start(self, status: int = 200, media_type: str | None = None) -> None:
+        if self._started or self._send is None:
+            return
+        self._started = True
+        media_type = media_type or (self._dialect.media_type if self._stream else JSON_MEDIA_TYPE)
+        headers = [(b"content-type", media_type.encode())]
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def _emit(self, events: list[Event], *, more_body: bool = True) -> None:
+        texts = (event if isinstance(event, str) else encode_json(event) for event in events)
+        frame = "data: {}\n\n" if self._dialect.sse else "{}\n"
+        await self._start()
+        body = "".join(frame.format(text) for text in texts).encode()
+        assert self._send is not None  # noqa: S101 - set by __call__
+        await self._send({"type": "http.response.body", "body": body, "more_body": more_body})
+
+    async def _respond(self, status: int, text: str) -> None:
+        """Send a whole `stream: false` answer in one piece, like gin's `c.JSON`."""
+        body = text.encode()
+        assert self._send is not None  # noqa: S101 - set by __call__
+        headers = [
+            (b"content-type", JSON_MEDIA_TYPE.encode()),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        self._started = True
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+        await self._send({"type": "http.response.body", "body": body})
+
+
+async def _sleep_until(deadline: float) -> None:
+    await anyio.sleep(max(0.0, deadline - time.monotonic()))

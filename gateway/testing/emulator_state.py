@@ -1,0 +1,180 @@
+"""What the Ollama emulator is told and what it saw: its knobs, its records, their shared state.
+
+Owns `EmulatorConfig` (the knobs tests change between requests), `ReceivedRequest` (one request as
+the emulator saw it), `EmulatorState` (both, shared between the server and test threads), the
+fault and outcome vocabularies, and how a handler finds its request's record and config snapshot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+Fault = Literal[
+    "status_before",
+    "busy",
+    "not_found",
+    "error_midstream",
+    "hang_before",
+    "hang_midstream",
+    "drop_midstream",
+    "eof_without_done",
+    "malformed",
+]
+Outcome = Literal["completed", "client_disconnect", "fault"]
+
+FAULTS: frozenset[str] = frozenset(get_args(Fault))
+RECORD_KEY = "gateway.emulator.record"
+"""The ASGI scope key under which the front door files each request's `ReceivedRequest`."""
+
+
+@dataclass
+class EmulatorConfig:
+    """The emulator's knobs. Mutable: tests change them between requests.
+
+    Each request takes a snapshot when it arrives, so a change never affects one in flight.
+    `ttft` covers load plus prefill; the reported durations are measured from the real delays
+    (`load_duration` is `load_duration_ns` capped at the measured TTFT, `prompt_eval_duration`
+    the rest of it, `eval_duration` from the first chunk to the final one).
+
+    Attributes:
+        models: Installed model names; any other model gets 404 (§4.2).
+        ttft: Seconds from arrival to the first chunk, and to the headers (§1).
+        inter_token: Seconds between chunks.
+        tokens: Content tokens per answer (`"tok0 "`, `"tok1 "`, ...).
+        thinking_tokens: Thinking-only chunks sent before the content (§2.3).
+        empty_first_chunk: Send one chunk with empty text first.
+        fault: None, or one of these (`FAULTS`). Before any byte: `status_before`
+            (`fault_status` with `fault_message`), `busy` (503 and the busy text), `not_found`
+            (404 for any model), `hang_before` (never answer; only the client leaving ends
+            it). After `fault_after` tokens, at the time the next chunk was due:
+            `error_midstream` (one error line, then the end; status stays 200, §4.3/§4.4),
+            `hang_midstream` (send nothing more, keep the connection open),
+            `drop_midstream` (close the TCP connection mid-body), `eof_without_done` (end the
+            body cleanly with no final chunk), `malformed` (one line that is not JSON, then
+            the end). Without streaming, `error_midstream` answers `fault_status` (§2.4) and
+            `eof_without_done` answers `done: false` without metrics.
+        fault_after: Tokens sent before a mid-stream fault.
+        fault_status: Status of `status_before`, and of `error_midstream` without streaming.
+        fault_message: Error text of `status_before` and `error_midstream`.
+        version: What `/api/version` reports.
+        host_gate: 403 with an empty body for a non-local `Host` (§6.8).
+        origin_gate: 403 with an empty body for a disallowed `Origin` (§6.8).
+        omit_usage: Never send `usage` on `/v1`, like servers without `include_usage`.
+        prompt_eval_count: Reported prompt tokens (0 is omitted, §9.2).
+        load_duration_ns: Reported `load_duration` (0 is omitted).
+    """
+
+    models: list[str] = field(default_factory=lambda: ["llama3.2:latest", "qwen2.5:7b"])
+    ttft: float = 0.05
+    inter_token: float = 0.01
+    tokens: int = 16
+    thinking_tokens: int = 0
+    empty_first_chunk: bool = False
+    fault: Fault | None = None
+    fault_after: int = 5
+    fault_status: int = 500
+    fault_message: str = "an error was encountered while running the model"
+    version: str = "0.33.0"
+    host_gate: bool = True
+    origin_gate: bool = True
+    omit_usage: bool = False
+    prompt_eval_count: int = 12
+    load_duration_ns: int = 1_000_000
+
+
+@dataclass(eq=False)
+class ReceivedRequest:
+    """One request as the emulator saw it. Written by the server thread, read by tests.
+
+    The record ends just after the last byte is handed to the server, so a client can see the
+    end first: call `wait_ended` before reading `outcome` or `ended_at`.
+
+    Attributes:
+        method: HTTP method.
+        path: URL path without the query.
+        headers: Lower-case names; repeated headers joined with ", ".
+        body: The decoded JSON body, or None (no body, or not JSON).
+        started_at: `time.monotonic()` at arrival.
+        first_byte_at: When the status line and headers went out, or None.
+        ended_at: When the exchange ended, or None while it runs.
+        tokens_sent: Tokens produced (streamed, or held for a `stream: false` body).
+        outcome: `completed` (whatever the status), `client_disconnect` (the client left before
+            the end) or `fault` (an injected fault ended it); None while it runs.
+        status: The response status, or None before the headers.
+    """
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any = None
+    started_at: float = field(default_factory=time.monotonic)
+    first_byte_at: float | None = None
+    ended_at: float | None = None
+    tokens_sent: int = 0
+    outcome: Outcome | None = None
+    status: int | None = None
+    _ended: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+
+    def wait_ended(self, timeout: float) -> bool:
+        """Block until the exchange ended or the disconnect was noticed; False on timeout."""
+        return self._ended.wait(timeout)
+
+    def finish(self, outcome: Outcome) -> None:
+        """Mark the end once; an outcome set earlier (e.g. `fault`) wins."""
+        if self._ended.is_set():
+            return
+        if self.outcome is None:
+            self.outcome = outcome
+        self.ended_at = time.monotonic()
+        self._ended.set()
+
+
+class EmulatorState:
+    """The live config plus every request seen, shared between the server and test threads."""
+
+    def __init__(self, config: EmulatorConfig) -> None:
+        self.config = config
+        self.booted_at = time.time()
+        self._arrived = threading.Condition()
+        self._records: list[ReceivedRequest] = []
+        self._ids = itertools.count()
+
+    @property
+    def records(self) -> list[ReceivedRequest]:
+        """A snapshot of the requests seen so far, oldest first."""
+        with self._arrived:
+            return list(self._records)
+
+    def add(self, record: ReceivedRequest) -> None:
+        """Append a new request and wake `wait_for_requests`."""
+        with self._arrived:
+            self._records.append(record)
+            self._arrived.notify_all()
+
+    def wait_for_requests(self, count: int, timeout: float) -> bool:
+        """Block until at least `count` requests arrived; False on timeout."""
+        with self._arrived:
+            return self._arrived.wait_for(lambda: len(self._records) >= count, timeout)
+
+    def clear(self) -> None:
+        """Forget the requests seen (long benchmarks call this to bound memory)."""
+        with self._arrived:
+            self._records.clear()
+
+    def next_id(self) -> int:
+        """Return a per-app sequence number for `/v1` ids."""
+        return next(self._ids)
+
+
+def request_context(request: Request) -> tuple[EmulatorState, EmulatorConfig, ReceivedRequest]:
+    """Return the state, a snapshot of the config taken now, and this request's record."""
+    state: EmulatorState = request.app.state.emulator
+    return state, dataclasses.replace(state.config), request.scope[RECORD_KEY]
