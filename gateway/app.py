@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 import httpx
 from fastapi import FastAPI
 
@@ -20,6 +21,7 @@ from gateway.settings import Settings
 from gateway.upstream.catalog import ModelCatalog
 from gateway.upstream.client import build_upstream_client
 from gateway.upstream.dialect import Dialect
+from gateway.upstream.monitor import UpstreamMonitor
 from gateway.upstream.ollama import OllamaDialect
 from gateway.upstream.openai import OpenAIDialect
 
@@ -49,17 +51,32 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[GatewayState]:
         store = KeyStore.from_url(settings.database_url)
         await store.create_schema()
+        await store.warm_up()
         dialect = build_dialect(settings)
         async with build_upstream_client(settings, upstream_transport) as client:
+            catalog = ModelCatalog(dialect, client)
+            monitor = UpstreamMonitor(
+                name=settings.upstream_name,
+                client=client,
+                dialect=dialect,
+                catalog=catalog,
+                metrics=metrics,
+                interval=settings.upstream_poll_interval,
+                timeout=settings.connect_timeout,
+            )
             try:
-                yield GatewayState(
-                    settings=settings,
-                    client=client,
-                    store=store,
-                    metrics=metrics,
-                    dialect=dialect,
-                    catalog=ModelCatalog(dialect, client),
-                )
+                async with anyio.create_task_group() as background:
+                    background.start_soon(monitor.run)
+                    yield GatewayState(
+                        settings=settings,
+                        client=client,
+                        store=store,
+                        metrics=metrics,
+                        dialect=dialect,
+                        catalog=catalog,
+                        monitor=monitor,
+                    )
+                    background.cancel_scope.cancel()
             finally:
                 await store.close()
 

@@ -16,6 +16,7 @@ from gateway.metrics import Metrics
 from gateway.settings import Settings
 from gateway.upstream.catalog import ModelCatalog
 from gateway.upstream.dialect import Dialect
+from gateway.upstream.monitor import UpstreamMonitor
 
 
 class GatewayState(TypedDict):
@@ -27,6 +28,7 @@ class GatewayState(TypedDict):
     metrics: Metrics
     dialect: Dialect
     catalog: ModelCatalog
+    monitor: UpstreamMonitor
 
 
 async def get_settings(request: Request) -> Settings:
@@ -65,9 +67,16 @@ async def get_catalog(request: Request) -> ModelCatalog:
     return catalog
 
 
+async def get_monitor(request: Request) -> UpstreamMonitor:
+    """Return the upstream monitor."""
+    monitor: UpstreamMonitor = request.state.monitor
+    return monitor
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 ClientDep = Annotated[httpx.AsyncClient, Depends(get_client)]
 KeyStoreDep = Annotated[KeyStore, Depends(get_store)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 DialectDep = Annotated[Dialect, Depends(get_dialect)]
 CatalogDep = Annotated[ModelCatalog, Depends(get_catalog)]
+MonitorDep = Annotated[UpstreamMonitor, Depends(get_monitor)]

@@ -25,6 +25,10 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20,
 TOKENS_PER_SECOND_BUCKETS = (1, 2.5, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000)
 #: Time per output token (inter-token latency), seconds: 0.5 ms to 1 s.
 TPOT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1)
+#: Prefill rate, prompt tokens per second: 10 to 100,000 (cache hits inflate it; section 9.2).
+PREFILL_BUCKETS = (10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000)
+#: Wait before the upstream request is sent, seconds: 0.5 ms to 2 min.
+QUEUE_WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5, 10, 30, 120)
 #: Whole request duration, seconds: 50 ms to 10 min.
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
 
@@ -47,8 +51,15 @@ class Metrics:
         input_tokens: Counter `gateway_input_tokens_total{model, key}` (prompt tokens).
         output_tokens: Counter `gateway_output_tokens_total{model, key}` (generated tokens).
         in_flight: Gauge `gateway_requests_in_flight{model}`.
+        prefill_tokens_per_second: Histogram `gateway_prefill_tokens_per_second{model}`, only
+            where the upstream reports `prompt_eval_count` and `prompt_eval_duration` (Ollama).
+        queue_wait: Histogram `gateway_queue_wait_seconds{model}`, arrival to the upstream
+            request being sent (auth, body checks and, with limits, waiting for a slot).
         upstream_errors: Counter `gateway_upstream_errors_total{kind}`.
-        upstream_up: Gauge `gateway_upstream_up`, 1 when the last readiness probe succeeded.
+        upstream_up: Gauge `gateway_upstream_up{upstream}`, 1 when the last probe succeeded.
+        upstream_models_loaded: Gauge `gateway_upstream_models_loaded{upstream}` (Ollama /api/ps).
+        upstream_model_memory: Gauge `gateway_upstream_model_memory_bytes{upstream, model, kind}`,
+            `kind` is `total` (`size`) or `vram` (`size_vram`), from Ollama's /api/ps.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -106,6 +117,21 @@ class Metrics:
             ("model",),
             registry=r,
         )
+        self.prefill_tokens_per_second = Histogram(
+            "gateway_prefill_tokens_per_second",
+            "Prefill rate: prompt tokens per second (prompt_eval_count / prompt_eval_duration), "
+            "where the upstream reports both.",
+            ("model",),
+            buckets=PREFILL_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "gateway_queue_wait_seconds",
+            "Time from the request's arrival to the upstream request being sent.",
+            ("model",),
+            buckets=QUEUE_WAIT_BUCKETS,
+            registry=r,
+        )
         self.upstream_errors = Counter(
             "gateway_upstream_errors",
             "Upstream failures by kind (connect, timeout, status, stream).",
@@ -115,6 +141,20 @@ class Metrics:
         self.upstream_up = Gauge(
             "gateway_upstream_up",
             "1 when the upstream answered its last readiness probe, else 0.",
+            ("upstream",),
+            registry=r,
+        )
+        self.upstream_models_loaded = Gauge(
+            "gateway_upstream_models_loaded",
+            "Models the upstream holds in memory (Ollama /api/ps).",
+            ("upstream",),
+            registry=r,
+        )
+        self.upstream_model_memory = Gauge(
+            "gateway_upstream_model_memory_bytes",
+            "Memory of each loaded model (Ollama /api/ps): kind=total is `size`, "
+            "kind=vram is `size_vram` (the part on the GPU).",
+            ("upstream", "model", "kind"),
             registry=r,
         )
 

@@ -70,6 +70,12 @@ class Settings(BaseSettings):
     idle_timeout: float = Field(
         60.0, gt=0, description="Seconds allowed between two chunks once the stream has started."
     )
+    upstream_poll_interval: float = Field(
+        15.0,
+        gt=0,
+        description="Seconds between background probes of the upstream (health, model list, "
+        "Ollama's loaded models).",
+    )
     max_connections: int = Field(
         256, ge=1, description="Upper bound on open connections to the upstream (httpx pool)."
     )
@@ -110,6 +116,11 @@ class Settings(BaseSettings):
         }:
             raise ValueError("GATEWAY_UPSTREAM_API_KEY still holds the placeholder value")
         return self
+
+    @property
+    def upstream_name(self) -> str:
+        """The upstream's `host:port`, used as the `upstream` metrics label."""
+        return f"{self.upstream_url.host}:{self.upstream_url.port}"
 
     @property
     def upstream_base(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -45,11 +46,17 @@ async def require_principal(
     except InvalidKeyError as exc:
         logger.info("rejected API key: %s", exc.reason)
         raise UnauthorizedError(str(exc)) from exc
-    await store.touch(record.id, min_interval=settings.last_used_interval)
+    if _touch_due(record.last_used_at, settings.last_used_interval):
+        await store.touch(record.id, min_interval=settings.last_used_interval)
     principal = Principal(record.id, record.name, record.models)
     request.state.principal = principal
     request.scope.setdefault("state", {})["key_id"] = record.id
     return principal
+
+
+def _touch_due(last_used_at: datetime | None, interval: float) -> bool:
+    """Whether `last_used_at` is old enough to write again; spares the hot path a write."""
+    return last_used_at is None or datetime.now(UTC) - last_used_at >= timedelta(seconds=interval)
 
 
 PrincipalDep = Annotated[Principal, Depends(require_principal)]

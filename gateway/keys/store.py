@@ -127,6 +127,11 @@ class KeyStore:
             if not exists:
                 raise
 
+    async def warm_up(self) -> None:
+        """Open a pooled connection and compile the lookup, so the first request is not slower."""
+        async with self._sessions() as session:
+            await session.get(ApiKeyRow, "warm-up")
+
     async def close(self) -> None:
         """Close every pooled connection (dispose of the engine)."""
         await self._engine.dispose()

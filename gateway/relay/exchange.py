@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncGenerator
 from typing import Any, TypeVar
 
@@ -24,7 +25,7 @@ from gateway.errors import (
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
-from gateway.metrics import Metrics
+from gateway.relay.meter import RequestMeter
 from gateway.settings import Settings
 from gateway.upstream.dialect import Chunk, Dialect, Route, StreamBrokenError
 
@@ -53,8 +54,7 @@ class Exchange:
         body: dict[str, Any],
         headers: dict[str, str],
         settings: Settings,
-        metrics: Metrics,
-        started: float,
+        meter: RequestMeter,
     ) -> None:
         self._client = client
         self._dialect = dialect
@@ -62,8 +62,8 @@ class Exchange:
         self._body = body
         self._headers = headers
         self._settings = settings
-        self._metrics = metrics
-        self._started = started
+        self._meter = meter
+        self._metrics = meter.metrics
         self._response: httpx.Response | None = None
         self._chunks: AsyncGenerator[Chunk, None] | None = None
         self._first: Chunk | None = None
@@ -85,11 +85,12 @@ class Exchange:
                 request = self._dialect.build_request(
                     self._client, self._route, self._body, self._headers
                 )
+                self._meter.sent_at = time.perf_counter()
                 self._response = await self._client.send(request, stream=True)
                 if self._response.status_code != 200:
                     raise await self._status_error(self._response)
                 self._chunks = self._dialect.chunks(
-                    self._response, self._route, self._body, self._started
+                    self._response, self._route, self._body, self._meter.arrival
                 )
                 self._first = await anext(self._chunks)
         except BaseException as exc:

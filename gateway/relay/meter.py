@@ -7,9 +7,13 @@ Sources of each number (also in `docs/metrics.md`):
   the server for sending. For `stream:false` it ends when that chunk reaches the gateway.
 * Output tokens: the final chunk's `eval_count` (Ollama) or the upstream's usage (OpenAI); when
   the stream ends early, the number of text-bearing chunks relayed (one token each in Ollama).
-* Decode tokens/s: `eval_count / eval_duration * 1e9` when the upstream reports both in
-  nanoseconds (reference section 9.1); else measured here as `(n - 1) / (t_last - t_first)`
-  over the chunk arrival times, which leaves the first token (spent in prefill) out.
+* Decode tokens/s: `eval_count / eval_duration * 1e9` when the upstream itself reports both in
+  nanoseconds (Ollama, reference section 9.1); else measured here as
+  `(n - 1) / (t_last - t_first)` over the times the text chunks were sent, which leaves the first
+  token (produced by prefill) out.
+* Prefill tokens/s: `prompt_eval_count / prompt_eval_duration * 1e9`, only when the upstream
+  reports both (Ollama); prompt-cache hits inflate it (reference section 9.2 item 3).
+* Queue wait: arrival to the moment the upstream request is sent.
 * Time per output token: `eval_duration / max(eval_count - 1, 1)` (reference section 9.1), or
   `(t_last - t_first) / (n - 1)` as measured.
 """
@@ -30,6 +34,8 @@ class RequestMeter:
 
     Attributes:
         arrival: `time.perf_counter()` seconds when the gateway received the request.
+        upstream_timings: Whether the final chunk's durations come from the upstream itself.
+        sent_at: perf-counter seconds when the upstream request was sent, or None.
         first_token: perf-counter seconds of the first generated token, or None.
         last_token: perf-counter seconds of the latest generated token, or None.
         text_chunks: Chunks with generated text seen so far.
@@ -42,6 +48,8 @@ class RequestMeter:
     model: str
     key: str
     arrival: float
+    upstream_timings: bool = True
+    sent_at: float | None = None
     first_token: float | None = None
     last_token: float | None = None
     text_chunks: int = 0
@@ -82,22 +90,28 @@ class RequestMeter:
 
     def decode_rate(self) -> tuple[float, float] | None:
         """Return (output tokens per second, seconds per output token), or None if unknown."""
-        final = self.final or {}
-        count, duration_ns = final.get("eval_count"), final.get("eval_duration")
-        if (
-            isinstance(count, int)
-            and isinstance(duration_ns, int)
-            and count > 0
-            and duration_ns > 0
-        ):
-            seconds = duration_ns / 1e9
-            return count / seconds, seconds / max(count - 1, 1)
+        rate = self._reported_rate("eval_count", "eval_duration")
+        if rate is not None:
+            count = int((self.final or {})["eval_count"])
+            return rate, count / rate / max(count - 1, 1)
         if self.first_token is None or self.last_token is None or self.text_chunks < 2:
             return None
         span = self.last_token - self.first_token
         if span <= 0:
             return None
         return (self.text_chunks - 1) / span, span / (self.text_chunks - 1)
+
+    def _reported_rate(self, count_field: str, duration_field: str) -> float | None:
+        """`count / duration * 1e9` from the final chunk, if the upstream reported both."""
+        final = self.final or {}
+        count, duration_ns = final.get(count_field), final.get(duration_field)
+        if (
+            not self.upstream_timings
+            or not isinstance(count, int)
+            or not isinstance(duration_ns, int)
+        ):
+            return None
+        return count / duration_ns * 1e9 if count > 0 and duration_ns > 0 else None
 
     def finish(self, outcome: str, status: int | None = None) -> dict[str, Any]:
         """Record the request into the metrics; later calls do nothing.
@@ -124,6 +138,11 @@ class RequestMeter:
         )
         if self.ttft is not None:
             m.ttft.labels(self.model).observe(self.ttft)
+        if self.sent_at is not None:
+            m.queue_wait.labels(self.model).observe(self.sent_at - self.arrival)
+        prefill = self._reported_rate("prompt_eval_count", "prompt_eval_duration")
+        if prefill is not None:
+            m.prefill_tokens_per_second.labels(self.model).observe(prefill)
         rate = self.decode_rate()
         if rate is not None:
             m.output_tokens_per_second.labels(self.model).observe(rate[0])

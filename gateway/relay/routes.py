@@ -124,6 +124,7 @@ class _Relay:
             model=await self.catalog.label(model),
             key=self.principal.name if self.settings.metrics_per_key else "all",
             arrival=self.state.get("arrival", time.perf_counter()),
+            upstream_timings=self.dialect.reports_timings,
         )
         exchange = Exchange(
             client=self.client,
@@ -134,8 +135,7 @@ class _Relay:
                 self.request.headers.items(), request_id=self.state.get("request_id", "-")
             ),
             settings=self.settings,
-            metrics=self.metrics,
-            started=meter.arrival,
+            meter=meter,
         )
         try:
             await _until_disconnect(self.request.receive, exchange.open)

@@ -102,6 +102,9 @@ class Dialect(Protocol):
 
     name: str
     readiness_path: str
+    #: True when the upstream itself reports `eval_duration`/`prompt_eval_duration` (Ollama);
+    #: False when the gateway synthesizes them from its own clock (OpenAI-compatible servers).
+    reports_timings: bool
 
     def build_request(
         self, client: httpx.AsyncClient, route: Route, body: dict[str, Any], headers: dict[str, str]

@@ -25,6 +25,7 @@ class OllamaDialect:
 
     name = "ollama"
     readiness_path = "/api/version"
+    reports_timings = True
 
     def build_request(
         self, client: httpx.AsyncClient, route: Route, body: dict[str, Any], headers: dict[str, str]

@@ -44,6 +44,7 @@ class OpenAIDialect:
 
     name = "openai"
     readiness_path = "/v1/models"
+    reports_timings = False
 
     def build_request(
         self, client: httpx.AsyncClient, route: Route, body: dict[str, Any], headers: dict[str, str]

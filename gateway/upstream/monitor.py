@@ -1,0 +1,103 @@
+"""Background polling of the upstream: health, and the models Ollama has loaded in memory.
+
+Every `GATEWAY_UPSTREAM_POLL_INTERVAL` seconds the monitor sends the dialect's readiness probe
+(`gateway_upstream_up`), refreshes the model catalog, and for the Ollama dialect reads
+`GET /api/ps` (reference section 6.4): each loaded model's `size` (total bytes) and `size_vram`
+(bytes resident on the GPU; `size_vram < size` means partial CPU offload).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import anyio
+import httpx
+
+from gateway.metrics import Metrics
+from gateway.upstream.catalog import ModelCatalog
+from gateway.upstream.dialect import Dialect
+
+logger = logging.getLogger("gateway.upstream")
+
+
+class UpstreamMonitor:
+    """Polls one upstream and keeps its gauges current.
+
+    Args:
+        name: The `upstream` label value (the upstream's host:port, bounded by configuration).
+        client: The shared upstream client.
+        dialect: Gives the readiness probe path; `ollama` also has `/api/ps`.
+        catalog: Refreshed on every poll so model labels follow the upstream.
+        metrics: Where the gauges live.
+        interval: Seconds between polls.
+        timeout: Seconds allowed for each probe.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        client: httpx.AsyncClient,
+        dialect: Dialect,
+        catalog: ModelCatalog,
+        metrics: Metrics,
+        interval: float,
+        timeout: float,
+    ) -> None:
+        self.name = name
+        self._client = client
+        self._dialect = dialect
+        self._catalog = catalog
+        self._metrics = metrics
+        self._interval = interval
+        self._timeout = httpx.Timeout(timeout)
+
+    async def run(self) -> None:
+        """Poll until cancelled (the app's lifespan cancels it on shutdown)."""
+        while True:
+            await self.poll()
+            await anyio.sleep(self._interval)
+
+    async def probe(self) -> tuple[bool, str]:
+        """Send the readiness probe once; set `gateway_upstream_up`; return (up, detail)."""
+        try:
+            response = await self._client.get(self._dialect.readiness_path, timeout=self._timeout)
+            up, detail = response.status_code == 200, f"upstream answered {response.status_code}"
+        except httpx.HTTPError as exc:
+            up, detail = False, f"upstream unreachable ({type(exc).__name__})"
+        self._metrics.upstream_up.labels(self.name).set(1 if up else 0)
+        return up, detail
+
+    async def poll(self) -> bool:
+        """Probe, refresh the model list and loaded models; returns whether the upstream is up."""
+        up, detail = await self.probe()
+        if not up:
+            logger.warning("upstream %s is down: %s", self.name, detail)
+            return False
+        try:
+            await self._catalog.models(refresh=True)
+        except (httpx.HTTPError, ValueError):
+            logger.warning("upstream %s: model list unavailable", self.name)
+        if self._dialect.name == "ollama":
+            await self._poll_loaded_models()
+        return True
+
+    async def _poll_loaded_models(self) -> None:
+        try:
+            response = await self._client.get("/api/ps", timeout=self._timeout)
+            response.raise_for_status()
+            models: list[dict[str, Any]] = response.json().get("models") or []
+        except (httpx.HTTPError, ValueError, AttributeError):
+            logger.warning("upstream %s: /api/ps unavailable", self.name)
+            return
+        memory = self._metrics.upstream_model_memory
+        loaded = self._metrics.upstream_models_loaded
+        memory.clear()  # unloaded models must disappear, not linger with their last value
+        for entry in models:
+            model = str(entry.get("model") or entry.get("name") or "")
+            if not model:
+                continue
+            memory.labels(self.name, model, "total").set(float(entry.get("size") or 0))
+            memory.labels(self.name, model, "vram").set(float(entry.get("size_vram") or 0))
+        loaded.labels(self.name).set(len(models))

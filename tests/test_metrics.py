@@ -1,0 +1,215 @@
+"""Exported numbers match the truth: an emulator with a known TTFT and token rate (F-16, F-17)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import Emulator, Gateway, metric_value
+
+TTFT = 0.3  # seconds the emulator waits before its first chunk
+INTER_TOKEN = 0.02  # seconds between chunks: 50 tokens/s
+TOKENS = 20
+MODEL = "llama3.2:latest"
+
+
+def _warm_up(gw: Gateway, emulator: Emulator) -> None:
+    """One request first: the first one pays one-time costs (connections, lazy set-up)."""
+    emulator.config.ttft = emulator.config.inter_token = 0.001
+    body = {"model": MODEL, "prompt": "warm-up", "stream": False}
+    httpx.post(f"{gw.url}/v1/generate", json=body, headers=gw.headers(), timeout=30)
+
+
+def _configure(emulator: Emulator, **overrides) -> None:
+    emulator.config.ttft = TTFT
+    emulator.config.inter_token = INTER_TOKEN
+    emulator.config.tokens = TOKENS
+    for name, value in overrides.items():
+        setattr(emulator.config, name, value)
+
+
+def _client_stream(gw: Gateway, body: dict, *, stop_after: int | None = None) -> dict[str, float]:
+    """Stream through the gateway; return the client's TTFT (first generated text) and lines."""
+    with httpx.Client(timeout=30) as client:
+        start = time.perf_counter()
+        first = None
+        lines = 0
+        with client.stream("POST", f"{gw.url}/v1/generate", json=body, headers=gw.headers()) as r:
+            for line in r.iter_lines():
+                if not line:
+                    continue
+                chunk = json.loads(line)
+                lines += 1
+                if first is None and (chunk.get("response") or chunk.get("thinking")):
+                    first = time.perf_counter() - start
+                if stop_after is not None and lines >= stop_after:
+                    break
+    assert first is not None
+    return {"ttft": first, "lines": lines}
+
+
+def _exported(gw: Gateway, wait_for_outcome: str | None = None) -> dict[str, float]:
+    deadline = time.monotonic() + 3
+    while True:
+        text = gw.metrics_text()
+        done = wait_for_outcome is None or metric_value(
+            text, "gateway_requests_total", outcome=wait_for_outcome
+        )
+        if done or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    labels = {"model": MODEL}
+    return {
+        "ttft": metric_value(text, "gateway_time_to_first_token_seconds_sum", **labels),
+        "ttft_count": metric_value(text, "gateway_time_to_first_token_seconds_count", **labels),
+        "rate": metric_value(text, "gateway_output_tokens_per_second_sum", **labels),
+        "tpot": metric_value(text, "gateway_time_per_output_token_seconds_sum", **labels),
+        "prefill_count": metric_value(text, "gateway_prefill_tokens_per_second_count", **labels),
+        "queue_count": metric_value(text, "gateway_queue_wait_seconds_count", **labels),
+        "tokens_out": metric_value(text, "gateway_output_tokens_total", **labels),
+        "tokens_in": metric_value(text, "gateway_input_tokens_total", **labels),
+    }
+
+
+@pytest.mark.parametrize("dialect", ["ollama", "openai"])
+def test_streamed_ttft_and_decode_rate_match_the_truth(make_gateway, emulator: Emulator, dialect):
+    gw = make_gateway(upstream_dialect=dialect)
+    _warm_up(gw, emulator)
+    before = _exported(gw)
+    _configure(emulator)
+    client = _client_stream(gw, {"model": MODEL, "prompt": "x"})
+    exported = {k: v - before[k] for k, v in _exported(gw).items()}
+    assert exported["ttft_count"] == 1
+    assert exported["ttft"] == pytest.approx(client["ttft"], rel=0.05)
+    assert exported["ttft"] == pytest.approx(TTFT, rel=0.1)
+    assert exported["rate"] == pytest.approx(1 / INTER_TOKEN, rel=0.1)
+    assert exported["tpot"] == pytest.approx(INTER_TOKEN, rel=0.1)
+    assert exported["tokens_out"] == TOKENS
+    assert exported["queue_count"] == 1
+    # Only Ollama reports prefill timing; the gateway does not invent it for OpenAI upstreams.
+    assert exported["prefill_count"] == (1 if dialect == "ollama" else 0)
+
+
+@pytest.mark.parametrize("dialect", ["ollama", "openai"])
+def test_non_streamed_ttft_is_the_first_token_at_the_gateway(
+    make_gateway, emulator: Emulator, dialect
+):
+    """F-16 (d): without streaming the client sees only the end; TTFT is still the first token."""
+    gw = make_gateway(upstream_dialect=dialect)
+    _warm_up(gw, emulator)
+    before = _exported(gw)
+    _configure(emulator)
+    body = {"model": MODEL, "prompt": "x", "stream": False}
+    result = httpx.post(f"{gw.url}/v1/generate", json=body, headers=gw.headers(), timeout=30)
+    assert result.json()["eval_count"] == TOKENS
+    exported = {k: v - before[k] for k, v in _exported(gw).items()}
+    assert exported["ttft"] == pytest.approx(TTFT, rel=0.1)
+    assert exported["rate"] == pytest.approx(1 / INTER_TOKEN, rel=0.1)
+
+
+def test_empty_first_chunk_does_not_start_the_ttft_clock_early(
+    gateway: Gateway, emulator: Emulator
+):
+    """F-16 (b): an empty first frame is not a token."""
+    _configure(emulator, empty_first_chunk=True)
+    client = _client_stream(gateway, {"model": MODEL, "prompt": "x"})
+    exported = _exported(gateway)
+    assert client["ttft"] > TTFT + INTER_TOKEN * 0.5
+    assert exported["ttft"] == pytest.approx(client["ttft"], rel=0.05)
+
+
+def test_thinking_counts_as_the_first_token(gateway: Gateway, emulator: Emulator):
+    """F-16 (c): documented choice: a thinking token is a generated token (docs/metrics.md)."""
+    _warm_up(gateway, emulator)
+    before = _exported(gateway)
+    _configure(emulator, thinking_tokens=5)
+    client = _client_stream(gateway, {"model": MODEL, "prompt": "x"})
+    exported = {k: v - before[k] for k, v in _exported(gateway).items()}
+    assert exported["ttft"] == pytest.approx(client["ttft"], rel=0.05)
+    assert exported["ttft"] == pytest.approx(TTFT, rel=0.1)
+    assert exported["tokens_out"] == TOKENS + 5
+
+
+@pytest.mark.parametrize("dialect", ["ollama", "openai"])
+def test_client_leaving_halfway_still_records_what_was_observed(
+    make_gateway, emulator: Emulator, dialect
+):
+    gw = make_gateway(upstream_dialect=dialect)
+    _configure(emulator, tokens=200)
+    client = _client_stream(gw, {"model": MODEL, "prompt": "x"}, stop_after=10)
+    exported = _exported(gw, wait_for_outcome="client_disconnect")
+    assert exported["ttft"] == pytest.approx(client["ttft"], rel=0.05)
+    assert exported["rate"] == pytest.approx(1 / INTER_TOKEN, rel=0.1)
+    # What was relayed until the disconnect was noticed: at least what the client read.
+    assert 10 <= exported["tokens_out"] <= 20
+
+
+def test_cut_openai_stream_counts_the_relayed_tokens(make_gateway, emulator: Emulator):
+    """F-17: no usage arrives when the stream is cut; the relayed chunks are counted."""
+    gw = make_gateway(upstream_dialect="openai")
+    _configure(emulator, fault="drop_midstream", fault_after=7)
+    body = {"model": MODEL, "prompt": "x"}
+    httpx.post(f"{gw.url}/v1/generate", json=body, headers=gw.headers(), timeout=30)
+    exported = _exported(gw, wait_for_outcome="upstream_error")
+    assert exported["tokens_out"] == 7
+
+
+def test_access_log_has_one_json_line_without_secrets_or_prompt(
+    gateway: Gateway, emulator: Emulator, caplog: pytest.LogCaptureFixture
+):
+    _configure(emulator, ttft=0.01, inter_token=0.001)
+    caplog.set_level(logging.INFO, logger="gateway.access")
+    prompt = "my secret prompt text"
+    response = httpx.post(
+        f"{gateway.url}/v1/generate",
+        json={"model": MODEL, "prompt": prompt},
+        headers={**gateway.headers(), "X-Request-ID": "req-123"},
+    )
+    assert response.headers["x-request-id"] == "req-123"
+    deadline = time.monotonic() + 2
+    while not caplog.records and time.monotonic() < deadline:
+        time.sleep(0.02)
+    [record] = [r for r in caplog.records if r.name == "gateway.access"]
+    line = json.loads(record.getMessage())
+    assert line["request_id"] == "req-123"
+    assert line["key_id"] == gateway.key_id
+    assert line["model"] == MODEL
+    assert line["route"] == "/v1/generate"
+    assert line["status"] == 200
+    assert line["outcome"] == "completed"
+    assert line["tokens_out"] == TOKENS
+    assert line["ttft_s"] > 0
+    assert line["tokens_per_s"] > 0
+    text = record.getMessage()
+    assert prompt not in text
+    assert gateway.key not in text
+    assert gateway.key.rsplit("_", 1)[-1] not in text
+
+
+def test_upstream_gauges_follow_ollama_ps(make_gateway, emulator: Emulator):
+    gw = make_gateway(upstream_poll_interval=0.2)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        text = gw.metrics_text()
+        if metric_value(text, "gateway_upstream_models_loaded"):
+            break
+        time.sleep(0.1)
+    assert metric_value(text, "gateway_upstream_up") == 1
+    assert metric_value(text, "gateway_upstream_models_loaded") >= 1
+    assert metric_value(text, "gateway_upstream_model_memory_bytes", kind="total") > 0
+    assert metric_value(text, "gateway_upstream_model_memory_bytes", kind="vram") >= 0
+
+
+def test_upstream_down_shows_in_the_gauge(make_gateway):
+    gw = make_gateway(upstream_url="http://127.0.0.1:9", upstream_poll_interval=0.2)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if "gateway_upstream_up{" in gw.metrics_text():
+            break
+        time.sleep(0.1)
+    text = gw.metrics_text()
+    assert 'gateway_upstream_up{upstream="127.0.0.1:9"} 0.0' in text
