@@ -2,8 +2,8 @@
 
 Every metric, its labels, unit and buckets, and where each number comes from, is documented in
 `docs/metrics.md`. Label values are bounded: `model` is a model the upstream lists or the fixed
-value `other`; `key` is a key's admin-chosen name (or `all` when `GATEWAY_METRICS_PER_KEY=false`);
-`route` is a route template; never a raw path or a secret.
+value `other`; `key` is a key's admin-chosen name (`all` when `GATEWAY_METRICS_PER_KEY=false`,
+`none` before a key is known); `route` is a route template; never a raw path or a secret.
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 6
 
 #: The model label for any model the upstream does not list (bounds the label's cardinality).
 OTHER_MODEL = "other"
+#: The key label of requests with no authenticated key (refused before or at auth).
+NO_KEY = "none"
+#: The key label when per-key labels are off (`GATEWAY_METRICS_PER_KEY=false`).
+ALL_KEYS = "all"
 
 
 class Metrics:
@@ -41,11 +45,11 @@ class Metrics:
 
     Attributes:
         registry: The registry `/metrics` exposes.
-        requests: Counter `gateway_requests_total{route, model, status_class, outcome}`.
-        ttft: Histogram `gateway_time_to_first_token_seconds{model}`, request arrival to the
-            first generated token sent to the client.
-        output_tokens_per_second: Histogram `gateway_output_tokens_per_second{model}`, the
-            decode rate.
+        requests: Counter `gateway_requests_total{route, model, key, status_class, outcome}`.
+        ttft: Histogram `gateway_time_to_first_token_seconds{model, key}`, request arrival to
+            the first generated token sent to the client.
+        output_tokens_per_second: Histogram `gateway_output_tokens_per_second{model, key}`,
+            the decode rate.
         time_per_output_token: Histogram `gateway_time_per_output_token_seconds{model}`.
         request_duration: Histogram `gateway_request_duration_seconds{route, model}`.
         input_tokens: Counter `gateway_input_tokens_total{model, key}` (prompt tokens).
@@ -68,20 +72,20 @@ class Metrics:
         self.requests = Counter(
             "gateway_requests",
             "Requests by route, model, HTTP status class and outcome.",
-            ("route", "model", "status_class", "outcome"),
+            ("route", "model", "key", "status_class", "outcome"),
             registry=r,
         )
         self.ttft = Histogram(
             "gateway_time_to_first_token_seconds",
             "Time from the request's arrival to the first generated token sent to the client.",
-            ("model",),
+            ("model", "key"),
             buckets=TTFT_BUCKETS,
             registry=r,
         )
         self.output_tokens_per_second = Histogram(
             "gateway_output_tokens_per_second",
             "Decode rate: output tokens per second of generation (eval_count / eval_duration).",
-            ("model",),
+            ("model", "key"),
             buckets=TOKENS_PER_SECOND_BUCKETS,
             registry=r,
         )
@@ -163,7 +167,7 @@ class Metrics:
 
         Its model is not known or not trusted yet, so it is counted under `model="other"`.
         """
-        self.requests.labels(route, OTHER_MODEL, f"{status // 100}xx", outcome).inc()
+        self.requests.labels(route, OTHER_MODEL, NO_KEY, f"{status // 100}xx", outcome).inc()
 
     async def endpoint(self, _: Request) -> Response:
         """Serve `GET /metrics` in the Prometheus text format (0.0.4), without a redirect."""

@@ -213,3 +213,23 @@ def test_upstream_down_shows_in_the_gauge(make_gateway):
         time.sleep(0.1)
     text = gw.metrics_text()
     assert 'gateway_upstream_up{upstream="127.0.0.1:9"} 0.0' in text
+
+
+def test_per_key_labels_can_be_switched_off(make_gateway, emulator: Emulator):
+    gw = make_gateway(metrics_per_key=False)
+    _configure(emulator, ttft=0.01, inter_token=0.001)
+    body = {"model": MODEL, "prompt": "x", "stream": False}
+    httpx.post(f"{gw.url}/v1/generate", json=body, headers=gw.headers(), timeout=30)
+    text = gw.metrics_text()
+    assert 'key="test-key"' not in text
+    assert metric_value(text, "gateway_output_tokens_total", key="all") == TOKENS
+    assert metric_value(text, "gateway_time_to_first_token_seconds_count", key="all") == 1
+
+
+def test_per_key_labels_name_the_key(gateway: Gateway, emulator: Emulator):
+    _configure(emulator, ttft=0.01, inter_token=0.001)
+    body = {"model": MODEL, "prompt": "x", "stream": False}
+    httpx.post(f"{gateway.url}/v1/generate", json=body, headers=gateway.headers(), timeout=30)
+    text = gateway.metrics_text()
+    assert metric_value(text, "gateway_time_to_first_token_seconds_count", key="test-key") == 1
+    assert metric_value(text, "gateway_requests_total", key="test-key", outcome="completed") == 1

@@ -132,12 +132,14 @@ class RequestMeter:
             self.status = status
         m = self.metrics
         m.in_flight.labels(self.model).dec()
-        m.requests.labels(self.route, self.model, f"{self.status // 100}xx", outcome).inc()
+        m.requests.labels(
+            self.route, self.model, self.key, f"{self.status // 100}xx", outcome
+        ).inc()
         m.request_duration.labels(self.route, self.model).observe(
             time.perf_counter() - self.arrival
         )
         if self.ttft is not None:
-            m.ttft.labels(self.model).observe(self.ttft)
+            m.ttft.labels(self.model, self.key).observe(self.ttft)
         if self.sent_at is not None:
             m.queue_wait.labels(self.model).observe(self.sent_at - self.arrival)
         prefill = self._reported_rate("prompt_eval_count", "prompt_eval_duration")
@@ -145,7 +147,7 @@ class RequestMeter:
             m.prefill_tokens_per_second.labels(self.model).observe(prefill)
         rate = self.decode_rate()
         if rate is not None:
-            m.output_tokens_per_second.labels(self.model).observe(rate[0])
+            m.output_tokens_per_second.labels(self.model, self.key).observe(rate[0])
             m.time_per_output_token.labels(self.model).observe(rate[1])
         if self.input_tokens:
             m.input_tokens.labels(self.model, self.key).inc(self.input_tokens)

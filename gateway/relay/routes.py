@@ -22,6 +22,7 @@ from gateway.auth.dependencies import PrincipalDep, require_principal
 from gateway.auth.principal import Principal
 from gateway.deps import CatalogDep, ClientDep, DialectDep, MetricsDep, SettingsDep
 from gateway.errors import ForbiddenError, UpstreamUnavailableError
+from gateway.metrics import ALL_KEYS
 from gateway.relay.aggregate import Aggregator
 from gateway.relay.body import parse_body, read_body
 from gateway.relay.exchange import Exchange
@@ -122,7 +123,7 @@ class _Relay:
             metrics=self.metrics,
             route=f"/v1/{route}",
             model=await self.catalog.label(model),
-            key=self.principal.name if self.settings.metrics_per_key else "all",
+            key=self.principal.name if self.settings.metrics_per_key else ALL_KEYS,
             arrival=self.state.get("arrival", time.perf_counter()),
             upstream_timings=self.dialect.reports_timings,
         )
