@@ -1,7 +1,9 @@
 """Pure-ASGI middleware: request id, arrival time, and one JSON access-log line per request.
 
-It runs before everything else, so `arrival` (a `time.perf_counter()` in seconds, kept in the
-ASGI scope's `state`) is the clock start for TTFT. The request id comes from a well-formed
+It wraps the routes and handlers, so `arrival` (a `time.perf_counter()` in seconds, kept in the
+ASGI scope's `state`) is the clock start for TTFT. It is also the last line of defence: an
+unexpected exception becomes a logged 500 in the client's dialect, with the request id, instead
+of reaching the server. The request id comes from a well-formed
 incoming `X-Request-ID` or is made here, and goes back in the `X-Request-ID` response header.
 The log line has no prompt text and no secrets: only the key's id, never the key.
 """
@@ -15,6 +17,8 @@ import time
 import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.errors import error_response
 
 logger = logging.getLogger("gateway.access")
 
@@ -36,7 +40,7 @@ class AccessMiddleware:
         request_id = _incoming_id(scope) or uuid.uuid4().hex
         state = scope.setdefault("state", {})
         state.update(arrival=arrival, request_id=request_id)
-        status = 500
+        status: int | None = None
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
@@ -49,12 +53,20 @@ class AccessMiddleware:
 
         try:
             await self.app(scope, receive, send_with_id)
+        except Exception:
+            logger.exception("unhandled error, request_id=%s", request_id)
+            state["outcome"] = "error"
+            if status is not None:  # the response had started: nothing more can be sent
+                raise
+            response = error_response(scope["path"], 500, "internal gateway error")
+            await response(scope, receive, send_with_id)
+            _count_unexpected(state)
         finally:
             if scope["path"] not in ("/metrics", "/healthz", "/readyz"):
                 self._log(scope, state, status, arrival)
 
     @staticmethod
-    def _log(scope: Scope, state: dict[str, object], status: int, arrival: float) -> None:
+    def _log(scope: Scope, state: dict[str, object], status: int | None, arrival: float) -> None:
         summary = state.get("summary")
         record = {
             "request_id": state["request_id"],
@@ -67,6 +79,13 @@ class AccessMiddleware:
         }
         record.setdefault("duration_s", round(time.perf_counter() - arrival, 6))
         logger.info(json.dumps(record, separators=(",", ":"), default=str))
+
+
+def _count_unexpected(state: dict[str, object]) -> None:
+    metrics = state.get("metrics")
+    count = getattr(metrics, "count_rejection", None)
+    if count is not None and "summary" not in state:
+        count("other", 500, "error")
 
 
 def _incoming_id(scope: Scope) -> str | None:

@@ -16,6 +16,9 @@ from gateway.errors import register_error_handlers
 from gateway.health import router as health_router
 from gateway.keys.store import KeyStore
 from gateway.metrics import Metrics
+from gateway.ratelimit.limiter import KeyLimiter, build_storage, close_storage
+from gateway.ratelimit.slots import UpstreamSlots
+from gateway.relay.pipeline import Relay
 from gateway.relay.routes import router as relay_router
 from gateway.settings import Settings
 from gateway.upstream.catalog import ModelCatalog
@@ -53,8 +56,9 @@ def create_app(
         await store.create_schema()
         await store.warm_up()
         dialect = build_dialect(settings)
+        limit_storage = build_storage(settings)
         async with build_upstream_client(settings, upstream_transport) as client:
-            catalog = ModelCatalog(dialect, client)
+            catalog = ModelCatalog(dialect, client, timeout=settings.connect_timeout)
             monitor = UpstreamMonitor(
                 name=settings.upstream_name,
                 client=client,
@@ -63,6 +67,21 @@ def create_app(
                 metrics=metrics,
                 interval=settings.upstream_poll_interval,
                 timeout=settings.connect_timeout,
+            )
+            relay = Relay(
+                settings=settings,
+                client=client,
+                dialect=dialect,
+                metrics=metrics,
+                catalog=catalog,
+                limiter=KeyLimiter(limit_storage, settings, metrics),
+                slots=UpstreamSlots(
+                    settings.upstream_name,
+                    settings.upstream_max_concurrent,
+                    settings.upstream_queue_size,
+                    settings.upstream_queue_timeout,
+                    metrics,
+                ),
             )
             try:
                 async with anyio.create_task_group() as background:
@@ -75,10 +94,12 @@ def create_app(
                         dialect=dialect,
                         catalog=catalog,
                         monitor=monitor,
+                        relay=relay,
                     )
                     background.cancel_scope.cancel()
             finally:
                 await store.close()
+                await close_storage(limit_storage)
 
     app = FastAPI(
         title="LLM gateway",
@@ -86,6 +107,7 @@ def create_app(
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
+        openapi_url=None,
     )
     register_error_handlers(app)
     app.include_router(health_router)

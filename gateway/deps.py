@@ -13,6 +13,7 @@ from fastapi import Depends, Request
 
 from gateway.keys.store import KeyStore
 from gateway.metrics import Metrics
+from gateway.relay.pipeline import Relay
 from gateway.settings import Settings
 from gateway.upstream.catalog import ModelCatalog
 from gateway.upstream.dialect import Dialect
@@ -29,6 +30,7 @@ class GatewayState(TypedDict):
     dialect: Dialect
     catalog: ModelCatalog
     monitor: UpstreamMonitor
+    relay: Relay
 
 
 async def get_settings(request: Request) -> Settings:
@@ -73,6 +75,12 @@ async def get_monitor(request: Request) -> UpstreamMonitor:
     return monitor
 
 
+async def get_relay(request: Request) -> Relay:
+    """Return the relay (the services a generation request needs)."""
+    relay: Relay = request.state.relay
+    return relay
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 ClientDep = Annotated[httpx.AsyncClient, Depends(get_client)]
 KeyStoreDep = Annotated[KeyStore, Depends(get_store)]
@@ -80,3 +88,4 @@ MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 DialectDep = Annotated[Dialect, Depends(get_dialect)]
 CatalogDep = Annotated[ModelCatalog, Depends(get_catalog)]
 MonitorDep = Annotated[UpstreamMonitor, Depends(get_monitor)]
+RelayDep = Annotated[Relay, Depends(get_relay)]

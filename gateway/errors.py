@@ -3,12 +3,14 @@
 Hierarchy (each carries an HTTP status and a message that is safe to show a client)::
 
     GatewayError
-    ├── BadRequestError            400  body is not JSON, or not an object
+    ├── BadRequestError            400  body is empty, not UTF-8, not JSON, or nested too deep
     ├── UnauthorizedError          401  key missing, unknown, revoked, expired (WWW-Authenticate)
     ├── ForbiddenError             403  the key may not use this model
-    ├── NotFoundError              404  unknown route
     ├── PayloadTooLargeError       413  body over GATEWAY_MAX_BODY_BYTES
-    ├── UnprocessableError         422  JSON with the wrong shape (model missing, stream not a bool)
+    ├── UnprocessableError         422  not an object, or the wrong shape (model missing, ...)
+    ├── RateLimitedError           429  a per-key limit is reached (+ Retry-After, X-RateLimit-*)
+    ├── ServiceUnavailableError    503  the gateway cannot serve now: upstream queue full or too
+    │                                   slow, limiter storage down (fail-closed) (+ Retry-After)
     └── UpstreamError              502  the upstream failed (base of the upstream family)
         ├── UpstreamStatusError    4xx passed on, other 5xx as 502, 503 kept with Retry-After
         ├── UpstreamUnavailableError 502 connection refused / reset / dropped
@@ -81,13 +83,6 @@ class ForbiddenError(GatewayError):
     outcome = "forbidden"
 
 
-class NotFoundError(GatewayError):
-    """Unknown route (404)."""
-
-    status_code = 404
-    outcome = "not_found"
-
-
 class PayloadTooLargeError(GatewayError):
     """The request body is larger than `GATEWAY_MAX_BODY_BYTES` (413)."""
 
@@ -100,6 +95,20 @@ class UnprocessableError(GatewayError):
 
     status_code = 422
     outcome = "bad_request"
+
+
+class RateLimitedError(GatewayError):
+    """A per-key limit (RPM, TPM, concurrency) is reached (429, RFC 6585 section 4)."""
+
+    status_code = 429
+    outcome = "rate_limited"
+
+
+class ServiceUnavailableError(GatewayError):
+    """The gateway cannot take the request now; the client should retry later (503)."""
+
+    status_code = 503
+    outcome = "rejected_busy"
 
 
 class UpstreamError(GatewayError):
@@ -215,14 +224,12 @@ async def _handle_validation_error(request: Request, exc: Exception) -> Response
     return error_response(request.url.path, 422, f"invalid request: {where} {first.get('msg', '')}")
 
 
-async def _handle_unexpected(request: Request, exc: Exception) -> Response:
-    logger.error("unhandled error on %s", request.url.path, exc_info=exc)
-    return error_response(request.url.path, 500, "internal gateway error")
-
-
 def register_error_handlers(app: FastAPI) -> None:
-    """Register every exception handler of the gateway on `app` (called once by `create_app`)."""
+    """Register every exception handler of the gateway on `app` (called once by `create_app`).
+
+    Unexpected exceptions are turned into a 500 by `gateway.access.AccessMiddleware`, which
+    knows the request id.
+    """
     app.add_exception_handler(GatewayError, _handle_gateway_error)
     app.add_exception_handler(StarletteHTTPException, _handle_http_exception)
     app.add_exception_handler(RequestValidationError, _handle_validation_error)
-    app.add_exception_handler(Exception, _handle_unexpected)

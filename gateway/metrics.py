@@ -64,6 +64,10 @@ class Metrics:
         upstream_models_loaded: Gauge `gateway_upstream_models_loaded{upstream}` (Ollama /api/ps).
         upstream_model_memory: Gauge `gateway_upstream_model_memory_bytes{upstream, model, kind}`,
             `kind` is `total` (`size`) or `vram` (`size_vram`), from Ollama's /api/ps.
+        rate_limited: Counter `gateway_rate_limited_total{kind}`.
+        rate_limit_storage_errors: Counter `gateway_rate_limit_storage_errors_total`.
+        upstream_queue_length: Gauge `gateway_upstream_queue_length{upstream}`.
+        upstream_slots_in_use: Gauge `gateway_upstream_slots_in_use{upstream}`.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -161,6 +165,35 @@ class Metrics:
             ("upstream", "model", "kind"),
             registry=r,
         )
+        self._limit_metrics()
+
+    def _limit_metrics(self) -> None:
+        """Rate limiting and the upstream gate (see gateway/ratelimit)."""
+        r = self.registry
+        self.rate_limited = Counter(
+            "gateway_rate_limited",
+            "Requests refused by a limit, by kind: rpm, tpm, concurrency (per key), "
+            "queue_full, queue_timeout (per upstream).",
+            ("kind",),
+            registry=r,
+        )
+        self.rate_limit_storage_errors = Counter(
+            "gateway_rate_limit_storage_errors",
+            "Limiter storage failures or timeouts (the fail-open/closed policy applied).",
+            registry=r,
+        )
+        self.upstream_queue_length = Gauge(
+            "gateway_upstream_queue_length",
+            "Requests waiting for an upstream slot.",
+            ("upstream",),
+            registry=r,
+        )
+        self.upstream_slots_in_use = Gauge(
+            "gateway_upstream_slots_in_use",
+            "Upstream slots taken (requests in flight through the gate).",
+            ("upstream",),
+            registry=r,
+        )
 
     def count_rejection(self, route: str, status: int, outcome: str) -> None:
         """Count a request refused before it reached the relay (auth, body checks, 404).
@@ -170,5 +203,5 @@ class Metrics:
         self.requests.labels(route, OTHER_MODEL, NO_KEY, f"{status // 100}xx", outcome).inc()
 
     async def endpoint(self, _: Request) -> Response:
-        """Serve `GET /metrics` in the Prometheus text format (0.0.4), without a redirect."""
+        """Serve `GET /metrics` in the Prometheus text format, without a redirect."""
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)

@@ -23,7 +23,7 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
         port: Port; default `GATEWAY_PORT` (8080).
     """
     logging.basicConfig(
-        level=settings.log_level.upper(), format="%(levelname)s %(name)s %(message)s"
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     config = uvicorn.Config(
         create_app(settings),

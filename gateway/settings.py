@@ -101,6 +101,41 @@ class Settings(BaseSettings):
         description="A key's `last_used_at` is written at most once per this many seconds.",
     )
 
+    # --- limits --------------------------------------------------------------------------------
+    default_rpm: int = Field(
+        0, ge=0, description="Requests per minute for keys without their own limit; 0: none."
+    )
+    default_tpm: int = Field(
+        0,
+        ge=0,
+        description="Tokens per minute (prompt + output) for keys without their own; 0: none.",
+    )
+    default_max_concurrent: int = Field(
+        0, ge=0, description="Requests in flight per key for keys without their own; 0: none."
+    )
+    rate_limit_storage: str = Field(
+        "memory://",
+        description="`memory://` (this process) or `redis://host:6379/0` (shared by replicas).",
+    )
+    rate_limit_key_prefix: str = Field("gateway", description="Prefix of the limiter's Redis keys.")
+    rate_limit_fail_open: bool = Field(
+        True,
+        description="When the limiter storage fails: true admits requests unlimited (logged), "
+        "false refuses them with 503.",
+    )
+    rate_limit_timeout: float = Field(
+        0.25, gt=0, description="Seconds a limiter storage call may take before the policy applies."
+    )
+    upstream_max_concurrent: int = Field(
+        0, ge=0, description="Requests in flight to the upstream at once (per process); 0: no gate."
+    )
+    upstream_queue_size: int = Field(
+        64, ge=0, description="Requests allowed to wait for an upstream slot; more get 503."
+    )
+    upstream_queue_timeout: float = Field(
+        30.0, gt=0, description="Seconds a request may wait for an upstream slot before a 503."
+    )
+
     # --- metrics -------------------------------------------------------------------------------
     metrics_per_key: bool = Field(
         True,

@@ -181,6 +181,132 @@ def test_unknown_id_exits_1(
     assert captured.out == ""
 
 
+def _limits(entry: dict[str, object]) -> tuple[object, object, object]:
+    return entry["rpm"], entry["tpm"], entry["max_concurrent"]
+
+
+def test_create_with_limits_stores_them(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    created = _create_json(capsys, "--rpm", "60", "--tpm", "0", "--max-concurrent", "2")
+
+    assert _limits(created) == (60, 0, 2)
+    record = _authenticate(database_url, str(created["key"]))
+    assert (record.rpm, record.tpm, record.max_concurrent) == (60, 0, 2)
+
+
+def test_create_without_limits_leaves_the_defaults(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _limits(_create_json(capsys)) == (None, None, None)
+
+    assert main(["keys", "create", "--name", "alice", "--tpm", "0"]) == 0
+
+    out = capsys.readouterr().out
+    assert "Limits: rpm default, tpm unlimited, max concurrent default" in out
+
+
+def test_update_changes_only_the_given_limits(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    created = _create_json(capsys, "--rpm", "60", "--tpm", "1000", "--max-concurrent", "2")
+    key_id = str(created["id"])
+
+    assert main(["keys", "update", key_id, "--rpm", "0"]) == 0
+    out = capsys.readouterr().out
+    assert out == (
+        f"Updated key {key_id} (ci); limits: rpm unlimited, tpm 1000, max concurrent 2\n"
+    )
+
+    assert (
+        main(["keys", "update", key_id, "--tpm", "default", "--max-concurrent", "5", "--json"]) == 0
+    )
+    updated = json.loads(capsys.readouterr().out)
+    assert _limits(updated) == (0, None, 5)
+    assert updated["id"] == key_id
+    assert "key" not in updated
+
+    assert main(["keys", "update", key_id, "--rpm", "default", "--max-concurrent", "default"]) == 0
+    capsys.readouterr()
+    record = _authenticate(database_url, str(created["key"]))
+    assert (record.rpm, record.tpm, record.max_concurrent) == (None, None, None)
+
+
+def test_update_without_a_limit_is_a_usage_error(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    created = _create_json(capsys, "--rpm", "60")
+
+    with pytest.raises(SystemExit) as exited:
+        main(["keys", "update", str(created["id"]), "--json"])
+
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "gateway keys update" in err
+    assert "at least one of --rpm, --tpm and --max-concurrent" in err
+    assert _authenticate(database_url, str(created["key"])).rpm == 60
+
+
+def test_update_unknown_id_exits_1(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["keys", "update", "0123456789ab", "--rpm", "1"]) == 1
+
+    captured = capsys.readouterr()
+    assert "no API key with id '0123456789ab'" in captured.err
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize("command", ["create", "update"])
+@pytest.mark.parametrize("flag", ["--rpm", "--tpm", "--max-concurrent"])
+@pytest.mark.parametrize("value", ["-1", "1.5", "ten", "", " 5", "١٢", "2147483648"])
+def test_bad_limits_are_usage_errors(
+    database_url: str, capsys: pytest.CaptureFixture[str], command: str, flag: str, value: str
+) -> None:
+    target = ["--name", "x"] if command == "create" else ["0123456789ab"]
+
+    with pytest.raises(SystemExit) as exited:
+        main(["keys", command, *target, f"{flag}={value}"])
+
+    assert exited.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("command", "value"), [("create", "default"), ("update", "Default"), ("update", "defaults")]
+)
+def test_default_is_an_update_value_and_spelled_exactly(
+    database_url: str, capsys: pytest.CaptureFixture[str], command: str, value: str
+) -> None:
+    target = ["--name", "x"] if command == "create" else ["0123456789ab"]
+
+    with pytest.raises(SystemExit) as exited:
+        main(["keys", command, *target, "--rpm", value])
+
+    assert exited.value.code == 2
+    assert "--rpm" in capsys.readouterr().err
+
+
+def test_largest_limit_is_accepted(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _limits(_create_json(capsys, "--rpm", "2147483647")) == (2147483647, None, None)
+
+
+def test_list_shows_the_limits(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    limited = _create_json(capsys, "--rpm", "60", "--tpm", "0", "--max-concurrent", "3")
+    default = _create_json(capsys)
+
+    assert main(["keys", "list"]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert main(["keys", "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+
+    assert header.split()[:6] == ["ID", "NAME", "MODELS", "RPM", "TPM", "CONCURRENT"]
+    cells = {row.split()[0]: row.split()[3:6] for row in rows}
+    assert cells == {
+        limited["id"]: ["60", "unlimited", "3"],
+        default["id"]: ["default", "default", "default"],
+    }
+    assert [_limits(entry) for entry in listed] == [(60, 0, 3), (None, None, None)]
+
+
 @pytest.mark.parametrize("duration", ["30", "1y", "0d", "-5m", "1.5h", "30 d", "d", "99999999999w"])
 def test_bad_expires_in_is_a_usage_error(
     database_url: str, capsys: pytest.CaptureFixture[str], duration: str

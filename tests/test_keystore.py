@@ -16,14 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import bindparam, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from gateway.auth import apikey
 from gateway.keys import store as store_module
-from gateway.keys.store import InvalidKeyError, KeyNotFoundError, KeyRecord, KeyStore
+from gateway.keys.schema import UTCDateTime
+from gateway.keys.store import UNSET, InvalidKeyError, KeyNotFoundError, KeyRecord, KeyStore
+from gateway.keys.validation import MAX_LIMIT
 
 PG_URL = os.environ.get(
     "GATEWAY_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
@@ -44,6 +46,16 @@ class Database:
 
     def open(self) -> KeyStore:
         return KeyStore.from_url(self.url, **self.options)
+
+    async def execute(self, *statements: Any) -> None:
+        """Run raw SQL outside any KeyStore, in one transaction."""
+        engine = create_async_engine(self.url, poolclass=NullPool, **self.options)
+        try:
+            async with engine.begin() as conn:
+                for statement in statements:
+                    await conn.execute(statement)
+        finally:
+            await engine.dispose()
 
 
 async def _postgres_database() -> AsyncIterator[Database]:
@@ -232,6 +244,10 @@ async def test_admin_operations_on_unknown_id_raise_key_not_found(store: KeyStor
         await store.get_key("0123456789ab")
     with pytest.raises(KeyNotFoundError):
         await store.revoke("0123456789ab")
+    with pytest.raises(KeyNotFoundError):
+        await store.update_limits("0123456789ab", rpm=10)
+    with pytest.raises(KeyNotFoundError):
+        await store.update_limits("0123456789ab")
     with pytest.raises(KeyNotFoundError) as caught:
         await store.rotate("0123456789ab")
     assert caught.value.key_id == "0123456789ab"
@@ -334,3 +350,137 @@ async def test_create_schema_is_idempotent_and_safe_concurrently(database: Datab
     finally:
         for key_store in stores:
             await key_store.close()
+
+
+@pytest.mark.anyio
+async def test_limits_default_to_none(store: KeyStore) -> None:
+    record, key = await store.create_key("alice")
+
+    assert (record.rpm, record.tpm, record.max_concurrent) == (None, None, None)
+    assert await store.authenticate(key) == record
+
+
+@pytest.mark.anyio
+async def test_create_key_stores_limits(store: KeyStore) -> None:
+    record, key = await store.create_key("limited", rpm=60, tpm=0, max_concurrent=MAX_LIMIT)
+
+    assert (record.rpm, record.tpm, record.max_concurrent) == (60, 0, MAX_LIMIT)
+    assert await store.get_key(record.id) == record
+    assert await store.authenticate(key) == record
+    assert await store.list_keys() == [record]
+
+
+@pytest.mark.anyio
+async def test_update_limits_changes_only_the_given_fields(store: KeyStore) -> None:
+    record, key = await store.create_key(
+        "limited", models=["m"], expires_at=T0, rpm=60, tpm=1000, max_concurrent=2
+    )
+
+    updated = await store.update_limits(record.id, rpm=0)
+    assert (updated.rpm, updated.tpm, updated.max_concurrent) == (0, 1000, 2)
+
+    updated = await store.update_limits(record.id, tpm=None, max_concurrent=5)
+    assert (updated.rpm, updated.tpm, updated.max_concurrent) == (0, None, 5)
+
+    updated = await store.update_limits(record.id, rpm=UNSET, max_concurrent=None)
+    assert (updated.rpm, updated.tpm, updated.max_concurrent) == (0, None, None)
+
+    assert await store.update_limits(record.id) == updated
+    assert await store.get_key(record.id) == updated
+    assert updated == KeyRecord(
+        record.id, "limited", ("m",), record.created_at, T0, None, None, 0, None, None
+    )
+    assert await store.authenticate(key, now=T0 - timedelta(seconds=1)) == updated
+
+
+@pytest.mark.anyio
+async def test_update_limits_works_on_a_revoked_key(store: KeyStore) -> None:
+    record, _ = await store.create_key("alice")
+    revoked = await store.revoke(record.id)
+
+    updated = await store.update_limits(record.id, rpm=5)
+
+    assert updated.rpm == 5
+    assert updated.revoked_at == revoked.revoked_at
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("value", [-1, MAX_LIMIT + 1, True, 1.5])
+@pytest.mark.parametrize("limit", ["rpm", "tpm", "max_concurrent"])
+async def test_invalid_limits_are_rejected_and_nothing_changes(
+    store: KeyStore, limit: str, value: Any
+) -> None:
+    with pytest.raises(ValueError, match=limit):
+        await store.create_key("x", **{limit: value})
+    record, _ = await store.create_key("kept", rpm=7, tpm=8, max_concurrent=9)
+
+    with pytest.raises(ValueError, match=limit):
+        await store.update_limits(record.id, **{limit: value})
+    with pytest.raises(ValueError, match=limit):  # valid changes next to it are not applied
+        await store.update_limits(
+            record.id, **{"rpm": 1, "tpm": 1, "max_concurrent": 1, limit: value}
+        )
+
+    assert await store.list_keys() == [record]
+
+
+_OLD_TABLE = """
+CREATE TABLE gateway_api_keys (
+    id VARCHAR(32) NOT NULL,
+    name VARCHAR(200) NOT NULL,
+    secret_hash VARCHAR(64) NOT NULL,
+    models JSON,
+    created_at {timestamp} NOT NULL,
+    expires_at {timestamp},
+    revoked_at {timestamp},
+    last_used_at {timestamp},
+    PRIMARY KEY (id)
+)
+"""
+"""The table as created before per-key limits (SQLAlchemy's DDL for the old `ApiKeyRow`)."""
+
+
+@pytest.mark.anyio
+async def test_create_schema_adds_missing_columns_to_an_old_table(database: Database) -> None:
+    created_at = datetime(2020, 1, 1, tzinfo=UTC)  # before the keys created below
+    timestamp = "DATETIME" if database.url.startswith("sqlite") else "TIMESTAMP WITH TIME ZONE"
+    key_id, secret, old_key = apikey.generate_key()
+    insert = text(
+        "INSERT INTO gateway_api_keys (id, name, secret_hash, models, created_at)"
+        " VALUES (:id, :name, :secret_hash, NULL, :created_at)"
+    ).bindparams(bindparam("created_at", type_=UTCDateTime()))
+    await database.execute(
+        text(_OLD_TABLE.format(timestamp=timestamp)),
+        insert.bindparams(
+            id=key_id, name="old", secret_hash=apikey.hash_secret(secret), created_at=created_at
+        ),
+    )
+    stores = [database.open() for _ in range(3)]
+    try:
+        await asyncio.gather(*(key_store.create_schema() for key_store in stores))
+        await stores[0].create_schema()
+
+        old = await stores[0].authenticate(old_key)
+        assert (old.id, old.name, old.created_at) == (key_id, "old", created_at)
+        assert (old.rpm, old.tpm, old.max_concurrent) == (None, None, None)
+        updated = await stores[1].update_limits(key_id, rpm=30, tpm=0, max_concurrent=1)
+        assert (updated.rpm, updated.tpm, updated.max_concurrent) == (30, 0, 1)
+        new, new_key = await stores[2].create_key("new", max_concurrent=3)
+        assert await stores[0].authenticate(new_key) == new
+        assert await stores[0].list_keys() == [updated, new]
+    finally:
+        for key_store in stores:
+            await key_store.close()
+
+
+@pytest.mark.anyio
+async def test_create_schema_refuses_to_add_a_not_null_column(database: Database) -> None:
+    await database.execute(text("CREATE TABLE gateway_api_keys (id VARCHAR(32) PRIMARY KEY)"))
+    key_store = database.open()
+    try:
+        with pytest.raises(
+            RuntimeError, match=r"lacks NOT NULL column\(s\) name, secret_hash, created_at"
+        ):
+            await key_store.create_schema()
+    finally:
+        await key_store.close()

@@ -48,7 +48,14 @@ async def require_principal(
         raise UnauthorizedError(str(exc)) from exc
     if _touch_due(record.last_used_at, settings.last_used_interval):
         await store.touch(record.id, min_interval=settings.last_used_interval)
-    principal = Principal(record.id, record.name, record.models)
+    principal = Principal(
+        record.id,
+        record.name,
+        record.models,
+        rpm=record.rpm,
+        tpm=record.tpm,
+        max_concurrent=record.max_concurrent,
+    )
     request.state.principal = principal
     request.scope.setdefault("state", {})["key_id"] = record.id
     return principal

@@ -1,5 +1,5 @@
 # ruff: noqa: T201 (a command-line interface prints by design)
-"""The `gateway keys` commands: create, list, revoke and rotate API keys from a shell.
+"""The `gateway keys` commands: create, list, update, revoke and rotate API keys from a shell.
 
 Each command opens the key store at `Settings.database_url`, creates its table if missing, does
 one thing and closes the store. A new key is printed once, to stdout, and nowhere else; listings
@@ -11,68 +11,51 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import sys
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.keys.store import InvalidKeyError, KeyNotFoundError, KeyRecord, KeyStore
+from gateway.keys.validation import (
+    parse_duration,
+    parse_limit,
+    parse_limit_or_default,
+    parse_models,
+    parse_name,
+)
 from gateway.settings import Settings
 
 CommandHandler = Callable[[argparse.Namespace, Settings], int]
 """What each subcommand stores as `handler`: takes the parsed arguments, returns an exit code."""
 
-_DURATION = re.compile(r"([1-9][0-9]*)([smhdw])")
-_MAX_LIFETIME = timedelta(days=36525)
 _NOT_SHOWN_AGAIN = "Store this key now: it will not be shown again."
-
-
-def parse_duration(text: str) -> timedelta:
-    """Parse a key lifetime such as `90s`, `15m`, `12h`, `30d` or `2w` (an argparse `type`).
-
-    Raises:
-        argparse.ArgumentTypeError: on any other form, zero, or more than 100 years.
-    """
-    match = _DURATION.fullmatch(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(
-            f"invalid duration {text!r}: use a positive whole number and one unit "
-            "(s, m, h, d or w), for example 90s, 15m, 12h, 30d or 2w"
-        )
-    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}[match[2]]
-    try:
-        lifetime = timedelta(**{unit: int(match[1])})
-    except OverflowError:
-        lifetime = timedelta.max
-    if lifetime > _MAX_LIFETIME:
-        raise argparse.ArgumentTypeError(f"duration {text!r} is longer than 100 years")
-    return lifetime
-
-
-def parse_models(text: str) -> list[str]:
-    """Parse `--models a,b` into distinct, stripped names (an argparse `type`).
-
-    Raises:
-        argparse.ArgumentTypeError: if no name is given.
-    """
-    names = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    if not names:
-        raise argparse.ArgumentTypeError("give at least one model name, for example llama3.2:1b")
-    return names
-
-
-def _key_name(text: str) -> str:
-    if not text.strip() or len(text) > 200:
-        raise argparse.ArgumentTypeError("a key name must be 1 to 200 characters")
-    return text
+_LIMITS = ("rpm", "tpm", "max_concurrent")
+"""The per-key limits, as named by `KeyRecord`, `KeyStore` and the `--json` output."""
+_LIMIT_FLAGS = (
+    ("--rpm", "requests per minute"),
+    ("--tpm", "tokens per minute, prompt plus output"),
+    ("--max-concurrent", "requests in flight at once"),
+)
 
 
 def _when(moment: datetime | None) -> str:
     return "-" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _limit(value: int | None) -> str:
+    if value is None:
+        return "default"
+    return "unlimited" if value == 0 else str(value)
+
+
+def _limits(record: KeyRecord) -> str:
+    return ", ".join(
+        f"{field.replace('_', ' ')} {_limit(getattr(record, field))}" for field in _LIMITS
+    )
 
 
 def _record_json(record: KeyRecord, now: datetime) -> dict[str, Any]:
@@ -88,16 +71,25 @@ def _record_json(record: KeyRecord, now: datetime) -> dict[str, Any]:
         "revoked_at": iso(record.revoked_at),
         "last_used_at": iso(record.last_used_at),
         "status": record.status(now),
+        "rpm": record.rpm,
+        "tpm": record.tpm,
+        "max_concurrent": record.max_concurrent,
     }
 
 
 def _print_table(records: list[KeyRecord], now: datetime) -> None:
-    header = ("ID", "NAME", "MODELS", "CREATED", "EXPIRES", "LAST USED", "STATUS")
+    header = (
+        *("ID", "NAME", "MODELS", "RPM", "TPM", "CONCURRENT"),
+        *("CREATED", "EXPIRES", "LAST USED", "STATUS"),
+    )
     rows = [
         (
             record.id,
             record.name,
             "all" if record.models is None else ",".join(record.models),
+            _limit(record.rpm),
+            _limit(record.tpm),
+            _limit(record.max_concurrent),
             _when(record.created_at),
             "never" if record.expires_at is None else _when(record.expires_at),
             "never" if record.last_used_at is None else _when(record.last_used_at),
@@ -142,6 +134,7 @@ def _print_new_key(record: KeyRecord, key: str, *, as_json: bool, verb: str) -> 
     models = "all" if record.models is None else ", ".join(record.models)
     expires = "never" if record.expires_at is None else _when(record.expires_at)
     print(f"{verb} key {record.id} ({record.name}); models: {models}; expires: {expires}")
+    print(f"Limits: {_limits(record)}")
     print(key)
     print(_NOT_SHOWN_AGAIN)
 
@@ -150,7 +143,14 @@ def _create(args: argparse.Namespace, settings: Settings) -> int:
     expires_at = None if args.expires_in is None else datetime.now(UTC) + args.expires_in
 
     async def action(store: KeyStore) -> int:
-        record, key = await store.create_key(args.name, models=args.models, expires_at=expires_at)
+        record, key = await store.create_key(
+            args.name,
+            models=args.models,
+            expires_at=expires_at,
+            rpm=args.rpm,
+            tpm=args.tpm,
+            max_concurrent=args.max_concurrent,
+        )
         _print_new_key(record, key, as_json=args.json, verb="Created")
         return 0
 
@@ -167,6 +167,24 @@ def _list(args: argparse.Namespace, settings: Settings) -> int:
             _print_table(records, now)
         else:
             print("No API keys yet; create one with `gateway keys create --name NAME`.")
+        return 0
+
+    return _run(settings, action)
+
+
+def _update(args: argparse.Namespace, settings: Settings) -> int:
+    # The limit flags default to argparse.SUPPRESS: absent means "leave as is", None "default".
+    changes = {field: getattr(args, field) for field in _LIMITS if hasattr(args, field)}
+    if not changes:
+        parser: argparse.ArgumentParser = args.parser
+        parser.error("give at least one of --rpm, --tpm and --max-concurrent")
+
+    async def action(store: KeyStore) -> int:
+        record = await store.update_limits(args.key_id, **changes)
+        if args.json:
+            print(json.dumps(_record_json(record, datetime.now(UTC))))
+        else:
+            print(f"Updated key {record.id} ({record.name}); limits: {_limits(record)}")
         return 0
 
     return _run(settings, action)
@@ -195,17 +213,17 @@ def _rotate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the `keys` command and its `create`, `list`, `revoke` and `rotate` subcommands.
+    """Add the `keys` command and its `create`, `list`, `update`, `revoke` and `rotate` subcommands.
 
     Args:
         subparsers: The top-level `gateway` parser's subparsers. Each leaf parser sets
             `handler`, a `CommandHandler`.
     """
-    keys = subparsers.add_parser("keys", help="create, list, revoke and rotate API keys")
+    keys = subparsers.add_parser("keys", help="create, list, update, revoke and rotate API keys")
     commands = keys.add_subparsers(title="commands", metavar="COMMAND", required=True)
 
     create = commands.add_parser("create", help="create a key and print it once")
-    create.add_argument("--name", required=True, type=_key_name, help="who the key is for")
+    create.add_argument("--name", required=True, type=parse_name, help="who the key is for")
     create.add_argument(
         "--models",
         type=parse_models,
@@ -218,12 +236,32 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="DURATION",
         help="lifetime such as 90s, 15m, 12h, 30d or 2w (default: never expires)",
     )
+    for flag, what in _LIMIT_FLAGS:
+        create.add_argument(
+            flag,
+            type=parse_limit,
+            metavar="N",
+            help=f"{what}; 0 = unlimited (default: the gateway's default from settings)",
+        )
     create.add_argument("--json", action="store_true", help="print one JSON object")
     create.set_defaults(handler=_create)
 
     list_ = commands.add_parser("list", help="list keys (never their secrets)")
     list_.add_argument("--json", action="store_true", help="print one JSON array")
     list_.set_defaults(handler=_list)
+
+    update = commands.add_parser("update", help="change a key's limits")
+    update.add_argument("key_id", metavar="ID", help="the key's id (the 12 hex characters)")
+    for flag, what in _LIMIT_FLAGS:
+        update.add_argument(
+            flag,
+            type=parse_limit_or_default,
+            default=argparse.SUPPRESS,
+            metavar="N|default",
+            help=f"{what}; 0 = unlimited, `default` = the gateway's default from settings",
+        )
+    update.add_argument("--json", action="store_true", help="print one JSON object")
+    update.set_defaults(handler=_update, parser=update)
 
     revoke = commands.add_parser("revoke", help="revoke a key for good")
     revoke.add_argument("key_id", metavar="ID", help="the key's id (the 12 hex characters)")

@@ -4,6 +4,9 @@ The table is declared once for SQLite and PostgreSQL alike, and only `gateway.ke
 and writes it; the rest of the gateway sees `KeyRecord` (imported from `gateway.keys.store`).
 Times are UTC: `UTCDateTime` converts on the way in and makes every value read back
 timezone-aware, because SQLite keeps no zone and returns naive datetimes.
+
+`create_schema` creates the table, and adds the nullable columns that a table created by an older
+gateway lacks, so a new column needs no manual migration as long as it is nullable.
 """
 
 from __future__ import annotations
@@ -12,12 +15,21 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
-from sqlalchemy import JSON, DateTime, String
-from sqlalchemy.engine import Dialect
+import anyio
+from sqlalchemy import JSON, DateTime, Integer, String, Table, inspect, text
+from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.schema import CreateColumn
 from sqlalchemy.types import TypeDecorator
 
 KeyStatus = Literal["active", "revoked", "expired"]
+
+# PostgreSQL advisory lock id that serialises `create_schema` across processes ("gw_keys").
+_SCHEMA_LOCK_ID = 0x67775F6B657973
+#: Tries of the schema change when another process changes the table at the same time.
+_SCHEMA_ATTEMPTS = 5
 
 
 def as_utc(moment: datetime | None) -> datetime:
@@ -86,6 +98,10 @@ class ApiKeyRow(Base):
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Per-key limits: NULL = the gateway's default (settings), 0 = unlimited, n > 0 = the limit.
+    rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_concurrent: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     def to_record(self) -> KeyRecord:
         """The immutable, secret-free view of this row."""
@@ -97,7 +113,75 @@ class ApiKeyRow(Base):
             expires_at=self.expires_at,
             revoked_at=self.revoked_at,
             last_used_at=self.last_used_at,
+            rpm=self.rpm,
+            tpm=self.tpm,
+            max_concurrent=self.max_concurrent,
         )
+
+
+async def create_schema(engine: AsyncEngine) -> None:
+    """Create the key table if it is missing, and add the columns an older gateway did not have.
+
+    `create_all` creates a missing table but never alters an existing one, so the columns it
+    lacks are then added with `ALTER TABLE ... ADD COLUMN` (SQLite and PostgreSQL). Existing rows
+    get NULL there, which is why only nullable columns qualify. Safe when replicas start at once:
+    on PostgreSQL an advisory lock serialises the check-then-change; if another process still
+    wins the race (SQLite), the change is retried until the table is seen complete.
+
+    Raises:
+        sqlalchemy.exc.DBAPIError: if the table cannot be created or completed.
+        RuntimeError: if the table exists but lacks a NOT NULL column (that needs a hand-written
+            migration, since existing rows have no value for it).
+    """
+    # Another process may be changing the table at the same moment (SQLite has no advisory
+    # lock): its change makes ours fail, so look again, a few times, until the table is complete.
+    for attempt in range(_SCHEMA_ATTEMPTS):
+        try:
+            async with engine.begin() as conn:
+                if conn.dialect.name == "postgresql":
+                    lock = text("SELECT pg_advisory_xact_lock(:lock_id)")
+                    await conn.execute(lock, {"lock_id": _SCHEMA_LOCK_ID})
+                await conn.run_sync(Base.metadata.create_all)
+                await conn.run_sync(_add_missing_columns)
+            return
+        except DBAPIError:
+            async with engine.connect() as conn:
+                missing = await conn.run_sync(_missing_columns)
+            if not missing:
+                return
+            if attempt == _SCHEMA_ATTEMPTS - 1:
+                raise
+            await anyio.sleep(0.05 * (attempt + 1))
+
+
+def _missing_columns(conn: Connection) -> list[str]:
+    """Names of the declared columns the database's key table lacks; all of them without a table."""
+    table = _key_table()
+    inspector = inspect(conn)
+    if not inspector.has_table(table.name):
+        return [column.name for column in table.columns]
+    present = {column["name"] for column in inspector.get_columns(table.name)}
+    return [column.name for column in table.columns if column.name not in present]
+
+
+def _add_missing_columns(conn: Connection) -> None:
+    """Add the existing key table's missing columns (see `create_schema`)."""
+    table = _key_table()
+    missing = [table.columns[name] for name in _missing_columns(conn)]
+    required = [column.name for column in missing if not column.nullable]
+    if required:
+        raise RuntimeError(
+            f"table {table.name} lacks NOT NULL column(s) {', '.join(required)}: migrate it by hand"
+        )
+    quoted_table = conn.dialect.identifier_preparer.format_table(table)
+    for column in missing:
+        # Identifiers come from our own metadata, quoted by the dialect; nothing user-supplied.
+        definition = CreateColumn(column).compile(dialect=conn.dialect)
+        conn.execute(text(f"ALTER TABLE {quoted_table} ADD COLUMN {definition}"))
+
+
+def _key_table() -> Table:
+    return Base.metadata.tables[ApiKeyRow.__tablename__]
 
 
 def _canonical_model(model: str) -> str:
@@ -116,6 +200,12 @@ class KeyRecord:
     expires_at: datetime | None
     revoked_at: datetime | None
     last_used_at: datetime | None
+    rpm: int | None = None
+    """Requests per minute: None = the gateway's default (settings), 0 = unlimited."""
+    tpm: int | None = None
+    """Tokens (prompt + output) per minute: None = the gateway's default, 0 = unlimited."""
+    max_concurrent: int | None = None
+    """Requests in flight at once: None = the gateway's default, 0 = unlimited."""
 
     def allows_model(self, model: str) -> bool:
         """Whether this key may use `model`.

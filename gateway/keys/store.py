@@ -1,26 +1,38 @@
-"""The API key store: create, list, revoke, rotate and authenticate keys on SQLAlchemy async.
+"""The API key store: create, list, revoke, rotate, limit and authenticate keys (SQLAlchemy async).
 
 The same code runs on SQLite (one machine) and PostgreSQL (shared by replicas). Only
 `sha256(secret)` is stored; a full key exists in memory once, when it is created or rotated, and is
 never logged. Errors: `KeyNotFoundError` (admin operation on an unknown id) and `InvalidKeyError`
-(a presented key cannot be used). The table lives in `gateway.keys.schema`.
+(a presented key cannot be used), both defined with the rules for field values in
+`gateway.keys.validation`. The table lives in `gateway.keys.schema`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
-from sqlalchemy import or_, select, text, update
-from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import or_, select, update
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
 from gateway.auth.apikey import KEY_PREFIX, generate_key, hash_secret, parse_key, secret_matches
-from gateway.keys.schema import ApiKeyRow, Base, KeyRecord, KeyStatus, as_utc
+from gateway.keys.schema import ApiKeyRow, KeyRecord, KeyStatus, as_utc, create_schema
+from gateway.keys.validation import (
+    UNSET,
+    InvalidKeyError,
+    InvalidKeyReason,
+    KeyNotFoundError,
+    Unset,
+    check_limit,
+    check_models,
+    check_name,
+    limit_changes,
+)
 
 __all__ = [
+    "UNSET",
     "InvalidKeyError",
     "InvalidKeyReason",
     "KeyNotFoundError",
@@ -29,46 +41,9 @@ __all__ = [
     "KeyStore",
 ]
 
-InvalidKeyReason = Literal["malformed", "unknown", "revoked", "expired"]
-
 # Compared against when the presented id is unknown, so that a miss costs the same hash and
 # compare as a hit and response time does not reveal which ids exist.
 _DUMMY_HASH = hash_secret("gateway-dummy-secret")
-# PostgreSQL advisory lock id that serialises `create_schema` across processes ("gw_keys").
-_SCHEMA_LOCK_ID = 0x67775F6B657973
-
-
-class KeyNotFoundError(LookupError):
-    """No key has this id (raised by admin operations: get, revoke, rotate)."""
-
-    def __init__(self, key_id: str) -> None:
-        super().__init__(f"no API key with id {key_id!r}")
-        self.key_id = key_id
-
-
-class InvalidKeyError(Exception):
-    """A presented key cannot be used.
-
-    Attributes:
-        reason: `malformed` (not `gw_<id>_<secret>`), `unknown` (no such id, or a wrong secret:
-            the two are deliberately indistinguishable), `revoked`, or `expired`.
-        message: A sentence safe to show the client.
-    """
-
-    def __init__(self, reason: InvalidKeyReason) -> None:
-        if reason == "revoked":
-            message = "API key has been revoked"
-        elif reason == "expired":
-            message = "API key has expired"
-        else:
-            message = "invalid API key"
-        super().__init__(message)
-        self.reason: InvalidKeyReason = reason
-        self.message = message
-
-
-def _has_key_table(conn: Connection) -> bool:
-    return conn.dialect.has_table(conn, ApiKeyRow.__tablename__)
 
 
 class KeyStore:
@@ -106,26 +81,15 @@ class KeyStore:
         return cls(create_async_engine(parsed, **options))
 
     async def create_schema(self) -> None:
-        """Create the table if it is missing. Idempotent.
+        """Create the table, or add the columns an older version lacks. Idempotent.
 
-        Safe when replicas start at once: on PostgreSQL an advisory lock serialises the
-        check-then-create; if another process still wins the race, the error is ignored once the
-        table is seen to exist.
+        Safe when replicas start at once; see `gateway.keys.schema.create_schema`.
 
         Raises:
-            sqlalchemy.exc.DBAPIError: if the table cannot be created and does not exist.
+            sqlalchemy.exc.DBAPIError: if the table cannot be created or completed.
+            RuntimeError: if an existing table lacks a NOT NULL column.
         """
-        try:
-            async with self._engine.begin() as conn:
-                if conn.dialect.name == "postgresql":
-                    lock = text("SELECT pg_advisory_xact_lock(:lock_id)")
-                    await conn.execute(lock, {"lock_id": _SCHEMA_LOCK_ID})
-                await conn.run_sync(Base.metadata.create_all)
-        except DBAPIError:
-            async with self._engine.connect() as conn:
-                exists = await conn.run_sync(_has_key_table)
-            if not exists:
-                raise
+        await create_schema(self._engine)
 
     async def warm_up(self) -> None:
         """Open a pooled connection and compile the lookup, so the first request is not slower."""
@@ -142,6 +106,9 @@ class KeyStore:
         *,
         models: Sequence[str] | None = None,
         expires_at: datetime | None = None,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        max_concurrent: int | None = None,
     ) -> tuple[KeyRecord, str]:
         """Create a key.
 
@@ -149,6 +116,10 @@ class KeyStore:
             name: Who or what the key is for; 1 to 200 characters, need not be unique.
             models: The models the key may use; None for all of them.
             expires_at: When the key stops working (timezone-aware); None for never.
+            rpm: Requests per minute. For this and the two limits below: None = the gateway's
+                default from settings, 0 = unlimited, a positive integer = that limit.
+            tpm: Tokens per minute, prompt plus output tokens.
+            max_concurrent: Requests in flight at once.
 
         Returns:
             The new record, and the full key `gw_<id>_<secret>`. The key cannot be recovered
@@ -156,23 +127,19 @@ class KeyStore:
 
         Raises:
             ValueError: on an empty or too long name, an empty `models` list (use None for all
-                models), or a naive `expires_at`.
+                models), a naive `expires_at`, or a negative (or too large) limit.
         """
-        if not name.strip() or len(name) > 200:
-            raise ValueError("key name must be 1 to 200 characters")
-        if isinstance(models, str):
-            raise ValueError("models must be a sequence of names, not a string")
-        if models is not None and not models:
-            raise ValueError("models must be None (all models) or a non-empty list")
-        allowed = None if models is None else list(dict.fromkeys(models))
         key_id, secret, full_key = generate_key()
         row = ApiKeyRow(
             id=key_id,
-            name=name,
+            name=check_name(name),
             secret_hash=hash_secret(secret),
-            models=allowed,
+            models=check_models(models),
             created_at=as_utc(None),
             expires_at=None if expires_at is None else as_utc(expires_at),
+            rpm=check_limit("rpm", rpm),
+            tpm=check_limit("tpm", tpm),
+            max_concurrent=check_limit("max_concurrent", max_concurrent),
         )
         async with self._sessions.begin() as session:
             session.add(row)
@@ -219,6 +186,40 @@ class KeyStore:
             if row is None:
                 raise KeyNotFoundError(key_id)
             return row.to_record()
+
+    async def update_limits(
+        self,
+        key_id: str,
+        *,
+        rpm: int | Unset | None = UNSET,
+        tpm: int | Unset | None = UNSET,
+        max_concurrent: int | Unset | None = UNSET,
+    ) -> KeyRecord:
+        """Change a key's limits; only the ones passed change. Works on revoked keys too.
+
+        Args:
+            key_id: The key's id.
+            rpm: Requests per minute: None = back to the gateway's default, 0 = unlimited, a
+                positive integer = that limit; `UNSET` (the default) leaves it as it is.
+            tpm: Tokens per minute (prompt plus output), as for `rpm`.
+            max_concurrent: Requests in flight at once, as for `rpm`.
+
+        Returns:
+            The record after the change (unchanged if no limit was passed).
+
+        Raises:
+            KeyNotFoundError: if no key has this id.
+            ValueError: on a negative (or too large) limit; nothing is changed.
+        """
+        changes = limit_changes(rpm=rpm, tpm=tpm, max_concurrent=max_concurrent)
+        async with self._sessions.begin() as session:
+            # Row lock on PostgreSQL, so the record returned is the one this update committed.
+            row = await session.get(ApiKeyRow, key_id, with_for_update=True)
+            if row is None:
+                raise KeyNotFoundError(key_id)
+            for field, value in changes.items():
+                setattr(row, field, value)
+        return row.to_record()
 
     async def rotate(self, key_id: str) -> tuple[KeyRecord, str]:
         """Give a key a new secret; the old secret stops working at once. The id stays.

@@ -20,6 +20,7 @@ import httpx
 
 from gateway.errors import (
     GatewayError,
+    ServiceUnavailableError,
     UpstreamError,
     UpstreamStatusError,
     UpstreamTimeoutError,
@@ -75,6 +76,7 @@ class Exchange:
 
         Raises:
             UpstreamTimeoutError: no first chunk within `first_byte_timeout` (504).
+            ServiceUnavailableError: no free connection in the upstream pool in time (503).
             UpstreamUnavailableError: connection refused, reset or dropped (502).
             UpstreamStatusError: the upstream answered an error status, or its first line was
                 an error (Ollama before v0.12.6 sends errors as a 200 line; section 4.2).
@@ -85,12 +87,12 @@ class Exchange:
                 request = self._dialect.build_request(
                     self._client, self._route, self._body, self._headers
                 )
-                self._meter.sent_at = time.perf_counter()
+                sent = self._meter.sent_at = time.perf_counter()
                 self._response = await self._client.send(request, stream=True)
                 if self._response.status_code != 200:
                     raise await self._status_error(self._response)
                 self._chunks = self._dialect.chunks(
-                    self._response, self._route, self._body, self._meter.arrival
+                    self._response, self._route, self._body, self._meter.arrival, sent
                 )
                 self._first = await anext(self._chunks)
         except BaseException as exc:
@@ -163,7 +165,10 @@ class Exchange:
                 break
         message = _error_message(raw)
         logger.warning("upstream answered %s: %s", response.status_code, message[:200])
-        return self._count(UpstreamStatusError(response.status_code, message), "status")
+        error = UpstreamStatusError(response.status_code, message)
+        # A 4xx passed on (an unknown model, a bad option) is the client's mistake, not an
+        # upstream fault; only what becomes 5xx counts as an upstream error.
+        return self._count(error, "status") if error.status_code >= 500 else error
 
     def _classify(self, exc: BaseException, deadline_message: str) -> GatewayError | None:
         """Map a transport exception to the client's error; None for ones to re-raise."""
@@ -171,6 +176,11 @@ class Exchange:
             return exc
         if isinstance(exc, TimeoutError):
             return self._count(UpstreamTimeoutError(deadline_message), "timeout")
+        if isinstance(exc, httpx.PoolTimeout):
+            message = "every upstream connection is busy (GATEWAY_MAX_CONNECTIONS)"
+            return self._count(
+                ServiceUnavailableError(message, headers={"Retry-After": "1"}), "pool"
+            )
         if isinstance(exc, httpx.ConnectTimeout):
             return self._count(UpstreamTimeoutError("timed out connecting to upstream"), "timeout")
         if isinstance(exc, httpx.TimeoutException):

@@ -9,9 +9,8 @@ client that goes away cancels the upstream request at once even while the upstre
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
-from typing import Any
 
 import anyio
 from starlette.responses import Response
@@ -32,7 +31,8 @@ class RelayStreamResponse(Response):
         exchange: An opened exchange (its first chunk is ready).
         meter: The request's meter; observes each chunk just before it is sent.
         headers: Extra response headers (for example `X-Request-ID`).
-        on_finish: Called once with the meter's summary after the stream ended.
+        on_finish: Awaited once with the outcome after the stream ended; closes the upstream,
+            releases what the request held and records its metrics.
     """
 
     def __init__(
@@ -40,7 +40,7 @@ class RelayStreamResponse(Response):
         exchange: Exchange,
         meter: RequestMeter,
         headers: dict[str, str],
-        on_finish: Callable[[dict[str, Any]], None],
+        on_finish: Callable[[str], Awaitable[None]],
     ) -> None:
         self.status_code = 200
         self.background = None
@@ -65,10 +65,7 @@ class RelayStreamResponse(Response):
                 group.cancel_scope.cancel()
         finally:
             await self.exchange.aclose()
-            outcome = self.exchange.outcome
-            if self.client_gone and outcome is None:
-                outcome = "client_disconnect"
-            self.on_finish(self.meter.finish(outcome or "client_disconnect"))
+            await self.on_finish(self.exchange.outcome or "client_disconnect")
 
     async def _relay(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})

@@ -21,12 +21,20 @@ class ModelCatalog:
         dialect: Knows how to ask the upstream for its models.
         client: The shared upstream client.
         max_age: Seconds a fetched list stays fresh.
+        timeout: Seconds allowed for fetching the list.
     """
 
-    def __init__(self, dialect: Dialect, client: httpx.AsyncClient, max_age: float = 30.0) -> None:
+    def __init__(
+        self,
+        dialect: Dialect,
+        client: httpx.AsyncClient,
+        max_age: float = 30.0,
+        timeout: float = 5.0,
+    ) -> None:
         self._dialect = dialect
         self._client = client
         self._max_age = max_age
+        self._timeout = timeout
         self._models: list[ModelInfo] = []
         self._names: dict[str, str] = {}
         self._fetched_at = float("-inf")
@@ -36,14 +44,16 @@ class ModelCatalog:
         """Return the model list, fetching it when stale or when `refresh` is set.
 
         Raises:
-            httpx.HTTPError, ValueError: the upstream could not be asked and nothing is cached.
+            httpx.HTTPError, ValueError, TypeError, KeyError, TimeoutError: the upstream could not
+                be asked, or answered nonsense, and nothing is cached.
         """
         async with self._lock:
             stale = time.monotonic() - self._fetched_at > self._max_age
             if refresh or stale:
                 try:
-                    self._models = await self._dialect.list_models(self._client)
-                except (httpx.HTTPError, ValueError):
+                    with anyio.fail_after(self._timeout):
+                        self._models = await self._dialect.list_models(self._client)
+                except (httpx.HTTPError, ValueError, TypeError, KeyError, TimeoutError):
                     if not self._models:
                         raise
                     logger.warning("model list refresh failed; serving the cached list")
@@ -52,26 +62,23 @@ class ModelCatalog:
                     self._fetched_at = time.monotonic()
         return self._models
 
-    async def label(self, model: str) -> str:
-        """Return the upstream's id for `model` (`x` -> `x:latest`), else `other`.
+    def label(self, model: str) -> str:
+        """Return the upstream's id for `model` (`x` -> `x:latest`, any case), else `other`.
 
-        This keeps the `model` label's values bounded by the upstream's model list.
-
-        Refreshes a stale list first; never raises (an unreachable upstream gives `other`).
+        This keeps the `model` label's values bounded by the upstream's model list. No I/O: the
+        list is kept fresh by the upstream monitor's polling, never on a request's path.
         """
-        if model not in self._names and time.monotonic() - self._fetched_at > self._max_age:
-            try:
-                await self.models()
-            except (httpx.HTTPError, ValueError):
-                return OTHER_MODEL
-        return self._names.get(model, OTHER_MODEL)
+        return self._names.get(model.strip().lower(), OTHER_MODEL)
 
 
 def _names(models: list[ModelInfo]) -> dict[str, str]:
-    """Map every name a client may use to the model's id: `x:latest` is also reachable as `x`."""
+    """Map every lower-cased name a client may use to the model's id (`x` for `x:latest`).
+
+    Ollama matches model names case-insensitively (reference section 2.1).
+    """
     names = {}
     for info in models:
-        names[info.id] = info.id
+        names[info.id.lower()] = info.id
         if info.id.endswith(":latest"):
-            names[info.id.removesuffix(":latest")] = info.id
+            names[info.id.lower().removesuffix(":latest")] = info.id
     return names

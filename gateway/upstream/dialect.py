@@ -113,7 +113,12 @@ class Dialect(Protocol):
         ...
 
     def chunks(
-        self, response: httpx.Response, route: Route, body: dict[str, Any], started: float
+        self,
+        response: httpx.Response,
+        route: Route,
+        body: dict[str, Any],
+        started: float,
+        sent: float,
     ) -> AsyncGenerator[Chunk, None]:
         """Yield the upstream's answer as Ollama chunks.
 
@@ -122,6 +127,7 @@ class Dialect(Protocol):
             route: Which app route this is.
             body: The client's request body (for the model name).
             started: `time.perf_counter()` when the gateway received the request (seconds).
+            sent: `time.perf_counter()` when the upstream request was sent (seconds).
 
         Raises:
             StreamBrokenError: malformed data, or the stream ended without its final chunk.

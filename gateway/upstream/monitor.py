@@ -54,9 +54,16 @@ class UpstreamMonitor:
         self._timeout = httpx.Timeout(timeout)
 
     async def run(self) -> None:
-        """Poll until cancelled (the app's lifespan cancels it on shutdown)."""
+        """Poll until cancelled (the app's lifespan cancels it on shutdown).
+
+        A failed poll is logged and retried at the next interval; it never ends the loop, since
+        an exception here would end the app's lifespan while the server keeps accepting requests.
+        """
         while True:
-            await self.poll()
+            try:
+                await self.poll()
+            except Exception:
+                logger.exception("upstream %s: poll failed", self.name)
             await anyio.sleep(self._interval)
 
     async def probe(self) -> tuple[bool, str]:
@@ -74,10 +81,12 @@ class UpstreamMonitor:
         up, detail = await self.probe()
         if not up:
             logger.warning("upstream %s is down: %s", self.name, detail)
+            self._metrics.upstream_model_memory.clear()
+            self._metrics.upstream_models_loaded.labels(self.name).set(0)
             return False
         try:
             await self._catalog.models(refresh=True)
-        except (httpx.HTTPError, ValueError):
+        except (httpx.HTTPError, ValueError, TypeError, KeyError, TimeoutError):
             logger.warning("upstream %s: model list unavailable", self.name)
         if self._dialect.name == "ollama":
             await self._poll_loaded_models()
@@ -94,10 +103,22 @@ class UpstreamMonitor:
         memory = self._metrics.upstream_model_memory
         loaded = self._metrics.upstream_models_loaded
         memory.clear()  # unloaded models must disappear, not linger with their last value
+        count = 0
         for entry in models:
-            model = str(entry.get("model") or entry.get("name") or "")
-            if not model:
+            if not isinstance(entry, dict):
                 continue
-            memory.labels(self.name, model, "total").set(float(entry.get("size") or 0))
-            memory.labels(self.name, model, "vram").set(float(entry.get("size_vram") or 0))
-        loaded.labels(self.name).set(len(models))
+            model = str(entry.get("model") or entry.get("name") or "")
+            size, size_vram = _bytes(entry.get("size")), _bytes(entry.get("size_vram"))
+            if not model or size is None:
+                continue
+            count += 1
+            memory.labels(self.name, model, "total").set(size)
+            memory.labels(self.name, model, "vram").set(size_vram or 0.0)
+        loaded.labels(self.name).set(count)
+
+
+def _bytes(value: object) -> float | None:
+    """A byte count from JSON: a non-negative number, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        return None
+    return float(value)

@@ -42,6 +42,7 @@ class OllamaDialect:
         route: Route,  # noqa: ARG002 - part of the Dialect contract
         body: dict[str, Any],  # noqa: ARG002
         started: float,  # noqa: ARG002
+        sent: float,  # noqa: ARG002
     ) -> AsyncGenerator[Chunk, None]:
         """Yield each NDJSON line as a chunk; stop after `done:true` or an error line.
 
@@ -80,6 +81,8 @@ class OllamaDialect:
             raise ValueError("upstream /api/tags has no models list")
         result = []
         for entry in models:
+            if not isinstance(entry, dict):
+                continue
             name = entry.get("model") or entry.get("name")
             if not isinstance(name, str):
                 continue

@@ -56,10 +56,15 @@ class OpenAIDialect:
         return client.build_request("POST", path, content=content, headers=headers)
 
     def chunks(
-        self, response: httpx.Response, route: Route, body: dict[str, Any], started: float
+        self,
+        response: httpx.Response,
+        route: Route,
+        body: dict[str, Any],
+        started: float,
+        sent: float,
     ) -> AsyncGenerator[Chunk, None]:
         """Translate the SSE stream into Ollama chunks (see `_Translation`)."""
-        return _Translation(route, str(body.get("model", "")), started).run(response)
+        return _Translation(route, str(body.get("model", "")), started, sent).run(response)
 
     async def list_models(self, client: httpx.AsyncClient) -> list[ModelInfo]:
         """Read `GET /v1/models` (OpenAI list shape; `data` may be null, reference section 7.3).
@@ -83,11 +88,11 @@ class OpenAIDialect:
 class _Translation:
     """State of one SSE-to-NDJSON translation. Times are `time.perf_counter()` seconds."""
 
-    def __init__(self, route: Route, model: str, started: float) -> None:
+    def __init__(self, route: Route, model: str, started: float, sent: float) -> None:
         self.route = route
         self.model = model
         self.started = started
-        self.sent = time.perf_counter()
+        self.sent = sent
         self.first_token: float | None = None
         self.last_token: float | None = None
         self.chunks_with_text = 0

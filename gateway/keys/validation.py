@@ -1,0 +1,206 @@
+"""What makes a key valid: the rules for the fields an admin sets, and the errors of the key store.
+
+Each rule exists in two forms, pure functions both:
+- `check_*` take Python values and raise `ValueError`; `gateway.keys.store` enforces them.
+- `parse_*` are argparse `type`s that read the same fields from the command line and raise
+  `argparse.ArgumentTypeError`, so `gateway keys` reports bad input as a usage error (exit 2)
+  before it opens the store.
+
+`UNSET` marks a limit that an update leaves alone. `KeyNotFoundError` and `InvalidKeyError` are
+raised by the store and re-exported from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import re
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Final, Literal
+
+InvalidKeyReason = Literal["malformed", "unknown", "revoked", "expired"]
+
+MAX_NAME_LENGTH = 200
+MAX_LIMIT = 2**31 - 1
+"""The largest per-key limit: PostgreSQL's `integer`, so both backends accept the same values."""
+_DURATION = re.compile(r"([1-9][0-9]*)([smhdw])")
+_MAX_LIFETIME = timedelta(days=36525)
+
+
+class Unset(enum.Enum):
+    """The type of `UNSET` (an enum, so that mypy narrows `int | None | Unset` by `isinstance`)."""
+
+    UNSET = enum.auto()
+
+
+UNSET: Final = Unset.UNSET
+"""A limit that is not given, as opposed to None, which means "the gateway's default"."""
+
+
+def check_name(name: str) -> str:
+    """Return `name` if it is a valid key name.
+
+    Raises:
+        ValueError: if it is blank or longer than 200 characters.
+    """
+    if not name.strip() or len(name) > MAX_NAME_LENGTH:
+        raise ValueError(f"key name must be 1 to {MAX_NAME_LENGTH} characters")
+    return name
+
+
+def check_models(models: Sequence[str] | None) -> list[str] | None:
+    """Return the allow-list as stored: None (every model), or the distinct names in order.
+
+    Raises:
+        ValueError: on a bare string (a sequence of characters, almost surely a mistake) or an
+            empty list (which would allow nothing; None allows everything).
+    """
+    if isinstance(models, str):
+        raise ValueError("models must be a sequence of names, not a string")
+    if models is None:
+        return None
+    if not models:
+        raise ValueError("models must be None (all models) or a non-empty list")
+    return list(dict.fromkeys(models))
+
+
+def check_limit(field: str, value: int | None) -> int | None:
+    """Return a per-key limit (`rpm`, `tpm` or `max_concurrent`) if it is valid.
+
+    Args:
+        field: The limit's name, for the error message.
+        value: None (use the gateway's default), 0 (unlimited) or a positive limit.
+
+    Raises:
+        ValueError: if `value` is negative, above `MAX_LIMIT`, or not an integer (a bool
+            included, since `True` would silently mean 1).
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{field} must be an integer or None, not {value!r}")
+    if not 0 <= value <= MAX_LIMIT:
+        raise ValueError(
+            f"{field} must be 0 (unlimited) to {MAX_LIMIT}, or None (the default); got {value}"
+        )
+    return value
+
+
+def limit_changes(**limits: int | Unset | None) -> dict[str, int | None]:
+    """Return the given limits (those not `UNSET`), each checked with `check_limit`.
+
+    Raises:
+        ValueError: if a given limit is invalid.
+    """
+    return {
+        field: check_limit(field, value)
+        for field, value in limits.items()
+        if not isinstance(value, Unset)
+    }
+
+
+def parse_duration(text: str) -> timedelta:
+    """Parse a key lifetime such as `90s`, `15m`, `12h`, `30d` or `2w` (an argparse `type`).
+
+    Raises:
+        argparse.ArgumentTypeError: on any other form, zero, or more than 100 years.
+    """
+    match = _DURATION.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: use a positive whole number and one unit "
+            "(s, m, h, d or w), for example 90s, 15m, 12h, 30d or 2w"
+        )
+    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}[match[2]]
+    try:
+        lifetime = timedelta(**{unit: int(match[1])})
+    except OverflowError:
+        lifetime = timedelta.max
+    if lifetime > _MAX_LIFETIME:
+        raise argparse.ArgumentTypeError(f"duration {text!r} is longer than 100 years")
+    return lifetime
+
+
+def parse_models(text: str) -> list[str]:
+    """Parse `--models a,b` into distinct, stripped names (an argparse `type`).
+
+    Raises:
+        argparse.ArgumentTypeError: if no name is given.
+    """
+    names = list(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one model name, for example llama3.2:1b")
+    return names
+
+
+def parse_limit(text: str) -> int:
+    """Parse a per-key limit: a whole number, `0` meaning unlimited (an argparse `type`).
+
+    Raises:
+        argparse.ArgumentTypeError: on anything else, a negative number included, or a number
+            above `MAX_LIMIT`.
+    """
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(
+            f"invalid limit {text!r}: use a whole number, 0 for unlimited"
+        )
+    if int(text) > MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"limit {text} is above the maximum, {MAX_LIMIT}")
+    return int(text)
+
+
+def parse_limit_or_default(text: str) -> int | None:
+    """Parse a `keys update` limit: `default` (None: back to the settings' default) or a number.
+
+    Raises:
+        argparse.ArgumentTypeError: on anything but `default` or what `parse_limit` accepts.
+    """
+    if text == "default":
+        return None
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(
+            f"invalid limit {text!r}: use a whole number, 0 for unlimited, or `default`"
+        )
+    return parse_limit(text)
+
+
+def parse_name(text: str) -> str:
+    """Parse `--name` with `check_name` (an argparse `type`).
+
+    Raises:
+        argparse.ArgumentTypeError: if `check_name` rejects it.
+    """
+    try:
+        return check_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+class KeyNotFoundError(LookupError):
+    """No key has this id (raised by admin operations: get, update_limits, revoke, rotate)."""
+
+    def __init__(self, key_id: str) -> None:
+        super().__init__(f"no API key with id {key_id!r}")
+        self.key_id = key_id
+
+
+class InvalidKeyError(Exception):
+    """A presented key cannot be used.
+
+    Attributes:
+        reason: `malformed` (not `gw_<id>_<secret>`), `unknown` (no such id, or a wrong secret:
+            the two are deliberately indistinguishable), `revoked`, or `expired`.
+        message: A sentence safe to show the client.
+    """
+
+    def __init__(self, reason: InvalidKeyReason) -> None:
+        if reason == "revoked":
+            message = "API key has been revoked"
+        elif reason == "expired":
+            message = "API key has expired"
+        else:
+            message = "invalid API key"
+        super().__init__(message)
+        self.reason: InvalidKeyReason = reason
+        self.message = message

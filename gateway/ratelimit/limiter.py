@@ -1,0 +1,224 @@
+"""Per-key limits: requests per minute, tokens per minute, requests in flight.
+
+Built on `limits`' async strategies and storages (the library slowapi itself uses). slowapi's
+own Redis path is synchronous (slowapi issue #130) and would block the event loop on every
+request, so the gateway calls `limits.aio` directly; the storage is in memory (one process) or
+Redis (`GATEWAY_RATE_LIMIT_STORAGE=redis://...`, shared by every replica).
+
+* RPM: a moving window over the last 60 s (exact), one hit per request, counted at admission.
+* TPM: fixed one-minute windows; a request is admitted while the key's window has tokens left,
+  and charged afterwards with what it really used (prompt + output tokens; a stream cut short
+  is charged for what was relayed). So one request may overshoot the limit, and the next one
+  is refused until the window resets (field failure F-24).
+* Concurrency: a counter per key, incremented at admission and decremented when the response
+  ends; in Redis it carries a one-hour expiry as a guard against counts leaked by a crash.
+
+When the storage fails or is slower than `GATEWAY_RATE_LIMIT_TIMEOUT`, the configured policy
+applies (`GATEWAY_RATE_LIMIT_FAIL_OPEN`): admit (open) or answer 503 (closed); each such event
+is logged and counted in `gateway_rate_limit_storage_errors_total`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import anyio
+from limits import RateLimitItemPerMinute
+from limits.aio.storage import MemoryStorage, RedisStorage, Storage
+from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
+
+from gateway.auth.principal import Principal
+from gateway.errors import GatewayError, RateLimitedError, ServiceUnavailableError
+from gateway.metrics import Metrics
+from gateway.settings import Settings
+
+logger = logging.getLogger("gateway.ratelimit")
+
+#: Expiry (seconds) of a key's in-flight counter: a guard against counts leaked by a crash.
+_CONCURRENCY_TTL = 3600
+
+
+def build_storage(settings: Settings) -> Storage:
+    """Open the limits storage named by `GATEWAY_RATE_LIMIT_STORAGE`.
+
+    `memory://` keeps counters in this process; `redis://host:port/db` (or `rediss://`) shares
+    them between replicas, through redis-py's asyncio client.
+    """
+    url = settings.rate_limit_storage
+    if url.startswith(("redis://", "rediss://")):
+        return RedisStorage(
+            f"async+{url}",
+            implementation="redispy",
+            key_prefix=settings.rate_limit_key_prefix,
+            socket_timeout=settings.rate_limit_timeout,
+            socket_connect_timeout=settings.rate_limit_timeout,
+        )
+    return MemoryStorage()
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A key's effective limits; 0 means unlimited."""
+
+    rpm: int
+    tpm: int
+    max_concurrent: int
+
+    @classmethod
+    def of(cls, principal: Principal, settings: Settings) -> Limits:
+        """Resolve the key's own limits, falling back to the settings' defaults for None."""
+
+        def pick(own: int | None, default: int) -> int:
+            return default if own is None else own
+
+        return cls(
+            pick(principal.rpm, settings.default_rpm),
+            pick(principal.tpm, settings.default_tpm),
+            pick(principal.max_concurrent, settings.default_max_concurrent),
+        )
+
+
+@dataclass
+class Admission:
+    """What admission granted: response headers, and what to undo or charge at the end."""
+
+    key_id: str
+    limits: Limits
+    headers: dict[str, str] = field(default_factory=dict)
+    holds_concurrency: bool = False
+
+
+class KeyLimiter:
+    """Admits or refuses requests per key, and charges tokens after them.
+
+    Args:
+        storage: A `limits.aio` storage (memory or Redis).
+        settings: Defaults, fail policy and storage timeout (seconds).
+        metrics: For `gateway_rate_limited_total{kind}` and storage errors.
+    """
+
+    def __init__(self, storage: Storage, settings: Settings, metrics: Metrics) -> None:
+        self._storage = storage
+        self._settings = settings
+        self._metrics = metrics
+        self._moving = MovingWindowRateLimiter(storage)
+        self._fixed = FixedWindowRateLimiter(storage)
+
+    async def admit(self, principal: Principal) -> Admission:
+        """Check and count RPM, check TPM, take a concurrency slot.
+
+        Raises:
+            RateLimitedError: a limit is reached (429 with `Retry-After` and `X-RateLimit-*`).
+            ServiceUnavailableError: the storage failed and the policy is fail-closed (503).
+        """
+        limits = Limits.of(principal, self._settings)
+        admission = Admission(principal.key_id, limits)
+        if not (limits.rpm or limits.tpm or limits.max_concurrent):
+            return admission
+        try:
+            with anyio.fail_after(self._settings.rate_limit_timeout):
+                await self._check(principal.key_id, limits, admission)
+        except GatewayError:
+            raise
+        except Exception as exc:  # storage down or slow: apply the policy
+            self._storage_failed(exc)
+        return admission
+
+    async def _check(self, key_id: str, limits: Limits, admission: Admission) -> None:
+        if limits.rpm:
+            item = RateLimitItemPerMinute(limits.rpm)
+            allowed = await self._moving.hit(item, "rpm", key_id)
+            stats = await self._moving.get_window_stats(item, "rpm", key_id)
+            admission.headers = _headers(limits.rpm, stats.remaining, stats.reset_time)
+            if not allowed:
+                what = f"{limits.rpm} requests per minute"
+                raise self._refuse("rpm", what, admission.headers, stats.reset_time)
+        if limits.tpm:
+            item = RateLimitItemPerMinute(limits.tpm)
+            stats = await self._fixed.get_window_stats(item, "tpm", key_id)
+            headers = _headers(limits.tpm, stats.remaining, stats.reset_time, prefix="Tokens-")
+            admission.headers.update(headers)
+            if stats.remaining <= 0:
+                what = f"{limits.tpm} tokens per minute"
+                raise self._refuse("tpm", what, admission.headers, stats.reset_time)
+        if limits.max_concurrent:
+            count = await self._storage.incr(_concurrency_key(key_id), _CONCURRENCY_TTL, 1)
+            if count > limits.max_concurrent:
+                await self._storage.incr(_concurrency_key(key_id), _CONCURRENCY_TTL, -1)
+                what = f"{limits.max_concurrent} requests in flight"
+                raise self._refuse("concurrency", what, admission.headers, time.time() + 1)
+            admission.holds_concurrency = True
+
+    async def release(self, admission: Admission, tokens: int) -> None:
+        """Charge `tokens` (prompt + output) to TPM and give back the concurrency slot.
+
+        Never raises: a storage failure here is logged and counted, not shown to a client.
+        """
+        if not (tokens and admission.limits.tpm) and not admission.holds_concurrency:
+            return
+        try:
+            with (
+                anyio.fail_after(self._settings.rate_limit_timeout),
+                anyio.CancelScope(shield=True),
+            ):
+                if tokens and admission.limits.tpm:
+                    item = RateLimitItemPerMinute(admission.limits.tpm)
+                    await self._fixed.hit(item, "tpm", admission.key_id, cost=tokens)
+                if admission.holds_concurrency:
+                    admission.holds_concurrency = False
+                    await self._storage.incr(
+                        _concurrency_key(admission.key_id), _CONCURRENCY_TTL, -1
+                    )
+        except Exception as exc:
+            self._metrics.rate_limit_storage_errors.inc()
+            logger.warning("rate-limit storage failed while releasing: %s", type(exc).__name__)
+
+    def _refuse(
+        self, kind: str, what: str, headers: dict[str, str], reset_time: float
+    ) -> RateLimitedError:
+        """Count the refusal and build the 429 with `Retry-After` (RFC 9110 section 10.2.3)."""
+        self._metrics.rate_limited.labels(kind).inc()
+        retry_after = str(max(math.ceil(reset_time - time.time()), 1))
+        return RateLimitedError(
+            f"rate limit exceeded: {what} for this key",
+            headers={**headers, "Retry-After": retry_after},
+        )
+
+    def _storage_failed(self, exc: Exception) -> None:
+        self._metrics.rate_limit_storage_errors.inc()
+        policy = "open" if self._settings.rate_limit_fail_open else "closed"
+        logger.warning(
+            "rate-limit storage unavailable (%s); failing %s",
+            type(exc).__name__ or "timeout",
+            policy,
+        )
+        if not self._settings.rate_limit_fail_open:
+            raise ServiceUnavailableError(
+                "rate limiting is unavailable; try again later", headers={"Retry-After": "5"}
+            ) from exc
+
+
+def _concurrency_key(key_id: str) -> str:
+    return f"concurrency/{key_id}"
+
+
+def _headers(limit: int, remaining: int, reset_time: float, prefix: str = "") -> dict[str, str]:
+    """`X-RateLimit-*` headers: the limit, what is left, and seconds until the window resets."""
+    reset = max(math.ceil(reset_time - time.time()), 0)
+    return {
+        f"X-RateLimit-{prefix}Limit": str(limit),
+        f"X-RateLimit-{prefix}Remaining": str(max(remaining, 0)),
+        f"X-RateLimit-{prefix}Reset": str(reset),
+    }
+
+
+async def close_storage(storage: Storage) -> None:
+    """Close the storage's connections, if it holds any (Redis)."""
+    bridge = getattr(storage, "bridge", None)
+    client = getattr(bridge, "storage", None)
+    close = getattr(client, "aclose", None)
+    if close is not None:
+        await close()

@@ -1,0 +1,75 @@
+"""The per-upstream concurrency gate: at most N requests in flight, a bounded FIFO queue behind.
+
+A GPU serves a few requests at a time, and Ollama queues requests for a loaded model without any
+bound (reference section 8), so the gateway keeps its own bounded queue in front: a request
+waits for a slot at most `GATEWAY_UPSTREAM_QUEUE_TIMEOUT` seconds, and is refused at once with
+503 and `Retry-After` when `GATEWAY_UPSTREAM_QUEUE_SIZE` requests are already waiting. The gate
+is per gateway process; with several replicas, size it per replica.
+"""
+
+from __future__ import annotations
+
+import anyio
+
+from gateway.errors import ServiceUnavailableError
+from gateway.metrics import Metrics
+
+
+class UpstreamSlots:
+    """Counts requests in flight to one upstream and queues the excess.
+
+    Args:
+        name: The `upstream` label value.
+        capacity: Requests in flight at once; 0 means no gate.
+        queue_size: Requests allowed to wait for a slot.
+        queue_timeout: Seconds a request may wait.
+        metrics: For `gateway_upstream_queue_length` and `gateway_upstream_slots_in_use`.
+    """
+
+    def __init__(
+        self, name: str, capacity: int, queue_size: int, queue_timeout: float, metrics: Metrics
+    ) -> None:
+        self._capacity = capacity
+        self._queue_size = queue_size
+        self._queue_timeout = queue_timeout
+        self._semaphore = anyio.Semaphore(capacity) if capacity else None
+        self._waiting = 0
+        self._queue_gauge = metrics.upstream_queue_length.labels(name)
+        self._in_use_gauge = metrics.upstream_slots_in_use.labels(name)
+        self._refused = metrics.rate_limited
+
+    async def acquire(self) -> bool:
+        """Take a slot, waiting in line if needed; True if a slot must later be released.
+
+        Raises:
+            ServiceUnavailableError: the queue is full, or no slot came free in time (503).
+        """
+        if self._semaphore is None:
+            return False
+        if self._semaphore.value == 0 and self._waiting >= self._queue_size:
+            self._refused.labels("queue_full").inc()
+            raise ServiceUnavailableError(
+                "upstream is at capacity and its queue is full", headers={"Retry-After": "1"}
+            )
+        self._waiting += 1
+        self._queue_gauge.set(self._waiting)
+        try:
+            with anyio.fail_after(self._queue_timeout):
+                await self._semaphore.acquire()
+        except TimeoutError:
+            self._refused.labels("queue_timeout").inc()
+            raise ServiceUnavailableError(
+                f"no upstream capacity within {self._queue_timeout:g} s",
+                headers={"Retry-After": str(max(int(self._queue_timeout), 1))},
+            ) from None
+        finally:
+            self._waiting -= 1
+            self._queue_gauge.set(self._waiting)
+        self._in_use_gauge.inc()
+        return True
+
+    def release(self) -> None:
+        """Give a slot back (only after `acquire` returned True)."""
+        if self._semaphore is not None:
+            self._in_use_gauge.dec()
+            self._semaphore.release()

@@ -1,0 +1,315 @@
+"""Per-key limits and the upstream gate, over real sockets (F-09, F-20, F-22, F-24, F-25, F-26)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.testing.stack import create_key, gateway_process
+from tests.conftest import Emulator, Gateway, metric_value
+
+MODEL = "llama3.2:latest"
+GENERATION_PATHS = ("/api/generate", "/api/chat")
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def _generations(emulator: Emulator) -> list:
+    return [r for r in emulator.state.records if r.path in GENERATION_PATHS]
+
+
+def _post(gw: Gateway, key: str | None = None, **body) -> httpx.Response:
+    payload = {"model": MODEL, "prompt": "x", "stream": False, **body}
+    return httpx.post(f"{gw.url}/v1/generate", json=payload, headers=gw.headers(key), timeout=30)
+
+
+def _redis_up() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 6379), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def test_rpm_refuses_the_excess_with_429_and_no_upstream_call(make_gateway, emulator: Emulator):
+    """F-26: rpm 2, 5 requests: 2 x 200, 3 x 429, exactly 2 upstream calls."""
+    gw = make_gateway(default_rpm=2)
+    emulator.config.ttft = emulator.config.inter_token = 0.001
+    statuses = [_post(gw).status_code for _ in range(5)]
+    assert statuses == [200, 200, 429, 429, 429]
+    assert len(_generations(emulator)) == 2
+    refused = _post(gw)
+    assert refused.status_code == 429
+    assert "rate limit" in refused.json()["error"]
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert refused.headers["x-ratelimit-limit"] == "2"
+    assert refused.headers["x-ratelimit-remaining"] == "0"
+    assert int(refused.headers["x-ratelimit-reset"]) <= 60
+    text = gw.metrics_text()
+    assert metric_value(text, "gateway_rate_limited_total", kind="rpm") == 4
+    assert metric_value(text, "gateway_requests_total", outcome="rate_limited") == 4
+
+
+def test_limited_responses_carry_ratelimit_headers(make_gateway, emulator: Emulator):
+    gw = make_gateway(default_rpm=10)
+    emulator.config.ttft = emulator.config.inter_token = 0.001
+    first = _post(gw)
+    assert first.headers["x-ratelimit-limit"] == "10"
+    assert first.headers["x-ratelimit-remaining"] == "9"
+    with httpx.stream(
+        "POST",
+        f"{gw.url}/v1/generate",
+        json={"model": MODEL, "prompt": "x"},
+        headers=gw.headers(),
+    ) as streamed:
+        assert streamed.headers["x-ratelimit-remaining"] == "8"
+        streamed.read()
+
+
+def test_a_stream_under_a_limit_completes_then_the_next_gets_429(make_gateway, emulator: Emulator):
+    """F-09: limiting never breaks a stream that was admitted."""
+    gw = make_gateway(default_rpm=1)
+    emulator.config.tokens = 30
+    response = httpx.post(
+        f"{gw.url}/v1/generate", json={"model": MODEL, "prompt": "x"}, headers=gw.headers()
+    )
+    lines = [json.loads(line) for line in response.text.splitlines()]
+    assert response.status_code == 200
+    assert lines[-1]["done"] is True
+    assert len(lines) == 31
+    assert _post(gw).status_code == 429
+
+
+def test_each_key_is_limited_on_its_own_and_spoofed_addresses_do_not_help(
+    make_gateway, emulator: Emulator
+):
+    """F-20: the limit follows the key, not the client address or X-Forwarded-For."""
+    gw = make_gateway(default_rpm=2)
+    emulator.config.ttft = emulator.config.inter_token = 0.001
+    _, other = gw.create_key("other")
+    assert [_post(gw).status_code for _ in range(2)] == [200, 200]
+    spoofed = httpx.post(
+        f"{gw.url}/v1/generate",
+        json={"model": MODEL, "prompt": "x", "stream": False},
+        headers={**gw.headers(), "X-Forwarded-For": "203.0.113.9", "X-Real-IP": "203.0.113.9"},
+    )
+    assert spoofed.status_code == 429
+    assert [_post(gw, other).status_code for _ in range(3)] == [200, 200, 429]
+
+
+def test_key_own_limit_overrides_the_default(make_gateway, emulator: Emulator):
+    gw = make_gateway(default_rpm=1)
+    emulator.config.ttft = emulator.config.inter_token = 0.001
+    _, roomy = gw.create_key("roomy", rpm=3)
+    _, unlimited = gw.create_key("unlimited", rpm=0)
+    assert [_post(gw, roomy).status_code for _ in range(4)] == [200, 200, 200, 429]
+    assert {_post(gw, unlimited).status_code for _ in range(5)} == {200}
+
+
+def test_tpm_charges_what_a_stream_used_and_refuses_the_next(make_gateway, emulator: Emulator):
+    """F-24: tpm 100; a 150-token answer is served, ~162 tokens charged, the next is refused."""
+    gw = make_gateway(default_tpm=100)
+    emulator.config.ttft = emulator.config.inter_token = 0.001
+    emulator.config.tokens = 150
+    emulator.config.prompt_eval_count = 12
+    first = httpx.post(
+        f"{gw.url}/v1/generate", json={"model": MODEL, "prompt": "x"}, headers=gw.headers()
+    )
+    assert first.status_code == 200
+    assert first.headers["x-ratelimit-tokens-limit"] == "100"
+    assert first.headers["x-ratelimit-tokens-remaining"] == "100"
+    refused = _post(gw)
+    assert refused.status_code == 429
+    assert refused.headers["x-ratelimit-tokens-remaining"] == "0"
+    assert "tokens per minute" in refused.json()["error"]
+    assert metric_value(gw.metrics_text(), "gateway_rate_limited_total", kind="tpm") == 1
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_tpm_counts_non_streamed_and_cut_streams(make_gateway, emulator: Emulator, stream):
+    gw = make_gateway(default_tpm=1000)
+    emulator.config.ttft = emulator.config.inter_token = 0.001
+    emulator.config.tokens = 40
+    emulator.config.prompt_eval_count = 10
+    _post(gw, stream=stream)
+    left = _post(gw).headers["x-ratelimit-tokens-remaining"]
+    assert int(left) == 1000 - 50
+    # A stream cut after 7 tokens: no final chunk, so only the 7 relayed tokens are charged.
+    emulator.config.fault = "drop_midstream"
+    emulator.config.fault_after = 7
+    _post(gw, stream=True)
+    emulator.config.fault = None
+    assert int(_post(gw).headers["x-ratelimit-tokens-remaining"]) == 1000 - 50 - 50 - 7
+
+
+def test_max_concurrent_caps_requests_in_flight_per_key(make_gateway, emulator: Emulator):
+    gw = make_gateway(default_max_concurrent=1)
+    emulator.config.tokens = 10
+    emulator.config.inter_token = 0.1
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(_post, gw)
+        time.sleep(0.4)
+        assert _post(gw).status_code == 429
+        assert slow.result().status_code == 200
+    emulator.config.inter_token = 0.001
+    assert _post(gw).status_code == 200
+    assert metric_value(gw.metrics_text(), "gateway_rate_limited_total", kind="concurrency") == 1
+
+
+def test_upstream_gate_queues_then_refuses_when_full_or_too_slow(make_gateway, emulator: Emulator):
+    gw = make_gateway(upstream_max_concurrent=1, upstream_queue_size=1, upstream_queue_timeout=0.6)
+    emulator.config.tokens = 20
+    emulator.config.inter_token = 0.1  # ~2 s per answer
+    with ThreadPoolExecutor(2) as pool:
+        holder = pool.submit(_post, gw)
+        time.sleep(0.3)
+        waiter = pool.submit(_post, gw)
+        time.sleep(0.2)
+        assert metric_value(gw.metrics_text(), "gateway_upstream_queue_length") == 1
+        full = _post(gw)
+        assert full.status_code == 503
+        assert full.headers["retry-after"]
+        timed_out = waiter.result()
+        assert timed_out.status_code == 503
+        assert "capacity" in timed_out.json()["error"]
+        assert holder.result().status_code == 200
+    text = gw.metrics_text()
+    assert metric_value(text, "gateway_rate_limited_total", kind="queue_full") == 1
+    assert metric_value(text, "gateway_rate_limited_total", kind="queue_timeout") == 1
+    assert metric_value(text, "gateway_upstream_slots_in_use") == 0
+    assert metric_value(text, "gateway_upstream_queue_length") == 0
+
+
+def test_a_queued_request_gets_the_slot_when_it_frees(make_gateway, emulator: Emulator):
+    gw = make_gateway(upstream_max_concurrent=1, upstream_queue_size=4, upstream_queue_timeout=10)
+    emulator.config.tokens = 5
+    emulator.config.inter_token = 0.05
+    with ThreadPoolExecutor(3) as pool:
+        results = [f.result() for f in [pool.submit(_post, gw) for _ in range(3)]]
+    assert [r.status_code for r in results] == [200, 200, 200]
+    starts = sorted(r.started_at for r in _generations(emulator))
+    ends = sorted(r.ended_at for r in _generations(emulator))
+    assert starts[1] >= ends[0] - 0.01  # one at a time upstream
+    assert metric_value(gw.metrics_text(), "gateway_upstream_slots_in_use") == 0
+
+
+def test_client_leaving_the_queue_gives_its_place_back(make_gateway, emulator: Emulator):
+    gw = make_gateway(upstream_max_concurrent=1, upstream_queue_size=1, upstream_queue_timeout=10)
+    emulator.config.tokens = 10
+    emulator.config.inter_token = 0.1
+    with ThreadPoolExecutor(1) as pool:
+        holder = pool.submit(_post, gw)
+        time.sleep(0.3)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(
+                f"{gw.url}/v1/generate",
+                json={"model": MODEL, "prompt": "x", "stream": False},
+                headers=gw.headers(),
+                timeout=0.3,
+            )
+        time.sleep(0.2)
+        assert metric_value(gw.metrics_text(), "gateway_upstream_queue_length") == 0
+        assert holder.result().status_code == 200
+    emulator.config.inter_token = 0.001
+    assert _post(gw).status_code == 200
+    assert len(_generations(emulator)) == 2
+
+
+@pytest.mark.skipif(not _redis_up(), reason="Redis is not running on 127.0.0.1:6379")
+def test_two_gateway_processes_share_one_limit_through_redis(emulator: Emulator, tmp_path: Path):
+    """F-22: 2 replicas on one Redis, rpm 5, 10 alternating requests: 5 x 200, 5 x 429."""
+    emulator.config.ttft = emulator.config.inter_token = 0.001
+    env = {
+        "GATEWAY_UPSTREAM_URL": emulator.url,
+        "GATEWAY_RATE_LIMIT_STORAGE": REDIS_URL,
+        "GATEWAY_RATE_LIMIT_KEY_PREFIX": f"test-{uuid.uuid4().hex}",
+        "GATEWAY_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path}/shared.db",
+    }
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with gateway_process(tmp_path / "a", env) as a, gateway_process(tmp_path / "b", env) as b:
+        key = str(create_key(a.extra_env, "shared", "--rpm", "5")["key"])
+        statuses = []
+        for i in range(10):
+            replica = (a, b)[i % 2]
+            response = httpx.post(
+                f"{replica.url}/v1/generate",
+                json={"model": MODEL, "prompt": "x", "stream": False},
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=30,
+            )
+            statuses.append(response.status_code)
+    assert sorted(statuses) == [200] * 5 + [429] * 5
+    assert statuses[:5] == [200] * 5
+    assert len(_generations(emulator)) == 5
+
+
+class _SilentServer:
+    """Accepts TCP connections and never answers: a Redis that hangs."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
+
+
+@pytest.mark.parametrize("failure", ["down", "hanging"])
+def test_limiter_storage_failure_fails_open_by_default(make_gateway, emulator: Emulator, failure):
+    """F-25: no 500s, the policy is followed, /healthz stays up, the loop is never blocked."""
+    silent = _SilentServer()
+    port = 1 if failure == "down" else silent.port
+    try:
+        gw = make_gateway(
+            default_rpm=1, rate_limit_storage=f"redis://127.0.0.1:{port}/0", rate_limit_timeout=0.3
+        )
+        emulator.config.ttft = emulator.config.inter_token = 0.001
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(_post, gw) for _ in range(4)]
+            health_start = time.perf_counter()
+            health = httpx.get(f"{gw.url}/healthz", timeout=5)
+            health_time = time.perf_counter() - health_start
+            statuses = [f.result().status_code for f in futures]
+        assert statuses == [200] * 4  # fail open: served without limits
+        assert health.status_code == 200
+        assert health_time < 0.25  # the event loop was not blocked by the storage
+        assert metric_value(gw.metrics_text(), "gateway_rate_limit_storage_errors_total") >= 4
+    finally:
+        silent.close()
+
+
+def test_limiter_storage_failure_can_fail_closed(make_gateway, emulator: Emulator):
+    gw = make_gateway(
+        default_rpm=5,
+        rate_limit_storage="redis://127.0.0.1:1/0",
+        rate_limit_timeout=0.3,
+        rate_limit_fail_open=False,
+    )
+    response = _post(gw)
+    assert response.status_code == 503
+    assert response.headers["retry-after"]
+    assert "rate limiting is unavailable" in response.json()["error"]
+    assert _generations(emulator) == []
