@@ -1,0 +1,1 @@
+"""Benchmarks: numbers printed side by side, never asserted in tests."""
