@@ -233,3 +233,32 @@ def test_per_key_labels_name_the_key(gateway: Gateway, emulator: Emulator):
     text = gateway.metrics_text()
     assert metric_value(text, "gateway_time_to_first_token_seconds_count", key="test-key") == 1
     assert metric_value(text, "gateway_requests_total", key="test-key", outcome="completed") == 1
+
+
+def test_junk_model_names_add_no_series(gateway: Gateway, emulator: Emulator):
+    """F-18: junk model names collapse into model="other"; more of them add no series."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    emulator.config.ttft = emulator.config.inter_token = 0.001
+    client = httpx.Client(timeout=30)  # thread-safe; one SSL context instead of 600
+
+    def ask(i: int) -> int:
+        body = {"model": f"junk-{i}-{'x' * (i % 50)}", "prompt": "x", "stream": False}
+        response = client.post(f"{gateway.url}/v1/generate", json=body, headers=gateway.headers())
+        return response.status_code
+
+    def series() -> set[str]:
+        return {
+            line.rpartition(" ")[0]
+            for line in gateway.metrics_text().splitlines()
+            if not line.startswith("#")
+        }
+
+    with client, ThreadPoolExecutor(8) as pool:
+        assert set(pool.map(ask, range(300))) == {404}
+        first = series()
+        assert set(pool.map(ask, range(300, 600))) == {404}
+    assert series() == first
+    text = gateway.metrics_text()
+    assert "junk-" not in text
+    assert metric_value(text, "gateway_requests_total", model="other", status_class="4xx") == 600
