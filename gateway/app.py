@@ -108,6 +108,7 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
+        redirect_slashes=False,  # a redirect would be built from the client's Host header
     )
     register_error_handlers(app)
     app.include_router(health_router)

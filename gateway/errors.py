@@ -11,6 +11,7 @@ Hierarchy (each carries an HTTP status and a message that is safe to show a clie
     ├── RateLimitedError           429  a per-key limit is reached (+ Retry-After, X-RateLimit-*)
     ├── ServiceUnavailableError    503  the gateway cannot serve now: upstream queue full or too
     │                                   slow, limiter storage down (fail-closed) (+ Retry-After)
+    ├── ClientClosedRequestError   499  the client left while its body was being read (logged only)
     └── UpstreamError              502  the upstream failed (base of the upstream family)
         ├── UpstreamStatusError    4xx passed on, other 5xx as 502, 503 kept with Retry-After
         ├── UpstreamUnavailableError 502 connection refused / reset / dropped
@@ -97,6 +98,13 @@ class UnprocessableError(GatewayError):
     outcome = "bad_request"
 
 
+class ClientClosedRequestError(GatewayError):
+    """The client went away before its request was read (499, nginx's convention; logged only)."""
+
+    status_code = 499
+    outcome = "client_disconnect"
+
+
 class RateLimitedError(GatewayError):
     """A per-key limit (RPM, TPM, concurrency) is reached (429, RFC 6585 section 4)."""
 
@@ -158,7 +166,7 @@ class UpstreamTimeoutError(UpstreamError):
 
 def ollama_error_body(message: str) -> bytes:
     """Serialize Ollama's error object, `{"error": message}` (reference section 4.1), as bytes."""
-    return json.dumps({"error": message}, ensure_ascii=False).encode()
+    return json.dumps({"error": message}).encode()
 
 
 def openai_error_body(message: str, status_code: int) -> bytes:
@@ -167,7 +175,7 @@ def openai_error_body(message: str, status_code: int) -> bytes:
     if status_code in (401, 403):
         kind = "authentication_error" if status_code == 401 else "permission_error"
     error: dict[str, Any] = {"message": message, "type": kind, "param": None, "code": None}
-    return json.dumps({"error": error}, ensure_ascii=False).encode()
+    return json.dumps({"error": error}).encode()
 
 
 def error_response(
@@ -199,9 +207,16 @@ def _count_rejection(request: Request, status_code: int, outcome: str) -> None:
     """Count a request that ended in an error before the relay metered it."""
     state = request.scope.setdefault("state", {})
     state["outcome"] = outcome
-    metrics = state.get("metrics")
+    metrics, principal, settings = (
+        state.get("metrics"),
+        state.get("principal"),
+        state.get("settings"),
+    )
     if metrics is not None and "summary" not in state:
-        metrics.count_rejection(_route_template(request), status_code, outcome)
+        key = None
+        if principal is not None:
+            key = principal.name if getattr(settings, "metrics_per_key", True) else "all"
+        metrics.count_rejection(_route_template(request), status_code, outcome, key=key)
 
 
 async def _handle_gateway_error(request: Request, exc: Exception) -> Response:

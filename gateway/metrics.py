@@ -195,12 +195,16 @@ class Metrics:
             registry=r,
         )
 
-    def count_rejection(self, route: str, status: int, outcome: str) -> None:
-        """Count a request refused before it reached the relay (auth, body checks, 404).
+    def count_rejection(
+        self, route: str, status: int, outcome: str, key: str | None = None
+    ) -> None:
+        """Count a request refused before it reached the relay (auth, body checks, limits).
 
-        Its model is not known or not trusted yet, so it is counted under `model="other"`.
+        Its model is not trusted yet, so it is counted under `model="other"`; `key` is the key's
+        label when the key was authenticated, else `none`.
         """
-        self.requests.labels(route, OTHER_MODEL, NO_KEY, f"{status // 100}xx", outcome).inc()
+        status_class = f"{status // 100}xx"
+        self.requests.labels(route, OTHER_MODEL, key or NO_KEY, status_class, outcome).inc()
 
     async def endpoint(self, _: Request) -> Response:
         """Serve `GET /metrics` in the Prometheus text format, without a redirect."""

@@ -143,6 +143,13 @@ class Settings(BaseSettings):
     )
 
     @model_validator(mode="after")
+    def _check_rate_limit_storage(self) -> Settings:
+        """A typo in the storage URL must not silently mean per-process limits."""
+        if not self.rate_limit_storage.startswith(("memory://", "redis://", "rediss://")):
+            raise ValueError("GATEWAY_RATE_LIMIT_STORAGE must be memory://, redis:// or rediss://")
+        return self
+
+    @model_validator(mode="after")
     def _reject_placeholder_secrets(self) -> Settings:
         """Refuse the placeholder values shipped in `.env.example`."""
         if self.upstream_api_key is not None and self.upstream_api_key.get_secret_value() in {

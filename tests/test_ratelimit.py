@@ -295,7 +295,9 @@ def test_limiter_storage_failure_fails_open_by_default(make_gateway, emulator: E
             statuses = [f.result().status_code for f in futures]
         assert statuses == [200] * 4  # fail open: served without limits
         assert health.status_code == 200
-        assert health_time < 0.25  # the event loop was not blocked by the storage
+        # A blocking client would hold the event loop for 4 x 0.3 s here; /healthz shows it was
+        # free (the bound is loose on purpose: it tells blocking from scheduling noise).
+        assert health_time < 1.0
         assert metric_value(gw.metrics_text(), "gateway_rate_limit_storage_errors_total") >= 4
     finally:
         silent.close()

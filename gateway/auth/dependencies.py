@@ -17,15 +17,15 @@ logger = logging.getLogger("gateway.auth")
 
 
 def presented_key(request: Request) -> str | None:
-    """Return the key from `Authorization: Bearer <key>` (RFC 6750) or `X-API-Key: <key>`."""
-    authorization = request.headers.get("authorization")
-    if authorization:
-        scheme, _, credentials = authorization.partition(" ")
-        if scheme.lower() == "bearer" and credentials.strip():
-            return credentials.strip()
-        return None
-    api_key = request.headers.get("x-api-key")
-    return api_key.strip() if api_key and api_key.strip() else None
+    """Return the key from `Authorization: Bearer <key>` (RFC 6750), else from `X-API-Key`.
+
+    A non-Bearer `Authorization` (for example a proxy's Basic credentials) is ignored.
+    """
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and credentials.strip():
+        return credentials.strip()
+    api_key = request.headers.get("x-api-key", "").strip()
+    return api_key or None
 
 
 async def require_principal(
@@ -56,7 +56,7 @@ async def require_principal(
         tpm=record.tpm,
         max_concurrent=record.max_concurrent,
     )
-    request.state.principal = principal
+    request.state.principal = principal  # the error handlers label refusals with it
     request.scope.setdefault("state", {})["key_id"] = record.id
     return principal
 

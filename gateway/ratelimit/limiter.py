@@ -145,10 +145,10 @@ class KeyLimiter:
                 what = f"{limits.tpm} tokens per minute"
                 raise self._refuse("tpm", what, admission.headers, stats.reset_time)
         if limits.max_concurrent:
-            count = await self._storage.incr(_concurrency_key(key_id), _CONCURRENCY_TTL, 1)
+            count = await self._in_flight(key_id, 1)
             if count > limits.max_concurrent:
-                await self._storage.incr(_concurrency_key(key_id), _CONCURRENCY_TTL, -1)
-                what = f"{limits.max_concurrent} requests in flight"
+                await self._in_flight(key_id, -1)
+                what = f"at most {limits.max_concurrent} in flight"
                 raise self._refuse("concurrency", what, admission.headers, time.time() + 1)
             admission.holds_concurrency = True
 
@@ -169,12 +169,23 @@ class KeyLimiter:
                     await self._fixed.hit(item, "tpm", admission.key_id, cost=tokens)
                 if admission.holds_concurrency:
                     admission.holds_concurrency = False
-                    await self._storage.incr(
-                        _concurrency_key(admission.key_id), _CONCURRENCY_TTL, -1
-                    )
+                    await self._in_flight(admission.key_id, -1)
         except Exception as exc:
             self._metrics.rate_limit_storage_errors.inc()
             logger.warning("rate-limit storage failed while releasing: %s", type(exc).__name__)
+
+    async def _in_flight(self, key_id: str, amount: int) -> int:
+        """Add `amount` to the key's in-flight count; never let it stay below zero.
+
+        The count expires an hour after it was created (a guard against counts leaked by a
+        crash); if it expired while requests were in flight, their releases would drive it
+        negative, so a negative count is put back to zero.
+        """
+        key = f"concurrency/{key_id}"
+        count = await self._storage.incr(key, _CONCURRENCY_TTL, amount=amount)
+        if count < 0:
+            count = await self._storage.incr(key, _CONCURRENCY_TTL, amount=-count)
+        return count
 
     def _refuse(
         self, kind: str, what: str, headers: dict[str, str], reset_time: float
@@ -199,10 +210,6 @@ class KeyLimiter:
             raise ServiceUnavailableError(
                 "rate limiting is unavailable; try again later", headers={"Retry-After": "5"}
             ) from exc
-
-
-def _concurrency_key(key_id: str) -> str:
-    return f"concurrency/{key_id}"
 
 
 def _headers(limit: int, remaining: int, reset_time: float, prefix: str = "") -> dict[str, str]:

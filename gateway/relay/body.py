@@ -7,11 +7,17 @@ answers, reference section 1: "Malformed JSON ... → 400"), 422 for JSON of the
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
-from gateway.errors import BadRequestError, PayloadTooLargeError, UnprocessableError
+from gateway.errors import (
+    BadRequestError,
+    ClientClosedRequestError,
+    PayloadTooLargeError,
+    UnprocessableError,
+)
 from gateway.upstream.dialect import Route
 
 
@@ -21,6 +27,7 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     Raises:
         PayloadTooLargeError: `Content-Length` or the bytes received exceed `max_bytes`.
         BadRequestError: `Content-Length` is not a number.
+        ClientClosedRequestError: the client went away before the body was complete.
     """
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -30,16 +37,31 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
             raise PayloadTooLargeError(f"request body is larger than {max_bytes} bytes")
     parts: list[bytes] = []
     size = 0
-    async for part in request.stream():
-        size += len(part)
-        if size > max_bytes:
-            raise PayloadTooLargeError(f"request body is larger than {max_bytes} bytes")
-        parts.append(part)
+    try:
+        async for part in request.stream():
+            size += len(part)
+            if size > max_bytes:
+                raise PayloadTooLargeError(f"request body is larger than {max_bytes} bytes")
+            parts.append(part)
+    except ClientDisconnect as exc:
+        raise ClientClosedRequestError("client closed the connection") from exc
     return b"".join(parts)
+
+
+#: Longest model name accepted (Ollama names are `namespace/name:tag`, far shorter).
+MAX_MODEL_NAME = 256
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    """Parse a JSON number; refuse ones that overflow to infinity (`1e999`)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:20]} is out of range")
+    return value
 
 
 def _depth(value: Any, limit: int) -> int:
@@ -70,14 +92,17 @@ def parse_body(raw: bytes, route: Route, *, max_depth: int) -> dict[str, Any]:
         The body as a dict, with `model` a non-empty string.
 
     Raises:
-        BadRequestError: empty body, invalid UTF-8, invalid JSON (including `NaN`), too deep.
-        UnprocessableError: not an object, `model` missing or not a string, `stream` not a
+        BadRequestError: empty body, invalid UTF-8, invalid JSON (including `NaN` and numbers
+            that overflow), too deep.
+        UnprocessableError: not an object, `model` missing, too long or not a string, `stream` not a
             bool, `messages` not a list, `prompt` not a string, `options` not an object.
     """
     if not raw.strip():
         raise BadRequestError("missing request body")
     try:
-        body = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        body = json.loads(
+            raw.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float
+        )
     except UnicodeDecodeError as exc:
         raise BadRequestError("request body is not valid UTF-8") from exc
     except (ValueError, RecursionError) as exc:
@@ -89,6 +114,8 @@ def parse_body(raw: bytes, route: Route, *, max_depth: int) -> dict[str, Any]:
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
         raise UnprocessableError("model is required")
+    if len(model) > MAX_MODEL_NAME:
+        raise UnprocessableError(f"model name is longer than {MAX_MODEL_NAME} characters")
     if "stream" in body and not isinstance(body["stream"], bool):
         raise UnprocessableError("stream must be true or false")
     if "options" in body and not isinstance(body["options"], dict | None):

@@ -98,9 +98,15 @@ class Exchange:
         except BaseException as exc:
             await self.aclose()
             error = self._classify(exc, f"upstream sent nothing within {timeout:g} s")
-            if error is None:
-                raise
-            raise error from exc
+            if error is not None:
+                raise error from exc
+            if not isinstance(exc, Exception):
+                raise  # cancellation: the client left, or the server is stopping
+            # Anything else raised while reading the upstream's answer is still the upstream's
+            # fault as far as the client can tell; the traceback goes to the log.
+            logger.exception("unexpected upstream answer")
+            message = "upstream sent an answer the gateway could not read"
+            raise self._count(UpstreamUnavailableError(message), "stream") from exc
         if self._first.is_error:
             await self.aclose()
             raise self._count(UpstreamStatusError(500, str(self._first.data["error"])), "status")
@@ -204,7 +210,7 @@ def _error_message(raw: bytes) -> str:
     """Find the message in an Ollama (`{"error": str}`) or OpenAI (`{"error": {...}}`) body."""
     try:
         data = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return raw[:200].decode("utf-8", "replace").strip()
     error = data.get("error") if isinstance(data, dict) else None
     if isinstance(error, dict):

@@ -80,19 +80,18 @@ class RequestMeter:
     @property
     def input_tokens(self) -> int:
         """Prompt tokens reported by the upstream (0 when unknown: stream cut short)."""
-        return int((self.final or {}).get("prompt_eval_count") or 0)
+        return _count((self.final or {}).get("prompt_eval_count")) or 0
 
     @property
     def output_tokens(self) -> int:
         """Generated tokens: upstream's `eval_count`, else the text chunks relayed."""
-        reported = (self.final or {}).get("eval_count")
-        return int(reported) if isinstance(reported, int) and reported > 0 else self.text_chunks
+        return _count((self.final or {}).get("eval_count")) or self.text_chunks
 
     def decode_rate(self) -> tuple[float, float] | None:
         """Return (output tokens per second, seconds per output token), or None if unknown."""
         rate = self._reported_rate("eval_count", "eval_duration")
         if rate is not None:
-            count = int((self.final or {})["eval_count"])
+            count = _count((self.final or {}).get("eval_count")) or 1
             return rate, count / rate / max(count - 1, 1)
         if self.first_token is None or self.last_token is None or self.text_chunks < 2:
             return None
@@ -104,14 +103,10 @@ class RequestMeter:
     def _reported_rate(self, count_field: str, duration_field: str) -> float | None:
         """`count / duration * 1e9` from the final chunk, if the upstream reported both."""
         final = self.final or {}
-        count, duration_ns = final.get(count_field), final.get(duration_field)
-        if (
-            not self.upstream_timings
-            or not isinstance(count, int)
-            or not isinstance(duration_ns, int)
-        ):
+        count, duration_ns = _count(final.get(count_field)), _count(final.get(duration_field))
+        if not self.upstream_timings or not count or not duration_ns:
             return None
-        return count / duration_ns * 1e9 if count > 0 and duration_ns > 0 else None
+        return count / duration_ns * 1e9
 
     def finish(self, outcome: str, status: int | None = None) -> dict[str, Any]:
         """Record the request into the metrics; later calls do nothing.
@@ -166,3 +161,10 @@ class RequestMeter:
             "tokens_per_s": None if rate is None else round(rate[0], 3),
             "duration_s": round(time.perf_counter() - self.arrival, 6),
         }
+
+
+def _count(value: object) -> int | None:
+    """A positive integer from the upstream's JSON, else None (bad values are not trusted)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value

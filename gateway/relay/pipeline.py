@@ -8,7 +8,6 @@ While waiting (for a slot or the first byte) the client going away cancels every
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
@@ -32,7 +31,7 @@ from gateway.relay.meter import RequestMeter
 from gateway.relay.response import RelayStreamResponse
 from gateway.settings import Settings
 from gateway.upstream.catalog import ModelCatalog
-from gateway.upstream.dialect import Dialect, Route
+from gateway.upstream.dialect import Dialect, Route, encode_json
 from gateway.upstream.headers import upstream_request_headers
 
 T = TypeVar("T")
@@ -105,7 +104,7 @@ class Relay:
             await ending.finish(getattr(exc, "outcome", "error"), getattr(exc, "status_code", 500))
             raise
         await ending.finish("completed")
-        content = json.dumps(result, separators=(",", ":"), ensure_ascii=False).encode()
+        content = encode_json(result)
         return Response(
             content, headers=admission.headers, media_type="application/json; charset=utf-8"
         )

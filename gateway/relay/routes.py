@@ -34,7 +34,7 @@ async def chat(request: Request, principal: PrincipalDep, relay: RelayDep) -> Re
 async def list_models(principal: PrincipalDep, catalog: CatalogDep) -> dict[str, Any]:
     """List the models this key may use (OpenAI list shape)."""
     try:
-        models = await catalog.models(refresh=True)
+        models = await catalog.refresh()
     except (httpx.HTTPError, ValueError, TypeError, KeyError, TimeoutError) as exc:
         raise UpstreamUnavailableError("could not list the upstream's models") from exc
     data = [

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 
 import anyio
 import httpx
@@ -15,51 +14,39 @@ logger = logging.getLogger("gateway.upstream")
 
 
 class ModelCatalog:
-    """Caches the upstream's model list for `max_age` seconds.
+    """The upstream's model list as last fetched, and the model-label lookup built from it.
 
     Args:
         dialect: Knows how to ask the upstream for its models.
         client: The shared upstream client.
-        max_age: Seconds a fetched list stays fresh.
         timeout: Seconds allowed for fetching the list.
     """
 
-    def __init__(
-        self,
-        dialect: Dialect,
-        client: httpx.AsyncClient,
-        max_age: float = 30.0,
-        timeout: float = 5.0,
-    ) -> None:
+    def __init__(self, dialect: Dialect, client: httpx.AsyncClient, timeout: float = 5.0) -> None:
         self._dialect = dialect
         self._client = client
-        self._max_age = max_age
         self._timeout = timeout
         self._models: list[ModelInfo] = []
         self._names: dict[str, str] = {}
-        self._fetched_at = float("-inf")
         self._lock = anyio.Lock()
 
-    async def models(self, *, refresh: bool = False) -> list[ModelInfo]:
-        """Return the model list, fetching it when stale or when `refresh` is set.
+    async def refresh(self) -> list[ModelInfo]:
+        """Fetch the model list; on failure keep serving the last one fetched.
 
         Raises:
             httpx.HTTPError, ValueError, TypeError, KeyError, TimeoutError: the upstream could not
-                be asked, or answered nonsense, and nothing is cached.
+                be asked, or answered nonsense, and no list was ever fetched.
         """
         async with self._lock:
-            stale = time.monotonic() - self._fetched_at > self._max_age
-            if refresh or stale:
-                try:
-                    with anyio.fail_after(self._timeout):
-                        self._models = await self._dialect.list_models(self._client)
-                except (httpx.HTTPError, ValueError, TypeError, KeyError, TimeoutError):
-                    if not self._models:
-                        raise
-                    logger.warning("model list refresh failed; serving the cached list")
-                else:
-                    self._names = _names(self._models)
-                    self._fetched_at = time.monotonic()
+            try:
+                with anyio.fail_after(self._timeout):
+                    self._models = await self._dialect.list_models(self._client)
+            except (httpx.HTTPError, ValueError, TypeError, KeyError, TimeoutError):
+                if not self._models:
+                    raise
+                logger.warning("model list refresh failed; serving the cached list")
+            else:
+                self._names = _names(self._models)
         return self._models
 
     def label(self, model: str) -> str:

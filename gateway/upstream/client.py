@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from http.cookiejar import CookieJar, DefaultCookiePolicy
+
 import httpx
 
 from gateway.settings import Settings
@@ -60,6 +62,9 @@ def build_upstream_client(
     )
     return httpx.AsyncClient(
         base_url=settings.upstream_base,
+        # Never keep upstream cookies: one client serves every tenant, and a cookie set by an
+        # upstream or a proxy in front of it would be replayed on everyone's requests.
+        cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
         headers=upstream_default_headers(settings),
         timeout=upstream_timeout(settings),
         limits=limits,

@@ -48,8 +48,7 @@ class Chunk:
     @classmethod
     def from_data(cls, data: dict[str, Any]) -> Chunk:
         """Build a chunk whose line is `data` serialized compactly, as Go's encoder does."""
-        line = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
-        return cls(data, line)
+        return cls(data, encode_json(data) + b"\n")
 
     @classmethod
     def error(cls, message: str) -> Chunk:
@@ -148,21 +147,36 @@ class Dialect(Protocol):
 async def iter_lines(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     r"""Split a byte stream into lines, each ending in `\n` (the last one may not).
 
+    A `bytearray` buffer keeps a long line's cost linear in its length.
+
     Raises:
         StreamBrokenError: a line grew beyond `MAX_LINE_BYTES`.
     """
-    pending = b""
+    pending = bytearray()
     async for piece in stream:
         pending += piece
         if b"\n" not in piece:
             if len(pending) > MAX_LINE_BYTES:
                 raise StreamBrokenError("upstream sent an over-long line")
             continue
-        *lines, pending = pending.split(b"\n")
+        *lines, rest = bytes(pending).split(b"\n")
+        pending = bytearray(rest)
         for line in lines:
             yield line + b"\n"
     if pending:
-        yield pending
+        yield bytes(pending)
+
+
+def encode_json(data: Any) -> bytes:
+    r"""Serialize compactly as UTF-8, escaping to ASCII only if the text cannot be encoded.
+
+    JSON parsers accept lone surrogate escapes (`"\\ud800"`) that UTF-8 cannot encode; such a
+    value is re-escaped instead of failing the request.
+    """
+    try:
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(data, separators=(",", ":")).encode()
 
 
 def rfc3339_now() -> str:

@@ -85,7 +85,7 @@ class UpstreamMonitor:
             self._metrics.upstream_models_loaded.labels(self.name).set(0)
             return False
         try:
-            await self._catalog.models(refresh=True)
+            await self._catalog.refresh()
         except (httpx.HTTPError, ValueError, TypeError, KeyError, TimeoutError):
             logger.warning("upstream %s: model list unavailable", self.name)
         if self._dialect.name == "ollama":

@@ -15,7 +15,14 @@ from typing import Any
 
 import httpx
 
-from gateway.upstream.dialect import Chunk, ModelInfo, Route, StreamBrokenError, iter_lines
+from gateway.upstream.dialect import (
+    Chunk,
+    ModelInfo,
+    Route,
+    StreamBrokenError,
+    encode_json,
+    iter_lines,
+)
 
 _PATHS: dict[Route, str] = {"generate": "/api/generate", "chat": "/api/chat"}
 
@@ -31,8 +38,7 @@ class OllamaDialect:
         self, client: httpx.AsyncClient, route: Route, body: dict[str, Any], headers: dict[str, str]
     ) -> httpx.Request:
         """Return a POST to `/api/generate` or `/api/chat` with `stream: true`."""
-        payload = {**body, "stream": True}
-        content = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+        content = encode_json({**body, "stream": True})
         headers = {**headers, "content-type": "application/json"}
         return client.build_request("POST", _PATHS[route], content=content, headers=headers)
 
@@ -55,7 +61,7 @@ class OllamaDialect:
                 continue
             try:
                 data = json.loads(line)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 raise StreamBrokenError("upstream sent malformed NDJSON") from exc
             if not isinstance(data, dict):
                 raise StreamBrokenError("upstream sent a non-object NDJSON line")
@@ -76,7 +82,8 @@ class OllamaDialect:
         """
         response = await client.get("/api/tags")
         response.raise_for_status()
-        models = response.json().get("models")
+        data = response.json()
+        models = data.get("models") if isinstance(data, dict) else None
         if not isinstance(models, list):
             raise ValueError("upstream /api/tags has no models list")
         result = []

@@ -27,10 +27,12 @@ from typing import Any
 import httpx
 
 from gateway.upstream.dialect import (
+    MAX_LINE_BYTES,
     Chunk,
     ModelInfo,
     Route,
     StreamBrokenError,
+    encode_json,
     iter_lines,
     rfc3339_now,
 )
@@ -51,7 +53,7 @@ class OpenAIDialect:
     ) -> httpx.Request:
         """Translate the Ollama-shaped body (see the module docstring)."""
         path, payload = to_openai_request(route, body)
-        content = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+        content = encode_json(payload)
         headers = {**headers, "content-type": "application/json", "accept": "text/event-stream"}
         return client.build_request("POST", path, content=content, headers=headers)
 
@@ -75,7 +77,8 @@ class OpenAIDialect:
         """
         response = await client.get("/v1/models")
         response.raise_for_status()
-        data = response.json().get("data") or []
+        answer = response.json()
+        data = (answer.get("data") if isinstance(answer, dict) else None) or []
         if not isinstance(data, list):
             raise ValueError("upstream /v1/models has no data list")
         return [
@@ -106,6 +109,8 @@ class _Translation:
             line = raw.rstrip(b"\r\n")
             if line.startswith(b"data:"):
                 data_lines.append(line[5:].strip())
+                if sum(map(len, data_lines)) > MAX_LINE_BYTES:
+                    raise StreamBrokenError("upstream sent an over-long SSE event")
                 continue
             if line or not data_lines:
                 continue  # comments, `event:`/`id:` fields, keep-alive blank lines
@@ -124,7 +129,7 @@ class _Translation:
     def _translate_event(self, payload: bytes) -> Chunk | None:
         try:
             event = json.loads(payload)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise StreamBrokenError("upstream sent a malformed SSE event") from exc
         if not isinstance(event, dict):
             raise StreamBrokenError("upstream sent a non-object SSE event")
@@ -161,11 +166,14 @@ class _Translation:
         for call in calls:
             if not isinstance(call, dict):
                 continue
-            slot = self.tool_calls.setdefault(int(call.get("index") or 0), {"name": "", "args": ""})
+            index = call.get("index")
+            slot = self.tool_calls.setdefault(
+                index if isinstance(index, int) else 0, {"name": "", "args": ""}
+            )
             function = call.get("function") or {}
             slot["id"] = call.get("id") or slot.get("id")
-            slot["name"] += function.get("name") or ""
-            slot["args"] += function.get("arguments") or ""
+            slot["name"] += str(function.get("name") or "")
+            slot["args"] += str(function.get("arguments") or "")
 
     def _finish(self) -> list[Chunk]:
         chunks = []

@@ -1,0 +1,200 @@
+"""Hostile clients and broken upstreams get clear answers, never a 500 or a broken gateway."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from gateway.testing.server import LoopbackServer
+from tests.conftest import Emulator, Gateway, metric_value
+
+MODEL = "llama3.2:latest"
+
+
+class WeirdUpstream:
+    """An Ollama look-alike whose answers a test sets: model lists, final chunks, cookies."""
+
+    def __init__(self) -> None:
+        self.tags: Any = {"models": [{"model": MODEL, "modified_at": "2025-01-01T00:00:00Z"}]}
+        self.ps: Any = {"models": []}
+        self.final: dict[str, Any] = {"done": True, "done_reason": "stop", "eval_count": 2}
+        self.error: tuple[int, bytes] | None = None
+        self.headers_seen: list[dict[str, str]] = []
+        self.app = Starlette(
+            routes=[
+                Route("/api/version", self._version),
+                Route("/api/tags", self._tags),
+                Route("/api/ps", self._ps),
+                Route("/api/generate", self._generate, methods=["POST"]),
+            ]
+        )
+
+    async def _version(self, _: Request) -> Response:
+        return JSONResponse({"version": "0.33.0"})
+
+    async def _tags(self, _: Request) -> Response:
+        return JSONResponse(self.tags)
+
+    async def _ps(self, _: Request) -> Response:
+        return JSONResponse(self.ps)
+
+    async def _generate(self, request: Request) -> Response:
+        self.headers_seen.append(dict(request.headers))
+        if self.error is not None:
+            status, body = self.error
+            return Response(body, status, media_type="application/json")
+        lines = [
+            {"model": MODEL, "response": "a", "done": False},
+            {"model": MODEL, "response": "b", "done": False},
+            {"model": MODEL, "response": "", **self.final},
+        ]
+        body = "".join(json.dumps(line) + "\n" for line in lines)
+        response = PlainTextResponse(body, media_type="application/x-ndjson")
+        response.set_cookie("session", f"s{len(self.headers_seen)}")
+        return response
+
+
+@pytest.fixture
+def weird() -> Iterator[tuple[WeirdUpstream, str]]:
+    upstream = WeirdUpstream()
+    with LoopbackServer(upstream.app) as server:
+        yield upstream, server.url
+
+
+@pytest.fixture
+def weird_gateway(
+    weird: tuple[WeirdUpstream, str], make_gateway: Callable[..., Gateway]
+) -> tuple[WeirdUpstream, Gateway]:
+    upstream, url = weird
+    return upstream, make_gateway(upstream_url=url, upstream_poll_interval=0.1)
+
+
+def _generate(gw: Gateway, **body: Any) -> httpx.Response:
+    payload = {"model": MODEL, "prompt": "x", **body}
+    return httpx.post(f"{gw.url}/v1/generate", json=payload, headers=gw.headers(), timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("tags", "ps"),
+    [
+        (["not", "an", "object"], {"models": []}),
+        ({"models": [1, "x", None]}, {"models": [7, {"model": MODEL, "size": "abc"}]}),
+        ({"models": "nope"}, ["list"]),
+    ],
+)
+def test_malformed_model_lists_do_not_break_the_gateway(weird_gateway, tags, ps):
+    upstream, gw = weird_gateway
+    upstream.tags, upstream.ps = tags, ps
+    time.sleep(0.5)  # several polls of the malformed answers
+    assert _generate(gw).status_code == 200
+    assert httpx.get(f"{gw.url}/readyz").status_code == 200
+    models = httpx.get(f"{gw.url}/v1/models", headers=gw.headers())
+    assert models.status_code in (200, 502)
+    assert "error" in models.json() or "data" in models.json()
+
+
+def test_upstream_cookies_are_never_replayed(weird_gateway):
+    upstream, gw = weird_gateway
+    for _ in range(3):
+        assert _generate(gw).status_code == 200
+    assert all("cookie" not in headers for headers in upstream.headers_seen)
+
+
+@pytest.mark.parametrize(
+    "final",
+    [
+        {"done": True, "prompt_eval_count": -5, "eval_count": "abc", "eval_duration": -1},
+        {"done": True, "prompt_eval_count": 1.5, "eval_count": None, "eval_duration": "x"},
+    ],
+)
+@pytest.mark.parametrize("stream", [True, False])
+def test_nonsense_final_metrics_are_not_trusted(weird_gateway, final, stream):
+    upstream, gw = weird_gateway
+    upstream.final = final
+    response = _generate(gw, stream=stream)
+    assert response.status_code == 200
+    text = gw.metrics_text()
+    assert metric_value(text, "gateway_requests_total", outcome="completed") == 1
+    assert metric_value(text, "gateway_output_tokens_total") == 2  # the relayed chunks
+    assert metric_value(text, "gateway_input_tokens_total") == 0
+
+
+def test_deeply_nested_upstream_error_body_is_a_clean_error(weird_gateway):
+    upstream, gw = weird_gateway
+    upstream.error = (400, b"[" * 100_000 + b"]" * 100_000)
+    response = _generate(gw)
+    assert response.status_code == 400
+    assert isinstance(response.json()["error"], str)
+
+
+def test_lone_surrogates_are_relayed_not_a_500(gateway: Gateway, emulator: Emulator):
+    raw = b'{"model": "llama3.2:latest", "prompt": "\\ud800", "stream": false}'
+    response = httpx.post(
+        f"{gateway.url}/v1/generate",
+        content=raw,
+        headers={**gateway.headers(), "content-type": "application/json"},
+    )
+    assert response.status_code == 200
+    [record] = [r for r in emulator.state.records if r.path == "/api/generate"]
+    assert record.body["prompt"] == "\ud800"
+
+
+def test_numbers_that_overflow_are_refused(gateway: Gateway, emulator: Emulator):
+    raw = b'{"model": "llama3.2:latest", "prompt": "x", "options": {"temperature": 1e999}}'
+    response = httpx.post(
+        f"{gateway.url}/v1/generate",
+        content=raw,
+        headers={**gateway.headers(), "content-type": "application/json"},
+    )
+    assert response.status_code == 400
+    assert "out of range" in response.json()["error"]
+
+
+def test_overlong_model_names_are_refused_not_echoed(gateway: Gateway):
+    response = _generate(gateway, model="m" * 100_000)
+    assert response.status_code == 422
+    assert len(response.content) < 200
+
+
+def test_trailing_slash_is_not_redirected(gateway: Gateway):
+    response = httpx.post(f"{gateway.url}/v1/generate/", json={}, headers={"Host": "evil.example"})
+    assert response.status_code == 404
+    assert "location" not in response.headers
+
+
+def test_basic_authorization_falls_back_to_x_api_key(gateway: Gateway):
+    response = httpx.post(
+        f"{gateway.url}/v1/generate",
+        json={"model": MODEL, "prompt": "x", "stream": False},
+        headers={"Authorization": "Basic dXNlcjpwYXNz", "X-API-Key": gateway.key},
+    )
+    assert response.status_code == 200
+
+
+def test_client_leaving_while_sending_its_body_is_not_a_500(gateway: Gateway):
+    host, port = gateway.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(
+            b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {gateway.key}\r\nContent-Length: 1000\r\n\r\n".encode()
+            + b'{"model": "llama'
+        )
+        time.sleep(0.2)
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        text = gateway.metrics_text()
+        if metric_value(text, "gateway_requests_total", outcome="client_disconnect"):
+            break
+        time.sleep(0.05)
+    assert metric_value(text, "gateway_requests_total", outcome="client_disconnect") == 1
+    assert metric_value(text, "gateway_requests_total", status_class="5xx") == 0

@@ -1,0 +1,51 @@
+"""Settings: `.env.example` and docs/configuration.md list every setting, with its default."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from gateway.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _example_values() -> dict[str, str]:
+    text = (ROOT / ".env.example").read_text()
+    return dict(re.findall(r"^(GATEWAY_[A-Z0-9_]+)=(.*)$", text, re.MULTILINE))
+
+
+def test_env_example_lists_every_setting_with_its_default():
+    example = _example_values()
+    defaults = Settings(_env_file=None)
+    assert set(example) == {f"GATEWAY_{name.upper()}" for name in Settings.model_fields}
+    for name in Settings.model_fields:
+        value = example[f"GATEWAY_{name.upper()}"]
+        default = getattr(defaults, name)
+        if default is None:
+            assert value == "", name
+        elif isinstance(default, bool):
+            assert value == str(default).lower(), name
+        else:
+            assert str(default).rstrip("/") == value.rstrip("/") or float(value) == default, name
+
+
+def test_configuration_doc_names_every_setting():
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    missing = [
+        f"GATEWAY_{n.upper()}" for n in Settings.model_fields if f"GATEWAY_{n.upper()}" not in doc
+    ]
+    assert missing == []
+
+
+def test_placeholder_upstream_secret_is_refused():
+    with pytest.raises(ValidationError, match="placeholder"):
+        Settings(_env_file=None, upstream_api_key="changeme")
+
+
+def test_non_positive_timeouts_are_refused():
+    with pytest.raises(ValidationError):
+        Settings(_env_file=None, first_byte_timeout=0)
