@@ -66,6 +66,7 @@ class Metrics:
             `kind` is `total` (`size`) or `vram` (`size_vram`), from Ollama's /api/ps.
         rate_limited: Counter `gateway_rate_limited_total{kind}`.
         rate_limit_storage_errors: Counter `gateway_rate_limit_storage_errors_total`.
+        upstream_retries: Counter `gateway_upstream_retries_total{reason}`.
         upstream_queue_length: Gauge `gateway_upstream_queue_length{upstream}`.
         upstream_slots_in_use: Gauge `gateway_upstream_slots_in_use{upstream}`.
     """
@@ -180,6 +181,12 @@ class Metrics:
         self.rate_limit_storage_errors = Counter(
             "gateway_rate_limit_storage_errors",
             "Limiter storage failures or timeouts (the fail-open/closed policy applied).",
+            registry=r,
+        )
+        self.upstream_retries = Counter(
+            "gateway_upstream_retries",
+            "Upstream tries repeated before the first byte, by reason (connect, status).",
+            ("reason",),
             registry=r,
         )
         self.upstream_queue_length = Gauge(

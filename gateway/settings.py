@@ -70,6 +70,21 @@ class Settings(BaseSettings):
     idle_timeout: float = Field(
         60.0, gt=0, description="Seconds allowed between two chunks once the stream has started."
     )
+    request_timeout: float = Field(
+        600.0,
+        ge=0,
+        description="Seconds a whole request may take, first byte to last; 0: no limit. A "
+        "stream that runs over ends with an error line.",
+    )
+    retry_attempts: int = Field(
+        3,
+        ge=1,
+        description="Tries of an upstream request before its first byte (connection refused or "
+        "reset, 500/502/503/504); 1: no retries.",
+    )
+    retry_backoff: float = Field(
+        0.1, ge=0, description="Seconds before the first retry; doubles each time (with jitter)."
+    )
     upstream_poll_interval: float = Field(
         15.0,
         gt=0,

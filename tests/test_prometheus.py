@@ -41,6 +41,12 @@ DASHBOARD_VARIABLES = {"model": ".*", "__rate_interval": "1m", "__interval": "15
 #: The trailing `<comparison> <number>` of an alert expression (alerts.yml's convention).
 TRAILING_COMPARISON = re.compile(r"\s*(?:[<>]=?|[=!]=)\s*(?:bool\s+)?[-+]?[\d.]+(?:e[-+]?\d+)?\s*$")
 DATA_DEADLINE = 30.0  # seconds for every expression to return data
+#: Requests per minute for keys without their own limit: far above the load, but the per-key
+#: limiter runs on every request.
+DEFAULT_RPM = 1_000_000
+#: The upstream gate is on, so `gateway_upstream_slots_in_use` and `..._queue_length` exist; the
+#: load sends one request at a time, so it never queues.
+UPSTREAM_MAX_CONCURRENT = 4
 
 
 def _tool(name: str) -> str:
@@ -198,9 +204,12 @@ def _has_data(result: list[dict[str, Any]]) -> bool:
 # --- load -------------------------------------------------------------------------------------
 
 
-def _drive_load(gw: Gateway, emulator: Emulator, stop: threading.Event, errors: list[str]) -> None:
-    """Until `stop`: streamed and non-streamed generations, 401s, unknown models; one upstream
-    failure first (the emulator drops the connection mid-stream), so failure series exist too.
+def _drive_load(
+    gw: Gateway, limited_key: str, emulator: Emulator, stop: threading.Event, errors: list[str]
+) -> None:
+    """Until `stop`: streamed and non-streamed generations, 401s, unknown models, and 429s from
+    `limited_key` (1 request per minute, spent first); one upstream failure first (the emulator
+    drops the connection mid-stream), so failure and rate-limit series exist too.
     """
     generate = f"{gw.url}/v1/generate"
     chat = f"{gw.url}/v1/chat"
@@ -214,6 +223,10 @@ def _drive_load(gw: Gateway, emulator: Emulator, stop: threading.Event, errors: 
             pass  # the failure is the point; the gateway may end the stream early
         finally:
             emulator.config.fault = None
+        limited = gw.headers(limited_key)
+        spent = client.post(generate, json={**prompt, "stream": False}, headers=limited)
+        if spent.status_code != 200:
+            errors.append(f"the limited key's one request a minute: {spent.status_code} != 200")
         expected: list[tuple[Callable[[], httpx.Response], int]] = [
             (lambda: client.post(generate, json=prompt), 200),
             (lambda: client.post(chat, json={**messages, "stream": False}), 200),
@@ -221,6 +234,7 @@ def _drive_load(gw: Gateway, emulator: Emulator, stop: threading.Event, errors: 
             (lambda: client.post(chat, json=messages), 200),
             (lambda: client.post(generate, json=prompt, headers=gw.headers("gw_bad_key")), 401),
             (lambda: client.post(generate, json={**prompt, "model": "no-such:model"}), 404),
+            (lambda: client.post(generate, json=prompt, headers=limited), 429),
         ]
         while not stop.is_set():
             for send, status in expected:
@@ -242,10 +256,15 @@ def test_every_dashboard_and_alert_expression_returns_data(
     emulator.config.ttft = 0.02
     emulator.config.inter_token = 0.002
     emulator.config.tokens = 8
-    gw = make_gateway(upstream_poll_interval=0.5)
+    gw = make_gateway(
+        upstream_poll_interval=0.5,
+        default_rpm=DEFAULT_RPM,
+        upstream_max_concurrent=UPSTREAM_MAX_CONCURRENT,
+    )
+    _, limited_key = gw.create_key("limited", rpm=1)
     stop = threading.Event()
     load_errors: list[str] = []
-    load = threading.Thread(target=_drive_load, args=(gw, emulator, stop, load_errors))
+    load = threading.Thread(target=_drive_load, args=(gw, limited_key, emulator, stop, load_errors))
 
     with (
         _prometheus(binary, tmp_path, gw.url.removeprefix("http://")) as url,

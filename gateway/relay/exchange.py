@@ -17,6 +17,13 @@ from typing import Any, TypeVar
 
 import anyio
 import httpx
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
 
 from gateway.errors import (
     GatewayError,
@@ -81,23 +88,17 @@ class Exchange:
             UpstreamStatusError: the upstream answered an error status, or its first line was
                 an error (Ollama before v0.12.6 sends errors as a 200 line; section 4.2).
         """
-        timeout = self._settings.first_byte_timeout
+        timeout, message = self._deadline(
+            self._settings.first_byte_timeout, "upstream sent nothing within {:g} s"
+        )
         try:
             with anyio.fail_after(timeout):
-                request = self._dialect.build_request(
-                    self._client, self._route, self._body, self._headers
-                )
-                sent = self._meter.sent_at = time.perf_counter()
-                self._response = await self._client.send(request, stream=True)
-                if self._response.status_code != 200:
-                    raise await self._status_error(self._response)
-                self._chunks = self._dialect.chunks(
-                    self._response, self._route, self._body, self._meter.arrival, sent
-                )
-                self._first = await anext(self._chunks)
+                async for attempt in self._retrying():
+                    with attempt:
+                        await self._attempt()
         except BaseException as exc:
             await self.aclose()
-            error = self._classify(exc, f"upstream sent nothing within {timeout:g} s")
+            error = self._classify(exc, message)
             if error is not None:
                 raise error from exc
             if not isinstance(exc, Exception):
@@ -107,9 +108,61 @@ class Exchange:
             logger.exception("unexpected upstream answer")
             message = "upstream sent an answer the gateway could not read"
             raise self._count(UpstreamUnavailableError(message), "stream") from exc
+        assert self._first is not None  # noqa: S101 - set by a successful attempt
         if self._first.is_error:
             await self.aclose()
             raise self._count(UpstreamStatusError(500, str(self._first.data["error"])), "status")
+
+    async def _attempt(self) -> None:
+        """One try: send, check the status, wait for the first chunk."""
+        await self.aclose()  # what a failed earlier try left open
+        request = self._dialect.build_request(self._client, self._route, self._body, self._headers)
+        sent = self._meter.sent_at = time.perf_counter()
+        self._response = await self._client.send(request, stream=True)
+        if self._response.status_code != 200:
+            raise await self._status_error(self._response)
+        self._chunks = self._dialect.chunks(
+            self._response, self._route, self._body, self._meter.arrival, sent
+        )
+        self._first = await anext(self._chunks)
+
+    def _retrying(self) -> AsyncRetrying:
+        """Retries before the first byte only (tenacity), with exponential backoff and jitter.
+
+        Retried: refused or reset connections, and upstream 500/502/503/504 answers (Ollama's
+        "server busy" 503, reference section 8). Never a timeout (the upstream may still be
+        generating), never a 4xx, and never once a chunk has been relayed: `open()` is the
+        only caller, and the client has received nothing while it runs (field failure F-06).
+        """
+        settings = self._settings
+        return AsyncRetrying(
+            stop=stop_after_attempt(settings.retry_attempts),
+            wait=wait_exponential_jitter(
+                multiplier=settings.retry_backoff, max=2.0, jitter=settings.retry_backoff
+            ),
+            retry=retry_if_exception(_retryable),
+            before_sleep=self._count_retry,
+            reraise=True,
+        )
+
+    def _count_retry(self, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        reason = "status" if isinstance(exc, UpstreamStatusError) else "connect"
+        self._metrics.upstream_retries.labels(reason).inc()
+        logger.info("retrying upstream request (%s), attempt %d", reason, state.attempt_number)
+
+    def _deadline(self, phase_timeout: float, phase_message: str) -> tuple[float, str]:
+        """The seconds to wait now and the message if they run out.
+
+        The phase's own timeout (first byte or idle) applies, unless less than that is left of
+        the whole request's `GATEWAY_REQUEST_TIMEOUT`.
+        """
+        total = self._settings.request_timeout
+        if total:
+            left = self._meter.arrival + total - time.perf_counter()
+            if left < phase_timeout:
+                return max(left, 0.0), f"request took longer than {total:g} s"
+        return phase_timeout, phase_message.format(phase_timeout)
 
     async def stream(self) -> AsyncGenerator[Chunk, None]:
         """Yield the first chunk, then the rest, each within `idle_timeout`.
@@ -122,13 +175,15 @@ class Exchange:
         yield self._first
         if self._finished_by(self._first):
             return
-        idle = self._settings.idle_timeout
         while True:
+            idle, message = self._deadline(
+                self._settings.idle_timeout, "upstream sent nothing for {:g} s"
+            )
             try:
                 with anyio.fail_after(idle):
                     chunk = await anext(self._chunks)
             except Exception as exc:
-                error = self._classify(exc, f"upstream sent nothing for {idle:g} s")
+                error = self._classify(exc, message)
                 self.failure = error or UpstreamError("upstream stream failed")
                 self.outcome = self.failure.outcome
                 logger.warning("upstream stream failed: %s", self.failure.message)
@@ -204,6 +259,13 @@ class Exchange:
     def _count(self, error: E, kind: str) -> E:
         self._metrics.upstream_errors.labels(kind).inc()
         return error
+
+
+def _retryable(exc: BaseException) -> bool:
+    """Whether a failed try may be repeated (see `Exchange._retrying`)."""
+    if isinstance(exc, UpstreamStatusError):
+        return exc.upstream_status in (500, 502, 503, 504)
+    return isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError)
 
 
 def _error_message(raw: bytes) -> str:
