@@ -24,7 +24,22 @@ import httpx
 
 from gateway.testing.stack import MODEL_ALIAS, create_key, gateway_process, model_server
 
-DEFAULT_PROMPT = "Explain in three sentences why the sky is blue."
+DEFAULT_PROMPT = "Why is the sky blue?"
+
+
+def completion_body(question: str, max_tokens: int) -> dict[str, object]:
+    """The `/v1/generate` body the demo sends.
+
+    The Gemma 3 270M GGUF answers chat-templated prompts poorly (it echoes them), but completes
+    a plain `Question: ... Answer:` text well; so the demo asks in raw mode (`raw: true`, no
+    template, reference section 2.1), which the openai dialect sends to `/v1/completions`.
+    """
+    return {
+        "model": MODEL_ALIAS,
+        "prompt": f"Question: {question}\nAnswer:",
+        "raw": True,
+        "options": {"num_predict": max_tokens, "temperature": 0.3, "stop": ["\nQuestion:"]},
+    }
 
 
 def _interrupt(signum: int, _: FrameType | None) -> None:
@@ -39,7 +54,7 @@ def stream_answer(url: str, key: str, prompt: str, max_tokens: int) -> dict[str,
         `tokens_per_s` (decode rate: (chunks - 1) / (last - first), tokens per second),
         `eval_count` and `eval_rate` (from the final chunk: eval_count / eval_duration * 1e9).
     """
-    body = {"model": MODEL_ALIAS, "prompt": prompt, "options": {"num_predict": max_tokens}}
+    body = completion_body(prompt, max_tokens)
     headers = {"Authorization": f"Bearer {key}"}
     first = last = None
     chunks = 0
@@ -107,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=160)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
+    # A background job of a non-interactive shell starts with SIGINT ignored; restore Ctrl-C.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     print("Press Ctrl-C at any time to stop; every process started here is stopped with it.")
     with tempfile.TemporaryDirectory(prefix="gateway-demo-") as tmp:
         workdir = Path(tmp)
@@ -130,7 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         headers={"Authorization": "Bearer gw_000000000000_wrong"},
                     )
                     print(f"    a wrong key gets: {rejected.status_code} {rejected.text}")
-                    print(f"==> prompt: {args.prompt}\n")
+                    print(f"==> question: {args.prompt}")
+                    print("    (sent as a raw Question/Answer completion; see completion_body)\n")
                     client = stream_answer(
                         gateway.url, str(key["key"]), args.prompt, args.max_tokens
                     )

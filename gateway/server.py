@@ -25,6 +25,9 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    # httpx logs every request at INFO, which would be the upstream monitor's probes every few
+    # seconds; the gateway's own access log already has one line per request.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     config = uvicorn.Config(
         create_app(settings),
         host=host or settings.host,
