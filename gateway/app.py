@@ -15,6 +15,7 @@ from gateway.deps import GatewayState
 from gateway.errors import register_error_handlers
 from gateway.health import router as health_router
 from gateway.keys.store import KeyStore
+from gateway.lifecycle import Lifecycle
 from gateway.metrics import Metrics
 from gateway.ratelimit.limiter import KeyLimiter, build_storage, close_storage
 from gateway.ratelimit.slots import UpstreamSlots
@@ -35,19 +36,25 @@ def build_dialect(settings: Settings) -> Dialect:
 
 
 def create_app(
-    settings: Settings | None = None, *, upstream_transport: httpx.AsyncBaseTransport | None = None
+    settings: Settings | None = None,
+    *,
+    upstream_transport: httpx.AsyncBaseTransport | None = None,
+    lifecycle: Lifecycle | None = None,
 ) -> FastAPI:
     """Build the gateway app.
 
     Args:
         settings: Configuration; None reads `GATEWAY_*` variables and `.env`.
         upstream_transport: An httpx transport for the upstream client (tests).
+        lifecycle: The drain state shared with `gateway serve` (`gateway.lifecycle`); None
+            makes one that only the app itself can change.
 
     Returns:
         The app. Its lifespan opens the upstream client and the key store (creating the key
         table if missing) and closes both on shutdown.
     """
     settings = settings or Settings()
+    lifecycle = lifecycle or Lifecycle()
     metrics = Metrics()
 
     @asynccontextmanager
@@ -75,6 +82,7 @@ def create_app(
                 metrics=metrics,
                 catalog=catalog,
                 limiter=KeyLimiter(limit_storage, settings, metrics),
+                lifecycle=lifecycle,
                 slots=UpstreamSlots(
                     settings.upstream_name,
                     settings.upstream_max_concurrent,
@@ -95,6 +103,7 @@ def create_app(
                         catalog=catalog,
                         monitor=monitor,
                         relay=relay,
+                        lifecycle=lifecycle,
                     )
                     background.cancel_scope.cancel()
             finally:

@@ -12,6 +12,7 @@ import httpx
 from fastapi import Depends, Request
 
 from gateway.keys.store import KeyStore
+from gateway.lifecycle import Lifecycle
 from gateway.metrics import Metrics
 from gateway.relay.pipeline import Relay
 from gateway.settings import Settings
@@ -31,6 +32,7 @@ class GatewayState(TypedDict):
     catalog: ModelCatalog
     monitor: UpstreamMonitor
     relay: Relay
+    lifecycle: Lifecycle
 
 
 async def get_settings(request: Request) -> Settings:
@@ -81,6 +83,12 @@ async def get_relay(request: Request) -> Relay:
     return relay
 
 
+async def get_lifecycle(request: Request) -> Lifecycle:
+    """Return the drain state."""
+    lifecycle: Lifecycle = request.state.lifecycle
+    return lifecycle
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 ClientDep = Annotated[httpx.AsyncClient, Depends(get_client)]
 KeyStoreDep = Annotated[KeyStore, Depends(get_store)]
@@ -89,3 +97,4 @@ DialectDep = Annotated[Dialect, Depends(get_dialect)]
 CatalogDep = Annotated[ModelCatalog, Depends(get_catalog)]
 MonitorDep = Annotated[UpstreamMonitor, Depends(get_monitor)]
 RelayDep = Annotated[Relay, Depends(get_relay)]
+LifecycleDep = Annotated[Lifecycle, Depends(get_lifecycle)]

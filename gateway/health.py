@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from gateway.deps import MonitorDep
+from gateway.deps import LifecycleDep, MonitorDep
 
 router = APIRouter(tags=["health"])
 
@@ -16,8 +16,13 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(response: Response, monitor: MonitorDep) -> dict[str, str]:
-    """Readiness: the upstream answers its cheap probe (Ollama /api/version, OpenAI /v1/models)."""
+async def readyz(
+    response: Response, monitor: MonitorDep, lifecycle: LifecycleDep
+) -> dict[str, str]:
+    """Readiness: not draining, and the upstream answers its cheap probe."""
+    if lifecycle.draining:
+        response.status_code = 503
+        return {"status": "draining", "upstream": "not asked"}
     ready, detail = await monitor.probe()
     if not ready:
         response.status_code = 503

@@ -2,12 +2,51 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from types import FrameType
 
 import uvicorn
 
 from gateway.app import create_app
+from gateway.lifecycle import Lifecycle
 from gateway.settings import Settings
+
+logger = logging.getLogger("gateway.server")
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with a drain phase before its own graceful shutdown (gateway.lifecycle).
+
+    Args:
+        config: The uvicorn configuration; its `timeout_graceful_shutdown` should exceed
+            `stream_deadline` so the app ends its streams itself, with an error line.
+        lifecycle: The drain state the app reads.
+        drain: Seconds to keep listening, refusing new work, after the first signal.
+        stream_deadline: Seconds in-flight streams may run once the listener is closed.
+    """
+
+    def __init__(
+        self, config: uvicorn.Config, lifecycle: Lifecycle, drain: float, stream_deadline: float
+    ) -> None:
+        super().__init__(config)
+        self.lifecycle = lifecycle
+        self.drain = drain
+        self.stream_deadline = stream_deadline
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """First signal: drain, then shut down; a second one: uvicorn's own handling."""
+        if self.lifecycle.draining:
+            super().handle_exit(sig, frame)
+            return
+        self.lifecycle.draining = True
+        logger.info("draining for %g s before shutting down", self.drain)
+        loop = asyncio.get_event_loop()
+        loop.call_soon_threadsafe(loop.call_later, self.drain, self._shut_down, sig, frame)
+
+    def _shut_down(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        asyncio.get_event_loop().call_later(self.stream_deadline, self.lifecycle.stop_streams)
 
 
 def serve(settings: Settings, *, host: str | None = None, port: int | None = None) -> int:
@@ -28,8 +67,9 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
     # httpx logs every request at INFO, which would be the upstream monitor's probes every few
     # seconds; the gateway's own access log already has one line per request.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    lifecycle = Lifecycle()
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, lifecycle=lifecycle),
         host=host or settings.host,
         port=port or settings.port,
         loop="auto",
@@ -37,8 +77,9 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
         workers=1,
         access_log=False,
         log_level=settings.log_level,
-        timeout_graceful_shutdown=30,
+        # uvicorn cancels what is left a little after the app ended its streams itself.
+        timeout_graceful_shutdown=int(settings.shutdown_timeout) + 2,
         server_header=False,
     )
-    uvicorn.Server(config).run()
+    DrainingServer(config, lifecycle, settings.shutdown_drain, settings.shutdown_timeout).run()
     return 0

@@ -95,6 +95,19 @@ class Settings(BaseSettings):
         256, ge=1, description="Upper bound on open connections to the upstream (httpx pool)."
     )
 
+    shutdown_drain: float = Field(
+        5.0,
+        ge=0,
+        description="Seconds between SIGTERM and closing the listener: /readyz answers 503 and "
+        "new requests are refused so load balancers move traffic away.",
+    )
+    shutdown_timeout: float = Field(
+        30.0,
+        ge=0,
+        description="Seconds in-flight requests may still run after the drain; streams still "
+        "running then end with an error line.",
+    )
+
     # --- requests ------------------------------------------------------------------------------
     max_body_bytes: int = Field(
         16 * 1024 * 1024,

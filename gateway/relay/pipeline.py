@@ -20,7 +20,8 @@ from fastapi import Request, Response
 from starlette.types import Receive
 
 from gateway.auth.principal import Principal
-from gateway.errors import ForbiddenError
+from gateway.errors import ForbiddenError, ServiceUnavailableError
+from gateway.lifecycle import Lifecycle
 from gateway.metrics import ALL_KEYS, Metrics
 from gateway.ratelimit.limiter import Admission, KeyLimiter
 from gateway.ratelimit.slots import UpstreamSlots
@@ -56,6 +57,7 @@ class Relay:
     catalog: ModelCatalog
     limiter: KeyLimiter
     slots: UpstreamSlots
+    lifecycle: Lifecycle
 
     async def handle(self, request: Request, principal: Principal, route: Route) -> Response:
         """Serve one `/v1/generate` or `/v1/chat` request (see the module docstring).
@@ -64,6 +66,10 @@ class Relay:
             GatewayError: every refusal or upstream failure before the first byte.
         """
         state: dict[str, Any] = request.scope.setdefault("state", {})
+        if self.lifecycle.draining:
+            raise ServiceUnavailableError(
+                "gateway is shutting down", headers={"Retry-After": "1", "Connection": "close"}
+            )
         raw = await read_body(request, self.settings.max_body_bytes)
         body = parse_body(raw, route, max_depth=self.settings.max_json_depth)
         model = body["model"]
@@ -95,7 +101,9 @@ class Relay:
             ending.holds_slot = await _until_disconnect(request.receive, self.slots.acquire)
             await _until_disconnect(request.receive, exchange.open)
             if body.get("stream", True):
-                return RelayStreamResponse(exchange, meter, admission.headers, ending.finish)
+                return RelayStreamResponse(
+                    exchange, meter, admission.headers, ending.finish, self.lifecycle
+                )
             result = await _until_disconnect(request.receive, lambda: _collect(exchange, meter))
         except ClientDisconnectedError:
             await ending.finish("client_disconnect", CLIENT_CLOSED_REQUEST)

@@ -9,6 +9,7 @@ client that goes away cancels the upstream request at once even while the upstre
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 
@@ -16,8 +17,10 @@ import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.lifecycle import Lifecycle
 from gateway.relay.exchange import Exchange
 from gateway.relay.meter import RequestMeter
+from gateway.upstream.dialect import Chunk
 
 NDJSON = "application/x-ndjson"
 
@@ -33,6 +36,7 @@ class RelayStreamResponse(Response):
         headers: Extra response headers (for example `X-Request-ID`).
         on_finish: Awaited once with the outcome after the stream ended; closes the upstream,
             releases what the request held and records its metrics.
+        lifecycle: Ends the stream with an error line when a shutdown's deadline comes.
     """
 
     def __init__(
@@ -41,6 +45,7 @@ class RelayStreamResponse(Response):
         meter: RequestMeter,
         headers: dict[str, str],
         on_finish: Callable[[str], Awaitable[None]],
+        lifecycle: Lifecycle,
     ) -> None:
         self.status_code = 200
         self.background = None
@@ -51,21 +56,31 @@ class RelayStreamResponse(Response):
             (name.lower().encode("latin-1"), value.encode("latin-1"))
             for name, value in headers.items()
         ]
+        self.lifecycle = lifecycle
         self.client_gone = False
+        self.stopped = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # noqa: ARG002
         """Run the relay; see the module docstring."""
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(self._watch_disconnect, receive, group.cancel_scope)
+                group.start_soon(self._watch_shutdown, group.cancel_scope)
                 try:
                     await self._relay(send)
                 except OSError:  # the server could not write: the client is gone
                     self.client_gone = True
                 group.cancel_scope.cancel()
+            if self.stopped and not self.client_gone and self.exchange.outcome is None:
+                await self._end_with_error(send, "gateway is shutting down")
         finally:
             await self.exchange.aclose()
-            await self.on_finish(self.exchange.outcome or "client_disconnect")
+            outcome = self.exchange.outcome
+            if outcome is None:
+                outcome = (
+                    "shutdown" if self.stopped and not self.client_gone else "client_disconnect"
+                )
+            await self.on_finish(outcome)
 
     async def _relay(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
@@ -74,6 +89,18 @@ class RelayStreamResponse(Response):
                 self.meter.observe(chunk)
                 await send({"type": "http.response.body", "body": chunk.line, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _end_with_error(self, send: Send, message: str) -> None:
+        """Send one final error line and end the body (reference section 4.3)."""
+        with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
+            line = Chunk.error(message).line
+            await send({"type": "http.response.body", "body": line, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _watch_shutdown(self, scope: anyio.CancelScope) -> None:
+        await self.lifecycle.wait_stop()
+        self.stopped = True
+        scope.cancel()
 
     async def _watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
         while True:

@@ -1,0 +1,100 @@
+"""Graceful shutdown of a real `gateway serve` process: drain, finish, end what is left, exit."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from gateway.testing.stack import create_key, gateway_process
+from tests.conftest import Emulator
+
+MODEL = "llama3.2:latest"
+
+
+def test_sigterm_drains_then_ends_streams_with_an_error_line(emulator: Emulator, tmp_path: Path):
+    emulator.config.ttft = 0.05
+    emulator.config.inter_token = 0.05
+    emulator.config.tokens = 200  # a 10 s answer: longer than drain + deadline
+    env = {
+        "GATEWAY_UPSTREAM_URL": emulator.url,
+        "GATEWAY_SHUTDOWN_DRAIN": "1",
+        "GATEWAY_SHUTDOWN_TIMEOUT": "2",
+    }
+    with gateway_process(tmp_path, env) as gateway:
+        key = str(create_key(gateway.extra_env, "k")["key"])
+        headers = {"Authorization": f"Bearer {key}"}
+        lines: list[dict] = []
+
+        def stream() -> None:
+            body = {"model": MODEL, "prompt": "x"}
+            with httpx.stream(
+                "POST", f"{gateway.url}/v1/generate", json=body, headers=headers, timeout=30
+            ) as response:
+                lines.extend(json.loads(line) for line in response.iter_lines() if line)
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        time.sleep(0.5)
+        assert gateway.process is not None
+        started = time.monotonic()
+        gateway.process.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        # Draining: still listening, but unready and refusing new work.
+        ready = httpx.get(f"{gateway.url}/readyz")
+        assert ready.status_code == 503
+        assert ready.json()["status"] == "draining"
+        refused = httpx.post(
+            f"{gateway.url}/v1/generate", json={"model": MODEL, "prompt": "x"}, headers=headers
+        )
+        assert refused.status_code == 503
+        assert refused.json() == {"error": "gateway is shutting down"}
+        assert refused.headers["retry-after"]
+        reader.join(15)
+        ended = time.monotonic() - started
+        # uvicorn re-raises the signal it caught once it has shut down (exit by SIGTERM).
+        assert gateway.process.wait(15) in (0, -signal.SIGTERM)
+    # The stream ran through the drain (1 s) and the deadline (2 s), then got one error line.
+    assert 2.5 < ended < 6
+    assert len(lines) > 40
+    assert lines[-1] == {"error": "gateway is shutting down"}
+    assert not any(line.get("done") for line in lines)
+    [record] = [r for r in emulator.state.records if r.path == "/api/generate"]
+    assert record.wait_ended(2)
+    assert record.outcome == "client_disconnect"  # the upstream request was closed
+
+
+def test_a_stream_that_ends_within_the_deadline_completes(emulator: Emulator, tmp_path: Path):
+    emulator.config.inter_token = 0.05
+    emulator.config.tokens = 30  # 1.5 s
+    env = {
+        "GATEWAY_UPSTREAM_URL": emulator.url,
+        "GATEWAY_SHUTDOWN_DRAIN": "0.5",
+        "GATEWAY_SHUTDOWN_TIMEOUT": "5",
+    }
+    with gateway_process(tmp_path, env) as gateway:
+        key = str(create_key(gateway.extra_env, "k")["key"])
+        result: list[httpx.Response] = []
+        reader = threading.Thread(
+            target=lambda: result.append(
+                httpx.post(
+                    f"{gateway.url}/v1/generate",
+                    json={"model": MODEL, "prompt": "x"},
+                    headers={"Authorization": f"Bearer {key}"},
+                    timeout=30,
+                )
+            )
+        )
+        reader.start()
+        time.sleep(0.3)
+        assert gateway.process is not None
+        gateway.process.send_signal(signal.SIGTERM)
+        reader.join(15)
+        assert gateway.process.wait(15) in (0, -signal.SIGTERM)
+    lines = [json.loads(line) for line in result[0].text.splitlines()]
+    assert lines[-1]["done"] is True
+    assert len(lines) == 31
