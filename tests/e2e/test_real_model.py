@@ -148,12 +148,18 @@ def test_the_demo_runs_and_leaves_nothing_behind(tmp_path: Path):
 
 
 def _servers() -> set[tuple[str, str]]:
-    """(pid, command line) of running model servers and gateways, read from /proc."""
+    """(pid, command line) of model servers and gateways run by this checkout's Python.
+
+    Read from /proc; only this interpreter's processes count, so a test run of another
+    checkout on the same machine is not mistaken for a leak.
+    """
     found = set()
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             command = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
+            continue
+        if not command.startswith(sys.executable):
             continue
         if "llama_cpp.server" in command or "-m gateway serve" in command:
             found.add((cmdline.parent.name, command))
