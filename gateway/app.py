@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import anyio
 import httpx
@@ -18,21 +18,10 @@ from gateway.keys.store import KeyStore
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import Metrics
 from gateway.ratelimit.limiter import KeyLimiter, build_storage, close_storage
-from gateway.ratelimit.slots import UpstreamSlots
 from gateway.relay.pipeline import Relay
 from gateway.relay.routes import router as relay_router
 from gateway.settings import Settings
-from gateway.upstream.catalog import ModelCatalog
-from gateway.upstream.client import build_upstream_client
-from gateway.upstream.dialect import Dialect
-from gateway.upstream.monitor import UpstreamMonitor
-from gateway.upstream.ollama import OllamaDialect
-from gateway.upstream.openai import OpenAIDialect
-
-
-def build_dialect(settings: Settings) -> Dialect:
-    """Return the dialect object for `GATEWAY_UPSTREAM_DIALECT`."""
-    return OpenAIDialect() if settings.upstream_dialect == "openai" else OllamaDialect()
+from gateway.upstream.pool import open_pool
 
 
 def create_app(
@@ -50,7 +39,7 @@ def create_app(
             makes one that only the app itself can change.
 
     Returns:
-        The app. Its lifespan opens the upstream client and the key store (creating the key
+        The app. Its lifespan opens one client per upstream and the key store (creating the key
         table if missing) and closes both on shutdown.
     """
     settings = settings or Settings()
@@ -62,46 +51,25 @@ def create_app(
         store = KeyStore.from_url(settings.database_url)
         await store.create_schema()
         await store.warm_up()
-        dialect = build_dialect(settings)
         limit_storage = build_storage(settings)
-        async with build_upstream_client(settings, upstream_transport) as client:
-            catalog = ModelCatalog(dialect, client, timeout=settings.connect_timeout)
-            monitor = UpstreamMonitor(
-                name=settings.upstream_name,
-                client=client,
-                dialect=dialect,
-                catalog=catalog,
-                metrics=metrics,
-                interval=settings.upstream_poll_interval,
-                timeout=settings.connect_timeout,
-            )
+        async with AsyncExitStack() as stack:
+            pool = await open_pool(settings, metrics, stack, upstream_transport)
             relay = Relay(
                 settings=settings,
-                client=client,
-                dialect=dialect,
                 metrics=metrics,
-                catalog=catalog,
+                pool=pool,
                 limiter=KeyLimiter(limit_storage, settings, metrics),
                 lifecycle=lifecycle,
-                slots=UpstreamSlots(
-                    settings.upstream_name,
-                    settings.upstream_max_concurrent,
-                    settings.upstream_queue_size,
-                    settings.upstream_queue_timeout,
-                    metrics,
-                ),
             )
             try:
                 async with anyio.create_task_group() as background:
-                    background.start_soon(monitor.run)
+                    for upstream in pool.upstreams:
+                        background.start_soon(upstream.monitor.run)
                     yield GatewayState(
                         settings=settings,
-                        client=client,
                         store=store,
                         metrics=metrics,
-                        dialect=dialect,
-                        catalog=catalog,
-                        monitor=monitor,
+                        pool=pool,
                         relay=relay,
                         lifecycle=lifecycle,
                     )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Annotated, TypedDict
 
-import httpx
 from fastapi import Depends, Request
 
 from gateway.keys.store import KeyStore
@@ -16,21 +15,16 @@ from gateway.lifecycle import Lifecycle
 from gateway.metrics import Metrics
 from gateway.relay.pipeline import Relay
 from gateway.settings import Settings
-from gateway.upstream.catalog import ModelCatalog
-from gateway.upstream.dialect import Dialect
-from gateway.upstream.monitor import UpstreamMonitor
+from gateway.upstream.pool import UpstreamPool
 
 
 class GatewayState(TypedDict):
     """What the lifespan opens and closes."""
 
     settings: Settings
-    client: httpx.AsyncClient
     store: KeyStore
     metrics: Metrics
-    dialect: Dialect
-    catalog: ModelCatalog
-    monitor: UpstreamMonitor
+    pool: UpstreamPool
     relay: Relay
     lifecycle: Lifecycle
 
@@ -39,12 +33,6 @@ async def get_settings(request: Request) -> Settings:
     """Return the app's settings."""
     settings: Settings = request.state.settings
     return settings
-
-
-async def get_client(request: Request) -> httpx.AsyncClient:
-    """Return the shared upstream client."""
-    client: httpx.AsyncClient = request.state.client
-    return client
 
 
 async def get_store(request: Request) -> KeyStore:
@@ -59,24 +47,6 @@ async def get_metrics(request: Request) -> Metrics:
     return metrics
 
 
-async def get_dialect(request: Request) -> Dialect:
-    """Return the upstream dialect."""
-    dialect: Dialect = request.state.dialect
-    return dialect
-
-
-async def get_catalog(request: Request) -> ModelCatalog:
-    """Return the upstream model catalog."""
-    catalog: ModelCatalog = request.state.catalog
-    return catalog
-
-
-async def get_monitor(request: Request) -> UpstreamMonitor:
-    """Return the upstream monitor."""
-    monitor: UpstreamMonitor = request.state.monitor
-    return monitor
-
-
 async def get_relay(request: Request) -> Relay:
     """Return the relay (the services a generation request needs)."""
     relay: Relay = request.state.relay
@@ -89,12 +59,15 @@ async def get_lifecycle(request: Request) -> Lifecycle:
     return lifecycle
 
 
+async def get_pool(request: Request) -> UpstreamPool:
+    """Return the upstream pool."""
+    pool: UpstreamPool = request.state.pool
+    return pool
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-ClientDep = Annotated[httpx.AsyncClient, Depends(get_client)]
 KeyStoreDep = Annotated[KeyStore, Depends(get_store)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
-DialectDep = Annotated[Dialect, Depends(get_dialect)]
-CatalogDep = Annotated[ModelCatalog, Depends(get_catalog)]
-MonitorDep = Annotated[UpstreamMonitor, Depends(get_monitor)]
 RelayDep = Annotated[Relay, Depends(get_relay)]
+PoolDep = Annotated[UpstreamPool, Depends(get_pool)]
 LifecycleDep = Annotated[Lifecycle, Depends(get_lifecycle)]

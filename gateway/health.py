@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Response
 
-from gateway.deps import LifecycleDep, MonitorDep
+from gateway.deps import LifecycleDep, PoolDep
 
 router = APIRouter(tags=["health"])
 
@@ -16,14 +18,12 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(
-    response: Response, monitor: MonitorDep, lifecycle: LifecycleDep
-) -> dict[str, str]:
-    """Readiness: not draining, and the upstream answers its cheap probe."""
+async def readyz(response: Response, pool: PoolDep, lifecycle: LifecycleDep) -> dict[str, Any]:
+    """Readiness: not draining, and at least one upstream answers its cheap probe."""
     if lifecycle.draining:
         response.status_code = 503
-        return {"status": "draining", "upstream": "not asked"}
-    ready, detail = await monitor.probe()
+        return {"status": "draining", "upstreams": {}}
+    ready, details = await pool.probe()
     if not ready:
         response.status_code = 503
-    return {"status": "ready" if ready else "unready", "upstream": detail}
+    return {"status": "ready" if ready else "unready", "upstreams": details}

@@ -67,6 +67,9 @@ class Metrics:
         rate_limited: Counter `gateway_rate_limited_total{kind}`.
         rate_limit_storage_errors: Counter `gateway_rate_limit_storage_errors_total`.
         upstream_retries: Counter `gateway_upstream_retries_total{reason}`.
+        upstream_in_flight: Gauge `gateway_upstream_in_flight{upstream}`.
+        upstream_circuit_state: Gauge `gateway_upstream_circuit_state{upstream}`.
+        upstream_failovers: Counter `gateway_upstream_failovers_total`.
         upstream_queue_length: Gauge `gateway_upstream_queue_length{upstream}`.
         upstream_slots_in_use: Gauge `gateway_upstream_slots_in_use{upstream}`.
     """
@@ -187,6 +190,23 @@ class Metrics:
             "gateway_upstream_retries",
             "Upstream tries repeated before the first byte, by reason (connect, status).",
             ("reason",),
+            registry=r,
+        )
+        self.upstream_in_flight = Gauge(
+            "gateway_upstream_in_flight",
+            "Requests in flight to each upstream (what least-in-flight balancing compares).",
+            ("upstream",),
+            registry=r,
+        )
+        self.upstream_circuit_state = Gauge(
+            "gateway_upstream_circuit_state",
+            "Circuit breaker of each upstream: 0 closed, 1 half-open (one trial), 2 open.",
+            ("upstream",),
+            registry=r,
+        )
+        self.upstream_failovers = Counter(
+            "gateway_upstream_failovers",
+            "Requests moved to another upstream after a failure before the first byte.",
             registry=r,
         )
         self.upstream_queue_length = Gauge(

@@ -9,10 +9,40 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, HttpUrl, SecretStr, model_validator
+from pydantic import BaseModel, Field, HttpUrl, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Dialect = Literal["ollama", "openai"]
+
+
+class UpstreamSpec(BaseModel):
+    """One model server in `GATEWAY_UPSTREAMS` (a JSON list of these objects).
+
+    Attributes:
+        url: Base URL of the model server.
+        dialect: `ollama` or `openai` (see `GATEWAY_UPSTREAM_DIALECT`).
+        weight: Share of the load relative to the others (least in-flight / weight wins).
+        api_key: Credential the gateway sends to this upstream.
+        host_header: `Host` header for this upstream.
+        max_concurrent: Requests in flight to it at once; None: `GATEWAY_UPSTREAM_MAX_CONCURRENT`.
+    """
+
+    url: HttpUrl
+    dialect: Dialect = "ollama"
+    weight: float = Field(1.0, gt=0)
+    api_key: SecretStr | None = None
+    host_header: str | None = None
+    max_concurrent: int | None = Field(None, ge=0)
+
+    @property
+    def name(self) -> str:
+        """`host:port`, the `upstream` metrics label."""
+        return f"{self.url.host}:{self.url.port}"
+
+    @property
+    def base(self) -> str:
+        """The base URL without a trailing slash."""
+        return str(self.url).rstrip("/")
 
 
 class Settings(BaseSettings):
@@ -51,6 +81,17 @@ class Settings(BaseSettings):
         None,
         description="Credential the gateway itself sends upstream as `Authorization: Bearer` "
         "(vLLM --api-key, LM Studio). The client's credentials are never forwarded.",
+    )
+    upstreams: list[UpstreamSpec] | None = Field(
+        None,
+        description="Several model servers, as a JSON list of {url, dialect, weight, api_key, "
+        "host_header, max_concurrent}; replaces GATEWAY_UPSTREAM_URL and its companions.",
+    )
+    circuit_failures: int = Field(
+        3, ge=1, description="Consecutive failures that take an upstream out of rotation."
+    )
+    circuit_cooldown: float = Field(
+        10.0, gt=0, description="Seconds out of rotation before one trial request is let through."
     )
     upstream_host_header: str | None = Field(
         None,
@@ -188,9 +229,17 @@ class Settings(BaseSettings):
         return self
 
     @property
-    def upstream_name(self) -> str:
-        """The upstream's `host:port`, used as the `upstream` metrics label."""
-        return f"{self.upstream_url.host}:{self.upstream_url.port}"
+    def upstream_specs(self) -> list[UpstreamSpec]:
+        """The upstreams to serve from: `GATEWAY_UPSTREAMS`, or the one-upstream settings."""
+        if self.upstreams:
+            return self.upstreams
+        one = UpstreamSpec(
+            url=self.upstream_url,
+            dialect=self.upstream_dialect,
+            api_key=self.upstream_api_key,
+            host_header=self.upstream_host_header,
+        )
+        return [one]
 
     @property
     def upstream_base(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -49,3 +50,23 @@ def test_placeholder_upstream_secret_is_refused():
 def test_non_positive_timeouts_are_refused():
     with pytest.raises(ValidationError):
         Settings(_env_file=None, first_byte_timeout=0)
+
+
+def test_several_upstreams_come_from_a_json_environment_variable(monkeypatch):
+    upstreams = [
+        {"url": "http://gpu-1:11434", "weight": 2},
+        {"url": "http://gpu-2:8000", "dialect": "openai"},
+    ]
+    monkeypatch.setenv("GATEWAY_UPSTREAMS", json.dumps(upstreams))
+    specs = Settings(_env_file=None).upstream_specs
+    assert [(s.name, s.dialect, s.weight) for s in specs] == [
+        ("gpu-1:11434", "ollama", 2.0),
+        ("gpu-2:8000", "openai", 1.0),
+    ]
+
+
+def test_one_upstream_comes_from_the_single_upstream_settings():
+    [spec] = Settings(
+        _env_file=None, upstream_url="http://127.0.0.1:8000", upstream_dialect="openai"
+    ).upstream_specs
+    assert (spec.name, spec.dialect) == ("127.0.0.1:8000", "openai")

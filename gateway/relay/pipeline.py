@@ -1,7 +1,8 @@
 """The flow of one generation request, from a checked body to the finished response.
 
 read and check the body -> the key's model allow-list -> per-key limits (RPM, TPM, in-flight)
--> an upstream slot (bounded queue) -> open the upstream exchange (first-byte deadline) ->
+-> choose an upstream (gateway.upstream.pool) -> its slot (bounded queue) -> open the exchange
+(retries, first-byte deadline; on failure the next upstream) ->
 stream NDJSON, or aggregate for `stream:false` -> finish: metrics, TPM charge, slots back.
 While waiting (for a slot or the first byte) the client going away cancels everything at once.
 """
@@ -15,25 +16,28 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
-import httpx
 from fastapi import Request, Response
 from starlette.types import Receive
 
 from gateway.auth.principal import Principal
-from gateway.errors import ForbiddenError, ServiceUnavailableError
+from gateway.errors import (
+    ForbiddenError,
+    GatewayError,
+    ServiceUnavailableError,
+    UpstreamError,
+)
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import ALL_KEYS, Metrics
 from gateway.ratelimit.limiter import Admission, KeyLimiter
-from gateway.ratelimit.slots import UpstreamSlots
 from gateway.relay.aggregate import Aggregator
 from gateway.relay.body import parse_body, read_body
 from gateway.relay.exchange import Exchange
 from gateway.relay.meter import RequestMeter
 from gateway.relay.response import RelayStreamResponse
 from gateway.settings import Settings
-from gateway.upstream.catalog import ModelCatalog
-from gateway.upstream.dialect import Dialect, Route, encode_json
+from gateway.upstream.dialect import Route, encode_json
 from gateway.upstream.headers import upstream_request_headers
+from gateway.upstream.pool import Upstream, UpstreamPool
 
 T = TypeVar("T")
 
@@ -51,12 +55,9 @@ class Relay:
     """The app-wide services a generation request needs (built once by the lifespan)."""
 
     settings: Settings
-    client: httpx.AsyncClient
-    dialect: Dialect
     metrics: Metrics
-    catalog: ModelCatalog
+    pool: UpstreamPool
     limiter: KeyLimiter
-    slots: UpstreamSlots
     lifecycle: Lifecycle
 
     async def handle(self, request: Request, principal: Principal, route: Route) -> Response:
@@ -80,26 +81,16 @@ class Relay:
         meter = RequestMeter(
             metrics=self.metrics,
             route=f"/v1/{route}",
-            model=self.catalog.label(model),
+            model=self.pool.label(model),
             key=principal.name if self.settings.metrics_per_key else ALL_KEYS,
             arrival=state.get("arrival", time.perf_counter()),
-            upstream_timings=self.dialect.reports_timings,
         )
-        exchange = Exchange(
-            client=self.client,
-            dialect=self.dialect,
-            route=route,
-            body=body,
-            headers=upstream_request_headers(
-                request.headers.items(), request_id=state.get("request_id", "-")
-            ),
-            settings=self.settings,
-            meter=meter,
+        ending = _Ending(self, state, meter, admission)
+        headers = upstream_request_headers(
+            request.headers.items(), request_id=state.get("request_id", "-")
         )
-        ending = _Ending(self, state, exchange, meter, admission)
         try:
-            ending.holds_slot = await _until_disconnect(request.receive, self.slots.acquire)
-            await _until_disconnect(request.receive, exchange.open)
+            exchange = await self._connect(request, route, body, headers, ending)
             if body.get("stream", True):
                 return RelayStreamResponse(
                     exchange, meter, admission.headers, ending.finish, self.lifecycle
@@ -117,35 +108,113 @@ class Relay:
             content, headers=admission.headers, media_type="application/json; charset=utf-8"
         )
 
+    async def _connect(
+        self,
+        request: Request,
+        route: Route,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        ending: _Ending,
+    ) -> Exchange:
+        """Open an exchange with the best upstream, failing over to the next ones.
+
+        An upstream that fails before the first byte (after its own retries) is left for the
+        next choice: unreachable, timed out, 5xx, or its queue full. A 4xx is the client's and
+        is raised at once.
+
+        Raises:
+            GatewayError: the last upstream's failure, or 503 when none is available.
+        """
+        tried: set[str] = set()
+        last: GatewayError | None = None
+        while (upstream := self.pool.choose(str(body["model"]), tried)) is not None:
+            if tried:
+                self.metrics.upstream_failovers.inc()
+            tried.add(upstream.name)
+            ending.meter.upstream_timings = upstream.dialect.reports_timings
+            exchange = Exchange(
+                client=upstream.client,
+                dialect=upstream.dialect,
+                route=route,
+                body=body,
+                headers=headers,
+                settings=self.settings,
+                meter=ending.meter,
+            )
+            ending.use(upstream, exchange)
+            try:
+                await ending.take_slot(request.receive)
+                await _until_disconnect(request.receive, exchange.open)
+            except (UpstreamError, ServiceUnavailableError) as exc:
+                if exc.status_code < 500:
+                    raise
+                # An overloaded upstream (its queue, Ollama's 503) is not a broken one.
+                broken = isinstance(exc, UpstreamError) and exc.status_code != 503
+                await ending.release(healthy=False if broken else None)
+                last = exc
+                continue
+            return exchange
+        if last is not None:
+            raise last
+        cooldown = str(max(int(self.settings.circuit_cooldown), 1))
+        raise ServiceUnavailableError(
+            "no upstream is available: all are down or out of rotation",
+            headers={"Retry-After": cooldown},
+        )
+
 
 class _Ending:
     """Everything a request must give back or record when it ends, exactly once."""
 
     def __init__(
-        self,
-        relay: Relay,
-        state: dict[str, Any],
-        exchange: Exchange,
-        meter: RequestMeter,
-        admission: Admission,
+        self, relay: Relay, state: dict[str, Any], meter: RequestMeter, admission: Admission
     ) -> None:
         self.relay = relay
         self.state = state
-        self.exchange = exchange
         self.meter = meter
         self.admission = admission
+        self.upstream: Upstream | None = None
+        self.exchange: Exchange | None = None
         self.holds_slot = False
+        self.started = False
         self.done = False
 
+    def use(self, upstream: Upstream, exchange: Exchange) -> None:
+        """Make `upstream` and its `exchange` the ones this request is on."""
+        self.upstream, self.exchange = upstream, exchange
+
+    async def take_slot(self, receive: Receive) -> None:
+        """Wait for the current upstream's slot (a client leaving cancels the wait)."""
+        assert self.upstream is not None  # noqa: S101
+        self.holds_slot = await _until_disconnect(receive, self.upstream.slots.acquire)
+        self.relay.pool.started(self.upstream)
+        self.started = True
+
+    async def release(self, healthy: bool | None) -> None:
+        """Give the current upstream back: close the exchange, free the slot, tell the pool."""
+        with anyio.CancelScope(shield=True):
+            if self.exchange is not None:
+                await self.exchange.aclose()
+            if self.upstream is not None:
+                if self.holds_slot:
+                    self.upstream.slots.release()
+                if self.started:
+                    self.relay.pool.finished(self.upstream, healthy)
+                else:
+                    self.relay.pool.record(self.upstream, healthy)
+        self.holds_slot = self.started = False
+        self.upstream = self.exchange = None
+
     async def finish(self, outcome: str, status: int | None = None) -> None:
-        """Close the upstream, release the slot, charge tokens, record metrics (shielded)."""
+        """Release the upstream, charge tokens, record metrics (shielded); once."""
         if self.done:
             return
         self.done = True
+        healthy = {"completed": True, "client_error": True, "upstream_error": False}.get(outcome)
+        if outcome == "timeout":
+            healthy = False
         with anyio.CancelScope(shield=True):
-            await self.exchange.aclose()
-            if self.holds_slot:
-                self.relay.slots.release()
+            await self.release(healthy)
             summary = self.meter.finish(outcome, status)
             tokens = self.meter.input_tokens + self.meter.output_tokens
             await self.relay.limiter.release(self.admission, tokens)

@@ -12,7 +12,7 @@ import httpx
 from fastapi import APIRouter, Depends, Request, Response
 
 from gateway.auth.dependencies import PrincipalDep, require_principal
-from gateway.deps import CatalogDep, RelayDep
+from gateway.deps import PoolDep, RelayDep
 from gateway.errors import UpstreamUnavailableError
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_principal)])
@@ -31,10 +31,10 @@ async def chat(request: Request, principal: PrincipalDep, relay: RelayDep) -> Re
 
 
 @router.get("/models")
-async def list_models(principal: PrincipalDep, catalog: CatalogDep) -> dict[str, Any]:
-    """List the models this key may use (OpenAI list shape)."""
+async def list_models(principal: PrincipalDep, pool: PoolDep) -> dict[str, Any]:
+    """List the models this key may use (OpenAI list shape), from every upstream."""
     try:
-        models = await catalog.refresh()
+        models = await pool.models()
     except (httpx.HTTPError, ValueError, TypeError, KeyError, TimeoutError) as exc:
         raise UpstreamUnavailableError("could not list the upstream's models") from exc
     data = [

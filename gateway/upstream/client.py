@@ -6,7 +6,7 @@ from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx
 
-from gateway.settings import Settings
+from gateway.settings import Settings, UpstreamSpec
 
 
 def upstream_timeout(settings: Settings) -> httpx.Timeout:
@@ -26,29 +26,31 @@ def upstream_timeout(settings: Settings) -> httpx.Timeout:
     )
 
 
-def upstream_default_headers(settings: Settings) -> dict[str, str]:
+def upstream_default_headers(spec: UpstreamSpec) -> dict[str, str]:
     """Headers on every upstream call (generation, model list, readiness probe).
 
     `Host` defaults to the upstream URL's host:port (httpx derives it), which passes Ollama's
-    loopback Host gate (reference section 6.8); `GATEWAY_UPSTREAM_HOST_HEADER` overrides it.
+    loopback Host gate (reference section 6.8); the upstream's `host_header`
+    (`GATEWAY_UPSTREAM_HOST_HEADER`) overrides it.
     `Authorization` carries the gateway's own upstream credential, if one is configured.
     `Accept-Encoding: identity` spares decompressing token streams.
     """
     headers = {"accept-encoding": "identity", "user-agent": "llm-gateway"}
-    if settings.upstream_host_header:
-        headers["host"] = settings.upstream_host_header
-    if settings.upstream_api_key is not None:
-        headers["authorization"] = f"Bearer {settings.upstream_api_key.get_secret_value()}"
+    if spec.host_header:
+        headers["host"] = spec.host_header
+    if spec.api_key is not None:
+        headers["authorization"] = f"Bearer {spec.api_key.get_secret_value()}"
     return headers
 
 
 def build_upstream_client(
-    settings: Settings, transport: httpx.AsyncBaseTransport | None = None
+    spec: UpstreamSpec, settings: Settings, transport: httpx.AsyncBaseTransport | None = None
 ) -> httpx.AsyncClient:
     """Build the upstream client: base URL, timeouts, pool limits; never `timeout=None`.
 
     Args:
-        settings: Gateway settings (upstream URL, timeouts in seconds, `max_connections`).
+        spec: The upstream (URL, credential, Host override).
+        settings: Gateway settings (timeouts in seconds, `max_connections`).
         transport: A transport for tests (for example `httpx.MockTransport`); None uses a
             real `AsyncHTTPTransport`.
 
@@ -61,11 +63,11 @@ def build_upstream_client(
         keepalive_expiry=30.0,
     )
     return httpx.AsyncClient(
-        base_url=settings.upstream_base,
+        base_url=spec.base,
         # Never keep upstream cookies: one client serves every tenant, and a cookie set by an
         # upstream or a proxy in front of it would be replayed on everyone's requests.
         cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
-        headers=upstream_default_headers(settings),
+        headers=upstream_default_headers(spec),
         timeout=upstream_timeout(settings),
         limits=limits,
         transport=transport or httpx.AsyncHTTPTransport(limits=limits),

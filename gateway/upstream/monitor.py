@@ -52,6 +52,7 @@ class UpstreamMonitor:
         self._metrics = metrics
         self._interval = interval
         self._timeout = httpx.Timeout(timeout)
+        self.up: bool | None = None  # None until the first probe
 
     async def run(self) -> None:
         """Poll until cancelled (the app's lifespan cancels it on shutdown).
@@ -74,6 +75,7 @@ class UpstreamMonitor:
         except httpx.HTTPError as exc:
             up, detail = False, f"upstream unreachable ({type(exc).__name__})"
         self._metrics.upstream_up.labels(self.name).set(1 if up else 0)
+        self.up = up
         return up, detail
 
     async def poll(self) -> bool:

@@ -1,0 +1,205 @@
+"""Several upstreams: model-aware routing, least-in-flight balancing, health and failover state.
+
+For each request the pool picks, among the upstreams whose circuit lets a request through and
+that are up (their monitor's last probe answered, or none ran yet; if none is, all of them), those
+that list the model
+(all of them when none does: the lists may be stale, and the upstream answers 404 itself); then
+the one with the fewest requests in flight per unit of weight. A failed choice is excluded and
+the next one tried (`gateway.relay.pipeline`).
+"""
+
+from __future__ import annotations
+
+import random
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+import anyio
+import httpx
+
+from gateway.metrics import OTHER_MODEL, Metrics
+from gateway.ratelimit.slots import UpstreamSlots
+from gateway.settings import Settings, UpstreamSpec
+from gateway.upstream.breaker import CircuitBreaker
+from gateway.upstream.catalog import ModelCatalog
+from gateway.upstream.client import build_upstream_client
+from gateway.upstream.dialect import Dialect, ModelInfo
+from gateway.upstream.monitor import UpstreamMonitor
+from gateway.upstream.ollama import OllamaDialect
+from gateway.upstream.openai import OpenAIDialect
+
+
+@dataclass
+class Upstream:
+    """One model server and everything the gateway keeps about it."""
+
+    spec: UpstreamSpec
+    client: httpx.AsyncClient
+    dialect: Dialect
+    catalog: ModelCatalog
+    monitor: UpstreamMonitor
+    slots: UpstreamSlots
+    breaker: CircuitBreaker
+    in_flight: int = 0
+
+    @property
+    def name(self) -> str:
+        """`host:port`, the `upstream` label."""
+        return self.spec.name
+
+
+class UpstreamPool:
+    """The upstreams of this gateway and the choice between them.
+
+    Args:
+        upstreams: At least one.
+        metrics: For the per-upstream in-flight and circuit-state gauges.
+    """
+
+    def __init__(self, upstreams: list[Upstream], metrics: Metrics) -> None:
+        if not upstreams:
+            raise ValueError("at least one upstream is needed")
+        self.upstreams = upstreams
+        self._metrics = metrics
+
+    def label(self, model: str) -> str:
+        """The `model` label: an id some upstream lists for `model`, else `other`."""
+        for upstream in self.upstreams:
+            label = upstream.catalog.label(model)
+            if label != OTHER_MODEL:
+                return label
+        return OTHER_MODEL
+
+    def choose(self, model: str, tried: set[str]) -> Upstream | None:
+        """Pick the upstream for the next try, or None when none is left.
+
+        Takes the circuit's permission (a half-open circuit admits one trial at a time).
+        """
+        usable = [u for u in self.upstreams if u.name not in tried and u.breaker.available()]
+        # Prefer upstreams whose last probe answered; when none did, still try the others: the
+        # client then gets the upstream's real error rather than a guess.
+        usable = [u for u in usable if u.monitor.up is not False] or usable
+        knowing = [u for u in usable if u.catalog.label(model) != OTHER_MODEL]
+        candidates = knowing or usable
+        random.shuffle(candidates)  # ties go to a random upstream, not always the first
+        for upstream in sorted(candidates, key=lambda u: u.in_flight / u.spec.weight):
+            if upstream.breaker.acquire():
+                self._set_state(upstream)
+                return upstream
+        return None
+
+    def started(self, upstream: Upstream) -> None:
+        """A request went to `upstream`."""
+        upstream.in_flight += 1
+        self._metrics.upstream_in_flight.labels(upstream.name).set(upstream.in_flight)
+
+    def finished(self, upstream: Upstream, healthy: bool | None) -> None:
+        """A request to `upstream` ended: True answered well, False failed, None unknown."""
+        upstream.in_flight -= 1
+        self._metrics.upstream_in_flight.labels(upstream.name).set(upstream.in_flight)
+        self.record(upstream, healthy)
+
+    def record(self, upstream: Upstream, healthy: bool | None) -> None:
+        """Feed the circuit breaker one result."""
+        if healthy is True:
+            upstream.breaker.record_success()
+        elif healthy is False:
+            upstream.breaker.record_failure()
+        self._set_state(upstream)
+
+    def _set_state(self, upstream: Upstream) -> None:
+        self._metrics.upstream_circuit_state.labels(upstream.name).set(upstream.breaker.state)
+
+    async def models(self) -> list[ModelInfo]:
+        """Every upstream's model list, refreshed, merged by id.
+
+        Raises:
+            httpx.HTTPError, ValueError, TypeError, KeyError, TimeoutError: no upstream could
+                list its models and none was ever listed.
+        """
+        lists: list[list[ModelInfo]] = []
+        errors: list[Exception] = []
+
+        async def fetch(upstream: Upstream) -> None:
+            try:
+                lists.append(await upstream.catalog.refresh())
+            except (httpx.HTTPError, ValueError, TypeError, KeyError, TimeoutError) as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as group:
+            for upstream in self.upstreams:
+                group.start_soon(fetch, upstream)
+        if not lists and errors:
+            raise errors[0]
+        merged: dict[str, ModelInfo] = {}
+        for models in lists:
+            for info in models:
+                merged.setdefault(info.id, info)
+        return sorted(merged.values(), key=lambda info: info.id)
+
+    async def probe(self) -> tuple[bool, dict[str, str]]:
+        """Probe every upstream now; ready when at least one answers. Returns (ready, details)."""
+        details: dict[str, str] = {}
+
+        async def one(upstream: Upstream) -> None:
+            up, detail = await upstream.monitor.probe()
+            details[upstream.name] = detail if up else f"down: {detail}"
+
+        async with anyio.create_task_group() as group:
+            for upstream in self.upstreams:
+                group.start_soon(one, upstream)
+        ready = any(upstream.monitor.up for upstream in self.upstreams)
+        return ready, dict(sorted(details.items()))
+
+
+def build_dialect(spec: UpstreamSpec) -> Dialect:
+    """The dialect object for an upstream's `dialect`."""
+    return OpenAIDialect() if spec.dialect == "openai" else OllamaDialect()
+
+
+async def open_pool(
+    settings: Settings,
+    metrics: Metrics,
+    stack: AsyncExitStack,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> UpstreamPool:
+    """Open one client per upstream (closed by `stack`) and assemble the pool.
+
+    Args:
+        settings: `upstream_specs`, timeouts, the per-upstream gate and the breaker settings.
+        metrics: Shared by the monitors, gates and the pool.
+        stack: Owns the clients' lifetimes (the app's lifespan).
+        transport: An httpx transport for every client (tests).
+    """
+    upstreams = []
+    for spec in settings.upstream_specs:
+        client = await stack.enter_async_context(build_upstream_client(spec, settings, transport))
+        dialect = build_dialect(spec)
+        catalog = ModelCatalog(dialect, client, timeout=settings.connect_timeout)
+        capacity = settings.upstream_max_concurrent
+        upstreams.append(
+            Upstream(
+                spec=spec,
+                client=client,
+                dialect=dialect,
+                catalog=catalog,
+                monitor=UpstreamMonitor(
+                    name=spec.name,
+                    client=client,
+                    dialect=dialect,
+                    catalog=catalog,
+                    metrics=metrics,
+                    interval=settings.upstream_poll_interval,
+                    timeout=settings.connect_timeout,
+                ),
+                slots=UpstreamSlots(
+                    spec.name,
+                    capacity if spec.max_concurrent is None else spec.max_concurrent,
+                    settings.upstream_queue_size,
+                    settings.upstream_queue_timeout,
+                    metrics,
+                ),
+                breaker=CircuitBreaker(settings.circuit_failures, settings.circuit_cooldown),
+            )
+        )
+    return UpstreamPool(upstreams, metrics)

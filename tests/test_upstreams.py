@@ -1,0 +1,176 @@
+"""Several upstreams over real sockets: routing by model, balancing, failover, circuit breaking."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from gateway.testing.emulator import EmulatorConfig, create_emulator_app
+from gateway.testing.server import LoopbackServer
+from tests.conftest import Emulator, Gateway, metric_value
+
+MODEL = "llama3.2:latest"
+
+
+@pytest.fixture
+def second() -> Iterator[Emulator]:
+    """A second emulator, as another GPU node."""
+    app = create_emulator_app(EmulatorConfig())
+    with LoopbackServer(app) as server:
+        yield Emulator(server.url, app.state.emulator)
+
+
+def _upstreams(*urls: str, **extra) -> list[dict]:
+    return [{"url": url, **extra} for url in urls]
+
+
+def _closed_port_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def _generations(emulator: Emulator) -> int:
+    return len([r for r in emulator.state.records if r.path == "/api/generate"])
+
+
+def _generate(gw: Gateway, model: str = MODEL, **body) -> httpx.Response:
+    payload = {"model": model, "prompt": "x", "stream": False, **body}
+    return httpx.post(f"{gw.url}/v1/generate", json=payload, headers=gw.headers(), timeout=30)
+
+
+def _wait_polled(gw: Gateway, count: int) -> None:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if metric_value(gw.metrics_text(), "gateway_upstream_up") >= count:
+            return
+        time.sleep(0.05)
+
+
+def test_least_in_flight_spreads_concurrent_requests(make_gateway, emulator, second):
+    gw = make_gateway(upstreams=_upstreams(emulator.url, second.url), upstream_poll_interval=0.2)
+    _wait_polled(gw, 2)
+    for em in (emulator, second):
+        em.config.tokens = 10
+        em.config.inter_token = 0.05
+    with ThreadPoolExecutor(6) as pool:
+        statuses = list(pool.map(lambda _: _generate(gw).status_code, range(6)))
+    assert statuses == [200] * 6
+    assert (_generations(emulator), _generations(second)) == (3, 3)
+    text = gw.metrics_text()
+    assert metric_value(text, "gateway_upstream_in_flight") == 0
+
+
+def test_requests_go_to_the_upstream_that_has_the_model(make_gateway, emulator, second):
+    emulator.config.models = ["alpha:latest"]
+    second.config.models = ["beta:latest"]
+    gw = make_gateway(upstreams=_upstreams(emulator.url, second.url), upstream_poll_interval=0.2)
+    _wait_polled(gw, 2)
+    for _ in range(3):
+        assert _generate(gw, "alpha").status_code == 200
+        assert _generate(gw, "beta:latest").status_code == 200
+    assert (_generations(emulator), _generations(second)) == (3, 3)
+    models = httpx.get(f"{gw.url}/v1/models", headers=gw.headers()).json()
+    assert [m["id"] for m in models["data"]] == ["alpha:latest", "beta:latest"]
+
+
+def test_connect_failure_fails_over_and_the_circuit_opens(make_gateway, emulator):
+    """An upstream that dies between health probes: requests fail over, then its circuit opens."""
+    doomed = LoopbackServer(create_emulator_app(EmulatorConfig()))
+    doomed.start()
+    gw = make_gateway(
+        upstreams=_upstreams(doomed.url, emulator.url),
+        retry_backoff=0.01,
+        circuit_failures=2,
+        circuit_cooldown=60,
+    )
+    _wait_polled(gw, 2)  # both answered their first probe; the next one is 15 s away
+    doomed_name = doomed.url.removeprefix("http://")
+    doomed.stop()
+    for _ in range(6):
+        assert _generate(gw).status_code == 200
+    assert _generations(emulator) == 6
+    text = gw.metrics_text()
+    assert metric_value(text, "gateway_upstream_circuit_state", upstream=doomed_name) == 2  # open
+    failovers = metric_value(text, "gateway_upstream_failovers_total")
+    assert 1 <= failovers <= 2  # once open, the dead upstream is no longer tried
+
+
+def test_an_open_circuit_lets_one_trial_through_after_the_cooldown(make_gateway, emulator, second):
+    gw = make_gateway(
+        upstreams=_upstreams(emulator.url, second.url),
+        retry_attempts=1,
+        circuit_failures=1,
+        circuit_cooldown=0.5,
+    )
+    emulator.config.fault = "status_before"  # 500 before the first byte
+    answers = Counter(_generate(gw).status_code for _ in range(4))
+    assert answers == {200: 4}  # failed over to the second upstream each time it was needed
+    name = emulator.url.removeprefix("http://")
+    assert metric_value(gw.metrics_text(), "gateway_upstream_circuit_state", upstream=name) == 2
+    emulator.config.fault = None
+    time.sleep(0.6)
+    for _ in range(4):
+        assert _generate(gw).status_code == 200
+    assert metric_value(gw.metrics_text(), "gateway_upstream_circuit_state", upstream=name) == 0
+    assert _generations(emulator) >= 2  # the failure, then the trial and what followed it
+
+
+def test_a_silent_upstream_fails_over_before_the_first_byte(make_gateway, emulator, second):
+    """F-07: nothing was sent yet, so another upstream is tried after the first-byte timeout."""
+    gw = make_gateway(upstreams=_upstreams(emulator.url, second.url), first_byte_timeout=1.0)
+    emulator.config.fault = "hang_before"
+    second.config.fault = "hang_before"
+    start = time.perf_counter()
+    response = _generate(gw)
+    elapsed = time.perf_counter() - start
+    assert response.status_code == 504
+    assert 1.8 < elapsed < 4  # two upstreams, one timeout each
+    emulator.config.fault = None
+    second.config.fault = None
+
+
+def test_a_mid_stream_failure_is_not_moved_to_another_upstream(make_gateway, emulator, second):
+    gw = make_gateway(upstreams=_upstreams(emulator.url, second.url))
+    for em in (emulator, second):
+        em.config.fault = "drop_midstream"
+        em.config.fault_after = 3
+    response = httpx.post(
+        f"{gw.url}/v1/generate", json={"model": MODEL, "prompt": "x"}, headers=gw.headers()
+    )
+    lines = [json.loads(line) for line in response.text.splitlines()]
+    assert set(lines[-1]) == {"error"}
+    assert _generations(emulator) + _generations(second) == 1
+
+
+def test_readyz_reports_each_upstream_and_is_ready_while_one_answers(make_gateway, emulator):
+    dead = _closed_port_url()
+    gw = make_gateway(upstreams=_upstreams(emulator.url, dead))
+    ready = httpx.get(f"{gw.url}/readyz")
+    assert ready.status_code == 200
+    upstreams = ready.json()["upstreams"]
+    assert upstreams[emulator.url.removeprefix("http://")].startswith("upstream answered 200")
+    assert upstreams[dead.removeprefix("http://")].startswith("down")
+
+
+def test_weights_share_the_load(make_gateway, emulator, second):
+    gw = make_gateway(
+        upstreams=[{"url": emulator.url, "weight": 3}, {"url": second.url}],
+        upstream_poll_interval=0.2,
+    )
+    _wait_polled(gw, 2)
+    for em in (emulator, second):
+        em.config.tokens = 10
+        em.config.inter_token = 0.05
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: _generate(gw), range(8)))
+    heavy, light = _generations(emulator), _generations(second)
+    assert heavy + light == 8
+    assert heavy >= 5  # 3:1 weights: 6 and 2, give or take the ties broken at random
