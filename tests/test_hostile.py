@@ -198,3 +198,22 @@ def test_client_leaving_while_sending_its_body_is_not_a_500(gateway: Gateway):
         time.sleep(0.05)
     assert metric_value(text, "gateway_requests_total", outcome="client_disconnect") == 1
     assert metric_value(text, "gateway_requests_total", status_class="5xx") == 0
+
+
+def test_an_upstream_that_never_answers_its_health_probe_is_unready_in_bounded_time(
+    make_gateway: Callable[..., Gateway],
+):
+    """The probe has its own short timeout: /readyz says 503 instead of hanging."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts connections, never answers
+    try:
+        port = silent.getsockname()[1]
+        gw = make_gateway(upstream_url=f"http://127.0.0.1:{port}", connect_timeout=0.5)
+        start = time.perf_counter()
+        ready = httpx.get(f"{gw.url}/readyz", timeout=10)
+        assert ready.status_code == 503
+        assert time.perf_counter() - start < 3
+        assert httpx.get(f"{gw.url}/healthz").status_code == 200
+    finally:
+        silent.close()

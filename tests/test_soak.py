@@ -34,6 +34,11 @@ def _open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def _rss_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
+
+
 def _threads(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(next(line for line in status.splitlines() if line.startswith("Threads:")).split()[1])
@@ -102,7 +107,7 @@ def test_soak_with_a_flapping_upstream(emulator: Emulator, tmp_path: Path):
         # the process holds after it is the baseline the long round must come back to.
         anyio.run(load, 3.0)
         time.sleep(1.0)
-        fds_before, threads_before = _open_fds(pid), _threads(pid)
+        fds_before, threads_before, rss_before = _open_fds(pid), _threads(pid), _rss_kib(pid)
         flapper = threading.Thread(target=flap, daemon=True)
         flapper.start()
         try:
@@ -112,7 +117,7 @@ def test_soak_with_a_flapping_upstream(emulator: Emulator, tmp_path: Path):
             flapper.join(5)
         time.sleep(1.0)
         text = httpx.get(f"{gateway.url}/metrics").text
-        fds_after, threads_after = _open_fds(pid), _threads(pid)
+        fds_after, threads_after, rss_after = _open_fds(pid), _threads(pid), _rss_kib(pid)
 
     total = sum(seen.values())
     assert total > STREAMS  # every worker finished several requests
@@ -127,3 +132,5 @@ def test_soak_with_a_flapping_upstream(emulator: Emulator, tmp_path: Path):
     # upstream keep-alive pool).
     assert fds_after <= fds_before + 10, (fds_before, fds_after)
     assert threads_after <= threads_before + 2, (threads_before, threads_after)
+    # Memory plateaus: thousands more requests after the warm-up round add little.
+    assert rss_after - rss_before < 32 * 1024, (rss_before, rss_after)
