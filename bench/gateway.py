@@ -1,0 +1,252 @@
+# ruff: noqa: T201 (a benchmark prints its progress and table)
+"""`python -m bench.gateway`: what the gateway costs, side by side with direct and nginx.
+
+Starts the Ollama emulator (`bench.servers`), a `gateway serve` in front of it (auth with a real
+key, metrics, limits: as shipped) and, when installed, nginx as the floor; then, for each
+concurrency level and target, runs the load generator (`bench.load`, its own process) and
+records TTFT, added TTFT over direct, chunks/s, requests/s and the proxy's CPU per request
+(`bench.measure`). Then the gateway's RSS per open idle stream, optionally a py-spy profile
+(`bench.hotspots`) and the real-model sweep (`bench.real_model`). Prints the tables and the
+issue-6 targets, writes JSON, flags regressions against `--compare`, draws a PNG (`bench.report`,
+`bench.plot`). Every process it starts is stopped when it ends, also on Ctrl-C.
+
+Run time: about 13 s per target and level; the default sweep (1, 16, 64, 256 streams, three
+targets, idle memory) takes about 3 minutes, `--concurrency 1,16,64` about 2.3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from contextlib import ExitStack
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.hotspots import profile_gateway
+from bench.measure import LoadPlan, idle_stream_memory, measure
+from bench.plot import plot_run
+from bench.real_model import real_model_sweep
+from bench.report import add_relative, find_regressions, print_run, write_json
+from bench.servers import (
+    Target,
+    emulator_process,
+    gateway_with_key,
+    nginx_binary,
+    nginx_process,
+)
+
+BODY = {"model": "bench", "prompt": "Why is the sky blue?", "stream": True}
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integers: {text}"
+        ) from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError("concurrency levels must be positive")
+    return levels
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `python -m bench.gateway` arguments."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.gateway", description=__doc__.split("\n\n")[0]
+    )
+    add = parser.add_argument
+    add("--concurrency", type=_levels, default=[1, 16, 64, 256], help="default: 1,16,64,256")
+    add("--duration", type=float, default=10.0, help="measured seconds per run (default 10)")
+    add("--warmup", type=float, default=1.0, help="ramp-up seconds per run, unmeasured")
+    add("--requests", type=int, help="measure this many requests per run instead of a duration")
+    add("--ttft", type=float, default=0.05, help="emulator seconds to first token (0.05)")
+    add("--inter-token", type=float, default=0.01, help="emulator seconds between tokens (0.01)")
+    add("--tokens", type=int, default=64, help="emulator tokens per answer (64)")
+    add("--no-nginx", action="store_true", help="skip the nginx row")
+    add("--no-key-limits", action="store_true", help="key without RPM/TPM/concurrency limits")
+    add("--idle-streams", type=int, default=256, help="open streams for RSS (0: skip)")
+    add("--load-processes", type=int, default=1, help="load generator processes per run")
+    add("--load-client", choices=["raw", "httpx"], default="raw", help="load generator client")
+    add("--profile", type=int, metavar="N", help="also profile the gateway with py-spy at N")
+    add("--real-model", action="store_true", help="also measure Gemma 3 270M (llama-cpp-python)")
+    add("--real-concurrency", type=_levels, default=[1, 2, 4], help="default: 1,2,4")
+    add("--real-duration", type=float, default=20.0, help="measured seconds per real run")
+    add("--real-tokens", type=int, default=64, help="max tokens per real answer")
+    add("--real-interrupt", action="store_true", help="keep llama-cpp-python's interrupts")
+    add("--out", type=Path, default=Path("bench/results/run.json"), help="JSON output")
+    add("--plot", type=Path, help="PNG output (default: --out with .png)")
+    add("--no-plot", action="store_true")
+    add("--compare", type=Path, metavar="BASELINE.json", help="flag regressions against it")
+    add("--threshold", type=float, default=0.10, help="regression threshold (default 0.10)")
+    return parser
+
+
+def _machine() -> str:
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores, {model}, Linux {platform.release()}"
+
+
+def _commit() -> str:
+    try:
+        result = subprocess.run(
+            ["git", "describe", "--always", "--dirty"],  # noqa: S607
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return result.stdout.strip()
+
+
+def run_sweep(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Start the emulator, gateway and nginx; measure every target at every level."""
+    plan = LoadPlan(
+        duration=args.duration,
+        warmup=args.warmup,
+        requests=args.requests,
+        processes=args.load_processes,
+        client=args.load_client,
+    )
+    notes: list[str] = []
+    result: dict[str, Any] = {"notes": notes}
+    timing = {"ttft": args.ttft, "inter_token": args.inter_token, "tokens": args.tokens}
+    with ExitStack() as stack:
+        emulator = stack.enter_context(emulator_process(workdir, **timing))
+        assert emulator.process is not None  # noqa: S101 - started
+        gateway, key = gateway_with_key(
+            workdir / "gateway", emulator.url, limits=not args.no_key_limits
+        )
+        stack.enter_context(gateway)
+        assert gateway.process is not None  # noqa: S101
+        pid = gateway.process.pid
+        targets = [
+            Target("direct", emulator.url, "/api/generate", BODY),
+            Target("gateway", gateway.url, "/v1/generate", BODY, key=key, pids=(pid,)),
+        ]
+        binary = None if args.no_nginx else nginx_binary()
+        if binary is not None:
+            upstream_port = int(emulator.url.rsplit(":", 1)[1])
+            nginx = stack.enter_context(nginx_process(workdir, binary, upstream_port))
+            assert nginx.process is not None  # noqa: S101
+            from bench.procstat import children
+
+            pids = (nginx.process.pid, *children(nginx.process.pid))
+            targets.append(Target("nginx", nginx.url, "/api/generate", BODY, pids=pids))
+        elif not args.no_nginx:
+            notes.append("nginx row skipped: nginx is not installed (apt-get install -y nginx)")
+        for target in targets:  # connections, caches and lazy imports before measuring
+            measure(target, 4, LoadPlan(warmup=0.0, requests=16, client=args.load_client), None)
+        rows = []
+        for n in args.concurrency:
+            for target in targets:
+                print(f"  {target.name} @{n} ...", file=sys.stderr, flush=True)
+                rows.append(measure(target, n, plan, emulator.process.pid))
+        add_relative(rows)
+        result["rows"] = rows
+        if args.profile:
+            print(f"  profiling the gateway @{args.profile} ...", file=sys.stderr, flush=True)
+            out = args.out.with_name(args.out.stem + "-gateway.collapsed")
+            result["profile"] = profile_gateway(
+                targets[1], args.profile, plan, emulator.process.pid, out
+            )
+    if args.idle_streams:
+        print(f"  gateway RSS with {args.idle_streams} idle streams ...", file=sys.stderr)
+        result["idle_memory"] = _idle_memory(args, workdir / "idle")
+    return result
+
+
+def _idle_memory(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """RSS per idle stream: an emulator that sends one token, then nothing for 10 minutes."""
+    workdir.mkdir(parents=True)
+    with emulator_process(workdir, ttft=args.ttft, inter_token=600, tokens=2) as emulator:
+        gateway, key = gateway_with_key(
+            workdir / "gateway", emulator.url, limits=not args.no_key_limits
+        )
+        with gateway:
+            assert gateway.process is not None  # noqa: S101
+            pid = gateway.process.pid
+            target = Target("gateway", gateway.url, "/v1/generate", BODY, key=key, pids=(pid,))
+            return idle_stream_memory(target, pid, args.idle_streams)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; returns 1 when `--compare` found regressions, else 0."""
+    args = build_parser().parse_args(argv)
+    started = datetime.now(UTC)
+    with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
+        workdir = Path(tmp)
+        run: dict[str, Any] = {
+            "meta": {
+                "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+                "machine": _machine(),
+                "python": platform.python_version(),
+                "commit": _commit(),
+                "command": "python -m bench.gateway " + " ".join(argv or sys.argv[1:]),
+                "emulator": {"ttft": args.ttft, "inter_token": args.inter_token},
+                "tokens": args.tokens,
+                "duration": args.duration,
+                "key_limits": not args.no_key_limits,
+                "load_client": args.load_client,
+            },
+            **run_sweep(args, workdir),
+        }
+        if args.real_model:
+            real_plan = LoadPlan(duration=args.real_duration, warmup=1.0)
+            rows, notes = real_model_sweep(
+                workdir,
+                args.real_concurrency,
+                real_plan,
+                max_tokens=args.real_tokens,
+                interrupt=args.real_interrupt,
+            )
+            add_relative(rows)
+            run["real_model"] = rows
+            run["notes"] += notes
+    run["meta"]["seconds"] = round((datetime.now(UTC) - started).total_seconds(), 1)
+    regressions = []
+    if args.compare:
+        baseline = json.loads(args.compare.read_text())
+        regressions = find_regressions(run, baseline, args.threshold)
+        run["regressions"] = [str(r) for r in regressions]
+    print_run(run, regressions)
+    if "profile" in run:
+        _print_profile(run["profile"])
+    write_json(run, args.out)
+    print(f"\njson: {args.out}  ({run['meta']['seconds']} s)")
+    if not args.no_plot:
+        print(plot_run(run, args.plot or args.out.with_suffix(".png")))
+    return 1 if regressions else 0
+
+
+def _print_profile(profile: dict[str, Any]) -> None:
+    if "skipped" in profile:
+        print(f"\nprofile: {profile['skipped']}")
+        return
+    print(f"\nGateway CPU profile ({profile['samples']} samples, {profile['file']})")
+    print("  self time by library:")
+    for name, share in profile["self_by_library"]:
+        print(f"    {share:6.1%}  {name}")
+    print("  inclusive time, gateway functions:")
+    for name, share in profile["inclusive_gateway_functions"][:10]:
+        print(f"    {share:6.1%}  {name}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
