@@ -430,3 +430,46 @@ def test_rejected_requests_are_counted_with_bounded_labels(gateway: Gateway):
     assert len(series) == 3
     assert "junk" not in text
     assert gateway.key not in text
+
+
+@pytest.mark.parametrize("dialect", ["ollama", "openai"])
+@pytest.mark.parametrize("stream", [True, False])
+def test_upstream_connections_are_reused(make_gateway, emulator: Emulator, dialect, stream):
+    """The body is read to its end after the final chunk, so httpx keeps the connection."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    from gateway.testing.server import LoopbackServer
+
+    ports: list[int] = []
+
+    async def generate(request):
+        ports.append(request.client.port)
+        if dialect == "ollama":
+            lines = [{"response": "a", "done": False}, {"response": "", "done": True}]
+            body = "".join(json.dumps(line) + "\n" for line in lines)
+            return Response(body, media_type="application/x-ndjson")
+        events = [{"choices": [{"delta": {"content": "a"}, "finish_reason": "stop"}]}, "[DONE]"]
+        body = "".join(f"data: {e if isinstance(e, str) else json.dumps(e)}\n\n" for e in events)
+        return Response(body, media_type="text/event-stream")
+
+    async def listing(_):
+        return JSONResponse({"models": [], "data": []})
+
+    path = "/api/generate" if dialect == "ollama" else "/v1/chat/completions"
+    app = Starlette(
+        routes=[
+            Route(path, generate, methods=["POST"]),
+            Route("/api/tags", listing),
+            Route("/v1/models", listing),
+            Route("/api/version", listing),
+        ]
+    )
+    with LoopbackServer(app) as upstream:
+        gw = make_gateway(upstream_url=upstream.url, upstream_dialect=dialect)
+        for _ in range(5):
+            response = _post(gw, "/v1/generate", {"model": "m", "prompt": "x", "stream": stream})
+            assert response.status_code == 200
+    assert len(ports) == 5
+    assert len(set(ports)) == 1, ports

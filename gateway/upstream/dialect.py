@@ -167,6 +167,15 @@ async def iter_lines(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield bytes(pending)
 
 
+async def drain(lines: AsyncIterator[bytes], limit: int = 64 * 1024) -> None:
+    """Read what is left of a body, up to `limit` bytes, so its connection can be reused."""
+    seen = 0
+    async for line in lines:
+        seen += len(line)
+        if seen > limit:
+            return
+
+
 def encode_json(data: Any) -> bytes:
     r"""Serialize compactly as UTF-8, escaping to ASCII only if the text cannot be encoded.
 

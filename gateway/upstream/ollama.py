@@ -20,6 +20,7 @@ from gateway.upstream.dialect import (
     ModelInfo,
     Route,
     StreamBrokenError,
+    drain,
     encode_json,
     iter_lines,
 )
@@ -56,7 +57,8 @@ class OllamaDialect:
             StreamBrokenError: a line is not a JSON object, or EOF came before `done:true`
                 (reference sections 4.3 and 9.2).
         """
-        async for line in iter_lines(response.aiter_bytes()):
+        lines = iter_lines(response.aiter_bytes())
+        async for line in lines:
             if not line.strip():
                 continue
             try:
@@ -70,6 +72,7 @@ class OllamaDialect:
             chunk = Chunk(data, line)
             yield chunk
             if chunk.is_done or chunk.is_error:
+                await drain(lines)  # Ollama ends the body right after; keep the connection
                 return
         raise StreamBrokenError("upstream closed the stream before it finished")
 

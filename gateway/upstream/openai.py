@@ -32,6 +32,7 @@ from gateway.upstream.dialect import (
     ModelInfo,
     Route,
     StreamBrokenError,
+    drain,
     encode_json,
     iter_lines,
     rfc3339_now,
@@ -105,7 +106,8 @@ class _Translation:
 
     async def run(self, response: httpx.Response) -> AsyncGenerator[Chunk, None]:
         data_lines: list[bytes] = []
-        async for raw in iter_lines(response.aiter_bytes()):
+        lines = iter_lines(response.aiter_bytes())
+        async for raw in lines:
             line = raw.rstrip(b"\r\n")
             if line.startswith(b"data:"):
                 data_lines.append(line[5:].strip())
@@ -118,6 +120,7 @@ class _Translation:
             if payload == b"[DONE]":
                 for chunk in self._finish():
                     yield chunk
+                await drain(lines)  # the body ends after [DONE]; keep the connection
                 return
             translated = self._translate_event(payload)
             if translated is not None:
