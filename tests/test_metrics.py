@@ -85,9 +85,9 @@ def test_streamed_ttft_and_decode_rate_match_the_truth(make_gateway, emulator: E
     exported = {k: v - before[k] for k, v in _exported(gw).items()}
     assert exported["ttft_count"] == 1
     assert exported["ttft"] == pytest.approx(client["ttft"], rel=0.05)
-    assert exported["ttft"] == pytest.approx(TTFT, rel=0.1)
-    assert exported["rate"] == pytest.approx(1 / INTER_TOKEN, rel=0.1)
-    assert exported["tpot"] == pytest.approx(INTER_TOKEN, rel=0.1)
+    assert exported["ttft"] == pytest.approx(TTFT, rel=0.15)
+    assert exported["rate"] == pytest.approx(1 / INTER_TOKEN, rel=0.15)
+    assert exported["tpot"] == pytest.approx(INTER_TOKEN, rel=0.15)
     assert exported["tokens_out"] == TOKENS
     assert exported["queue_count"] == 1
     # Only Ollama reports prefill timing; the gateway does not invent it for OpenAI upstreams.
@@ -107,8 +107,8 @@ def test_non_streamed_ttft_is_the_first_token_at_the_gateway(
     result = httpx.post(f"{gw.url}/v1/generate", json=body, headers=gw.headers(), timeout=30)
     assert result.json()["eval_count"] == TOKENS
     exported = {k: v - before[k] for k, v in _exported(gw).items()}
-    assert exported["ttft"] == pytest.approx(TTFT, rel=0.1)
-    assert exported["rate"] == pytest.approx(1 / INTER_TOKEN, rel=0.1)
+    assert exported["ttft"] == pytest.approx(TTFT, rel=0.15)
+    assert exported["rate"] == pytest.approx(1 / INTER_TOKEN, rel=0.15)
 
 
 def test_empty_first_chunk_does_not_start_the_ttft_clock_early(
@@ -130,7 +130,7 @@ def test_thinking_counts_as_the_first_token(gateway: Gateway, emulator: Emulator
     client = _client_stream(gateway, {"model": MODEL, "prompt": "x"})
     exported = {k: v - before[k] for k, v in _exported(gateway).items()}
     assert exported["ttft"] == pytest.approx(client["ttft"], rel=0.05)
-    assert exported["ttft"] == pytest.approx(TTFT, rel=0.1)
+    assert exported["ttft"] == pytest.approx(TTFT, rel=0.15)
     assert exported["tokens_out"] == TOKENS + 5
 
 
@@ -143,7 +143,7 @@ def test_client_leaving_halfway_still_records_what_was_observed(
     client = _client_stream(gw, {"model": MODEL, "prompt": "x"}, stop_after=10)
     exported = _exported(gw, wait_for_outcome="client_disconnect")
     assert exported["ttft"] == pytest.approx(client["ttft"], rel=0.05)
-    assert exported["rate"] == pytest.approx(1 / INTER_TOKEN, rel=0.1)
+    assert exported["rate"] == pytest.approx(1 / INTER_TOKEN, rel=0.15)
     # What was relayed until the disconnect was noticed: at least what the client read.
     assert 10 <= exported["tokens_out"] <= 20
 
