@@ -240,8 +240,3 @@ class Settings(BaseSettings):
             host_header=self.upstream_host_header,
         )
         return [one]
-
-    @property
-    def upstream_base(self) -> str:
-        """The upstream base URL as a string without a trailing slash."""
-        return str(self.upstream_url).rstrip("/")
