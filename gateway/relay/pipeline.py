@@ -176,19 +176,16 @@ class _Ending:
         self.upstream: Upstream | None = None
         self.exchange: Exchange | None = None
         self.holds_slot = False
-        self.started = False
         self.done = False
 
     def use(self, upstream: Upstream, exchange: Exchange) -> None:
-        """Make `upstream` and its `exchange` the ones this request is on."""
+        """Make `upstream` (just chosen, so counted in flight) and its `exchange` current."""
         self.upstream, self.exchange = upstream, exchange
 
     async def take_slot(self, receive: Receive) -> None:
         """Wait for the current upstream's slot (a client leaving cancels the wait)."""
         assert self.upstream is not None  # noqa: S101
         self.holds_slot = await _until_disconnect(receive, self.upstream.slots.acquire)
-        self.relay.pool.started(self.upstream)
-        self.started = True
 
     async def release(self, healthy: bool | None) -> None:
         """Give the current upstream back: close the exchange, free the slot, tell the pool."""
@@ -198,11 +195,8 @@ class _Ending:
             if self.upstream is not None:
                 if self.holds_slot:
                     self.upstream.slots.release()
-                if self.started:
-                    self.relay.pool.finished(self.upstream, healthy)
-                else:
-                    self.relay.pool.record(self.upstream, healthy)
-        self.holds_slot = self.started = False
+                self.relay.pool.finished(self.upstream, healthy)
+        self.holds_slot = False
         self.upstream = self.exchange = None
 
     async def finish(self, outcome: str, status: int | None = None) -> None:

@@ -73,7 +73,9 @@ class UpstreamPool:
     def choose(self, model: str, tried: set[str]) -> Upstream | None:
         """Pick the upstream for the next try, or None when none is left.
 
-        Takes the circuit's permission (a half-open circuit admits one trial at a time).
+        Takes the circuit's permission (a half-open circuit admits one trial at a time) and
+        counts the request in flight to the chosen upstream at once, so that requests choosing
+        at the same moment see each other; `finished` must follow.
         """
         usable = [u for u in self.upstreams if u.name not in tried and u.breaker.available()]
         # Prefer upstreams whose last probe answered; when none did, still try the others: the
@@ -85,11 +87,12 @@ class UpstreamPool:
         for upstream in sorted(candidates, key=lambda u: u.in_flight / u.spec.weight):
             if upstream.breaker.acquire():
                 self._set_state(upstream)
+                self._started(upstream)
                 return upstream
         return None
 
-    def started(self, upstream: Upstream) -> None:
-        """A request went to `upstream`."""
+    def _started(self, upstream: Upstream) -> None:
+        """A request was assigned to `upstream`."""
         upstream.in_flight += 1
         self._metrics.upstream_in_flight.labels(upstream.name).set(upstream.in_flight)
 
@@ -97,9 +100,9 @@ class UpstreamPool:
         """A request to `upstream` ended: True answered well, False failed, None unknown."""
         upstream.in_flight -= 1
         self._metrics.upstream_in_flight.labels(upstream.name).set(upstream.in_flight)
-        self.record(upstream, healthy)
+        self._record(upstream, healthy)
 
-    def record(self, upstream: Upstream, healthy: bool | None) -> None:
+    def _record(self, upstream: Upstream, healthy: bool | None) -> None:
         """Feed the circuit breaker one result."""
         if healthy is True:
             upstream.breaker.record_success()
