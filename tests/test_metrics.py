@@ -84,7 +84,7 @@ def test_streamed_ttft_and_decode_rate_match_the_truth(make_gateway, emulator: E
     client = _client_stream(gw, {"model": MODEL, "prompt": "x"})
     exported = {k: v - before[k] for k, v in _exported(gw).items()}
     assert exported["ttft_count"] == 1
-    assert exported["ttft"] == pytest.approx(client["ttft"], rel=0.05)
+    assert exported["ttft"] == pytest.approx(client["ttft"], rel=0.05, abs=0.02)
     assert exported["ttft"] == pytest.approx(TTFT, rel=0.15)
     assert exported["rate"] == pytest.approx(1 / INTER_TOKEN, rel=0.15)
     assert exported["tpot"] == pytest.approx(INTER_TOKEN, rel=0.15)
@@ -119,7 +119,7 @@ def test_empty_first_chunk_does_not_start_the_ttft_clock_early(
     client = _client_stream(gateway, {"model": MODEL, "prompt": "x"})
     exported = _exported(gateway)
     assert client["ttft"] > TTFT + INTER_TOKEN * 0.5
-    assert exported["ttft"] == pytest.approx(client["ttft"], rel=0.05)
+    assert exported["ttft"] == pytest.approx(client["ttft"], rel=0.05, abs=0.02)
 
 
 def test_thinking_counts_as_the_first_token(gateway: Gateway, emulator: Emulator):
@@ -129,7 +129,7 @@ def test_thinking_counts_as_the_first_token(gateway: Gateway, emulator: Emulator
     _configure(emulator, thinking_tokens=5)
     client = _client_stream(gateway, {"model": MODEL, "prompt": "x"})
     exported = {k: v - before[k] for k, v in _exported(gateway).items()}
-    assert exported["ttft"] == pytest.approx(client["ttft"], rel=0.05)
+    assert exported["ttft"] == pytest.approx(client["ttft"], rel=0.05, abs=0.02)
     assert exported["ttft"] == pytest.approx(TTFT, rel=0.15)
     assert exported["tokens_out"] == TOKENS + 5
 
@@ -142,7 +142,7 @@ def test_client_leaving_halfway_still_records_what_was_observed(
     _configure(emulator, tokens=200)
     client = _client_stream(gw, {"model": MODEL, "prompt": "x"}, stop_after=10)
     exported = _exported(gw, wait_for_outcome="client_disconnect")
-    assert exported["ttft"] == pytest.approx(client["ttft"], rel=0.05)
+    assert exported["ttft"] == pytest.approx(client["ttft"], rel=0.05, abs=0.02)
     assert exported["rate"] == pytest.approx(1 / INTER_TOKEN, rel=0.15)
     # What was relayed until the disconnect was noticed: at least what the client read.
     assert 10 <= exported["tokens_out"] <= 20
@@ -187,7 +187,7 @@ def test_access_log_has_one_json_line_without_secrets_or_prompt(
     text = record.getMessage()
     assert prompt not in text
     assert gateway.key not in text
-    assert gateway.key.rsplit("_", 1)[-1] not in text
+    assert gateway.key.split("_", 2)[2] not in text  # the secret (it may contain "_")
 
 
 def test_upstream_gauges_follow_ollama_ps(make_gateway, emulator: Emulator):
