@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from gateway import __version__
 from gateway.access import AccessMiddleware
+from gateway.auth.authenticator import KeyAuthenticator
 from gateway.deps import GatewayState
 from gateway.errors import register_error_handlers
 from gateway.health import router as health_router
@@ -67,7 +68,11 @@ def create_app(
                         background.start_soon(upstream.monitor.run)
                     yield GatewayState(
                         settings=settings,
-                        store=store,
+                        authenticator=KeyAuthenticator(
+                            store,
+                            ttl=settings.key_cache_seconds,
+                            last_used_interval=settings.last_used_interval,
+                        ),
                         metrics=metrics,
                         pool=pool,
                         relay=relay,

@@ -10,7 +10,7 @@ from typing import Annotated, TypedDict
 
 from fastapi import Depends, Request
 
-from gateway.keys.store import KeyStore
+from gateway.auth.authenticator import KeyAuthenticator
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import Metrics
 from gateway.relay.pipeline import Relay
@@ -22,7 +22,7 @@ class GatewayState(TypedDict):
     """What the lifespan opens and closes."""
 
     settings: Settings
-    store: KeyStore
+    authenticator: KeyAuthenticator
     metrics: Metrics
     pool: UpstreamPool
     relay: Relay
@@ -35,10 +35,10 @@ async def get_settings(request: Request) -> Settings:
     return settings
 
 
-async def get_store(request: Request) -> KeyStore:
-    """Return the key store."""
-    store: KeyStore = request.state.store
-    return store
+async def get_authenticator(request: Request) -> KeyAuthenticator:
+    """Return the key authenticator (the key store behind its cache)."""
+    authenticator: KeyAuthenticator = request.state.authenticator
+    return authenticator
 
 
 async def get_metrics(request: Request) -> Metrics:
@@ -66,7 +66,7 @@ async def get_pool(request: Request) -> UpstreamPool:
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-KeyStoreDep = Annotated[KeyStore, Depends(get_store)]
+AuthenticatorDep = Annotated[KeyAuthenticator, Depends(get_authenticator)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 RelayDep = Annotated[Relay, Depends(get_relay)]
 PoolDep = Annotated[UpstreamPool, Depends(get_pool)]

@@ -169,6 +169,14 @@ class Settings(BaseSettings):
         ge=0,
         description="A key's `last_used_at` is written at most once per this many seconds.",
     )
+    key_cache_seconds: float = Field(
+        1.0,
+        ge=0,
+        le=300,
+        description="Seconds a verified key is served from memory instead of the key store; "
+        "revocation, rotation and limit changes reach every replica within this bound. "
+        "0: read the store on every request.",
+    )
 
     # --- limits --------------------------------------------------------------------------------
     default_rpm: int = Field(

@@ -131,7 +131,8 @@ def test_x_api_key_header_is_accepted(gateway: Gateway):
     assert response.status_code == 200
 
 
-def test_revoked_key_is_rejected_at_once(gateway: Gateway):
+def test_revoked_key_is_rejected_at_once_without_the_key_cache(make_gateway):
+    gateway = make_gateway(key_cache_seconds=0)
     key_id, key = gateway.create_key("short-lived")
     body = {"model": "llama3.2", "prompt": "x", "stream": False}
     assert _post(gateway, "/v1/generate", body, headers=gateway.headers(key)).status_code == 200
@@ -139,6 +140,23 @@ def test_revoked_key_is_rejected_at_once(gateway: Gateway):
     response = _post(gateway, "/v1/generate", body, headers=gateway.headers(key))
     assert response.status_code == 401
     assert "revoked" in response.json()["error"]
+
+
+def test_revocation_reaches_every_replica_within_the_key_cache_bound(make_gateway):
+    # F-27: two replicas share one key store; a key revoked there is refused by both within
+    # GATEWAY_KEY_CACHE_SECONDS, though both had it cached.
+    bound = 0.5
+    first = make_gateway(key_cache_seconds=bound)
+    second = make_gateway(key_cache_seconds=bound, database_url=first.database_url)
+    body = {"model": "llama3.2", "prompt": "x", "stream": False}
+    for replica in (first, second):
+        assert _post(replica, "/v1/generate", body, headers=first.headers()).status_code == 200
+    first.revoke(first.key_id)
+    time.sleep(bound + 0.05)
+    for replica in (first, second):
+        response = _post(replica, "/v1/generate", body, headers=first.headers())
+        assert response.status_code == 401
+        assert "revoked" in response.json()["error"]
 
 
 def test_expired_key_is_rejected(gateway: Gateway):

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from gateway.auth.principal import Principal
-from gateway.deps import KeyStoreDep, SettingsDep
+from gateway.deps import AuthenticatorDep
 from gateway.errors import UnauthorizedError
 from gateway.keys.store import InvalidKeyError
 
@@ -28,9 +27,7 @@ def presented_key(request: Request) -> str | None:
     return api_key or None
 
 
-async def require_principal(
-    request: Request, store: KeyStoreDep, settings: SettingsDep
-) -> Principal:
+async def require_principal(request: Request, authenticator: AuthenticatorDep) -> Principal:
     """Authenticate the request's API key and return its principal.
 
     The principal is also stored in `request.state.principal` (the rate limiter keys on it).
@@ -42,12 +39,10 @@ async def require_principal(
     if key is None:
         raise UnauthorizedError("missing API key: send Authorization: Bearer <key>")
     try:
-        record = await store.authenticate(key)
+        record = await authenticator.authenticate(key)
     except InvalidKeyError as exc:
         logger.info("rejected API key: %s", exc.reason)
         raise UnauthorizedError(str(exc)) from exc
-    if _touch_due(record.last_used_at, settings.last_used_interval):
-        await store.touch(record.id, min_interval=settings.last_used_interval)
     principal = Principal(
         record.id,
         record.name,
@@ -59,11 +54,6 @@ async def require_principal(
     request.state.principal = principal  # the error handlers label refusals with it
     request.scope.setdefault("state", {})["key_id"] = record.id
     return principal
-
-
-def _touch_due(last_used_at: datetime | None, interval: float) -> bool:
-    """Whether `last_used_at` is old enough to write again; spares the hot path a write."""
-    return last_used_at is None or datetime.now(UTC) - last_used_at >= timedelta(seconds=interval)
 
 
 PrincipalDep = Annotated[Principal, Depends(require_principal)]
