@@ -10,26 +10,43 @@ rotation. Then it stops accepting connections and lets in-flight requests finish
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import anyio
 
 
 class Lifecycle:
-    """Whether the process is draining, and the signal that ends the streams still running."""
+    """Whether the process is draining, and the signal that ends the streams still running.
+
+    Each running stream registers its cancel scope (`ends_with`) instead of keeping a task of
+    its own that waits for the signal: a task per stream costs memory and a wake-up per stream
+    at shutdown (docs/performance.md, section 5).
+
+    Attributes:
+        draining: New generation requests are refused (`/readyz` answers 503).
+        stopped: The streams still running have been told to end.
+    """
 
     def __init__(self) -> None:
         self.draining = False
-        self._stop: asyncio.Event | None = None
-
-    def _event(self) -> asyncio.Event:
-        if self._stop is None:
-            self._stop = asyncio.Event()
-        return self._stop
+        self.stopped = False
+        self._scopes: set[anyio.CancelScope] = set()
 
     def stop_streams(self) -> None:
         """End every stream still running (call from the event loop's thread)."""
         self.draining = True
-        self._event().set()
+        self.stopped = True
+        for scope in list(self._scopes):
+            scope.cancel()
 
-    async def wait_stop(self) -> None:
-        """Return when the streams still running must end."""
-        await self._event().wait()
+    @contextmanager
+    def ends_with(self, scope: anyio.CancelScope) -> Iterator[None]:
+        """Cancel `scope` when the streams must end (at once if they already must)."""
+        if self.stopped:
+            scope.cancel()
+        self._scopes.add(scope)
+        try:
+            yield
+        finally:
+            self._scopes.discard(scope)

@@ -64,13 +64,14 @@ class RelayStreamResponse(Response):
         """Run the relay; see the module docstring."""
         try:
             async with anyio.create_task_group() as group:
-                group.start_soon(self._watch_disconnect, receive, group.cancel_scope)
-                group.start_soon(self._watch_shutdown, group.cancel_scope)
-                try:
-                    await self._relay(send)
-                except OSError:  # the server could not write: the client is gone
-                    self.client_gone = True
-                group.cancel_scope.cancel()
+                with self.lifecycle.ends_with(group.cancel_scope):
+                    group.start_soon(self._watch_disconnect, receive, group.cancel_scope)
+                    try:
+                        await self._relay(send)
+                    except OSError:  # the server could not write: the client is gone
+                        self.client_gone = True
+                    group.cancel_scope.cancel()
+            self.stopped = self.lifecycle.stopped
             if self.stopped and not self.client_gone and self.exchange.outcome is None:
                 await self._end_with_error(send, "gateway is shutting down")
         finally:
@@ -96,11 +97,6 @@ class RelayStreamResponse(Response):
             line = Chunk.error(message).line
             await send({"type": "http.response.body", "body": line, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def _watch_shutdown(self, scope: anyio.CancelScope) -> None:
-        await self.lifecycle.wait_stop()
-        self.stopped = True
-        scope.cancel()
 
     async def _watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
         while True:
