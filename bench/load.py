@@ -4,9 +4,11 @@ The benchmark spawns `python -m bench.load` once per target and concurrency leve
 generator's CPU time is its own and is reported next to its results: a generator near 100 % of a
 core would be measuring itself, not the server. It runs on uvloop. Its default client is a
 minimal keep-alive HTTP/1.1 client on an asyncio protocol with httptools (llhttp, C) parsing
-the answer (`bench.stream`): `--client httpx` (httpx.AsyncClient) costs about four times as much
-CPU per chunk and saturates a core near 2,500 chunks/s, below what the emulator serves at 64
-streams.
+the answer (`bench.stream`). `--client httpx` (httpx.AsyncClient, the gateway's own upstream
+client), `--client httpx-aiohttp` (httpx over aiohttp's transport, package httpx-aiohttp) and
+`--client aiohttp` (aiohttp.ClientSession) measure the alternatives side by side: each report
+carries the generator's own CPU seconds, so CPU per chunk compares the clients
+(docs/performance.md). httpx costs about four times the raw client's CPU per chunk.
 
 Each stream measures TTFT (request sent -> first line carrying non-empty text) and counts the
 lines (chunks) it receives. In `--duration` mode the streams start spread over `--warmup`
@@ -32,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-import httptools
 import httpx
 import uvloop
 
@@ -112,7 +113,7 @@ class Tally:
 class Worker:
     """One stream slot: sends requests one after another on its own connection."""
 
-    def __init__(self, spec: Spec, tally: Tally, client: httpx.AsyncClient | None) -> None:
+    def __init__(self, spec: Spec, tally: Tally, client: Any) -> None:
         self.spec = spec
         self.tally = tally
         self.client = client
@@ -126,7 +127,7 @@ class Worker:
         start = time.perf_counter()
         try:
             status = await self._send(reader, error)
-        except (OSError, httpx.HTTPError, httptools.HttpParserError, ValueError) as exc:
+        except Exception as exc:  # whatever the client raised: one failed request
             self.close()
             self.tally.error(f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(0.05)  # a refused connection must not become a busy loop
@@ -144,6 +145,14 @@ class Worker:
                 error.extend(piece[:200])
 
         status_holder = [200]
+        if self.client is not None and not isinstance(self.client, httpx.AsyncClient):
+            spec = self.spec  # an aiohttp.ClientSession
+            url = f"http://{spec.host}:{spec.port}{spec.path}"
+            async with self.client.post(url, data=spec.body, headers=spec.headers) as answer:
+                status_holder[0] = answer.status
+                async for piece in answer.content.iter_any():
+                    sink(piece)
+            return int(answer.status)
         if self.client is not None:
             spec = self.spec
             url = f"http://{spec.host}:{spec.port}{spec.path}"
@@ -178,11 +187,7 @@ class Worker:
 async def run(args: argparse.Namespace, spec: Spec) -> dict[str, Any]:
     """Drive `args.concurrency` streams as the module docstring says; return the report."""
     n = args.concurrency
-    client = None
-    if args.client == "httpx":
-        limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-        timeout = httpx.Timeout(connect=10.0, read=args.read_timeout, write=10.0, pool=60.0)
-        client = httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False)
+    client = _client(args.client, n, args.read_timeout)
     counted = args.requests is not None
     warmup = 0.0 if counted else args.warmup
     now = time.perf_counter()
@@ -221,7 +226,27 @@ async def run(args: argparse.Namespace, spec: Spec) -> dict[str, Any]:
         for worker in workers:
             worker.close()
         if client is not None:
-            await client.aclose()
+            await client.close() if hasattr(client, "closed") else await client.aclose()
+
+
+def _client(name: str, n: int, read_timeout: float) -> Any:
+    """The client `--client` names, with `n` keep-alive connections; None for the raw one."""
+    if name == "raw":
+        return None
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    if name == "aiohttp":
+        import aiohttp  # optional: the bench extra
+
+        connector = aiohttp.TCPConnector(limit=n)
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=read_timeout)
+        return aiohttp.ClientSession(connector=connector, timeout=timeout)
+    transport = None
+    if name == "httpx-aiohttp":
+        from httpx_aiohttp import AiohttpTransport  # optional: the bench extra
+
+        transport = AiohttpTransport(limits=limits, trust_env=False)
+    timeout = httpx.Timeout(connect=10.0, read=read_timeout, write=10.0, pool=60.0)
+    return httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False, transport=transport)
 
 
 async def _hold(workers: list[Worker], hold: float) -> dict[str, Any]:
@@ -249,7 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--key", help="API key, sent as Authorization: Bearer")
     parser.add_argument("--sse", action="store_true", help="OpenAI server-sent events answer")
     parser.add_argument("--parse-all", action="store_true", help="count tokens, decode rates")
-    parser.add_argument("--client", choices=["raw", "httpx"], default="raw")
+    parser.add_argument(
+        "--client", choices=["raw", "httpx", "httpx-aiohttp", "aiohttp"], default="raw"
+    )
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=1.0, help="ramp-up seconds, unmeasured")
