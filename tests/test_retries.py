@@ -61,6 +61,12 @@ def flaky() -> Iterator[tuple[FlakyUpstream, str]]:
         yield upstream, server.url
 
 
+@pytest.fixture(params=["aiohttp", "httpx"])
+def upstream_client(request: pytest.FixtureRequest) -> str:
+    """Every retry rule holds for both upstream HTTP clients (GATEWAY_UPSTREAM_HTTP_CLIENT)."""
+    return str(request.param)
+
+
 def _generate(url: str, key: str, **body) -> httpx.Response:
     payload = {"model": MODEL, "prompt": "x", **body}
     headers = {"Authorization": f"Bearer {key}"}
@@ -69,11 +75,14 @@ def _generate(url: str, key: str, **body) -> httpx.Response:
 
 @pytest.mark.parametrize("status", [500, 502, 503, 504])
 def test_failures_before_the_first_byte_are_retried_into_one_clean_stream(
-    flaky, make_gateway, status
+    flaky,
+    make_gateway,
+    status,
+    upstream_client,
 ):
     """F-06 (b): the client sees one clean stream; every try is counted."""
     upstream, url = flaky
-    gw = make_gateway(upstream_url=url, retry_backoff=0.01)
+    gw = make_gateway(upstream_http_client=upstream_client, upstream_url=url, retry_backoff=0.01)
     upstream.failures = [status, status]
     response = _generate(gw.url, gw.key)
     lines = [json.loads(line) for line in response.text.splitlines()]
@@ -84,9 +93,11 @@ def test_failures_before_the_first_byte_are_retried_into_one_clean_stream(
     assert metric_value(gw.metrics_text(), "gateway_upstream_retries_total", reason="status") == 2
 
 
-def test_retries_stop_after_the_configured_attempts(flaky, make_gateway):
+def test_retries_stop_after_the_configured_attempts(flaky, make_gateway, upstream_client):
     upstream, url = flaky
-    gw = make_gateway(upstream_url=url, retry_backoff=0.01, retry_attempts=2)
+    gw = make_gateway(
+        upstream_http_client=upstream_client, upstream_url=url, retry_backoff=0.01, retry_attempts=2
+    )
     upstream.failures = [503, 503, 503]
     response = _generate(gw.url, gw.key)
     assert response.status_code == 503
@@ -94,19 +105,21 @@ def test_retries_stop_after_the_configured_attempts(flaky, make_gateway):
     assert upstream.calls == 2
 
 
-def test_client_errors_are_not_retried(flaky, make_gateway):
+def test_client_errors_are_not_retried(flaky, make_gateway, upstream_client):
     upstream, url = flaky
-    gw = make_gateway(upstream_url=url, retry_backoff=0.01)
+    gw = make_gateway(upstream_http_client=upstream_client, upstream_url=url, retry_backoff=0.01)
     upstream.failures = [404]
     assert _generate(gw.url, gw.key).status_code == 404
     assert upstream.calls == 1
 
 
 def test_a_stream_that_fails_after_its_first_byte_is_never_replayed(
-    make_gateway, emulator: Emulator
+    make_gateway,
+    emulator: Emulator,
+    upstream_client,
 ):
     """F-06 (a): exactly one upstream call, an error line to the client."""
-    gw = make_gateway(retry_backoff=0.01)
+    gw = make_gateway(upstream_http_client=upstream_client, retry_backoff=0.01)
     emulator.config.fault = "drop_midstream"
     emulator.config.fault_after = 3
     response = _generate(gw.url, gw.key)
@@ -116,20 +129,27 @@ def test_a_stream_that_fails_after_its_first_byte_is_never_replayed(
     assert metric_value(gw.metrics_text(), "gateway_upstream_retries_total") == 0
 
 
-def test_connection_refused_is_retried_then_502(make_gateway):
+def test_connection_refused_is_retried_then_502(make_gateway, upstream_client):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    gw = make_gateway(upstream_url=f"http://127.0.0.1:{port}", retry_backoff=0.01)
+    gw = make_gateway(
+        upstream_http_client=upstream_client,
+        upstream_url=f"http://127.0.0.1:{port}",
+        retry_backoff=0.01,
+    )
     assert _generate(gw.url, gw.key).status_code == 502
     assert metric_value(gw.metrics_text(), "gateway_upstream_retries_total", reason="connect") == 2
 
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_the_whole_request_is_bounded_by_the_request_timeout(
-    make_gateway, emulator: Emulator, stream
+    make_gateway,
+    emulator: Emulator,
+    stream,
+    upstream_client,
 ):
-    gw = make_gateway(request_timeout=1.0, idle_timeout=10)
+    gw = make_gateway(upstream_http_client=upstream_client, request_timeout=1.0, idle_timeout=10)
     emulator.config.tokens = 100
     emulator.config.inter_token = 0.05  # 5 s of answer
     start = time.perf_counter()
