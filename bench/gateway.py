@@ -71,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--inter-token", type=float, default=0.01, help="emulator seconds between tokens (0.01)")
     add("--tokens", type=int, default=64, help="emulator tokens per answer (64)")
     add("--no-nginx", action="store_true", help="skip the nginx row")
+    add(
+        "--httpx-row",
+        action="store_true",
+        help="also a gateway with GATEWAY_UPSTREAM_HTTP_CLIENT=httpx (row gw-httpx)",
+    )
     add("--no-key-limits", action="store_true", help="key without RPM/TPM/concurrency limits")
     add("--idle-streams", type=int, default=256, help="open streams for RSS (0: skip)")
     add("--load-processes", type=int, default=1, help="load generator processes per run")
@@ -140,6 +145,25 @@ def run_sweep(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             Target("direct", emulator.url, "/api/generate", BODY),
             Target("gateway", gateway.url, "/v1/generate", BODY, key=key, pids=(pid,)),
         ]
+        if args.httpx_row:
+            variant, variant_key = gateway_with_key(
+                workdir / "gateway-httpx",
+                emulator.url,
+                limits=not args.no_key_limits,
+                extra_env={"GATEWAY_UPSTREAM_HTTP_CLIENT": "httpx"},
+            )
+            stack.enter_context(variant)
+            assert variant.process is not None  # noqa: S101
+            targets.append(
+                Target(
+                    "gw-httpx",
+                    variant.url,
+                    "/v1/generate",
+                    BODY,
+                    key=variant_key,
+                    pids=(variant.process.pid,),
+                )
+            )
         binary = None if args.no_nginx else nginx_binary()
         if binary is not None:
             upstream_port = int(emulator.url.rsplit(":", 1)[1])

@@ -9,7 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-_STYLE = {"direct": "tab:gray", "gateway": "tab:blue", "nginx": "tab:green"}
+_STYLE = {
+    "direct": "tab:gray",
+    "gateway": "tab:blue",
+    "gw-httpx": "tab:orange",
+    "nginx": "tab:green",
+}
 
 
 def plot_run(run: dict[str, Any], path: Path) -> str:
