@@ -142,9 +142,14 @@ class Relay:
                 meter=ending.meter,
             )
             ending.use(upstream, exchange)
+
+            async def slot_then_open(exchange: Exchange = exchange) -> None:
+                await ending.take_slot()
+                await exchange.open()
+
             try:
-                await ending.take_slot(request.receive)
-                await _until_disconnect(request.receive, exchange.open)
+                # One watcher for both waits: a task group per request, not two.
+                await _until_disconnect(request.receive, slot_then_open)
             except (UpstreamError, ServiceUnavailableError) as exc:
                 if exc.status_code < 500:
                     raise
@@ -182,10 +187,10 @@ class _Ending:
         """Make `upstream` (just chosen, so counted in flight) and its `exchange` current."""
         self.upstream, self.exchange = upstream, exchange
 
-    async def take_slot(self, receive: Receive) -> None:
-        """Wait for the current upstream's slot (a client leaving cancels the wait)."""
+    async def take_slot(self) -> None:
+        """Wait for the current upstream's slot (the caller watches for the client leaving)."""
         assert self.upstream is not None  # noqa: S101
-        self.holds_slot = await _until_disconnect(receive, self.upstream.slots.acquire)
+        self.holds_slot = await self.upstream.slots.acquire()
 
     async def release(self, healthy: bool | None) -> None:
         """Give the current upstream back: close the exchange, free the slot, tell the pool."""
