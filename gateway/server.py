@@ -67,6 +67,7 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
     # httpx logs every request at INFO, which would be the upstream monitor's probes every few
     # seconds; the gateway's own access log already has one line per request.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("aiohttp").setLevel(logging.WARNING)
     lifecycle = Lifecycle()
     config = uvicorn.Config(
         create_app(settings, lifecycle=lifecycle),
