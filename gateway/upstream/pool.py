@@ -10,6 +10,7 @@ the next one tried (`gateway.relay.pipeline`).
 
 from __future__ import annotations
 
+import logging
 import random
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from gateway.upstream.dialect import Dialect, ModelInfo
 from gateway.upstream.monitor import UpstreamMonitor
 from gateway.upstream.ollama import OllamaDialect
 from gateway.upstream.openai import OpenAIDialect
+
+logger = logging.getLogger("gateway.upstream")
 
 
 @dataclass
@@ -178,6 +181,12 @@ async def open_pool(
     for spec in settings.upstream_specs:
         client = await stack.enter_async_context(build_upstream_client(spec, settings, transport))
         dialect = build_dialect(spec)
+        logger.info(
+            "upstream %s: %s dialect, over %s",
+            spec.name,
+            dialect.name,
+            "a test transport" if transport is not None else settings.upstream_http_client,
+        )
         catalog = ModelCatalog(dialect, client, timeout=settings.connect_timeout)
         capacity = settings.upstream_max_concurrent
         upstreams.append(
