@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -217,3 +218,52 @@ def test_an_upstream_that_never_answers_its_health_probe_is_unready_in_bounded_t
         assert httpx.get(f"{gw.url}/healthz").status_code == 200
     finally:
         silent.close()
+
+
+def test_an_upstream_that_trickles_its_probe_answer_cannot_hold_probes_or_connections(
+    make_gateway: Callable[..., Gateway],
+):
+    """Found by attack: one byte every 0.2 s beats every per-read timeout; the probe's budget
+    (GATEWAY_CONNECT_TIMEOUT) must still end it and give its pooled connection back."""
+    stop = threading.Event()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+
+    def trickle(conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            while not stop.is_set():
+                try:
+                    conn.sendall(b"1\r\nx\r\n")
+                except OSError:
+                    return
+                time.sleep(0.2)
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=trickle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        port = listener.getsockname()[1]
+        gw = make_gateway(
+            upstream_url=f"http://127.0.0.1:{port}",
+            connect_timeout=0.5,
+            max_connections=1,
+            upstream_poll_interval=3600,
+        )
+        for _ in range(3):  # one connection: a probe that kept it would starve the next ones
+            start = time.perf_counter()
+            ready = httpx.get(f"{gw.url}/readyz", timeout=10)
+            assert ready.status_code == 503
+            assert time.perf_counter() - start < 3
+            assert "did not answer within 0.5 s" in json.dumps(ready.json())
+    finally:
+        stop.set()
+        listener.close()

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 
+import anyio
 import httpx
 import pytest
 
@@ -228,3 +229,60 @@ async def test_no_free_connection_within_the_pool_timeout_is_a_pool_timeout():
         second = await http.send(http.build_request("POST", "/"), stream=True)
         await second.aclose()
     assert len(connections) == 2
+
+
+async def test_a_malformed_chunk_fails_the_read_at_once_instead_of_hanging():
+    # aiohttp's C parser closes the connection on a bad chunk-size line without failing the
+    # body; the transport's close watch must turn that into a ReadError (found by attack).
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b'HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n8\r\n{"a":1}\n\r\n')
+        await writer.drain()
+        await asyncio.sleep(0.1)  # the response is streaming when the bad line comes
+        writer.write(b"ZZZ-not-a-size\r\nxx\r\n")
+        await writer.drain()
+        await asyncio.sleep(30)  # keeps its end open: only the parse error can end the read
+
+    async with serving(handler) as (url, _), client(url, read=30.0) as http:
+        response = await http.send(http.build_request("POST", "/"), stream=True)
+        received: list[bytes] = []
+
+        async def read_all() -> None:
+            async for piece in response.aiter_bytes():
+                received.append(piece)
+
+        with anyio.fail_after(5):  # far below the 30 s read timeout
+            with pytest.raises(httpx.ReadError):
+                await read_all()
+        await response.aclose()
+    assert b"".join(received) == b'{"a":1}\n'
+
+
+async def test_the_connection_is_reused_after_many_responses_without_a_close_watch_left():
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            head, _ = CHUNKED_OK.split(b"0\r\n\r\n")
+            writer.write(head)
+            await writer.drain()
+            await asyncio.sleep(0.005)  # still streaming when the client gets the headers
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+
+    transport = AiohttpTransport(httpx.Limits(max_connections=2, keepalive_expiry=30))
+    async with (
+        serving(handler) as (url, connections),
+        httpx.AsyncClient(base_url=url, transport=transport) as http,
+    ):
+        for _ in range(20):
+            assert (await http.post("/", content=b"{}")).status_code == 200
+        protocols = list(transport._watched)  # the watch's own bookkeeping
+        assert len(protocols) == 1
+        closed = protocols[0].closed
+        assert closed is not None
+        # only the permanent exception retriever stays; every response's watch is gone
+        assert len(closed._callbacks) == 1
+    assert len(connections) == 1

@@ -31,7 +31,9 @@ class UpstreamMonitor:
         catalog: Refreshed on every poll so model labels follow the upstream.
         metrics: Where the gauges live.
         interval: Seconds between polls.
-        timeout: Seconds allowed for each probe.
+        timeout: Seconds allowed for each probe, and for each `/api/ps` call, from sending to the
+            last byte: an upstream that trickles bytes cannot hold a probe (or its connection)
+            longer.
     """
 
     def __init__(
@@ -52,6 +54,7 @@ class UpstreamMonitor:
         self._metrics = metrics
         self._interval = interval
         self._timeout = httpx.Timeout(timeout)
+        self._budget = timeout
         self.up: bool | None = None  # None until the first probe
 
     async def run(self) -> None:
@@ -70,10 +73,15 @@ class UpstreamMonitor:
     async def probe(self) -> tuple[bool, str]:
         """Send the readiness probe once; set `gateway_upstream_up`; return (up, detail)."""
         try:
-            response = await self._client.get(self._dialect.readiness_path, timeout=self._timeout)
+            with anyio.fail_after(self._budget):
+                response = await self._client.get(
+                    self._dialect.readiness_path, timeout=self._timeout
+                )
             up, detail = response.status_code == 200, f"upstream answered {response.status_code}"
         except httpx.HTTPError as exc:
             up, detail = False, f"upstream unreachable ({type(exc).__name__})"
+        except TimeoutError:
+            up, detail = False, f"upstream did not answer within {self._budget:g} s"
         self._metrics.upstream_up.labels(self.name).set(1 if up else 0)
         self.up = up
         return up, detail
@@ -96,10 +104,11 @@ class UpstreamMonitor:
 
     async def _poll_loaded_models(self) -> None:
         try:
-            response = await self._client.get("/api/ps", timeout=self._timeout)
+            with anyio.fail_after(self._budget):
+                response = await self._client.get("/api/ps", timeout=self._timeout)
             response.raise_for_status()
             models: list[dict[str, Any]] = response.json().get("models") or []
-        except (httpx.HTTPError, ValueError, AttributeError):
+        except (httpx.HTTPError, ValueError, AttributeError, TimeoutError):
             logger.warning("upstream %s: /api/ps unavailable", self.name)
             return
         memory = self._metrics.upstream_model_memory

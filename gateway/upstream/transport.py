@@ -18,8 +18,13 @@ relay classifies:
 | `ConnectionTimeoutError`                       | `ConnectTimeout`         |
 | no pool slot within the pool timeout           | `PoolTimeout`            |
 | `SocketTimeoutError` (a read took too long)    | `ReadTimeout`            |
-| `ServerDisconnectedError`, bad status line     | `RemoteProtocolError`    |
+| `ServerDisconnectedError`, malformed answer    | `RemoteProtocolError`    |
 | `ClientPayloadError`, `ClientOSError`, other   | `ReadError`              |
+
+A malformed body (a bad chunk-size line) makes aiohttp's C parser close the connection without
+failing the body stream, so a read would wait forever (its `sock_read` timer is dropped too).
+Each response therefore watches its connection: when the connection closes before the body
+ended, the reader gets what was received, then `ReadError`.
 
 The pool: at most `max_connections` responses open at once (an `anyio.Semaphore`, held from the
 request until the response is closed; waiting longer than the pool timeout raises
@@ -30,12 +35,15 @@ Cookies are never stored (`DummyCookieJar`), as with the httpx client (`gateway.
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 
 import aiohttp
 import anyio
 import httpx
+from aiohttp.client_proto import ResponseHandler
 
 #: Request headers aiohttp must not add on its own; httpx already set what is wanted.
 _SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
@@ -56,6 +64,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         self._limits = limits
         self._session: aiohttp.ClientSession | None = None
         self._slots = anyio.Semaphore(limits.max_connections) if limits.max_connections else None
+        # Connections whose `closed` future already has `_retrieve` (see `_closed_future`).
+        self._watched: weakref.WeakSet[ResponseHandler] = weakref.WeakSet()
 
     def _open_session(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(
@@ -107,10 +117,22 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         return httpx.Response(
             status_code=answer.status,
             headers=answer.raw_headers,
-            stream=_ResponseStream(answer, slot),
+            stream=_ResponseStream(answer, slot, self._closed_future(answer)),
             request=request,
             extensions={"http_version": b"HTTP/1.1"},
         )
+
+    def _closed_future(self, answer: aiohttp.ClientResponse) -> asyncio.Future[None] | None:
+        """The future that ends when `answer`'s connection closes; None if it is gone already."""
+        connection = answer.connection
+        protocol = connection.protocol if connection is not None else None
+        closed = protocol.closed if protocol is not None else None
+        if protocol is not None and closed is not None and protocol not in self._watched:
+            # `closed` may end with an exception long after every response is gone (a reset
+            # idle connection); retrieve it so asyncio does not log it as never retrieved.
+            closed.add_done_callback(_retrieve)
+            self._watched.add(protocol)
+        return closed
 
     async def _take_slot(self, pool_timeout: float | None) -> anyio.Semaphore | None:
         if self._slots is None:
@@ -130,24 +152,57 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
 
 class _ResponseStream(httpx.AsyncByteStream):
-    """The response body as aiohttp delivers it; closing it gives back the pool slot."""
+    """The response body as aiohttp delivers it; closing it gives back the pool slot.
 
-    def __init__(self, answer: aiohttp.ClientResponse, slot: anyio.Semaphore | None) -> None:
+    It watches the connection (`closed`, None when the connection is gone already): if the
+    connection closes before the body ended, what was received is still read, then `ReadError`.
+    """
+
+    def __init__(
+        self,
+        answer: aiohttp.ClientResponse,
+        slot: anyio.Semaphore | None,
+        closed: asyncio.Future[None] | None,
+    ) -> None:
         self._answer = answer
         self._slot = slot
+        self._closed = closed
+        self._broken = False
+        self._done = False
+        if closed is None:
+            self._connection_closed(None)
+        else:
+            closed.add_done_callback(self._connection_closed)
+
+    def _connection_closed(self, _: asyncio.Future[None] | None) -> None:
+        body = self._answer.content
+        if not body.is_eof() and body.exception() is None:
+            self._broken = True
+            body.feed_eof()  # wakes the reader; __aiter__ then raises
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         with _mapped_errors():
             async for piece in self._answer.content.iter_any():
                 yield piece
+        if self._broken:
+            raise httpx.ReadError("upstream closed the connection before the body ended")
 
     async def aclose(self) -> None:
-        slot, self._slot = self._slot, None
-        if slot is None:
+        if self._done:
             return
+        self._done = True
+        if self._closed is not None:  # a kept-alive connection goes on to other responses
+            self._closed.remove_done_callback(self._connection_closed)
         # release() keeps the connection when the body was read to its end, else closes it.
         self._answer.release()
-        slot.release()
+        if self._slot is not None:
+            self._slot.release()
+
+
+def _retrieve(closed: asyncio.Future[None]) -> None:
+    """Mark a connection's close exception as seen (it is expected, not a bug)."""
+    if not closed.cancelled():
+        closed.exception()
 
 
 @contextmanager
@@ -161,7 +216,11 @@ def _mapped_errors() -> Iterator[None]:
         raise httpx.ConnectTimeout(str(exc) or "connect timed out") from exc
     except aiohttp.SocketTimeoutError as exc:
         raise httpx.ReadTimeout(str(exc) or "read timed out") from exc
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientResponseError) as exc:
+    except (
+        aiohttp.ServerDisconnectedError,
+        aiohttp.ClientResponseError,
+        aiohttp.http_exceptions.HttpProcessingError,  # a malformed answer, raised unwrapped
+    ) as exc:
         raise httpx.RemoteProtocolError(str(exc) or "server disconnected") from exc
     except aiohttp.ClientError as exc:
         raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
