@@ -37,6 +37,7 @@ from bench.report import add_relative, find_regressions, print_run, write_json
 from bench.servers import (
     Target,
     emulator_process,
+    floor_process,
     gateway_with_key,
     nginx_binary,
     nginx_process,
@@ -71,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--inter-token", type=float, default=0.01, help="emulator seconds between tokens (0.01)")
     add("--tokens", type=int, default=64, help="emulator tokens per answer (64)")
     add("--no-nginx", action="store_true", help="skip the nginx row")
+    add(
+        "--floor-row",
+        action="store_true",
+        help="also a bare uvicorn + aiohttp relay (row floor): the stack's own cost",
+    )
     add(
         "--httpx-row",
         action="store_true",
@@ -163,6 +169,12 @@ def run_sweep(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     key=variant_key,
                     pids=(variant.process.pid,),
                 )
+            )
+        if args.floor_row:
+            floor = stack.enter_context(floor_process(workdir, emulator.url))
+            assert floor.process is not None  # noqa: S101
+            targets.append(
+                Target("floor", floor.url, "/api/generate", BODY, pids=(floor.process.pid,))
             )
         binary = None if args.no_nginx else nginx_binary()
         if binary is not None:

@@ -13,6 +13,7 @@ _STYLE = {
     "direct": "tab:gray",
     "gateway": "tab:blue",
     "gw-httpx": "tab:orange",
+    "floor": "tab:purple",
     "nginx": "tab:green",
 }
 

@@ -147,3 +147,13 @@ def nginx_process(workdir: Path, binary: str, upstream_port: int) -> ManagedProc
     return ManagedProcess(
         "nginx", argv, url, f"{url}/api/version", log_path=directory / "stdout.log"
     )
+
+
+def floor_process(workdir: Path, upstream_url: str) -> ManagedProcess:
+    """`python -m bench.floor`: the bare uvicorn + aiohttp relay (the stack's floor row)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "bench.floor", "--port", str(port), "--upstream", upstream_url]
+    return ManagedProcess(
+        "floor", argv, url, f"{url}/api/version", log_path=workdir / "floor.log", start_timeout=30.0
+    )
