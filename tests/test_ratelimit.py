@@ -12,7 +12,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from limits.aio.storage import MemoryStorage
 
+from gateway.auth.principal import Principal
+from gateway.errors import RateLimitedError
+from gateway.metrics import Metrics
+from gateway.ratelimit.limiter import KeyLimiter, build_storage
+from gateway.settings import Settings
 from gateway.testing.stack import create_key, gateway_process
 from tests.conftest import Emulator, Gateway, metric_value
 
@@ -315,3 +321,26 @@ def test_limiter_storage_failure_can_fail_closed(make_gateway, emulator: Emulato
     assert response.headers["retry-after"]
     assert "rate limiting is unavailable" in response.json()["error"]
     assert _generations(emulator) == []
+
+
+@pytest.mark.anyio
+async def test_the_memory_storage_prunes_at_most_once_a_second_and_stays_exact(monkeypatch):
+    """The override of limits' private pruning hook is still wired (limits 5.x), and RPM is
+    still exact with pruning throttled."""
+    assert hasattr(MemoryStorage, "_MemoryStorage__schedule_expiry")
+    calls: list[int] = []
+    original = MemoryStorage._MemoryStorage__schedule_expiry  # type: ignore[attr-defined]
+
+    async def counting(self: MemoryStorage) -> None:
+        calls.append(1)
+        await original(self)
+
+    monkeypatch.setattr(MemoryStorage, "_MemoryStorage__schedule_expiry", counting)
+    settings = Settings(upstream_url="http://127.0.0.1:1")
+    limiter = KeyLimiter(build_storage(settings), settings, Metrics())
+    principal = Principal("k1", "app", None, rpm=40)
+    for _ in range(40):
+        await limiter.release(await limiter.admit(principal), 0)
+    assert len(calls) == 1
+    with pytest.raises(RateLimitedError):
+        await limiter.admit(principal)
