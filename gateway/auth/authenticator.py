@@ -1,8 +1,8 @@
 """`KeyAuthenticator`: the key store's `authenticate`, with a short cache of verified keys.
 
-Reading the key store on every request costs about 1.3 ms of CPU and 4.7 ms of wall time on
-SQLite (an ORM lookup through aiosqlite's worker thread; docs/performance.md, section 2), more
-than the rest of the gateway's per-request work together. A key verified in the last
+Reading the key store on every request cost about 1.3 ms of CPU and 4.7 ms of wall time on
+SQLite (an ORM lookup through aiosqlite's worker thread; docs/performance.md, "The first
+run"), more than the rest of the gateway's per-request work together. A key verified in the last
 `GATEWAY_KEY_CACHE_SECONDS` is therefore served from memory:
 
 - **The bound.** Revocation, rotation and limit changes take effect on every replica within

@@ -2,10 +2,10 @@
 
 Why: on the relay's hot path the upstream client reads one small chunk per token. Measured side
 by side as the load generator's client, against the same emulator at 16 streams
-(docs/performance.md, "The upstream HTTP client"), httpx's own transport (httpcore + h11) cost
-222 µs of CPU per chunk, httpx over aiohttp 104 µs, aiohttp alone 81 µs and a raw asyncio
-protocol 43 µs. httpx stays the gateway's client API (requests, responses, timeouts, the
-transports tests inject); only the bytes on the wire go through aiohttp.
+(docs/performance.md, "What changed since the first run", item 3), httpx's own transport
+(httpcore + h11) cost 222 µs of CPU per chunk, httpx over aiohttp 104 µs, aiohttp alone 81 µs
+and a raw asyncio protocol 43 µs. httpx stays the gateway's client API (requests, responses,
+timeouts, the transports tests inject); only the bytes on the wire go through aiohttp.
 
 Not the `httpx-aiohttp` package: its exception map turns a refused connection and a dropped
 one into `httpx.ConnectTimeout`, which would break the relay's retry and error rules
