@@ -58,7 +58,6 @@ class RelayStreamResponse(Response):
         ]
         self.lifecycle = lifecycle
         self.client_gone = False
-        self.stopped = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # noqa: ARG002
         """Run the relay; see the module docstring."""
@@ -71,15 +70,16 @@ class RelayStreamResponse(Response):
                     except OSError:  # the server could not write: the client is gone
                         self.client_gone = True
                     group.cancel_scope.cancel()
-            self.stopped = self.lifecycle.stopped
-            if self.stopped and not self.client_gone and self.exchange.outcome is None:
+            if self.lifecycle.stopped and not self.client_gone and self.exchange.outcome is None:
                 await self._end_with_error(send, "gateway is shutting down")
         finally:
             await self.exchange.aclose()
             outcome = self.exchange.outcome
             if outcome is None:
                 outcome = (
-                    "shutdown" if self.stopped and not self.client_gone else "client_disconnect"
+                    "shutdown"
+                    if self.lifecycle.stopped and not self.client_gone
+                    else "client_disconnect"
                 )
             await self.on_finish(outcome)
 
