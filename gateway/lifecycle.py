@@ -21,7 +21,7 @@ class Lifecycle:
 
     Each running stream registers its cancel scope (`ends_with`) instead of keeping a task of
     its own that waits for the signal: a task per stream costs memory and a wake-up per stream
-    at shutdown (docs/performance.md, "Memory: 69 KiB per idle stream").
+    at shutdown (docs/performance.md, "Memory" under "What still costs the time").
 
     Attributes:
         draining: New generation requests are refused (`/readyz` answers 503).
