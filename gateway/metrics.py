@@ -72,6 +72,8 @@ class Metrics:
         upstream_failovers: Counter `gateway_upstream_failovers_total`.
         upstream_queue_length: Gauge `gateway_upstream_queue_length{upstream}`.
         upstream_slots_in_use: Gauge `gateway_upstream_slots_in_use{upstream}`.
+        upstream_connections_in_use: Gauge `gateway_upstream_connections_in_use{upstream}`,
+            pooled connections held by open upstream responses (aiohttp transport only).
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -218,6 +220,13 @@ class Metrics:
         self.upstream_slots_in_use = Gauge(
             "gateway_upstream_slots_in_use",
             "Upstream slots taken (requests in flight through the gate).",
+            ("upstream",),
+            registry=r,
+        )
+        self.upstream_connections_in_use = Gauge(
+            "gateway_upstream_connections_in_use",
+            "Upstream connections held by open responses (generations, probes, model lists), "
+            "at most GATEWAY_MAX_CONNECTIONS.",
             ("upstream",),
             registry=r,
         )

@@ -340,13 +340,17 @@ def test_client_leaving_mid_stream_closes_the_upstream_request(
         timeout=10,
     ) as response:
         for _ in response.iter_lines():
+            # while it streams, the answer holds one pooled upstream connection
+            held = metric_value(gateway.metrics_text(), "gateway_upstream_connections_in_use")
             break
+    assert held == 1
     [record] = _generations(emulator)
     assert record.wait_ended(1.0)
     assert record.outcome == "client_disconnect"
     assert _wait_in_flight_zero(gateway) == 0
     metrics = gateway.metrics_text()
     assert metric_value(metrics, "gateway_requests_total", outcome="client_disconnect") == 1
+    assert metric_value(metrics, "gateway_upstream_connections_in_use") == 0  # given back
 
 
 @pytest.mark.parametrize("stream", [True, False])

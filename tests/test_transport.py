@@ -286,3 +286,46 @@ async def test_the_connection_is_reused_after_many_responses_without_a_close_wat
         # only the permanent exception retriever stays; every response's watch is gone
         assert len(closed._callbacks) == 1
     assert len(connections) == 1
+
+
+class CountingGauge:
+    def __init__(self) -> None:
+        self.value = 0
+        self.peak = 0
+
+    def inc(self) -> None:
+        self.value += 1
+        self.peak = max(self.peak, self.value)
+
+    def dec(self) -> None:
+        self.value -= 1
+
+
+async def test_the_in_use_gauge_follows_open_responses_and_failures():
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    gauge = CountingGauge()
+    transport = AiohttpTransport(httpx.Limits(max_connections=2), gauge)
+    async with (
+        serving(handler) as (url, _),
+        httpx.AsyncClient(base_url=url, transport=transport, timeout=5.0) as http,
+    ):
+        first = await http.send(http.build_request("POST", "/"), stream=True)
+        second = await http.send(http.build_request("POST", "/"), stream=True)
+        assert gauge.value == 2
+        await first.aclose()
+        await first.aclose()  # closing twice gives back one hold only
+        assert gauge.value == 1
+        await second.aclose()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        refused = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    async with httpx.AsyncClient(transport=AiohttpTransport(httpx.Limits(), gauge)) as http:
+        with pytest.raises(httpx.ConnectError):
+            await http.get(refused)
+    assert gauge.value == 0
+    assert gauge.peak == 2

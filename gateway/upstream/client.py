@@ -6,6 +6,7 @@ from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx
 
+from gateway.metrics import Metrics
 from gateway.settings import Settings, UpstreamSpec
 from gateway.upstream.transport import AiohttpTransport
 
@@ -45,7 +46,10 @@ def upstream_default_headers(spec: UpstreamSpec) -> dict[str, str]:
 
 
 def build_upstream_client(
-    spec: UpstreamSpec, settings: Settings, transport: httpx.AsyncBaseTransport | None = None
+    spec: UpstreamSpec,
+    settings: Settings,
+    transport: httpx.AsyncBaseTransport | None = None,
+    metrics: Metrics | None = None,
 ) -> httpx.AsyncClient:
     """Build the upstream client: base URL, timeouts, pool limits; never `timeout=None`.
 
@@ -54,6 +58,7 @@ def build_upstream_client(
         settings: Gateway settings (timeouts in seconds, `max_connections`).
         transport: A transport for tests (for example `httpx.MockTransport`); None uses the
             one `GATEWAY_UPSTREAM_HTTP_CLIENT` names (`AiohttpTransport` by default).
+        metrics: Where the aiohttp transport keeps `gateway_upstream_connections_in_use`.
 
     Returns:
         An `httpx.AsyncClient` the app's lifespan closes.
@@ -71,17 +76,20 @@ def build_upstream_client(
         headers=upstream_default_headers(spec),
         timeout=upstream_timeout(settings),
         limits=limits,
-        transport=transport or _default_transport(settings, limits),
+        transport=transport or _default_transport(spec, settings, limits, metrics),
         follow_redirects=False,
         trust_env=False,
     )
 
 
-def _default_transport(settings: Settings, limits: httpx.Limits) -> httpx.AsyncBaseTransport:
+def _default_transport(
+    spec: UpstreamSpec, settings: Settings, limits: httpx.Limits, metrics: Metrics | None
+) -> httpx.AsyncBaseTransport:
     """Return the transport `GATEWAY_UPSTREAM_HTTP_CLIENT` names: aiohttp (default) or httpcore.
 
     aiohttp costs half the CPU per relayed chunk (`gateway.upstream.transport`).
     """
     if settings.upstream_http_client == "aiohttp":
-        return AiohttpTransport(limits)
+        in_use = metrics.upstream_connections_in_use.labels(spec.name) if metrics else None
+        return AiohttpTransport(limits, in_use)
     return httpx.AsyncHTTPTransport(limits=limits)

@@ -179,7 +179,9 @@ async def open_pool(
     """
     upstreams = []
     for spec in settings.upstream_specs:
-        client = await stack.enter_async_context(build_upstream_client(spec, settings, transport))
+        client = await stack.enter_async_context(
+            build_upstream_client(spec, settings, transport, metrics)
+        )
         dialect = build_dialect(spec)
         logger.info(
             "upstream %s: %s dialect, over %s",

@@ -39,6 +39,7 @@ import asyncio
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from typing import Protocol
 
 import aiohttp
 import anyio
@@ -55,13 +56,16 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     Args:
         limits: `max_connections` bounds the responses open at once (None: unbounded);
             `keepalive_expiry` is the idle connection lifetime in seconds.
+        in_use: A gauge (prometheus-client child, or anything with `inc`/`dec`) kept equal to
+            the responses open now, each holding a pooled connection.
 
     The session is made on the first request, inside the running event loop, and closed by
     `aclose()`.
     """
 
-    def __init__(self, limits: httpx.Limits) -> None:
+    def __init__(self, limits: httpx.Limits, in_use: _Gauge | None = None) -> None:
         self._limits = limits
+        self._in_use = in_use or _NoGauge()
         self._session: aiohttp.ClientSession | None = None
         self._slots = anyio.Semaphore(limits.max_connections) if limits.max_connections else None
         # Connections whose `closed` future already has `_retrieve` (see `_closed_future`).
@@ -111,8 +115,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                     ),
                 )
         except BaseException:
-            if slot is not None:
-                slot.release()
+            slot.release()
             raise
         return httpx.Response(
             status_code=answer.status,
@@ -134,15 +137,16 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             self._watched.add(protocol)
         return closed
 
-    async def _take_slot(self, pool_timeout: float | None) -> anyio.Semaphore | None:
-        if self._slots is None:
-            return None
-        try:
-            with anyio.fail_after(pool_timeout):
-                await self._slots.acquire()
-        except TimeoutError as exc:
-            raise httpx.PoolTimeout("no free upstream connection within the pool timeout") from exc
-        return self._slots
+    async def _take_slot(self, pool_timeout: float | None) -> _Slot:
+        if self._slots is not None:
+            try:
+                with anyio.fail_after(pool_timeout):
+                    await self._slots.acquire()
+            except TimeoutError as exc:
+                message = "no free upstream connection within the pool timeout"
+                raise httpx.PoolTimeout(message) from exc
+        self._in_use.inc()
+        return _Slot(self._slots, self._in_use)
 
     async def aclose(self) -> None:
         """Close every pooled connection."""
@@ -161,7 +165,7 @@ class _ResponseStream(httpx.AsyncByteStream):
     def __init__(
         self,
         answer: aiohttp.ClientResponse,
-        slot: anyio.Semaphore | None,
+        slot: _Slot,
         closed: asyncio.Future[None] | None,
     ) -> None:
         self._answer = answer
@@ -195,8 +199,34 @@ class _ResponseStream(httpx.AsyncByteStream):
             self._closed.remove_done_callback(self._connection_closed)
         # release() keeps the connection when the body was read to its end, else closes it.
         self._answer.release()
-        if self._slot is not None:
-            self._slot.release()
+        self._slot.release()
+
+
+class _Gauge(Protocol):
+    def inc(self) -> None: ...
+    def dec(self) -> None: ...
+
+
+class _NoGauge:
+    def inc(self) -> None:
+        """Count nothing."""
+
+    def dec(self) -> None:
+        """Count nothing."""
+
+
+class _Slot:
+    """One response's hold on the pool: the semaphore (if bounded) and the in-use gauge."""
+
+    def __init__(self, semaphore: anyio.Semaphore | None, in_use: _Gauge) -> None:
+        self._semaphore = semaphore
+        self._in_use = in_use
+
+    def release(self) -> None:
+        """Give the hold back (once per slot)."""
+        if self._semaphore is not None:
+            self._semaphore.release()
+        self._in_use.dec()
 
 
 def _retrieve(closed: asyncio.Future[None]) -> None:
