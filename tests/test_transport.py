@@ -54,6 +54,12 @@ async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
     return head, await reader.readexactly(length)
 
 
+async def read_into(response: httpx.Response, received: list[bytes]) -> None:
+    """Append each piece of the body to `received` (kept when the read fails part-way)."""
+    async for piece in response.aiter_bytes():
+        received.append(piece)
+
+
 CHUNKED_OK = (
     b"HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\n"
     b"set-cookie: session=tenant-a\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -190,13 +196,8 @@ async def test_a_body_cut_off_mid_stream_is_a_read_error():
     async with serving(handler) as (url, _), client(url) as http:
         response = await http.send(http.build_request("POST", "/"), stream=True)
         received: list[bytes] = []
-
-        async def read_all() -> None:
-            async for piece in response.aiter_bytes():
-                received.append(piece)
-
         with pytest.raises(httpx.ReadError):
-            await read_all()
+            await read_into(response, received)
         await response.aclose()
     assert b"".join(received) == b'{"a":1}\n'
 
@@ -246,14 +247,9 @@ async def test_a_malformed_chunk_fails_the_read_at_once_instead_of_hanging():
     async with serving(handler) as (url, _), client(url, read=30.0) as http:
         response = await http.send(http.build_request("POST", "/"), stream=True)
         received: list[bytes] = []
-
-        async def read_all() -> None:
-            async for piece in response.aiter_bytes():
-                received.append(piece)
-
         with anyio.fail_after(5):  # far below the 30 s read timeout
             with pytest.raises(httpx.ReadError):
-                await read_all()
+                await read_into(response, received)
         await response.aclose()
     assert b"".join(received) == b'{"a":1}\n'
 
