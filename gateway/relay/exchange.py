@@ -2,9 +2,12 @@
 
 Timeouts (seconds, from `Settings`): the first-byte deadline covers connecting, sending and
 waiting for the first chunk (Ollama sends its headers only with the first token, reference
-section 1); the idle deadline covers each later chunk. A failure before the first chunk raises a
+section 1); the idle deadline covers each later read. A failure before the first chunk raises a
 `GatewayError` (a real status for the client); a failure after it ends the stream with one
 `{"error": ...}` line (reference section 4.3) and is kept in `failure`.
+
+The exchange reads the body itself and feeds each read to the dialect's decoder; the chunks one
+read completes travel together as a batch, so the client gets them in one write.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, TypeVar
 
 import anyio
@@ -37,7 +40,8 @@ from gateway.errors import (
 from gateway.relay.deadline import IdleDeadline
 from gateway.relay.meter import RequestMeter
 from gateway.settings import Settings
-from gateway.upstream.dialect import Chunk, Dialect, Route, StreamBrokenError
+from gateway.upstream.client import GenerationClient
+from gateway.upstream.dialect import Chunk, Dialect, Route, StreamBrokenError, StreamDecoder
 
 logger = logging.getLogger("gateway.relay")
 
@@ -46,8 +50,9 @@ E = TypeVar("E", bound=GatewayError)
 #: The client's error when the upstream is silent mid-stream for `GATEWAY_IDLE_TIMEOUT`.
 _IDLE_MESSAGE = "upstream sent nothing for {:g} s"
 
-#: Most bytes of an upstream error body read to find its message.
-_ERROR_BODY_LIMIT = 64 * 1024
+#: Most bytes of an upstream error body read to find its message, and most bytes read after
+#: the final chunk to keep the connection (what Ollama sends after `done` is nothing at all).
+_ERROR_BODY_LIMIT = _DRAIN_LIMIT = 64 * 1024
 
 
 class Exchange:
@@ -61,7 +66,7 @@ class Exchange:
     def __init__(
         self,
         *,
-        client: httpx.AsyncClient,
+        client: GenerationClient,
         dialect: Dialect,
         route: Route,
         body: dict[str, Any],
@@ -78,8 +83,9 @@ class Exchange:
         self._meter = meter
         self._metrics = meter.metrics
         self._response: httpx.Response | None = None
-        self._chunks: AsyncGenerator[Chunk, None] | None = None
-        self._first: Chunk | None = None
+        self._reads: AsyncIterator[bytes] | None = None
+        self._decoder: StreamDecoder | None = None
+        self._first: list[Chunk] | None = None
         self.outcome: str | None = None
         self.failure: GatewayError | None = None
 
@@ -114,22 +120,42 @@ class Exchange:
             message = "upstream sent an answer the gateway could not read"
             raise self._count(UpstreamUnavailableError(message), "stream") from exc
         assert self._first is not None  # noqa: S101 - set by a successful attempt
-        if self._first.is_error:
+        first = self._first[0]
+        if first.is_error:
             await self.aclose()
-            raise self._count(UpstreamStatusError(500, str(self._first.data["error"])), "status")
+            raise self._count(UpstreamStatusError(500, str(first.data["error"])), "status")
 
     async def _attempt(self) -> None:
         """One try: send, check the status, wait for the first chunk."""
         await self.aclose()  # what a failed earlier try left open
-        request = self._dialect.build_request(self._client, self._route, self._body, self._headers)
+        call = self._dialect.build_request(self._route, self._body, self._headers)
+        request = self._client.request(call.path, call.content, call.headers)
         sent = self._meter.sent_at = time.perf_counter()
-        self._response = await self._client.send(request, stream=True)
-        if self._response.status_code != 200:
-            raise await self._status_error(self._response)
-        self._chunks = self._dialect.chunks(
-            self._response, self._route, self._body, self._meter.arrival, sent
-        )
-        self._first = await anext(self._chunks)
+        response = self._response = await self._client.send(request)
+        if response.status_code != 200:
+            raise await self._status_error(response)
+        self._decoder = self._dialect.decoder(self._route, self._body, self._meter.arrival, sent)
+        # The upstream is asked for `identity`; one that compresses anyway is decoded by httpx.
+        encoded = response.headers.get("content-encoding", "identity").lower() != "identity"
+        self._reads = response.aiter_bytes() if encoded else response.aiter_raw()
+        self._first = await self._next_batch()
+
+    async def _next_batch(self) -> list[Chunk]:
+        """Read until the decoder completes a chunk; return those chunks (at least one).
+
+        Raises:
+            StreamBrokenError: the body ended before the answer's final chunk.
+            httpx.HTTPError: the connection failed.
+        """
+        assert self._reads is not None  # noqa: S101 - set with the response
+        assert self._decoder is not None  # noqa: S101
+        while True:
+            data = await anext(self._reads, None)
+            if data is None:
+                return self._decoder.end()
+            chunks = self._decoder.feed(data)
+            if chunks:
+                return chunks
 
     def _retrying(self) -> AsyncRetrying:
         """Retries before the first byte only (tenacity), with exponential backoff and jitter.
@@ -180,16 +206,16 @@ class Exchange:
                 return max(left, 0.0)
         return phase_timeout
 
-    async def stream(self) -> AsyncGenerator[Chunk, None]:
-        """Yield the first chunk, then the rest, each within `idle_timeout`.
+    async def batches(self) -> AsyncGenerator[list[Chunk], None]:
+        """Yield the first batch of chunks, then the rest, each read within `idle_timeout`.
 
-        Ends after the final chunk, or after one error chunk that replaces a failure; never
-        raises for an upstream fault. `open()` must have succeeded.
+        A batch is what one read of the body completed, in order: usually one chunk. Ends
+        after the final chunk, or after one error chunk that replaces a failure; never raises
+        for an upstream fault. `open()` must have succeeded.
         """
         assert self._first is not None  # noqa: S101 - open() succeeded
-        assert self._chunks is not None  # noqa: S101
         yield self._first
-        if self._finished_by(self._first):
+        if self._finished_by(self._first[-1]):
             return
         idle = self._settings.idle_timeout
         deadline = IdleDeadline()  # one timer for the stream, not one per chunk
@@ -197,33 +223,38 @@ class Exchange:
             while True:
                 seconds = self._wait_seconds(idle)
                 try:
-                    chunk = await deadline.wait(anext(self._chunks), seconds)
+                    batch = await deadline.wait(self._next_batch(), seconds)
                 except Exception as exc:
                     message = self._timeout_message(seconds, idle, _IDLE_MESSAGE)
                     error = self._classify(exc, message)
                     self.failure = error or UpstreamError("upstream stream failed")
                     self.outcome = self.failure.outcome
                     logger.warning("upstream stream failed: %s", self.failure.message)
-                    yield Chunk.error(self.failure.message)
+                    yield [Chunk.error(self.failure.message)]
                     return
-                yield chunk
-                if self._finished_by(chunk):
+                yield batch
+                # Only a batch's last chunk can end the answer: decoders stop there.
+                if self._finished_by(batch[-1]):
                     await self._drain()
                     return
         finally:
             deadline.close()
 
     async def _drain(self) -> None:
-        """Let the dialect read the upstream's body to its end after the final chunk.
+        """Read the upstream's body to its end (at most `_DRAIN_LIMIT` bytes) after the answer.
 
-        httpx returns a connection to its pool only when the body was read to the end; closing
-        a response earlier discards the connection, and the next request pays a new TCP
+        A connection goes back to the pool only when its body was read to the end; closing a
+        response earlier discards the connection, and the next request pays a new TCP
         connection (found by bench/: one connection per request).
         """
-        assert self._chunks is not None  # noqa: S101
+        assert self._reads is not None  # noqa: S101
+        seen = 0
         # The answer is complete: a failure here only costs the connection.
         with anyio.move_on_after(self._settings.idle_timeout), contextlib.suppress(Exception):
-            await anext(self._chunks, None)
+            async for data in self._reads:
+                seen += len(data)
+                if seen > _DRAIN_LIMIT:
+                    return
 
     def _finished_by(self, chunk: Chunk) -> bool:
         if chunk.is_error:
@@ -242,9 +273,10 @@ class Exchange:
         Safe to call more than once, and from a cancelled task (the close is shielded).
         """
         with anyio.CancelScope(shield=True):
-            chunks, self._chunks = self._chunks, None
-            if chunks is not None:
-                await chunks.aclose()
+            reads, self._reads = self._reads, None
+            close = getattr(reads, "aclose", None)  # httpx's body iterators are generators
+            if close is not None:
+                await close()
             response, self._response = self._response, None
             if response is not None:
                 await response.aclose()

@@ -133,7 +133,7 @@ class Relay:
             tried.add(upstream.name)
             ending.meter.upstream_timings = upstream.dialect.reports_timings
             exchange = Exchange(
-                client=upstream.client,
+                client=upstream.generation,
                 dialect=upstream.dialect,
                 route=route,
                 body=body,
@@ -228,11 +228,12 @@ async def _collect(exchange: Exchange, meter: RequestMeter) -> dict[str, Any]:
             real status and the partial text is discarded, as Ollama does.
     """
     aggregator = Aggregator()
-    async with aclosing(exchange.stream()) as chunks:
-        async for chunk in chunks:
-            meter.observe(chunk)
-            if not chunk.is_error:
-                aggregator.add(chunk)
+    async with aclosing(exchange.batches()) as batches:
+        async for batch in batches:
+            for chunk in batch:
+                meter.observe(chunk)
+                if not chunk.is_error:
+                    aggregator.add(chunk)
     if exchange.failure is not None:
         raise exchange.failure
     return aggregator.result()

@@ -85,10 +85,14 @@ class RelayStreamResponse(Response):
 
     async def _relay(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        async with aclosing(self.exchange.stream()) as chunks:
-            async for chunk in chunks:
-                self.meter.observe(chunk)
-                await send({"type": "http.response.body", "body": chunk.line, "more_body": True})
+        observe = self.meter.observe
+        async with aclosing(self.exchange.batches()) as batches:
+            async for batch in batches:
+                for chunk in batch:
+                    observe(chunk)
+                # The chunks one upstream read completed go out in one write.
+                body = batch[0].line if len(batch) == 1 else b"".join([c.line for c in batch])
+                await send({"type": "http.response.body", "body": body, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _end_with_error(self, send: Send, message: str) -> None:

@@ -16,8 +16,8 @@ def upstream_timeout(settings: Settings) -> httpx.Timeout:
 
     httpx's read timeout applies to every socket read, including the wait for the response
     headers, which Ollama sends only with the first token (reference section 1). It is set to
-    the longer of the first-byte and idle timeouts as a backstop; the relay enforces each of the
-    two precisely with its own deadline.
+    the longer of the first-byte and idle timeouts. Generations (`GenerationClient`) drop it:
+    the relay enforces each of the two precisely with its own deadline.
     """
     read = max(settings.first_byte_timeout, settings.idle_timeout)
     return httpx.Timeout(
@@ -46,28 +46,22 @@ def upstream_default_headers(spec: UpstreamSpec) -> dict[str, str]:
 
 
 def build_upstream_client(
-    spec: UpstreamSpec,
-    settings: Settings,
-    transport: httpx.AsyncBaseTransport | None = None,
-    metrics: Metrics | None = None,
+    spec: UpstreamSpec, settings: Settings, transport: httpx.AsyncBaseTransport
 ) -> httpx.AsyncClient:
-    """Build the upstream client: base URL, timeouts, pool limits; never `timeout=None`.
+    """Build the upstream client: base URL, timeouts, default headers; never `timeout=None`.
+
+    It serves the model lists and the readiness probes; generations go through
+    `GenerationClient` over the same `transport`, which this client owns (closes).
 
     Args:
         spec: The upstream (URL, credential, Host override).
         settings: Gateway settings (timeouts in seconds, `max_connections`).
-        transport: A transport for tests (for example `httpx.MockTransport`); None uses the
-            one `GATEWAY_UPSTREAM_HTTP_CLIENT` names (`AiohttpTransport` by default).
-        metrics: Where the aiohttp transport keeps `gateway_upstream_connections_in_use`.
+        transport: From `build_upstream_transport`, or a test transport
+            (for example `httpx.MockTransport`).
 
     Returns:
         An `httpx.AsyncClient` the app's lifespan closes.
     """
-    limits = httpx.Limits(
-        max_connections=settings.max_connections,
-        max_keepalive_connections=settings.max_connections,
-        keepalive_expiry=30.0,
-    )
     return httpx.AsyncClient(
         base_url=spec.base,
         # Never keep upstream cookies: one client serves every tenant, and a cookie set by an
@@ -75,21 +69,90 @@ def build_upstream_client(
         cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
         headers=upstream_default_headers(spec),
         timeout=upstream_timeout(settings),
-        limits=limits,
-        transport=transport or _default_transport(spec, settings, limits, metrics),
+        transport=transport,
         follow_redirects=False,
         trust_env=False,
     )
 
 
-def _default_transport(
-    spec: UpstreamSpec, settings: Settings, limits: httpx.Limits, metrics: Metrics | None
+def build_upstream_transport(
+    spec: UpstreamSpec, settings: Settings, metrics: Metrics | None = None
 ) -> httpx.AsyncBaseTransport:
     """Return the transport `GATEWAY_UPSTREAM_HTTP_CLIENT` names: aiohttp (default) or httpcore.
 
-    aiohttp costs half the CPU per relayed chunk (`gateway.upstream.transport`).
+    Both keep at most `GATEWAY_MAX_CONNECTIONS` connections to the upstream, kept alive for
+    30 s when idle. aiohttp costs half the CPU per relayed chunk (`gateway.upstream.transport`).
+
+    Args:
+        spec: The upstream (its name labels `gateway_upstream_connections_in_use`).
+        settings: `upstream_http_client`, `max_connections`.
+        metrics: Where the aiohttp transport keeps `gateway_upstream_connections_in_use`.
     """
+    limits = httpx.Limits(
+        max_connections=settings.max_connections,
+        max_keepalive_connections=settings.max_connections,
+        keepalive_expiry=30.0,
+    )
     if settings.upstream_http_client == "aiohttp":
         in_use = metrics.upstream_connections_in_use.labels(spec.name) if metrics else None
         return AiohttpTransport(limits, in_use)
     return httpx.AsyncHTTPTransport(limits=limits)
+
+
+class GenerationClient:
+    """Sends generation requests to one upstream, straight to its transport.
+
+    `httpx.AsyncClient.send` adds to every request what a generation never needs: cookie
+    extraction and merging (`http.cookiejar`, with a `urllib.request.Request` built per call),
+    the auth and redirect flows, event hooks. Together with `build_request` that is about 70 µs
+    of CPU per request on a warm CPU, several times more right after the event loop was idle
+    (docs/performance.md). This client keeps what `build_upstream_client` sets (base URL, default
+    headers, timeouts) and calls the transport itself, through httpx's public transport API
+    (`httpx.AsyncBaseTransport.handle_async_request`). Closing the response frees its
+    connection; the transport belongs to the upstream's `httpx.AsyncClient`.
+
+    Timeouts (seconds): connect, write and pool as for every upstream call, but no per-read
+    timeout: the relay bounds every wait itself (the first-byte and idle deadlines of
+    `gateway.relay.exchange`), and a per-read timer would be re-armed for every chunk.
+    """
+
+    def __init__(
+        self, spec: UpstreamSpec, settings: Settings, transport: httpx.AsyncBaseTransport
+    ) -> None:
+        self._base = spec.base
+        self._headers = upstream_default_headers(spec)
+        timeout = upstream_timeout(settings)
+        self._timeout = {
+            "connect": timeout.connect,
+            "read": None,
+            "write": timeout.write,
+            "pool": timeout.pool,
+        }
+        self._transport = transport
+        self._urls: dict[str, httpx.URL] = {}
+
+    def request(self, path: str, content: bytes, headers: dict[str, str]) -> httpx.Request:
+        """Build a POST of `content` to `path` (absolute, e.g. `/api/chat`).
+
+        `headers` are added to the upstream's default headers and win over them; httpx adds
+        `Host` (unless the defaults override it) and `Content-Length`.
+        """
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = httpx.URL(self._base + path)
+        return httpx.Request(
+            "POST",
+            url,
+            content=content,
+            headers={**self._headers, **headers},
+            extensions={"timeout": self._timeout},
+        )
+
+    async def send(self, request: httpx.Request) -> httpx.Response:
+        """Send `request`; the body of the response is not read yet.
+
+        Raises:
+            httpx.TransportError: connecting, sending or reading the headers failed
+                (`gateway.upstream.transport` lists which).
+        """
+        return await self._transport.handle_async_request(request)

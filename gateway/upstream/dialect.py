@@ -1,14 +1,16 @@
 """What every upstream dialect provides, the Ollama-shaped `Chunk` they yield, and line framing.
 
-A dialect turns an app's Ollama-shaped request (`/v1/generate` or `/v1/chat`) into an upstream
-`httpx.Request`, and the upstream's streamed answer back into Ollama-shaped chunks
-(reference sections 2.3 and 3.2). The relay only ever sees `Chunk`s.
+A dialect turns an app's Ollama-shaped request (`/v1/generate` or `/v1/chat`) into an
+`UpstreamCall`, and the upstream's streamed answer back into Ollama-shaped chunks
+(reference sections 2.3 and 3.2) with a `StreamDecoder`. Decoders do no I/O: the relay reads
+the body and feeds them the bytes it got (as h11 and wsproto do), so each read costs one
+function call, not a stack of async generators (docs/performance.md). The relay only ever sees
+`Chunk`s.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
@@ -96,6 +98,45 @@ class ModelInfo:
     owned_by: str
 
 
+@dataclass(frozen=True, slots=True)
+class UpstreamCall:
+    """The upstream request of one generation: a POST of `content` (JSON bytes) to `path`.
+
+    `headers` go on top of the upstream's defaults (`gateway.upstream.client`).
+    """
+
+    path: str
+    content: bytes
+    headers: dict[str, str]
+
+
+class StreamDecoder(Protocol):
+    """Turns one upstream answer body into Ollama chunks: bytes in, chunks out, no I/O.
+
+    Attributes:
+        finished: The final chunk (`done: true`) or an error chunk has been returned; it is the
+            last chunk, and later bytes are ignored.
+    """
+
+    finished: bool
+
+    def feed(self, data: bytes) -> list[Chunk]:
+        """Return the chunks that `data` completes (often none, or one), in order.
+
+        Raises:
+            StreamBrokenError: malformed data, or a line over `MAX_LINE_BYTES`.
+        """
+        ...
+
+    def end(self) -> list[Chunk]:
+        """The body ended (EOF): return the chunks its unterminated last line completes.
+
+        Raises:
+            StreamBrokenError: the answer ended before its final chunk (reference section 9.2).
+        """
+        ...
+
+
 class Dialect(Protocol):
     """The contract between the relay and one upstream protocol."""
 
@@ -106,31 +147,21 @@ class Dialect(Protocol):
     reports_timings: bool
 
     def build_request(
-        self, client: httpx.AsyncClient, route: Route, body: dict[str, Any], headers: dict[str, str]
-    ) -> httpx.Request:
+        self, route: Route, body: dict[str, Any], headers: dict[str, str]
+    ) -> UpstreamCall:
         """Translate an Ollama-shaped request body into the upstream request (always streaming)."""
         ...
 
-    def chunks(
-        self,
-        response: httpx.Response,
-        route: Route,
-        body: dict[str, Any],
-        started: float,
-        sent: float,
-    ) -> AsyncGenerator[Chunk, None]:
-        """Yield the upstream's answer as Ollama chunks.
+    def decoder(
+        self, route: Route, body: dict[str, Any], started: float, sent: float
+    ) -> StreamDecoder:
+        """Return a decoder for one answer (status 200) to the request `build_request` made.
 
         Args:
-            response: The upstream response, status 200, not read yet.
             route: Which app route this is.
             body: The client's request body (for the model name).
             started: `time.perf_counter()` when the gateway received the request (seconds).
             sent: `time.perf_counter()` when the upstream request was sent (seconds).
-
-        Raises:
-            StreamBrokenError: malformed data, or the stream ended without its final chunk.
-            httpx.HTTPError: the connection failed mid-stream.
         """
         ...
 
@@ -144,36 +175,74 @@ class Dialect(Protocol):
         ...
 
 
-async def iter_lines(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    r"""Split a byte stream into lines, each ending in `\n` (the last one may not).
+class LineSplitter:
+    r"""Splits a byte stream into lines as its pieces arrive; each line keeps its `\n`.
 
-    A `bytearray` buffer keeps a long line's cost linear in its length.
+    A `bytearray` holds an unfinished line, so a long line's cost stays linear in its length.
+    """
+
+    def __init__(self) -> None:
+        self._pending = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        r"""Return the lines `data` completes, each ending in `\n`.
+
+        Raises:
+            StreamBrokenError: an unfinished line grew beyond `MAX_LINE_BYTES`.
+        """
+        newline = data.find(b"\n")
+        if newline < 0:
+            self._pending += data
+            if len(self._pending) > MAX_LINE_BYTES:
+                raise StreamBrokenError("upstream sent an over-long line")
+            return []
+        if self._pending:
+            self._pending += data
+            data = bytes(self._pending)
+            self._pending.clear()
+        elif newline == len(data) - 1:
+            return [data]  # the usual piece: one whole line (a token) per read
+        *lines, rest = data.split(b"\n")
+        if rest:
+            self.feed(rest)
+        return [line + b"\n" for line in lines]
+
+    def rest(self) -> bytes:
+        """Return (and forget) the unterminated last line, at the end of the stream."""
+        rest = bytes(self._pending)
+        self._pending.clear()
+        return rest
+
+
+_JSON = json.JSONDecoder()
+
+
+def decode_object(line: bytes, what: str) -> dict[str, Any] | None:
+    """Parse one JSON object from the upstream; None for a blank line.
+
+    `JSONDecoder.raw_decode` on the stripped text, with a check that nothing follows the
+    object: what `json.loads` does, without its two regular-expression scans (a third of a
+    parse of a token's line).
+
+    Args:
+        line: UTF-8 bytes, the object and surrounding whitespace.
+        what: Names the unit in errors: `NDJSON line`, `SSE event`.
 
     Raises:
-        StreamBrokenError: a line grew beyond `MAX_LINE_BYTES`.
+        StreamBrokenError: not valid UTF-8 JSON, or not an object.
     """
-    pending = bytearray()
-    async for piece in stream:
-        pending += piece
-        if b"\n" not in piece:
-            if len(pending) > MAX_LINE_BYTES:
-                raise StreamBrokenError("upstream sent an over-long line")
-            continue
-        *lines, rest = bytes(pending).split(b"\n")
-        pending = bytearray(rest)
-        for line in lines:
-            yield line + b"\n"
-    if pending:
-        yield bytes(pending)
-
-
-async def drain(lines: AsyncIterator[bytes], limit: int = 64 * 1024) -> None:
-    """Read what is left of a body, up to `limit` bytes, so its connection can be reused."""
-    seen = 0
-    async for line in lines:
-        seen += len(line)
-        if seen > limit:
-            return
+    try:
+        text = line.decode().strip()
+        if not text:
+            return None
+        data, end = _JSON.raw_decode(text)
+    except (ValueError, RecursionError) as exc:
+        raise StreamBrokenError(f"upstream sent a malformed {what}") from exc
+    if end != len(text):
+        raise StreamBrokenError(f"upstream sent a malformed {what}")
+    if not isinstance(data, dict):
+        raise StreamBrokenError(f"upstream sent a non-object {what}")
+    return data
 
 
 def encode_json(data: Any) -> bytes:

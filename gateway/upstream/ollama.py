@@ -3,13 +3,12 @@
 The body is forwarded as the client sent it, except that `stream` is forced to true: the gateway
 always streams from upstream so it can measure TTFT and notice a client going away, and builds a
 `stream:false` answer itself the way Ollama does (reference section 2.4). Each NDJSON line is
-relayed with the upstream's own bytes (reference section 1) and parsed only to observe it.
+relayed with the upstream's own bytes (reference section 1) and parsed only to observe it
+(`NdjsonDecoder`).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncGenerator
 from datetime import datetime
 from typing import Any
 
@@ -17,12 +16,13 @@ import httpx
 
 from gateway.upstream.dialect import (
     Chunk,
+    LineSplitter,
     ModelInfo,
     Route,
     StreamBrokenError,
-    drain,
+    UpstreamCall,
+    decode_object,
     encode_json,
-    iter_lines,
 )
 
 _PATHS: dict[Route, str] = {"generate": "/api/generate", "chat": "/api/chat"}
@@ -36,45 +36,21 @@ class OllamaDialect:
     reports_timings = True
 
     def build_request(
-        self, client: httpx.AsyncClient, route: Route, body: dict[str, Any], headers: dict[str, str]
-    ) -> httpx.Request:
+        self, route: Route, body: dict[str, Any], headers: dict[str, str]
+    ) -> UpstreamCall:
         """Return a POST to `/api/generate` or `/api/chat` with `stream: true`."""
         content = encode_json({**body, "stream": True})
-        headers = {**headers, "content-type": "application/json"}
-        return client.build_request("POST", _PATHS[route], content=content, headers=headers)
+        return UpstreamCall(_PATHS[route], content, {**headers, "content-type": "application/json"})
 
-    async def chunks(
+    def decoder(
         self,
-        response: httpx.Response,
         route: Route,  # noqa: ARG002 - part of the Dialect contract
         body: dict[str, Any],  # noqa: ARG002
         started: float,  # noqa: ARG002
         sent: float,  # noqa: ARG002
-    ) -> AsyncGenerator[Chunk, None]:
-        """Yield each NDJSON line as a chunk; stop after `done:true` or an error line.
-
-        Raises:
-            StreamBrokenError: a line is not a JSON object, or EOF came before `done:true`
-                (reference sections 4.3 and 9.2).
-        """
-        lines = iter_lines(response.aiter_bytes())
-        async for line in lines:
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-            except (ValueError, RecursionError) as exc:
-                raise StreamBrokenError("upstream sent malformed NDJSON") from exc
-            if not isinstance(data, dict):
-                raise StreamBrokenError("upstream sent a non-object NDJSON line")
-            if not line.endswith(b"\n"):
-                line += b"\n"
-            chunk = Chunk(data, line)
-            yield chunk
-            if chunk.is_done or chunk.is_error:
-                await drain(lines)  # Ollama ends the body right after; keep the connection
-                return
-        raise StreamBrokenError("upstream closed the stream before it finished")
+    ) -> NdjsonDecoder:
+        """Return a decoder for one NDJSON answer."""
+        return NdjsonDecoder()
 
     async def list_models(self, client: httpx.AsyncClient) -> list[ModelInfo]:
         """Read `GET /api/tags` (reference section 6.3).
@@ -98,6 +74,48 @@ class OllamaDialect:
                 continue
             result.append(ModelInfo(name, _unix_time(entry.get("modified_at")), "ollama"))
         return result
+
+
+class NdjsonDecoder:
+    """Ollama's NDJSON answer as chunks: one per line, the upstream's own bytes relayed.
+
+    Blank lines are skipped. The chunk `done: true` or `{"error": ...}` is the last one
+    (reference sections 1 and 4.3); what follows it is ignored.
+
+    Raises (from `feed` and `end`):
+        StreamBrokenError: a line is not a JSON object, or EOF came before `done:true`
+            (reference sections 4.3 and 9.2).
+    """
+
+    def __init__(self) -> None:
+        self.finished = False
+        self._lines = LineSplitter()
+
+    def feed(self, data: bytes) -> list[Chunk]:
+        """Return the chunks of the lines `data` completes (see `StreamDecoder.feed`)."""
+        if self.finished:
+            return []
+        chunks = []
+        for line in self._lines.feed(data):
+            parsed = decode_object(line, "NDJSON line")
+            if parsed is None:
+                continue
+            chunk = Chunk(parsed, line)
+            chunks.append(chunk)
+            if chunk.is_done or chunk.is_error:
+                self.finished = True
+                break
+        return chunks
+
+    def end(self) -> list[Chunk]:
+        """Return the chunk of an unterminated last line; raise if none ended the answer."""
+        if self.finished:
+            return []
+        rest = self._lines.rest()
+        chunks = self.feed(rest + b"\n") if rest else []
+        if not self.finished:
+            raise StreamBrokenError("upstream closed the stream before it finished")
+        return chunks
 
 
 def _unix_time(value: object) -> int:

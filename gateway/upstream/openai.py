@@ -13,7 +13,7 @@ Answers: SSE events (`data: {...}`, ending in `data: [DONE]`, reference section 
 Ollama chunks, and a final `done: true` chunk carries `done_reason`, `prompt_eval_count` and
 `eval_count` (from the upstream's usage, else counted chunks) and durations in nanoseconds
 measured by the gateway: `prompt_eval_duration` from sending the request to the first token,
-`eval_duration` from the measured decode rate (see `_Translation._eval_seconds`),
+`eval_duration` from the measured decode rate (see `SseDecoder._eval_seconds`),
 `total_duration` from the request's arrival.
 """
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncGenerator
 from typing import Any
 
 import httpx
@@ -29,12 +28,13 @@ import httpx
 from gateway.upstream.dialect import (
     MAX_LINE_BYTES,
     Chunk,
+    LineSplitter,
     ModelInfo,
     Route,
     StreamBrokenError,
-    drain,
+    UpstreamCall,
+    decode_object,
     encode_json,
-    iter_lines,
     rfc3339_now,
 )
 from gateway.upstream.openai_request import to_openai_request
@@ -50,24 +50,18 @@ class OpenAIDialect:
     reports_timings = False
 
     def build_request(
-        self, client: httpx.AsyncClient, route: Route, body: dict[str, Any], headers: dict[str, str]
-    ) -> httpx.Request:
+        self, route: Route, body: dict[str, Any], headers: dict[str, str]
+    ) -> UpstreamCall:
         """Translate the Ollama-shaped body (see the module docstring)."""
         path, payload = to_openai_request(route, body)
-        content = encode_json(payload)
         headers = {**headers, "content-type": "application/json", "accept": "text/event-stream"}
-        return client.build_request("POST", path, content=content, headers=headers)
+        return UpstreamCall(path, encode_json(payload), headers)
 
-    def chunks(
-        self,
-        response: httpx.Response,
-        route: Route,
-        body: dict[str, Any],
-        started: float,
-        sent: float,
-    ) -> AsyncGenerator[Chunk, None]:
-        """Translate the SSE stream into Ollama chunks (see `_Translation`)."""
-        return _Translation(route, str(body.get("model", "")), started, sent).run(response)
+    def decoder(
+        self, route: Route, body: dict[str, Any], started: float, sent: float
+    ) -> SseDecoder:
+        """Return a decoder translating one SSE answer into Ollama chunks (`SseDecoder`)."""
+        return SseDecoder(route, str(body.get("model", "")), started, sent)
 
     async def list_models(self, client: httpx.AsyncClient) -> list[ModelInfo]:
         """Read `GET /v1/models` (OpenAI list shape; `data` may be null, reference section 7.3).
@@ -89,53 +83,67 @@ class OpenAIDialect:
         ]
 
 
-class _Translation:
-    """State of one SSE-to-NDJSON translation. Times are `time.perf_counter()` seconds."""
+class SseDecoder:
+    """One SSE answer translated into NDJSON chunks. Times are `time.perf_counter()` seconds.
+
+    Events are dispatched at the blank line that ends them; `data: [DONE]` brings the final
+    chunk (and one with the collected tool calls before it, if any). An event cut off by EOF is
+    dropped, as the SSE specification says.
+
+    Raises (from `feed` and `end`):
+        StreamBrokenError: a malformed or over-long event, or EOF before `data: [DONE]`.
+    """
 
     def __init__(self, route: Route, model: str, started: float, sent: float) -> None:
         self.route = route
         self.model = model
         self.started = started
         self.sent = sent
+        self.finished = False
         self.first_token: float | None = None
         self.last_token: float | None = None
         self.chunks_with_text = 0
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] = {}
         self.tool_calls: dict[int, dict[str, Any]] = {}
+        self._lines = LineSplitter()
+        self._data: list[bytes] = []
 
-    async def run(self, response: httpx.Response) -> AsyncGenerator[Chunk, None]:
-        data_lines: list[bytes] = []
-        lines = iter_lines(response.aiter_bytes())
-        async for raw in lines:
+    def feed(self, data: bytes) -> list[Chunk]:
+        """Return the chunks of the events `data` completes (see `StreamDecoder.feed`)."""
+        chunks: list[Chunk] = []
+        for raw in () if self.finished else self._lines.feed(data):
             line = raw.rstrip(b"\r\n")
             if line.startswith(b"data:"):
-                data_lines.append(line[5:].strip())
-                if sum(map(len, data_lines)) > MAX_LINE_BYTES:
+                self._data.append(line[5:].strip())
+                if sum(map(len, self._data)) > MAX_LINE_BYTES:
                     raise StreamBrokenError("upstream sent an over-long SSE event")
                 continue
-            if line or not data_lines:
+            if line or not self._data:
                 continue  # comments, `event:`/`id:` fields, keep-alive blank lines
-            payload, data_lines = b"\n".join(data_lines), []
+            payload, self._data = b"\n".join(self._data), []
             if payload == b"[DONE]":
-                for chunk in self._finish():
-                    yield chunk
-                await drain(lines)  # the body ends after [DONE]; keep the connection
-                return
+                self.finished = True
+                chunks.extend(self._finish())
+                break
             translated = self._translate_event(payload)
             if translated is not None:
-                yield translated
+                chunks.append(translated)
                 if translated.is_error:
-                    return
-        raise StreamBrokenError("upstream closed the stream before data: [DONE]")
+                    self.finished = True
+                    break
+        return chunks
+
+    def end(self) -> list[Chunk]:
+        """The body ended: nothing more to return, or `StreamBrokenError` before [DONE]."""
+        if not self.finished:
+            raise StreamBrokenError("upstream closed the stream before data: [DONE]")
+        return []
 
     def _translate_event(self, payload: bytes) -> Chunk | None:
-        try:
-            event = json.loads(payload)
-        except (ValueError, RecursionError) as exc:
-            raise StreamBrokenError("upstream sent a malformed SSE event") from exc
-        if not isinstance(event, dict):
-            raise StreamBrokenError("upstream sent a non-object SSE event")
+        event = decode_object(payload, "SSE event")
+        if event is None:
+            raise StreamBrokenError("upstream sent a malformed SSE event")
         if "error" in event:
             error = event["error"]
             message = error.get("message") if isinstance(error, dict) else error

@@ -23,7 +23,11 @@ from gateway.ratelimit.slots import UpstreamSlots
 from gateway.settings import Settings, UpstreamSpec
 from gateway.upstream.breaker import CircuitBreaker
 from gateway.upstream.catalog import ModelCatalog
-from gateway.upstream.client import build_upstream_client
+from gateway.upstream.client import (
+    GenerationClient,
+    build_upstream_client,
+    build_upstream_transport,
+)
 from gateway.upstream.dialect import Dialect, ModelInfo
 from gateway.upstream.monitor import UpstreamMonitor
 from gateway.upstream.ollama import OllamaDialect
@@ -38,6 +42,7 @@ class Upstream:
 
     spec: UpstreamSpec
     client: httpx.AsyncClient
+    generation: GenerationClient
     dialect: Dialect
     catalog: ModelCatalog
     monitor: UpstreamMonitor
@@ -169,7 +174,7 @@ async def open_pool(
     stack: AsyncExitStack,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> UpstreamPool:
-    """Open one client per upstream (closed by `stack`) and assemble the pool.
+    """Open one client and transport per upstream (closed by `stack`) and assemble the pool.
 
     Args:
         settings: `upstream_specs`, timeouts, the per-upstream gate and the breaker settings.
@@ -179,9 +184,8 @@ async def open_pool(
     """
     upstreams = []
     for spec in settings.upstream_specs:
-        client = await stack.enter_async_context(
-            build_upstream_client(spec, settings, transport, metrics)
-        )
+        http = transport or build_upstream_transport(spec, settings, metrics)
+        client = await stack.enter_async_context(build_upstream_client(spec, settings, http))
         dialect = build_dialect(spec)
         logger.info(
             "upstream %s: %s dialect, over %s",
@@ -195,6 +199,7 @@ async def open_pool(
             Upstream(
                 spec=spec,
                 client=client,
+                generation=GenerationClient(spec, settings, http),
                 dialect=dialect,
                 catalog=catalog,
                 monitor=UpstreamMonitor(
