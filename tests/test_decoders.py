@@ -1,0 +1,165 @@
+"""The dialects' stream decoders, bytes in and chunks out (no I/O, so no server is needed).
+
+An upstream's body arrives in pieces cut anywhere: mid-line, mid-UTF-8 character, several lines
+at once. Whatever the cut, the decoder must give the same chunks with the upstream's own bytes
+(reference section 1), stop at the final or error chunk, and refuse a truncated or malformed
+stream (reference sections 4.3 and 9.2).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.upstream.dialect import (
+    MAX_LINE_BYTES,
+    Chunk,
+    LineSplitter,
+    StreamBrokenError,
+    StreamDecoder,
+)
+from gateway.upstream.ollama import NdjsonDecoder
+from gateway.upstream.openai import SseDecoder
+
+ANSWER = b"".join(
+    json.dumps(obj, ensure_ascii=False).encode() + b"\n"
+    for obj in (
+        {"model": "m", "response": "Hé", "done": False},
+        {"model": "m", "response": " 世界", "done": False},
+        {"model": "m", "response": "", "done": True, "eval_count": 2},
+    )
+)
+
+
+def _decode(decoder: StreamDecoder, pieces: list[bytes]) -> list[Chunk]:
+    chunks = []
+    for piece in pieces:
+        chunks += decoder.feed(piece)
+    return chunks + decoder.end()
+
+
+def test_line_splitter_keeps_newlines_and_the_unterminated_rest() -> None:
+    lines = LineSplitter()
+    assert lines.feed(b"a\nb") == [b"a\n"]
+    assert lines.feed(b"c\n\nd\n") == [b"bc\n", b"\n", b"d\n"]
+    assert lines.feed(b"tail") == []
+    assert lines.rest() == b"tail"
+    assert lines.rest() == b""
+
+
+def test_line_splitter_refuses_an_over_long_line() -> None:
+    lines = LineSplitter()
+    lines.feed(b"x" * MAX_LINE_BYTES)
+    with pytest.raises(StreamBrokenError, match="over-long line"):
+        lines.feed(b"x")
+
+
+@pytest.mark.parametrize("cut", range(1, len(ANSWER)))
+def test_ndjson_any_cut_gives_the_same_chunks(cut: int) -> None:
+    whole = _decode(NdjsonDecoder(), [ANSWER])
+    split = _decode(NdjsonDecoder(), [ANSWER[:cut], ANSWER[cut:]])
+    assert [c.line for c in split] == [c.line for c in whole] == ANSWER.splitlines(keepends=True)
+    assert split[-1].is_done
+
+
+def test_ndjson_byte_by_byte() -> None:
+    chunks = _decode(NdjsonDecoder(), [ANSWER[i : i + 1] for i in range(len(ANSWER))])
+    assert b"".join(c.line for c in chunks) == ANSWER
+
+
+def test_ndjson_stops_at_done_and_ignores_what_follows() -> None:
+    decoder = NdjsonDecoder()
+    chunks = decoder.feed(ANSWER + b'{"model":"m","response":"late","done":false}\n')
+    assert len(chunks) == 3
+    assert decoder.finished
+    assert decoder.feed(b"garbage\n") == []
+    assert decoder.end() == []
+
+
+def test_ndjson_error_line_is_the_last_chunk() -> None:
+    decoder = NdjsonDecoder()
+    chunks = decoder.feed(b'{"response":"a","done":false}\n{"error":"boom"}\n{"done":true}\n')
+    assert [c.is_error for c in chunks] == [False, True]
+    assert decoder.finished
+
+
+def test_ndjson_unterminated_final_line_gets_its_newline() -> None:
+    decoder = NdjsonDecoder()
+    assert decoder.feed(b'{"response":"","done":true}') == []
+    [final] = decoder.end()
+    assert final.is_done
+    assert final.line == b'{"response":"","done":true}\n'
+
+
+def test_ndjson_blank_lines_are_skipped() -> None:
+    chunks = _decode(NdjsonDecoder(), [b"\n  \n", ANSWER])
+    assert len(chunks) == 3
+
+
+def test_ndjson_eof_before_done_is_truncation() -> None:
+    decoder = NdjsonDecoder()
+    decoder.feed(ANSWER.splitlines(keepends=True)[0])
+    with pytest.raises(StreamBrokenError, match="before it finished"):
+        decoder.end()
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (b'{"response": "a", "done": false} trailing\n', "malformed NDJSON line"),
+        (b"{not json}\n", "malformed NDJSON line"),
+        (b'"a string"\n', "non-object NDJSON line"),
+        (b"[1, 2]\n", "non-object NDJSON line"),
+        (b'{"response": "\xff"}\n', "malformed NDJSON line"),
+        (b"[" * 100_000 + b"\n", "malformed NDJSON line"),
+    ],
+)
+def test_ndjson_malformed_lines(line: bytes, message: str) -> None:
+    with pytest.raises(StreamBrokenError, match=message):
+        NdjsonDecoder().feed(line)
+
+
+SSE = (
+    b": keep-alive comment\n\n"
+    b'data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
+    b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\r\n\r\n'
+    b"event: message\n"
+    b'data: {"choices":[{"index":0,"delta":{"content":" there"},"finish_reason":"stop"}]}\n\n'
+    b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+def _sse() -> SseDecoder:
+    return SseDecoder("chat", "m", started=0.0, sent=0.0)
+
+
+@pytest.mark.parametrize("cut", range(1, len(SSE), 7))
+def test_sse_any_cut_gives_the_same_chunks(cut: int) -> None:
+    chunks = _decode(_sse(), [SSE[:cut], SSE[cut:]])
+    texts = [c.data["message"]["content"] for c in chunks]
+    assert texts == ["Hi", " there", ""]
+    final = chunks[-1].data
+    assert final["done"] is True
+    assert (final["prompt_eval_count"], final["eval_count"]) == (5, 2)
+
+
+def test_sse_eof_before_done_is_truncation() -> None:
+    decoder = _sse()
+    decoder.feed(SSE[: SSE.index(b"data: [DONE]")])
+    with pytest.raises(StreamBrokenError, match=r"before data: \[DONE\]"):
+        decoder.end()
+
+
+def test_sse_error_event_ends_the_stream() -> None:
+    decoder = _sse()
+    chunks = decoder.feed(b'data: {"error":{"message":"overloaded"}}\n\ndata: [DONE]\n\n')
+    assert [c.data for c in chunks] == [{"error": "overloaded"}]
+    assert decoder.finished
+
+
+@pytest.mark.parametrize("payload", [b"data: {oops}\n\n", b"data:\n\n", b"data: [1]\n\n"])
+def test_sse_malformed_events(payload: bytes) -> None:
+    with pytest.raises(StreamBrokenError, match="SSE event"):
+        _sse().feed(payload)
