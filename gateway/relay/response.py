@@ -1,92 +1,113 @@
-"""The streaming NDJSON response: relays chunks as they arrive and closes the upstream on exit.
+"""The response of a generation: connects upstream, relays the answer, and always finishes.
 
-Pure ASGI, not a `StreamingResponse` subclass: it always listens for `http.disconnect` while it
-sends, whatever ASGI spec version the server reports (Starlette only does so below 2.4), so a
-client that goes away cancels the upstream request at once even while the upstream is silent
-(field failure F-13). Its `finally` closes the upstream and records the outcome; a
-`BackgroundTask` would be skipped on disconnect (STYLE section 5).
+Pure ASGI, not a `StreamingResponse` subclass. One task group per request holds the watcher
+for `http.disconnect`, whatever ASGI spec version the server reports (Starlette only listens
+below 2.4), from the wait for an upstream slot to the last chunk: a client that goes away
+cancels the upstream request at once, even while the upstream is silent (field failure F-13).
+The same cancel scope is what a shutdown's deadline cancels (`gateway.lifecycle`).
+
+Until the first byte is sent, a failure is raised as a `GatewayError`, which the app's error
+handlers turn into a real status in the client's dialect; after it, the stream ends with one
+`{"error": ...}` line (reference section 4.3). The `finally` records the outcome exactly once;
+a `BackgroundTask` would be skipped on disconnect (STYLE section 5).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable
 from contextlib import aclosing
+from typing import TYPE_CHECKING
 
 import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.errors import ServiceUnavailableError
 from gateway.lifecycle import Lifecycle
-from gateway.relay.exchange import Exchange
-from gateway.relay.meter import RequestMeter
 from gateway.upstream.dialect import Chunk
 
-NDJSON = "application/x-ndjson"
+if TYPE_CHECKING:
+    from gateway.relay.exchange import Exchange
+    from gateway.relay.pipeline import Generation
+
+NDJSON = b"application/x-ndjson"
+JSON = b"application/json; charset=utf-8"
+
+#: Status for a request whose client left before any byte was sent (nginx's convention; it is
+#: only logged and counted, nobody is left to read it).
+CLIENT_CLOSED_REQUEST = 499
 
 
-class RelayStreamResponse(Response):
-    """Stream an `Exchange` to the client as NDJSON, one line per chunk, unbuffered.
+class RelayResponse(Response):
+    """Run a `Generation` and send its answer: NDJSON streamed unbuffered, or one JSON object.
 
     A `Response` subclass only so that FastAPI passes it through untouched; it renders itself.
 
     Args:
-        exchange: An opened exchange (its first chunk is ready).
-        meter: The request's meter; observes each chunk just before it is sent.
-        headers: Extra response headers (for example `X-Request-ID`).
-        on_finish: Awaited once with the outcome after the stream ended; closes the upstream,
-            releases what the request held and records its metrics.
-        lifecycle: Ends the stream with an error line when a shutdown's deadline comes.
+        generation: The admitted request (`gateway.relay.pipeline.Generation`).
+        lifecycle: Its stop signal ends the request; a running stream ends with an error line.
     """
 
-    def __init__(
-        self,
-        exchange: Exchange,
-        meter: RequestMeter,
-        headers: dict[str, str],
-        on_finish: Callable[[str], Awaitable[None]],
-        lifecycle: Lifecycle,
-    ) -> None:
+    def __init__(self, generation: Generation, lifecycle: Lifecycle) -> None:
         self.status_code = 200
         self.background = None
-        self.exchange = exchange
-        self.meter = meter
-        self.on_finish = on_finish
-        self.raw_headers = [(b"content-type", NDJSON.encode())] + [
-            (name.lower().encode("latin-1"), value.encode("latin-1"))
-            for name, value in headers.items()
-        ]
+        self.generation = generation
         self.lifecycle = lifecycle
+        self.raw_headers = [
+            (name.lower().encode("latin-1"), value.encode("latin-1"))
+            for name, value in generation.headers.items()
+        ]
+        self.exchange: Exchange | None = None
+        self.started = False
         self.client_gone = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # noqa: ARG002
-        """Run the relay; see the module docstring."""
+        """Connect, relay, finish; see the module docstring.
+
+        Raises:
+            GatewayError: the request failed before its first byte was sent.
+        """
+        generation = self.generation
+        error: Exception | None = None
         try:
             async with anyio.create_task_group() as group:
                 with self.lifecycle.ends_with(group.cancel_scope):
                     group.start_soon(self._watch_disconnect, receive, group.cancel_scope)
                     try:
-                        await self._relay(send)
+                        await self._respond(send)
                     except OSError:  # the server could not write: the client is gone
                         self.client_gone = True
+                    except Exception as exc:  # re-raised below, not wrapped by the task group
+                        error = exc
                     group.cancel_scope.cancel()
-            if self.lifecycle.stopped and not self.client_gone and self.exchange.outcome is None:
-                await self._end_with_error(send, "gateway is shutting down")
-        finally:
-            await self.exchange.aclose()
-            outcome = self.exchange.outcome
-            if outcome is None:
-                outcome = (
-                    "shutdown"
-                    if self.lifecycle.stopped and not self.client_gone
-                    else "client_disconnect"
-                )
-            await self.on_finish(outcome)
+        except BaseException:  # cancelled from outside (the server's own shutdown), or a bug
+            stopped = self.lifecycle.stopped and not self.client_gone
+            outcome = self.exchange.outcome if self.exchange is not None else None
+            await generation.finish(
+                outcome or ("shutdown" if stopped else "client_disconnect"),
+                None if self.started else 503 if stopped else CLIENT_CLOSED_REQUEST,
+            )
+            raise
+        if error is not None:
+            status = getattr(error, "status_code", 500)
+            await generation.finish(getattr(error, "outcome", "error"), status)
+            raise error
+        await self._end(send)
 
-    async def _relay(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        observe = self.meter.observe
-        async with aclosing(self.exchange.batches()) as batches:
+    async def _respond(self, send: Send) -> None:
+        exchange = self.exchange = await self.generation.connect()
+        if not self.generation.streams:
+            content = await self.generation.collect(exchange)
+            headers = [(b"content-type", JSON), *self.raw_headers]
+            self.started = True
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": content, "more_body": False})
+            return
+        observe = self.generation.meter.observe
+        self.started = True
+        headers = [(b"content-type", NDJSON), *self.raw_headers]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        async with aclosing(exchange.batches()) as batches:
             async for batch in batches:
                 for chunk in batch:
                     observe(chunk)
@@ -94,6 +115,33 @@ class RelayStreamResponse(Response):
                 body = batch[0].line if len(batch) == 1 else b"".join([c.line for c in batch])
                 await send({"type": "http.response.body", "body": body, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _end(self, send: Send) -> None:
+        """Finish after the task group: completed, cut short by the client, or by a shutdown.
+
+        Raises:
+            ServiceUnavailableError: a shutdown's deadline came before the first byte.
+        """
+        generation = self.generation
+        stopped = self.lifecycle.stopped and not self.client_gone
+        outcome = self.exchange.outcome if self.exchange is not None else None
+        if not self.started:
+            if stopped:
+                await generation.finish("shutdown", 503)
+                raise ServiceUnavailableError(
+                    "gateway is shutting down", headers={"Retry-After": "1", "Connection": "close"}
+                )
+            # The client left before the first byte; nobody reads this, the log shows it.
+            await generation.finish("client_disconnect", CLIENT_CLOSED_REQUEST)
+            with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
+                await send({"type": "http.response.start", "status": CLIENT_CLOSED_REQUEST})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        if stopped and outcome is None:
+            await self._end_with_error(send, "gateway is shutting down")
+        if outcome is None:
+            outcome = "shutdown" if stopped else "client_disconnect"
+        await generation.finish(outcome)
 
     async def _end_with_error(self, send: Send, message: str) -> None:
         """Send one final error line and end the body (reference section 4.3)."""
@@ -103,9 +151,8 @@ class RelayStreamResponse(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                self.client_gone = True
-                scope.cancel()
-                return
+        # The body has been read already: the next message can only be `http.disconnect`.
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.client_gone = True
+        scope.cancel()
