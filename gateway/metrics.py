@@ -8,6 +8,8 @@ value `other`; `key` is a key's admin-chosen name (`all` when `GATEWAY_METRICS_P
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -78,6 +80,7 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
+        self._series: dict[tuple[str, str, str], RequestSeries] = {}
         r = self.registry
         self.requests = Counter(
             "gateway_requests",
@@ -231,6 +234,28 @@ class Metrics:
             registry=r,
         )
 
+    def series(self, route: str, model: str, key: str) -> RequestSeries:
+        """The labelled children a generation for (`route`, `model`, `key`) records into.
+
+        Resolved once per label combination and kept: `labels()` costs a lock and a tuple
+        lookup each, and a request records into ten series. The number kept is bounded like
+        the labels themselves (module docstring).
+        """
+        found = self._series.get((route, model, key))
+        if found is None:
+            found = self._series[(route, model, key)] = RequestSeries(
+                in_flight=self.in_flight.labels(model),
+                request_duration=self.request_duration.labels(route, model),
+                ttft=self.ttft.labels(model, key),
+                queue_wait=self.queue_wait.labels(model),
+                prefill_tokens_per_second=self.prefill_tokens_per_second.labels(model),
+                output_tokens_per_second=self.output_tokens_per_second.labels(model, key),
+                time_per_output_token=self.time_per_output_token.labels(model),
+                input_tokens=self.input_tokens.labels(model, key),
+                output_tokens=self.output_tokens.labels(model, key),
+            )
+        return found
+
     def count_rejection(
         self, route: str, status: int, outcome: str, key: str | None = None
     ) -> None:
@@ -245,3 +270,21 @@ class Metrics:
     async def endpoint(self, _: Request) -> Response:
         """Serve `GET /metrics` in the Prometheus text format, without a redirect."""
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSeries:
+    """One label combination's children of the per-request metrics (`Metrics.series`).
+
+    Each attribute is the child of the `Metrics` attribute of the same name.
+    """
+
+    in_flight: Gauge
+    request_duration: Histogram
+    ttft: Histogram
+    queue_wait: Histogram
+    prefill_tokens_per_second: Histogram
+    output_tokens_per_second: Histogram
+    time_per_output_token: Histogram
+    input_tokens: Counter
+    output_tokens: Counter

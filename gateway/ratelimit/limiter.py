@@ -20,9 +20,11 @@ is logged and counted in `gateway_rate_limit_storage_errors_total`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import anyio
@@ -133,6 +135,14 @@ class KeyLimiter:
         self._metrics = metrics
         self._moving = MovingWindowRateLimiter(storage)
         self._fixed = FixedWindowRateLimiter(storage)
+        # The in-process storage never waits on anything: no deadline to arm for it.
+        self._remote = not isinstance(storage, MemoryStorage)
+
+    def _deadline(self) -> AbstractContextManager[object]:
+        """`GATEWAY_RATE_LIMIT_TIMEOUT` around a shared storage's calls; nothing in-process."""
+        if self._remote:
+            return anyio.fail_after(self._settings.rate_limit_timeout)
+        return contextlib.nullcontext()
 
     async def admit(self, principal: Principal) -> Admission:
         """Check and count RPM, check TPM, take a concurrency slot.
@@ -146,7 +156,7 @@ class KeyLimiter:
         if not (limits.rpm or limits.tpm or limits.max_concurrent):
             return admission
         try:
-            with anyio.fail_after(self._settings.rate_limit_timeout):
+            with self._deadline():
                 await self._check(principal.key_id, limits, admission)
         except GatewayError:
             raise
@@ -187,19 +197,22 @@ class KeyLimiter:
         if not (tokens and admission.limits.tpm) and not admission.holds_concurrency:
             return
         try:
-            with (
-                anyio.fail_after(self._settings.rate_limit_timeout),
-                anyio.CancelScope(shield=True),
-            ):
-                if tokens and admission.limits.tpm:
-                    item = RateLimitItemPerMinute(admission.limits.tpm)
-                    await self._fixed.hit(item, "tpm", admission.key_id, cost=tokens)
-                if admission.holds_concurrency:
-                    admission.holds_concurrency = False
-                    await self._in_flight(admission.key_id, -1)
+            if self._remote:  # the caller may be cancelled; the charge must still happen
+                with self._deadline(), anyio.CancelScope(shield=True):
+                    await self._charge(admission, tokens)
+            else:
+                await self._charge(admission, tokens)
         except Exception as exc:
             self._metrics.rate_limit_storage_errors.inc()
             logger.warning("rate-limit storage failed while releasing: %s", type(exc).__name__)
+
+    async def _charge(self, admission: Admission, tokens: int) -> None:
+        if tokens and admission.limits.tpm:
+            item = RateLimitItemPerMinute(admission.limits.tpm)
+            await self._fixed.hit(item, "tpm", admission.key_id, cost=tokens)
+        if admission.holds_concurrency:
+            admission.holds_concurrency = False
+            await self._in_flight(admission.key_id, -1)
 
     async def _in_flight(self, key_id: str, amount: int) -> int:
         """Add `amount` to the key's in-flight count; never let it stay below zero.

@@ -46,6 +46,10 @@ class UpstreamSlots:
         """
         if self._semaphore is None:
             return False
+        if self._semaphore.value and not self._waiting:  # a free slot and nobody ahead
+            self._semaphore.acquire_nowait()
+            self._in_use_gauge.inc()
+            return True
         if self._semaphore.value == 0 and self._waiting >= self._queue_size:
             self._refused.labels("queue_full").inc()
             raise ServiceUnavailableError(

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.metrics import Metrics
+from gateway.metrics import Metrics, RequestSeries
 from gateway.upstream.dialect import Chunk
 
 
@@ -57,9 +57,11 @@ class RequestMeter:
     outcome: str | None = None
     status: int = 200
     finished: bool = field(default=False, repr=False)
+    series: RequestSeries = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.metrics.in_flight.labels(self.model).inc()
+        self.series = self.metrics.series(self.route, self.model, self.key)
+        self.series.in_flight.inc()
 
     def observe(self, chunk: Chunk) -> None:
         """Account for one chunk just before it goes to the client."""
@@ -125,29 +127,27 @@ class RequestMeter:
         self.outcome = outcome
         if status is not None:
             self.status = status
-        m = self.metrics
-        m.in_flight.labels(self.model).dec()
-        m.requests.labels(
+        series = self.series
+        series.in_flight.dec()
+        self.metrics.requests.labels(
             self.route, self.model, self.key, f"{self.status // 100}xx", outcome
         ).inc()
-        m.request_duration.labels(self.route, self.model).observe(
-            time.perf_counter() - self.arrival
-        )
+        series.request_duration.observe(time.perf_counter() - self.arrival)
         if self.ttft is not None:
-            m.ttft.labels(self.model, self.key).observe(self.ttft)
+            series.ttft.observe(self.ttft)
         if self.sent_at is not None:
-            m.queue_wait.labels(self.model).observe(self.sent_at - self.arrival)
+            series.queue_wait.observe(self.sent_at - self.arrival)
         prefill = self._reported_rate("prompt_eval_count", "prompt_eval_duration")
         if prefill is not None:
-            m.prefill_tokens_per_second.labels(self.model).observe(prefill)
+            series.prefill_tokens_per_second.observe(prefill)
         rate = self.decode_rate()
         if rate is not None:
-            m.output_tokens_per_second.labels(self.model, self.key).observe(rate[0])
-            m.time_per_output_token.labels(self.model).observe(rate[1])
+            series.output_tokens_per_second.observe(rate[0])
+            series.time_per_output_token.observe(rate[1])
         if self.input_tokens:
-            m.input_tokens.labels(self.model, self.key).inc(self.input_tokens)
+            series.input_tokens.inc(self.input_tokens)
         if self.output_tokens:
-            m.output_tokens.labels(self.model, self.key).inc(self.output_tokens)
+            series.output_tokens.inc(self.output_tokens)
         return self.summary()
 
     def summary(self) -> dict[str, Any]:
