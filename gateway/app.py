@@ -20,6 +20,7 @@ from gateway.lifecycle import Lifecycle
 from gateway.metrics import Metrics
 from gateway.ratelimit.limiter import KeyLimiter, build_storage, close_storage
 from gateway.relay.pipeline import Relay
+from gateway.relay.routes import generation_routes
 from gateway.relay.routes import router as relay_router
 from gateway.settings import Settings
 from gateway.upstream.pool import open_pool
@@ -93,8 +94,9 @@ def create_app(
         redirect_slashes=False,  # a redirect would be built from the client's Host header
     )
     register_error_handlers(app)
-    app.include_router(health_router)
+    app.router.routes.extend(generation_routes)
     app.include_router(relay_router)
+    app.include_router(health_router)
     app.add_route("/metrics", metrics.endpoint, methods=["GET"], include_in_schema=False)
     app.add_middleware(AccessMiddleware)
     return app
