@@ -9,6 +9,7 @@ from types import FrameType
 import uvicorn
 
 from gateway.app import create_app
+from gateway.coalesce import CoalescingHttpToolsProtocol
 from gateway.lifecycle import Lifecycle
 from gateway.settings import Settings
 
@@ -74,7 +75,7 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
         host=host or settings.host,
         port=port or settings.port,
         loop="auto",
-        http="auto",
+        http=CoalescingHttpToolsProtocol,
         workers=1,
         access_log=False,
         log_level=settings.log_level,

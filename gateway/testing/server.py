@@ -9,6 +9,7 @@ main thread, so nothing needs overriding.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -29,7 +30,7 @@ class LoopbackServer:
 
     Args:
         app: The ASGI app to serve.
-        http: uvicorn's HTTP implementation.
+        http: uvicorn's HTTP implementation, or a protocol class (as `gateway serve` passes).
         startup_timeout: Seconds to wait for the server to listen.
         shutdown_timeout: Seconds uvicorn gives open requests to finish on stop
             (`timeout_graceful_shutdown`); then it cancels them. A hanging emulator request only
@@ -40,7 +41,7 @@ class LoopbackServer:
         self,
         app: ASGIApp,
         *,
-        http: Literal["h11", "httptools"] = "httptools",
+        http: Literal["h11", "httptools"] | type[asyncio.Protocol] = "httptools",
         startup_timeout: float = 10.0,
         shutdown_timeout: int = 2,
     ) -> None:
