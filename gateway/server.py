@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from types import FrameType
 
@@ -83,5 +84,10 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
         timeout_graceful_shutdown=int(settings.shutdown_timeout) + 2,
         server_header=False,
     )
+    # What exists now (modules, classes, the app: about 100,000 objects) lives as long as the
+    # process. Out of the collector's reach, a full collection walks only what requests made
+    # since: a pause of well under a millisecond instead of tens of milliseconds for every
+    # open stream (docs/performance.md; Python's `gc.freeze`).
+    gc.freeze()
     DrainingServer(config, lifecycle, settings.shutdown_drain, settings.shutdown_timeout).run()
     return 0
