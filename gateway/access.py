@@ -23,6 +23,8 @@ from gateway.errors import error_response
 logger = logging.getLogger("gateway.access")
 
 _VALID_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+#: Scraped and probed every few seconds: their lines would drown the requests' own.
+_UNLOGGED = frozenset({"/metrics", "/healthz", "/readyz"})
 
 
 class AccessMiddleware:
@@ -62,7 +64,7 @@ class AccessMiddleware:
             await response(scope, receive, send_with_id)
             _count_unexpected(state)
         finally:
-            if scope["path"] not in ("/metrics", "/healthz", "/readyz"):
+            if logger.isEnabledFor(logging.INFO) and scope["path"] not in _UNLOGGED:
                 self._log(scope, state, status, arrival)
 
     @staticmethod
