@@ -98,3 +98,41 @@ def test_a_stream_that_ends_within_the_deadline_completes(emulator: Emulator, tm
     lines = [json.loads(line) for line in result[0].text.splitlines()]
     assert lines[-1]["done"] is True
     assert len(lines) == 31
+
+
+def test_a_request_still_waiting_for_its_first_byte_gets_503(emulator: Emulator, tmp_path: Path):
+    emulator.config.ttft = 20.0  # a model load longer than drain + deadline
+    env = {
+        "GATEWAY_UPSTREAM_URL": emulator.url,
+        "GATEWAY_SHUTDOWN_DRAIN": "0.5",
+        "GATEWAY_SHUTDOWN_TIMEOUT": "1",
+        "GATEWAY_FIRST_BYTE_TIMEOUT": "60",
+    }
+    with gateway_process(tmp_path, env) as gateway:
+        key = str(create_key(gateway.extra_env, "k")["key"])
+        result: list[httpx.Response] = []
+        reader = threading.Thread(
+            target=lambda: result.append(
+                httpx.post(
+                    f"{gateway.url}/v1/generate",
+                    json={"model": MODEL, "prompt": "x"},
+                    headers={"Authorization": f"Bearer {key}"},
+                    timeout=30,
+                )
+            )
+        )
+        reader.start()
+        time.sleep(0.5)
+        assert gateway.process is not None
+        gateway.process.send_signal(signal.SIGTERM)
+        reader.join(15)
+        assert gateway.process.wait(15) in (0, -signal.SIGTERM)
+        log = gateway.log_tail(50)
+    [response] = result
+    assert response.status_code == 503
+    assert response.json() == {"error": "gateway is shutting down"}
+    assert response.headers["retry-after"] == "1"
+    assert '"outcome":"shutdown"' in log
+    [record] = [r for r in emulator.state.records if r.path == "/api/generate"]
+    assert record.wait_ended(2)
+    assert record.outcome == "client_disconnect"  # the upstream request was closed
