@@ -35,18 +35,30 @@ class DrainingServer(uvicorn.Server):
         self.lifecycle = lifecycle
         self.drain = drain
         self.stream_deadline = stream_deadline
+        self.shutting_down = False
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        """First signal: drain, then shut down; a second one: uvicorn's own handling."""
-        if self.lifecycle.draining:
+        """First signal: drain, then shut down; a second one ends the drain at once.
+
+        Once the shutdown has begun, a further signal is uvicorn's: SIGINT forces the exit.
+        """
+        if self.shutting_down:
             super().handle_exit(sig, frame)
+            return
+        loop = asyncio.get_event_loop()
+        if self.lifecycle.draining:
+            logger.info("second signal: shutting down without waiting for the drain")
+            loop.call_soon_threadsafe(self._shut_down, sig, frame)
             return
         self.lifecycle.draining = True
         logger.info("draining for %g s before shutting down", self.drain)
-        loop = asyncio.get_event_loop()
         loop.call_soon_threadsafe(loop.call_later, self.drain, self._shut_down, sig, frame)
 
     def _shut_down(self, sig: int, frame: FrameType | None) -> None:
+        """Close the listener; end the streams left after `stream_deadline` seconds (once)."""
+        if self.shutting_down:
+            return
+        self.shutting_down = True
         super().handle_exit(sig, frame)
         asyncio.get_event_loop().call_later(self.stream_deadline, self.lifecycle.stop_streams)
 

@@ -107,3 +107,26 @@ async def test_a_cancellation_from_outside_is_not_turned_into_a_timeout():
         deadline.close()
     assert scope.cancelled_caught
     assert outcome == ["cancelled"]
+
+
+def test_uvloop_sub_millisecond_deadlines() -> None:
+    """uvloop (what `gateway serve` runs on) returns a `Handle` without `when()` for a delay
+    under a millisecond: a request timeout that is almost used up must still end the wait with
+    `TimeoutError`, not `AttributeError`."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def main() -> list[str]:
+        deadline = IdleDeadline()
+        seen = []
+        # A wait that ends before its sub-millisecond timer fires leaves that timer armed; the
+        # next wait compares its own deadline with the armed one.
+        assert await deadline.wait(_value_after(0, 7), 0.0002) == 7
+        for seconds in (0.0005, 0.0, 0.05):
+            try:
+                await deadline.wait(asyncio.sleep(1), seconds)
+            except TimeoutError:
+                seen.append("timeout")
+        deadline.close()
+        return seen
+
+    assert uvloop.run(main()) == ["timeout"] * 3

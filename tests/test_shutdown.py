@@ -136,3 +136,41 @@ def test_a_request_still_waiting_for_its_first_byte_gets_503(emulator: Emulator,
     [record] = [r for r in emulator.state.records if r.path == "/api/generate"]
     assert record.wait_ended(2)
     assert record.outcome == "client_disconnect"  # the upstream request was closed
+
+
+def test_a_second_signal_skips_the_drain_but_still_ends_streams_cleanly(
+    emulator: Emulator, tmp_path: Path
+):
+    emulator.config.ttft = 0.05
+    emulator.config.inter_token = 0.05
+    emulator.config.tokens = 400  # 20 s
+    env = {
+        "GATEWAY_UPSTREAM_URL": emulator.url,
+        "GATEWAY_SHUTDOWN_DRAIN": "30",  # would outlast the test if the second signal did not
+        "GATEWAY_SHUTDOWN_TIMEOUT": "1",
+    }
+    with gateway_process(tmp_path, env) as gateway:
+        key = str(create_key(gateway.extra_env, "k")["key"])
+        lines: list[dict] = []
+
+        def stream() -> None:
+            with httpx.stream(
+                "POST",
+                f"{gateway.url}/v1/generate",
+                json={"model": MODEL, "prompt": "x"},
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=30,
+            ) as response:
+                lines.extend(json.loads(line) for line in response.iter_lines() if line)
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        time.sleep(0.5)
+        assert gateway.process is not None
+        gateway.process.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        gateway.process.send_signal(signal.SIGTERM)
+        reader.join(15)
+        assert gateway.process.wait(15) in (0, -signal.SIGTERM)
+    assert lines[-1] == {"error": "gateway is shutting down"}
+    assert not any(line.get("done") for line in lines)

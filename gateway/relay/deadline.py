@@ -34,7 +34,10 @@ class IdleDeadline:
             raise RuntimeError("IdleDeadline needs a running task")
         self._task = task
         self._due: float | None = None  # loop time the current wait must end by
-        self._timer: asyncio.TimerHandle | None = None
+        # The armed timer and when it fires. uvloop's `call_at` returns a plain `Handle`, with
+        # no `when()`, for a delay under a millisecond; so the time is kept here.
+        self._timer: asyncio.Handle | None = None
+        self._timer_due = 0.0
         self._expired = False
 
     async def wait(self, awaitable: Awaitable[T], seconds: float) -> T:
@@ -45,10 +48,10 @@ class IdleDeadline:
         """
         due = self._loop.time() + seconds
         self._due = due
-        if self._timer is None or self._timer.when() > due:
+        if self._timer is None or self._timer_due > due:
             if self._timer is not None:
                 self._timer.cancel()
-            self._timer = self._loop.call_at(due, self._fire)
+            self._arm(due)
         try:
             return await awaitable
         except asyncio.CancelledError:
@@ -65,10 +68,14 @@ class IdleDeadline:
         if due is None:  # not waiting now: the next wait arms a new timer
             return
         if self._loop.time() < due:  # the current wait began after this timer was armed
-            self._timer = self._loop.call_at(due, self._fire)
+            self._arm(due)
             return
         self._expired = True
         self._task.cancel()
+
+    def _arm(self, due: float) -> None:
+        self._timer = self._loop.call_at(due, self._fire)
+        self._timer_due = due
 
     def close(self) -> None:
         """Drop the timer (the stream ended)."""
