@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.testing.server import LoopbackServer
@@ -30,6 +31,8 @@ class WeirdUpstream:
         self.ps: Any = {"models": []}
         self.final: dict[str, Any] = {"done": True, "done_reason": "stop", "eval_count": 2}
         self.error: tuple[int, bytes] | None = None
+        self.encoding: str | None = None  # a Content-Encoding to claim (the body stays as is)
+        self.linger = 0.0  # seconds the body stays open after the final line
         self.headers_seen: list[dict[str, str]] = []
         self.app = Starlette(
             routes=[
@@ -60,8 +63,17 @@ class WeirdUpstream:
             {"model": MODEL, "response": "", **self.final},
         ]
         body = "".join(json.dumps(line) + "\n" for line in lines)
+        if self.linger:
+
+            async def lingering() -> AsyncIterator[bytes]:
+                yield body.encode()
+                await asyncio.sleep(self.linger)
+
+            return StreamingResponse(lingering(), media_type="application/x-ndjson")
         response = PlainTextResponse(body, media_type="application/x-ndjson")
         response.set_cookie("session", f"s{len(self.headers_seen)}")
+        if self.encoding:
+            response.headers["content-encoding"] = self.encoding
         return response
 
 
@@ -116,6 +128,8 @@ def test_upstream_cookies_are_never_replayed(weird_gateway):
     [
         {"done": True, "prompt_eval_count": -5, "eval_count": "abc", "eval_duration": -1},
         {"done": True, "prompt_eval_count": 1.5, "eval_count": None, "eval_duration": "x"},
+        # Beyond 2**53: would overflow the decode rate (a float) and used to abort the finish.
+        {"done": True, "prompt_eval_count": 10**400, "eval_count": 10**30, "eval_duration": 1},
     ],
 )
 @pytest.mark.parametrize("stream", [True, False])
@@ -267,3 +281,38 @@ def test_an_upstream_that_trickles_its_probe_answer_cannot_hold_probes_or_connec
     finally:
         stop.set()
         listener.close()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_compressed_answer_is_refused_not_inflated(weird_gateway, stream):
+    upstream, gw = weird_gateway
+    upstream.encoding = "gzip"
+    response = _generate(gw, stream=stream)
+    assert response.status_code == 502
+    assert response.json() == {"error": "upstream sent a compressed answer (gzip)"}
+
+
+def test_an_upstream_lingering_after_done_does_not_hold_the_answer(weird_gateway):
+    upstream, gw = weird_gateway
+    upstream.linger = 8.0  # with the default 60 s idle timeout the answer used to wait it out
+    started = time.monotonic()
+    response = _generate(gw, stream=False)
+    assert time.monotonic() - started < 5
+    assert response.status_code == 200
+    assert response.headers["content-length"] == str(len(response.content))
+    assert response.json()["response"] == "ab"
+
+
+def test_a_key_with_a_concurrency_cap_survives_upstream_garbage(weird_gateway):
+    """The finish step settles the key's in-flight count even when the answer is nonsense."""
+    upstream, gw = weird_gateway
+    upstream.final = {"done": True, "eval_count": 10**400, "eval_duration": 10**400}
+    _, capped = gw.create_key("capped", max_concurrent=1)
+    for _ in range(3):
+        response = httpx.post(
+            f"{gw.url}/v1/generate",
+            json={"model": MODEL, "prompt": "x"},
+            headers=gw.headers(capped),
+            timeout=10,
+        )
+        assert response.status_code == 200

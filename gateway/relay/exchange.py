@@ -53,6 +53,8 @@ _IDLE_MESSAGE = "upstream sent nothing for {:g} s"
 #: Most bytes of an upstream error body read to find its message, and most bytes read after
 #: the final chunk to keep the connection (what Ollama sends after `done` is nothing at all).
 _ERROR_BODY_LIMIT = _DRAIN_LIMIT = 64 * 1024
+#: Longest wait, in seconds, for the body's end after the final chunk (Ollama ends it at once).
+_DRAIN_SECONDS = 1.0
 
 
 class Exchange:
@@ -154,11 +156,14 @@ class Exchange:
         response = self._response = await self._client.send(request)
         if response.status_code != 200:
             raise await self._status_error(response)
+        # The upstream is asked for `identity`. A compressed answer is refused, not inflated:
+        # a few hundred KiB of gzip can expand to gigabytes, all parsed in one event-loop turn.
+        encoding = response.headers.get("content-encoding", "identity").lower()
+        if encoding != "identity":
+            raise StreamBrokenError(f"upstream sent a compressed answer ({encoding})")
         self._decoder = self._dialect.decoder(self._route, self._body, self._meter.arrival, sent)
-        # The upstream is asked for `identity`; one that compresses anyway is decoded by httpx,
-        # as is a body a test transport has read already.
-        encoded = response.headers.get("content-encoding", "identity").lower() != "identity"
-        raw = not encoded and not response.is_stream_consumed
+        # A body a test transport has read already comes from httpx's copy.
+        raw = not response.is_stream_consumed
         self._reads = response.aiter_raw() if raw else response.aiter_bytes()
         self._first = await self._next_batch()
 
@@ -264,7 +269,7 @@ class Exchange:
             deadline.close()
 
     async def _drain(self) -> None:
-        """Read the upstream's body to its end (at most `_DRAIN_LIMIT` bytes) after the answer.
+        """Read the upstream's body to its end after the answer (`_DRAIN_LIMIT`, `_DRAIN_SECONDS`).
 
         A connection goes back to the pool only when its body was read to the end; closing a
         response earlier discards the connection, and the next request pays a new TCP
@@ -272,8 +277,9 @@ class Exchange:
         """
         assert self._reads is not None  # noqa: S101
         seen = 0
-        # The answer is complete: a failure here only costs the connection.
-        with anyio.move_on_after(self._settings.idle_timeout), contextlib.suppress(Exception):
+        # The answer is complete: a failure here only costs the connection, and so does an
+        # upstream that keeps the body open after `done` (the client must not wait for it).
+        with anyio.move_on_after(_DRAIN_SECONDS), contextlib.suppress(Exception):
             async for data in self._reads:
                 seen += len(data)
                 if seen > _DRAIN_LIMIT:

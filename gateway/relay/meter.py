@@ -163,8 +163,14 @@ class RequestMeter:
         }
 
 
+#: Largest count or duration trusted from an upstream: 2**53, the largest integer a float (and
+#: so a JSON number in most clients) holds exactly. Ollama's counts are tokens and its durations
+#: nanoseconds (2**53 ns is 104 days); anything larger is garbage and would overflow the rates.
+_MAX_TRUSTED = 2**53
+
+
 def _count(value: object) -> int | None:
     """A positive integer from the upstream's JSON, else None (bad values are not trusted)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= _MAX_TRUSTED:
         return None
     return value

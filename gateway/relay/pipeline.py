@@ -206,8 +206,9 @@ class Generation:
         if outcome == "timeout":
             healthy = False
         with anyio.CancelScope(shield=True):
-            await self._release(healthy)
-            summary = self.meter.finish(outcome, status)
-            tokens = self.meter.input_tokens + self.meter.output_tokens
-            await self.relay.limiter.release(self.admission, tokens)
-        self.state["summary"] = summary
+            try:
+                await self._release(healthy)
+                self.state["summary"] = self.meter.finish(outcome, status)
+            finally:  # whatever failed above, the key's in-flight count and TPM are settled
+                tokens = self.meter.input_tokens + self.meter.output_tokens
+                await self.relay.limiter.release(self.admission, tokens)

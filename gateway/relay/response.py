@@ -98,7 +98,8 @@ class RelayResponse(Response):
         exchange = self.exchange = await self.generation.connect()
         if not self.generation.streams:
             content = await self.generation.collect(exchange)
-            headers = [(b"content-type", JSON), *self.raw_headers]
+            length = str(len(content)).encode()
+            headers = [(b"content-type", JSON), (b"content-length", length), *self.raw_headers]
             self.started = True
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": content, "more_body": False})

@@ -107,7 +107,8 @@ class SseDecoder:
         self.usage: dict[str, Any] = {}
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self._lines = LineSplitter()
-        self._data: list[bytes] = []
+        self._data: list[bytes] = []  # the `data:` lines of the event being read
+        self._data_bytes = 0  # their length, kept as they come (not summed per line)
 
     def feed(self, data: bytes) -> list[Chunk]:
         """Return the chunks of the events `data` completes (see `StreamDecoder.feed`)."""
@@ -115,13 +116,15 @@ class SseDecoder:
         for raw in () if self.finished else self._lines.feed(data):
             line = raw.rstrip(b"\r\n")
             if line.startswith(b"data:"):
-                self._data.append(line[5:].strip())
-                if sum(map(len, self._data)) > MAX_LINE_BYTES:
+                data = line[5:].strip()
+                self._data.append(data)
+                self._data_bytes += len(data) + 1
+                if self._data_bytes > MAX_LINE_BYTES:
                     raise StreamBrokenError("upstream sent an over-long SSE event")
                 continue
             if line or not self._data:
                 continue  # comments, `event:`/`id:` fields, keep-alive blank lines
-            payload, self._data = b"\n".join(self._data), []
+            payload, self._data, self._data_bytes = b"\n".join(self._data), [], 0
             if payload == b"[DONE]":
                 self.finished = True
                 chunks.extend(self._finish())
