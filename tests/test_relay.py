@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -499,3 +500,39 @@ def test_upstream_connections_are_reused(make_gateway, emulator: Emulator, diale
             assert response.status_code == 200
     assert len(ports) == 5
     assert len(set(ports)) == 1, ports
+
+
+def test_a_client_that_stops_reading_loses_its_stream_after_the_idle_timeout(
+    make_gateway: Callable[..., Gateway], emulator: Emulator
+):
+    """Backpressure: flow control holds the relay's write; after GATEWAY_IDLE_TIMEOUT the
+    stream is closed and its slot, connection and in-flight count are given back."""
+    gw = make_gateway(idle_timeout=1.0, upstream_max_concurrent=1)
+    emulator.config.tokens = 2_000_000
+    emulator.config.inter_token = 0
+    sink = socket.socket()
+    sink.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sink.connect(("127.0.0.1", int(gw.url.rsplit(":", 1)[1])))
+    body = b'{"model": "llama3.2", "prompt": "x"}'
+    sink.sendall(
+        b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {gw.key}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )  # and never read
+    try:
+        deadline = time.monotonic() + 5
+        while not _generations(emulator) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        [record] = _generations(emulator)
+        assert record.wait_ended(10)  # the upstream request was closed
+        assert record.outcome == "client_disconnect"
+        assert _wait_in_flight_zero(gw) == 0
+        metrics = gw.metrics_text()
+        assert metric_value(metrics, "gateway_upstream_slots_in_use") == 0
+        assert metric_value(metrics, "gateway_requests_total", outcome="client_disconnect") == 1
+        # The slot is free again: another client is served.
+        emulator.config.tokens = 3
+        answer = _post(gw, "/v1/generate", {"model": "llama3.2", "prompt": "x", "stream": False})
+        assert answer.status_code == 200
+    finally:
+        sink.close()

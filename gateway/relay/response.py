@@ -8,27 +8,33 @@ The same cancel scope is what a shutdown's deadline cancels (`gateway.lifecycle`
 
 Until the first byte is sent, a failure is raised as a `GatewayError`, which the app's error
 handlers turn into a real status in the client's dialect; after it, the stream ends with one
-`{"error": ...}` line (reference section 4.3). The `finally` records the outcome exactly once;
-a `BackgroundTask` would be skipped on disconnect (STYLE section 5).
+`{"error": ...}` line (reference section 4.3). A client that reads nothing for
+`GATEWAY_IDLE_TIMEOUT` (the server's flow control holds a write that long) is treated as gone:
+its stream is closed and its slot freed. The outcome is recorded exactly once; a
+`BackgroundTask` would be skipped on disconnect (STYLE section 5).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from contextlib import aclosing
 from typing import TYPE_CHECKING
 
 import anyio
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway.errors import ServiceUnavailableError
 from gateway.lifecycle import Lifecycle
+from gateway.relay.deadline import IdleDeadline
 from gateway.upstream.dialect import Chunk
 
 if TYPE_CHECKING:
     from gateway.relay.exchange import Exchange
     from gateway.relay.pipeline import Generation
+
+logger = logging.getLogger("gateway.relay")
 
 NDJSON = b"application/x-ndjson"
 JSON = b"application/json; charset=utf-8"
@@ -96,26 +102,48 @@ class RelayResponse(Response):
 
     async def _respond(self, send: Send) -> None:
         exchange = self.exchange = await self.generation.connect()
+        stall = IdleDeadline()  # a client that reads nothing must not hold its slot forever
+        limit = self.generation.relay.settings.idle_timeout
+
+        async def write(message: Message) -> None:
+            await stall.wait(send(message), limit)
+
+        try:
+            await self._relay(exchange, write)
+        except TimeoutError:
+            self.client_gone = True
+            logger.warning("client read nothing for %g s; its stream is closed", limit)
+        finally:
+            stall.close()
+
+    async def _relay(self, exchange: Exchange, write: Send) -> None:
+        """Send the answer: NDJSON lines as they come, or one JSON object for `stream:false`.
+
+        Raises:
+            TimeoutError: the client read nothing for `GATEWAY_IDLE_TIMEOUT` (flow control
+                kept a write waiting that long).
+            GatewayError: the `stream:false` answer failed before anything was sent.
+        """
         if not self.generation.streams:
             content = await self.generation.collect(exchange)
             length = str(len(content)).encode()
             headers = [(b"content-type", JSON), (b"content-length", length), *self.raw_headers]
             self.started = True
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            await send({"type": "http.response.body", "body": content, "more_body": False})
+            await write({"type": "http.response.start", "status": 200, "headers": headers})
+            await write({"type": "http.response.body", "body": content, "more_body": False})
             return
         observe = self.generation.meter.observe
         self.started = True
         headers = [(b"content-type", NDJSON), *self.raw_headers]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await write({"type": "http.response.start", "status": 200, "headers": headers})
         async with aclosing(exchange.batches()) as batches:
             async for batch in batches:
                 for chunk in batch:
                     observe(chunk)
                 # The chunks one upstream read completed go out in one write.
                 body = batch[0].line if len(batch) == 1 else b"".join([c.line for c in batch])
-                await send({"type": "http.response.body", "body": body, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await write({"type": "http.response.body", "body": body, "more_body": True})
+        await write({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _end(self, send: Send) -> None:
         """Finish after the task group: completed, cut short by the client, or by a shutdown.
