@@ -163,3 +163,17 @@ def test_sse_error_event_ends_the_stream() -> None:
 def test_sse_malformed_events(payload: bytes) -> None:
     with pytest.raises(StreamBrokenError, match="SSE event"):
         _sse().feed(payload)
+
+
+def test_good_chunks_before_a_malformed_line_travel_with_the_error() -> None:
+    good = ANSWER.splitlines(keepends=True)[:2]
+    with pytest.raises(StreamBrokenError, match="malformed NDJSON line") as raised:
+        NdjsonDecoder().feed(b"".join(good) + b"{broken\n")
+    assert [c.line for c in raised.value.chunks] == good
+
+
+def test_good_sse_events_before_a_malformed_one_travel_with_the_error() -> None:
+    payload = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\ndata: {oops}\n\n'
+    with pytest.raises(StreamBrokenError, match="malformed SSE event") as raised:
+        _sse().feed(payload)
+    assert [c.data["message"]["content"] for c in raised.value.chunks] == ["Hi"]

@@ -33,6 +33,7 @@ class WeirdUpstream:
         self.error: tuple[int, bytes] | None = None
         self.encoding: str | None = None  # a Content-Encoding to claim (the body stays as is)
         self.linger = 0.0  # seconds the body stays open after the final line
+        self.tail: bytes | None = None  # sent instead of the final line
         self.headers_seen: list[dict[str, str]] = []
         self.app = Starlette(
             routes=[
@@ -63,6 +64,8 @@ class WeirdUpstream:
             {"model": MODEL, "response": "", **self.final},
         ]
         body = "".join(json.dumps(line) + "\n" for line in lines)
+        if self.tail is not None:
+            body = body[: body.rindex("{")] + self.tail.decode()
         if self.linger:
 
             async def lingering() -> AsyncIterator[bytes]:
@@ -316,3 +319,13 @@ def test_a_key_with_a_concurrency_cap_survives_upstream_garbage(weird_gateway):
             timeout=10,
         )
         assert response.status_code == 200
+
+
+def test_tokens_in_the_same_read_as_a_malformed_line_are_relayed_first(weird_gateway):
+    upstream, gw = weird_gateway
+    upstream.tail = b"{not json\n"
+    response = _generate(gw)
+    assert response.status_code == 200
+    lines = [json.loads(line) for line in response.text.splitlines()]
+    assert [line.get("response") for line in lines[:2]] == ["a", "b"]
+    assert lines[2:] == [{"error": "upstream sent a malformed NDJSON line"}]

@@ -88,6 +88,7 @@ class Exchange:
         self._reads: AsyncIterator[bytes] | None = None
         self._decoder: StreamDecoder | None = None
         self._first: list[Chunk] | None = None
+        self._broken: StreamBrokenError | None = None  # held back until its good chunks are sent
         self.outcome: str | None = None
         self.failure: GatewayError | None = None
 
@@ -176,11 +177,19 @@ class Exchange:
         """
         assert self._reads is not None  # noqa: S101 - set with the response
         assert self._decoder is not None  # noqa: S101
+        if self._broken is not None:
+            raise self._broken
         while True:
             data = await anext(self._reads, None)
             if data is None:
                 return self._decoder.end()
-            chunks = self._decoder.feed(data)
+            try:
+                chunks = self._decoder.feed(data)
+            except StreamBrokenError as exc:
+                if not exc.chunks:
+                    raise
+                self._broken = exc  # the good chunks of this read go first
+                return exc.chunks
             if chunks:
                 return chunks
 

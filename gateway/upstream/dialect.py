@@ -29,7 +29,15 @@ class StreamBrokenError(Exception):
 
     Reference section 9.2 item 1 and section 11: EOF without `done:true` is truncation, and a
     `/v1` stream without `data: [DONE]` hides a mid-stream error (section 4.4).
+
+    Attributes:
+        chunks: The good chunks the same `StreamDecoder.feed` call decoded before the fault;
+            the relay sends them before it reports the fault.
     """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.chunks: list[Chunk] = []
 
 
 @dataclass(slots=True)
@@ -124,7 +132,8 @@ class StreamDecoder(Protocol):
         """Return the chunks that `data` completes (often none, or one), in order.
 
         Raises:
-            StreamBrokenError: malformed data, or a line over `MAX_LINE_BYTES`.
+            StreamBrokenError: malformed data, or a line over `MAX_LINE_BYTES`; its `chunks`
+                are those `data` completed before the fault.
         """
         ...
 

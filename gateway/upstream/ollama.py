@@ -95,16 +95,20 @@ class NdjsonDecoder:
         """Return the chunks of the lines `data` completes (see `StreamDecoder.feed`)."""
         if self.finished:
             return []
-        chunks = []
-        for line in self._lines.feed(data):
-            parsed = decode_object(line, "NDJSON line")
-            if parsed is None:
-                continue
-            chunk = Chunk(parsed, line)
-            chunks.append(chunk)
-            if chunk.is_done or chunk.is_error:
-                self.finished = True
-                break
+        chunks: list[Chunk] = []
+        try:
+            for line in self._lines.feed(data):
+                parsed = decode_object(line, "NDJSON line")
+                if parsed is None:
+                    continue
+                chunk = Chunk(parsed, line)
+                chunks.append(chunk)
+                if chunk.is_done or chunk.is_error:
+                    self.finished = True
+                    break
+        except StreamBrokenError as exc:
+            exc.chunks = chunks
+            raise
         return chunks
 
     def end(self) -> list[Chunk]:

@@ -113,28 +113,32 @@ class SseDecoder:
     def feed(self, data: bytes) -> list[Chunk]:
         """Return the chunks of the events `data` completes (see `StreamDecoder.feed`)."""
         chunks: list[Chunk] = []
-        for raw in () if self.finished else self._lines.feed(data):
-            line = raw.rstrip(b"\r\n")
-            if line.startswith(b"data:"):
-                data = line[5:].strip()
-                self._data.append(data)
-                self._data_bytes += len(data) + 1
-                if self._data_bytes > MAX_LINE_BYTES:
-                    raise StreamBrokenError("upstream sent an over-long SSE event")
-                continue
-            if line or not self._data:
-                continue  # comments, `event:`/`id:` fields, keep-alive blank lines
-            payload, self._data, self._data_bytes = b"\n".join(self._data), [], 0
-            if payload == b"[DONE]":
-                self.finished = True
-                chunks.extend(self._finish())
-                break
-            translated = self._translate_event(payload)
-            if translated is not None:
-                chunks.append(translated)
-                if translated.is_error:
+        try:
+            for raw in () if self.finished else self._lines.feed(data):
+                line = raw.rstrip(b"\r\n")
+                if line.startswith(b"data:"):
+                    value = line[5:].strip()
+                    self._data.append(value)
+                    self._data_bytes += len(value) + 1
+                    if self._data_bytes > MAX_LINE_BYTES:
+                        raise StreamBrokenError("upstream sent an over-long SSE event")
+                    continue
+                if line or not self._data:
+                    continue  # comments, `event:`/`id:` fields, keep-alive blank lines
+                payload, self._data, self._data_bytes = b"\n".join(self._data), [], 0
+                if payload == b"[DONE]":
                     self.finished = True
+                    chunks.extend(self._finish())
                     break
+                translated = self._translate_event(payload)
+                if translated is not None:
+                    chunks.append(translated)
+                    if translated.is_error:
+                        self.finished = True
+                        break
+        except StreamBrokenError as exc:
+            exc.chunks = chunks
+            raise
         return chunks
 
     def end(self) -> list[Chunk]:
