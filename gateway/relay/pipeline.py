@@ -8,7 +8,7 @@ finish: metrics, TPM charge, slots back.
 
 The endpoint does the checks and returns a `RelayResponse` for a `Generation`; everything from
 choosing an upstream on runs inside that response, under the one watcher for the client going
-away that covers the whole request (a task group per request, not one per phase).
+away that covers the whole request (one watcher task per request, not one per phase).
 """
 
 from __future__ import annotations
