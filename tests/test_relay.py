@@ -461,11 +461,27 @@ def test_rejected_requests_are_counted_with_bounded_labels(gateway: Gateway):
 
 @pytest.mark.parametrize("dialect", ["ollama", "openai"])
 @pytest.mark.parametrize("stream", [True, False])
-def test_upstream_connections_are_reused(make_gateway, emulator: Emulator, dialect, stream):
-    """The body is read to its end after the final chunk, so httpx keeps the connection."""
+@pytest.mark.parametrize("chunked", [False, True])
+def test_upstream_connections_are_reused(
+    make_gateway, emulator: Emulator, dialect, stream, chunked
+):
+    """The body is read to its end after the final chunk, so the connection is kept; also
+    when the whole answer comes in the first read and the chunked body's end comes later."""
+    import asyncio
+
     from starlette.applications import Starlette
-    from starlette.responses import JSONResponse, Response
+    from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
+
+    def answer(body: str, media_type: str) -> Response:
+        if not chunked:
+            return Response(body, media_type=media_type)
+
+        async def pieces():
+            yield body.encode()
+            await asyncio.sleep(0.05)  # the terminating chunk comes in a later read
+
+        return StreamingResponse(pieces(), media_type=media_type)
 
     from gateway.testing.server import LoopbackServer
 
@@ -476,10 +492,10 @@ def test_upstream_connections_are_reused(make_gateway, emulator: Emulator, diale
         if dialect == "ollama":
             lines = [{"response": "a", "done": False}, {"response": "", "done": True}]
             body = "".join(json.dumps(line) + "\n" for line in lines)
-            return Response(body, media_type="application/x-ndjson")
+            return answer(body, "application/x-ndjson")
         events = [{"choices": [{"delta": {"content": "a"}, "finish_reason": "stop"}]}, "[DONE]"]
         body = "".join(f"data: {e if isinstance(e, str) else json.dumps(e)}\n\n" for e in events)
-        return Response(body, media_type="text/event-stream")
+        return answer(body, "text/event-stream")
 
     async def listing(_):
         return JSONResponse({"models": [], "data": []})

@@ -163,9 +163,14 @@ class Exchange:
         if encoding != "identity":
             raise StreamBrokenError(f"upstream sent a compressed answer ({encoding})")
         self._decoder = self._dialect.decoder(self._route, self._body, self._meter.arrival, sent)
-        # A body a test transport has read already comes from httpx's copy.
-        raw = not response.is_stream_consumed
-        self._reads = response.aiter_raw() if raw else response.aiter_bytes()
+        # The transport's own byte stream, read directly: httpx's `aiter_raw` adds a generator
+        # and a chunker per read and nothing this relay uses. A body a test transport has read
+        # already comes from httpx's copy.
+        stream = response.stream
+        if isinstance(stream, httpx.AsyncByteStream) and not response.is_stream_consumed:
+            self._reads = aiter(stream)
+        else:
+            self._reads = response.aiter_bytes()
         self._first = await self._next_batch()
 
     async def _next_batch(self) -> list[Chunk]:
@@ -252,7 +257,8 @@ class Exchange:
         """
         assert self._first is not None  # noqa: S101 - open() succeeded
         yield self._first
-        if self._finished_by(self._first[-1]):
+        if self._finished_by(self._first[-1]):  # the whole answer came in the first read
+            await self._drain()
             return
         idle = self._settings.idle_timeout
         deadline = IdleDeadline()  # one timer for the stream, not one per chunk
