@@ -16,6 +16,23 @@ from tests.conftest import Emulator
 MODEL = "llama3.2:latest"
 
 
+def _generate_in_background(url: str, key: str) -> tuple[threading.Thread, list[httpx.Response]]:
+    """POST one generation from a started thread; its response lands in the returned list."""
+    result: list[httpx.Response] = []
+    reader = threading.Thread(
+        target=lambda: result.append(
+            httpx.post(
+                f"{url}/v1/generate",
+                json={"model": MODEL, "prompt": "x"},
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=30,
+            )
+        )
+    )
+    reader.start()
+    return reader, result
+
+
 def test_sigterm_drains_then_ends_streams_with_an_error_line(emulator: Emulator, tmp_path: Path):
     emulator.config.ttft = 0.05
     emulator.config.inter_token = 0.05
@@ -78,18 +95,7 @@ def test_a_stream_that_ends_within_the_deadline_completes(emulator: Emulator, tm
     }
     with gateway_process(tmp_path, env) as gateway:
         key = str(create_key(gateway.extra_env, "k")["key"])
-        result: list[httpx.Response] = []
-        reader = threading.Thread(
-            target=lambda: result.append(
-                httpx.post(
-                    f"{gateway.url}/v1/generate",
-                    json={"model": MODEL, "prompt": "x"},
-                    headers={"Authorization": f"Bearer {key}"},
-                    timeout=30,
-                )
-            )
-        )
-        reader.start()
+        reader, result = _generate_in_background(gateway.url, key)
         time.sleep(0.3)
         assert gateway.process is not None
         gateway.process.send_signal(signal.SIGTERM)
@@ -110,18 +116,7 @@ def test_a_request_still_waiting_for_its_first_byte_gets_503(emulator: Emulator,
     }
     with gateway_process(tmp_path, env) as gateway:
         key = str(create_key(gateway.extra_env, "k")["key"])
-        result: list[httpx.Response] = []
-        reader = threading.Thread(
-            target=lambda: result.append(
-                httpx.post(
-                    f"{gateway.url}/v1/generate",
-                    json={"model": MODEL, "prompt": "x"},
-                    headers={"Authorization": f"Bearer {key}"},
-                    timeout=30,
-                )
-            )
-        )
-        reader.start()
+        reader, result = _generate_in_background(gateway.url, key)
         time.sleep(0.5)
         assert gateway.process is not None
         gateway.process.send_signal(signal.SIGTERM)
