@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from gateway.testing.stack import create_key, gateway_process
+from gateway.testing.stack import ManagedProcess, create_key, gateway_process
 from tests.conftest import Emulator
 
 MODEL = "llama3.2:latest"
@@ -31,6 +31,21 @@ def _generate_in_background(url: str, key: str) -> tuple[threading.Thread, list[
     )
     reader.start()
     return reader, result
+
+
+def _sigterm_and_exit(
+    gateway: ManagedProcess, reader: threading.Thread, *, after: float, signals: int = 1
+) -> None:
+    """After `after` seconds send SIGTERM (`signals` times, 0.2 s apart); the client's thread
+    ends and the process exits (uvicorn re-raises the signal it caught: exit by SIGTERM)."""
+    time.sleep(after)
+    assert gateway.process is not None
+    for i in range(signals):
+        if i:
+            time.sleep(0.2)
+        gateway.process.send_signal(signal.SIGTERM)
+    reader.join(15)
+    assert gateway.process.wait(15) in (0, -signal.SIGTERM)
 
 
 def test_sigterm_drains_then_ends_streams_with_an_error_line(emulator: Emulator, tmp_path: Path):
@@ -96,11 +111,7 @@ def test_a_stream_that_ends_within_the_deadline_completes(emulator: Emulator, tm
     with gateway_process(tmp_path, env) as gateway:
         key = str(create_key(gateway.extra_env, "k")["key"])
         reader, result = _generate_in_background(gateway.url, key)
-        time.sleep(0.3)
-        assert gateway.process is not None
-        gateway.process.send_signal(signal.SIGTERM)
-        reader.join(15)
-        assert gateway.process.wait(15) in (0, -signal.SIGTERM)
+        _sigterm_and_exit(gateway, reader, after=0.3)
     lines = [json.loads(line) for line in result[0].text.splitlines()]
     assert lines[-1]["done"] is True
     assert len(lines) == 31
@@ -117,11 +128,7 @@ def test_a_request_still_waiting_for_its_first_byte_gets_503(emulator: Emulator,
     with gateway_process(tmp_path, env) as gateway:
         key = str(create_key(gateway.extra_env, "k")["key"])
         reader, result = _generate_in_background(gateway.url, key)
-        time.sleep(0.5)
-        assert gateway.process is not None
-        gateway.process.send_signal(signal.SIGTERM)
-        reader.join(15)
-        assert gateway.process.wait(15) in (0, -signal.SIGTERM)
+        _sigterm_and_exit(gateway, reader, after=0.5)
         log = gateway.log_tail(50)
     [response] = result
     assert response.status_code == 503
@@ -160,12 +167,6 @@ def test_a_second_signal_skips_the_drain_but_still_ends_streams_cleanly(
 
         reader = threading.Thread(target=stream)
         reader.start()
-        time.sleep(0.5)
-        assert gateway.process is not None
-        gateway.process.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
-        gateway.process.send_signal(signal.SIGTERM)
-        reader.join(15)
-        assert gateway.process.wait(15) in (0, -signal.SIGTERM)
+        _sigterm_and_exit(gateway, reader, after=0.5, signals=2)
     assert lines[-1] == {"error": "gateway is shutting down"}
     assert not any(line.get("done") for line in lines)
