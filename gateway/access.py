@@ -5,16 +5,21 @@ ASGI scope's `state`) is the clock start for TTFT. It is also the last line of d
 unexpected exception becomes a logged 500 in the client's dialect, with the request id, instead
 of reaching the server. The request id comes from a well-formed
 incoming `X-Request-ID` or is made here, and goes back in the `X-Request-ID` response header.
-The log line has no prompt text and no secrets: only the key's id, never the key.
+The log line has no prompt text and no secrets: only the key's id, never the key. It names the
+client's address: the peer's, or, when the peer is one of `GATEWAY_TRUSTED_PROXIES`, the
+nearest untrusted address in its `X-Forwarded-For` (`client_address`). Every string in the line
+is JSON-escaped, so no client or upstream text can break it into two lines.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import re
 import time
 import uuid
+from collections.abc import Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -27,11 +32,20 @@ _VALID_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 _UNLOGGED = frozenset({"/metrics", "/healthz", "/readyz"})
 
 
-class AccessMiddleware:
-    """Wraps the app; see the module docstring."""
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-    def __init__(self, app: ASGIApp) -> None:
+
+class AccessMiddleware:
+    """Wraps the app; see the module docstring.
+
+    Args:
+        app: The ASGI app.
+        trusted_proxies: Networks whose `X-Forwarded-For` is believed (`GATEWAY_TRUSTED_PROXIES`).
+    """
+
+    def __init__(self, app: ASGIApp, trusted_proxies: Sequence[Network] = ()) -> None:
         self.app = app
+        self.trusted_proxies = tuple(trusted_proxies)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Stamp the request, add `X-Request-ID`, log one line when the response ends."""
@@ -67,11 +81,13 @@ class AccessMiddleware:
             if logger.isEnabledFor(logging.INFO) and scope["path"] not in _UNLOGGED:
                 self._log(scope, state, status, arrival)
 
-    @staticmethod
-    def _log(scope: Scope, state: dict[str, object], status: int | None, arrival: float) -> None:
+    def _log(
+        self, scope: Scope, state: dict[str, object], status: int | None, arrival: float
+    ) -> None:
         summary = state.get("summary")
         record = {
             "request_id": state["request_id"],
+            "client": client_address(scope, self.trusted_proxies),
             "method": scope["method"],
             "route": scope["path"] if scope["path"].startswith("/v1/") else "other",
             "status": status,
@@ -88,6 +104,41 @@ def _count_unexpected(state: dict[str, object]) -> None:
     count = getattr(metrics, "count_rejection", None)
     if count is not None and "summary" not in state:
         count("other", 500, "error")
+
+
+def client_address(scope: Scope, trusted: Sequence[Network]) -> str | None:
+    """The client's IP address as the access log names it; None when the server gave no peer.
+
+    The peer address, unless it lies in one of `trusted`: then `X-Forwarded-For` is read from
+    the right (the hop closest to the gateway) and the first address not in `trusted` is the
+    client, as RFC 7239 section 7.4 advises; entries a client may have forged further left are
+    ignored. A malformed entry stops the walk and is not trusted: the last good hop is named.
+    """
+    peer = scope.get("client")
+    address: str | None = peer[0] if peer else None
+    if address is None or not trusted or not _in(address, trusted):
+        return address
+    hops: list[str] = []
+    for name, value in scope["headers"]:
+        if name == b"x-forwarded-for":
+            hops.extend(part.strip() for part in value.decode("latin-1").split(","))
+    for hop in reversed(hops):
+        try:
+            ipaddress.ip_address(hop)
+        except ValueError:
+            return address
+        address = hop
+        if not _in(hop, trusted):
+            return hop
+    return address
+
+
+def _in(address: str, networks: Sequence[Network]) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in network for network in networks)
 
 
 def _incoming_id(scope: Scope) -> str | None:

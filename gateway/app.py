@@ -98,5 +98,5 @@ def create_app(
     app.include_router(relay_router)
     app.include_router(health_router)
     app.add_route("/metrics", metrics.endpoint, methods=["GET"], include_in_schema=False)
-    app.add_middleware(AccessMiddleware)
+    app.add_middleware(AccessMiddleware, trusted_proxies=settings.trusted_proxy_networks)
     return app

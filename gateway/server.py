@@ -12,6 +12,7 @@ import uvicorn
 from gateway.app import create_app
 from gateway.coalesce import CoalescingHttpToolsProtocol
 from gateway.lifecycle import Lifecycle
+from gateway.logs import configure_logging
 from gateway.settings import Settings
 
 logger = logging.getLogger("gateway.server")
@@ -75,9 +76,7 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
         host: Bind address; default `GATEWAY_HOST` (127.0.0.1).
         port: Port; default `GATEWAY_PORT` (8080).
     """
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    configure_logging(settings.log_level)  # every message escaped: no forged lines (gateway.logs)
     # httpx logs every request at INFO, which would be the upstream monitor's probes every few
     # seconds; the gateway's own access log already has one line per request.
     logging.getLogger("httpx").setLevel(logging.WARNING)

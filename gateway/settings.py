@@ -7,6 +7,7 @@ their own `Settings(...)`. Every field is listed with its default in `.env.examp
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Literal
 
 from pydantic import BaseModel, Field, HttpUrl, SecretStr, model_validator
@@ -218,6 +219,13 @@ class Settings(BaseSettings):
         30.0, gt=0, description="Seconds a request may wait for an upstream slot before a 503."
     )
 
+    # --- logging -------------------------------------------------------------------------------
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="Networks (CIDR, JSON list) of reverse proxies whose X-Forwarded-For names "
+        "the client in the access log; empty: the peer address is the client.",
+    )
+
     # --- metrics -------------------------------------------------------------------------------
     metrics_per_key: bool = Field(
         True,
@@ -240,6 +248,18 @@ class Settings(BaseSettings):
         }:
             raise ValueError("GATEWAY_UPSTREAM_API_KEY still holds the placeholder value")
         return self
+
+    @model_validator(mode="after")
+    def _check_trusted_proxies(self) -> Settings:
+        """Each entry must be an IP network, so a typo is an error at start-up, not ignored."""
+        for entry in self.trusted_proxies:
+            ipaddress.ip_network(entry, strict=False)  # ValueError -> ValidationError
+        return self
+
+    @property
+    def trusted_proxy_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        """`trusted_proxies` parsed (`10.0.0.0/8`, `::1`: a bare address is a /32 or /128)."""
+        return [ipaddress.ip_network(entry, strict=False) for entry in self.trusted_proxies]
 
     @property
     def upstream_specs(self) -> list[UpstreamSpec]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 from typing import Annotated
 
@@ -9,7 +10,7 @@ from fastapi import Depends, Request
 
 from gateway.auth.principal import Principal
 from gateway.deps import AuthenticatorDep
-from gateway.errors import UnauthorizedError
+from gateway.errors import BadRequestError, UnauthorizedError
 from gateway.keys.store import InvalidKeyError
 
 logger = logging.getLogger("gateway.auth")
@@ -18,13 +19,29 @@ logger = logging.getLogger("gateway.auth")
 def presented_key(request: Request) -> str | None:
     """Return the key from `Authorization: Bearer <key>` (RFC 6750), else from `X-API-Key`.
 
-    A non-Bearer `Authorization` (for example a proxy's Basic credentials) is ignored.
+    A non-Bearer `Authorization` (for example a proxy's Basic credentials) is ignored. A request
+    that carries more than one credential is refused rather than resolved: a proxy in front and
+    the gateway could otherwise pick different ones (the first or the last header), and a log or
+    an audit would name a key other than the one that was used.
+
+    Raises:
+        BadRequestError: two `Authorization` or two `X-API-Key` headers, or a Bearer key and a
+            different `X-API-Key` (400).
     """
-    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and credentials.strip():
-        return credentials.strip()
-    api_key = request.headers.get("x-api-key", "").strip()
-    return api_key or None
+    authorizations = request.headers.getlist("authorization")
+    api_keys = request.headers.getlist("x-api-key")
+    if len(authorizations) > 1 or len(api_keys) > 1:
+        raise BadRequestError("send one API key: the request has repeated credential headers")
+    bearer: str | None = None
+    if authorizations:
+        scheme, _, credentials = authorizations[0].partition(" ")
+        if scheme.lower() == "bearer" and credentials.strip():
+            bearer = credentials.strip()
+    api_key = api_keys[0].strip() if api_keys else ""
+    # Constant time: the two values may be a real key and a guess at it.
+    if bearer and api_key and not hmac.compare_digest(bearer.encode(), api_key.encode()):
+        raise BadRequestError("send one API key: Authorization and X-API-Key differ")
+    return bearer or api_key or None
 
 
 async def require_principal(request: Request, authenticator: AuthenticatorDep) -> Principal:

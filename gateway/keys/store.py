@@ -9,6 +9,8 @@ never logged. Errors: `KeyNotFoundError` (admin operation on an unknown id) and 
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -77,6 +79,7 @@ class KeyStore:
             options["pool_pre_ping"] = True
         elif parsed.get_backend_name() == "sqlite":
             options["connect_args"] = {"timeout": 30.0}
+            _create_private(parsed.database)
         options.update(engine_options)
         return cls(create_async_engine(parsed, **options))
 
@@ -317,3 +320,16 @@ class KeyStore:
         )
         async with self._sessions.begin() as session:
             await session.execute(touch)
+
+
+def _create_private(database: str | None) -> None:
+    """Create an SQLite database file readable by its owner only (mode 0600), if it is missing.
+
+    SQLite would create it with the umask's mode (usually 0644: every local user could read the
+    key hashes and names). Its journal and WAL files take the database file's mode, so they are
+    private too. An existing file is left as it is: its owner chose its mode.
+    """
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    with contextlib.suppress(FileExistsError, FileNotFoundError):
+        os.close(os.open(database, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))

@@ -44,9 +44,9 @@ generation_routes = [
 
 @router.get("/models")
 async def list_models(principal: PrincipalDep, pool: PoolDep) -> dict[str, Any]:
-    """List the models this key may use (OpenAI list shape), from every upstream."""
+    """List the models this key may use (OpenAI list shape), from every upstream's catalogue."""
     try:
-        models = await pool.models()
+        models = await pool.catalogued_models()
     except (httpx.HTTPError, ValueError, TypeError, KeyError, TimeoutError) as exc:
         raise UpstreamUnavailableError("could not list the upstream's models") from exc
     data = [

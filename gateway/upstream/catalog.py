@@ -28,6 +28,7 @@ class ModelCatalog:
         self._timeout = timeout
         self._models: list[ModelInfo] = []
         self._names: dict[str, str] = {}
+        self._fetched = False
         self._lock = anyio.Lock()
 
     async def refresh(self) -> list[ModelInfo]:
@@ -47,7 +48,21 @@ class ModelCatalog:
                 logger.warning("model list refresh failed; serving the cached list")
             else:
                 self._names = _names(self._models)
+                self._fetched = True
         return self._models
+
+    async def current(self) -> list[ModelInfo]:
+        """The list as last fetched by the upstream monitor; fetched now only if it never was.
+
+        Serving `/v1/models` from here costs the upstream nothing per request (a client polling
+        it cannot load the model server), and the monitor keeps it as fresh as its poll interval.
+
+        Raises:
+            httpx.HTTPError, ValueError, TypeError, KeyError, TimeoutError: as `refresh`.
+        """
+        if self._fetched:
+            return self._models
+        return await self.refresh()
 
     def label(self, model: str) -> str:
         """Return the upstream's id for `model` (`x` -> `x:latest`, any case), else `other`.

@@ -121,8 +121,18 @@ class UpstreamPool:
     def _set_state(self, upstream: Upstream) -> None:
         self._metrics.upstream_circuit_state.labels(upstream.name).set(upstream.breaker.state)
 
-    async def models(self) -> list[ModelInfo]:
-        """Every upstream's model list, refreshed, merged by id.
+    async def catalogued_models(self) -> list[ModelInfo]:
+        """Every upstream's model list as its monitor last fetched it, merged by id.
+
+        Only an upstream whose list was never fetched is asked now (`ModelCatalog.current`).
+
+        Raises:
+            httpx.HTTPError, ValueError, TypeError, KeyError, TimeoutError: as `models`.
+        """
+        return await self.models(refresh=False)
+
+    async def models(self, *, refresh: bool = True) -> list[ModelInfo]:
+        """Every upstream's model list, refreshed (or as cached: `refresh=False`), merged by id.
 
         Raises:
             httpx.HTTPError, ValueError, TypeError, KeyError, TimeoutError: no upstream could
@@ -132,8 +142,9 @@ class UpstreamPool:
         errors: list[Exception] = []
 
         async def fetch(upstream: Upstream) -> None:
+            catalog = upstream.catalog
             try:
-                lists.append(await upstream.catalog.refresh())
+                lists.append(await (catalog.refresh() if refresh else catalog.current()))
             except (httpx.HTTPError, ValueError, TypeError, KeyError, TimeoutError) as exc:
                 errors.append(exc)
 
