@@ -8,14 +8,19 @@ Hierarchy (each carries an HTTP status and a message that is safe to show a clie
     ├── ForbiddenError             403  the key may not use this model
     ├── PayloadTooLargeError       413  body over GATEWAY_MAX_BODY_BYTES
     ├── UnprocessableError         422  not an object, or the wrong shape (model missing, ...)
+    │   └── UntranslatableRequestError 422 the upstream's dialect cannot express the request
     ├── RateLimitedError           429  a per-key limit is reached (+ Retry-After, X-RateLimit-*)
     ├── ServiceUnavailableError    503  the gateway cannot serve now: upstream queue full or too
     │                                   slow, limiter storage down (fail-closed) (+ Retry-After)
     ├── ClientClosedRequestError   499  the client left while its body was being read (logged only)
     └── UpstreamError              502  the upstream failed (base of the upstream family)
-        ├── UpstreamStatusError    4xx passed on, other 5xx as 502, 503 kept with Retry-After
+        ├── UpstreamStatusError    4xx passed on (429 with its Retry-After), a 500 that blames
+        │                          the request as 400, other 5xx as 502, 503 kept with Retry-After
         ├── UpstreamUnavailableError 502 connection refused / reset / dropped
         └── UpstreamTimeoutError   504  connect, first-byte or idle timeout
+
+Every upstream error says whose fault it is (`blame`, see `Blame`): the circuit breaker and the
+retries act on that (docs/operations.md, "Whose fault is a failure").
 
 Bodies follow the client's dialect: Ollama's `{"error": "..."}` on the Ollama-shaped routes
 (reference section 4.1) and OpenAI's `{"error": {"message", "type", "param", "code"}}` on
@@ -27,8 +32,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import time
 from collections.abc import Mapping
-from typing import Any
+from email.utils import parsedate_to_datetime
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -98,6 +106,14 @@ class UnprocessableError(GatewayError):
     outcome = "bad_request"
 
 
+class UntranslatableRequestError(UnprocessableError):
+    """The gateway could not build the upstream request from this body (422).
+
+    Raised when an upstream's dialect cannot translate the request (for example a body shape
+    the OpenAI dialect has no equivalent for): the request's fault, never the upstream's.
+    """
+
+
 class ClientClosedRequestError(GatewayError):
     """The client went away before its request was read (499, nginx's convention; logged only)."""
 
@@ -119,36 +135,119 @@ class ServiceUnavailableError(GatewayError):
     outcome = "rejected_busy"
 
 
+#: Whose fault a failed upstream call is: `upstream` (it is broken or silent: feeds its circuit
+#: breaker from a single request), `request` (the request caused it: never feeds the breaker
+#: and is never retried), `either` (an upstream 500 or error line whose text may come from the
+#: request: feeds the breaker only when several keys see it, `gateway.upstream.breaker`).
+Blame = Literal["upstream", "request", "either"]
+
+#: Longest `Retry-After` passed on from an upstream or honoured for it, in seconds: an upstream
+#: (or a proxy in front of it) asking for hours must not take it out of rotation for hours.
+MAX_RETRY_AFTER = 300
+
+#: Texts of upstream 500 answers known to be caused by the request, not by the server's health
+#: (lower case, matched as prefixes of the message). Ollama answers these with 500 although
+#: resending the same request fails the same way on any server: the token-repeat abort
+#: (reference section 10, T6), a chat template that cannot render the request's messages (Go
+#: `text/template` errors), and inputs (images) the runner cannot decode.
+REQUEST_BLAMING_500 = (
+    "prediction aborted, token repeat limit reached",
+    "template: ",
+    "failed to process inputs",
+    "invalid image",
+)
+
+_DELTA_SECONDS = re.compile(r"[0-9]{1,10}")
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> int | None:
+    """Read a `Retry-After` value (RFC 9110 section 10.2.3) as whole seconds from now.
+
+    Args:
+        value: The header's value: delay-seconds (`120`) or an HTTP-date
+            (`Wed, 21 Oct 2015 07:28:00 GMT`); None when absent.
+        now: The current time (seconds since the epoch) for an HTTP-date; `time.time()`.
+
+    Returns:
+        Seconds in 0..`MAX_RETRY_AFTER` (a date in the past is 0), or None when the value is
+        absent or neither form.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if _DELTA_SECONDS.fullmatch(value):
+        return min(int(value), MAX_RETRY_AFTER)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # RFC 9110 dates are GMT; a date without a zone is not one
+        return None
+    seconds = when.timestamp() - (time.time() if now is None else now)
+    return min(max(int(seconds + 0.999), 0), MAX_RETRY_AFTER)
+
+
 class UpstreamError(GatewayError):
-    """The upstream model server failed (502 unless a subclass says otherwise)."""
+    """The upstream model server failed (502 unless a subclass says otherwise).
+
+    Attributes:
+        blame: Whose fault it is (`Blame`); `upstream` unless the raiser knows better.
+    """
 
     status_code = 502
     outcome = "upstream_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        blame: Blame = "upstream",
+    ) -> None:
+        super().__init__(message, headers=headers)
+        self.blame: Blame = blame
 
 
 class UpstreamStatusError(UpstreamError):
     """The upstream answered with an error status before the first byte.
 
     4xx statuses other than 401/403 are the client's fault and pass through with the upstream's
-    message (for example Ollama's 404 `model 'x' not found`). 401/403 from the upstream mean the
-    gateway is misconfigured (Ollama's empty-bodied Host/Origin gate, reference section 6.8) and
-    become 502. 503 (Ollama's "server busy", reference section 8) stays 503 with `Retry-After`.
-    Other 5xx become 502.
+    message (for example Ollama's 404 `model 'x' not found`); a 429 keeps the upstream's
+    `Retry-After` (capped at `MAX_RETRY_AFTER`). 401/403 from the upstream mean the gateway is
+    misconfigured (Ollama's empty-bodied Host/Origin gate, reference section 6.8) and become
+    502. 503 (Ollama's "server busy", reference section 8) stays 503 with `Retry-After`. A 500
+    whose message is one of `REQUEST_BLAMING_500` becomes 400: the request is at fault. Other
+    5xx become 502; a 500's blame is `either` (its text may come from the request).
+
+    Attributes:
+        upstream_status: The upstream's status code.
+        retry_after: The upstream's `Retry-After` in seconds (capped), or None.
     """
 
-    def __init__(self, upstream_status: int, message: str) -> None:
+    def __init__(
+        self, upstream_status: int, message: str, *, retry_after: int | None = None
+    ) -> None:
         self.upstream_status = upstream_status
+        self.retry_after = retry_after
         headers: dict[str, str] = {}
+        blame: Blame = "upstream"
         if upstream_status in (401, 403):
             status, text = 502, f"upstream refused the gateway (status {upstream_status})"
         elif 400 <= upstream_status < 500:
-            status, text = upstream_status, message
+            status, text, blame = upstream_status, message, "request"
+            if upstream_status == 429:
+                text = message or "upstream rate limit reached"
+                headers["Retry-After"] = str(retry_after if retry_after is not None else 1)
         elif upstream_status == 503:
             status, text = 503, message or "upstream busy"
-            headers["Retry-After"] = "1"
+            headers["Retry-After"] = str(retry_after if retry_after is not None else 1)
+        elif upstream_status == 500 and message.lower().startswith(REQUEST_BLAMING_500):
+            status, text, blame = 400, message, "request"
         else:
             status, text = 502, message or f"upstream failed with status {upstream_status}"
-        super().__init__(text, headers=headers)
+            if upstream_status == 500:
+                blame = "either"
+        super().__init__(text, headers=headers, blame=blame)
         self.status_code = status
         self.outcome = "client_error" if 400 <= status < 500 else "upstream_error"
 
@@ -158,7 +257,12 @@ class UpstreamUnavailableError(UpstreamError):
 
 
 class UpstreamTimeoutError(UpstreamError):
-    """The upstream did not answer in time (504)."""
+    """The upstream did not answer in time (504).
+
+    Its blame is `upstream` for the gateway's per-phase deadlines (connect, first byte, idle:
+    the upstream was silent) and `request` when the request's own total deadline
+    (`GATEWAY_REQUEST_TIMEOUT`) ran out first.
+    """
 
     status_code = 504
     outcome = "timeout"

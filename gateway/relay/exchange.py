@@ -6,6 +6,11 @@ section 1); the idle deadline covers each later read. A failure before the first
 `GatewayError` (a real status for the client); a failure after it ends the stream with one
 `{"error": ...}` line (reference section 4.3) and is kept in `failure`.
 
+Every upstream error carries its `blame` (`gateway.errors.Blame`): the caller feeds the circuit
+breaker from it, and only failures that are not the request's are retried. The upstream request
+is built once, before any try, so a body the gateway cannot translate is the client's 422, never
+an upstream fault.
+
 The exchange reads the body itself and feeds each read to the dialect's decoder; the chunks one
 read completes travel together as a batch, so the client gets them in one write.
 """
@@ -30,12 +35,15 @@ from tenacity import (
 )
 
 from gateway.errors import (
+    Blame,
     GatewayError,
     ServiceUnavailableError,
+    UntranslatableRequestError,
     UpstreamError,
     UpstreamStatusError,
     UpstreamTimeoutError,
     UpstreamUnavailableError,
+    parse_retry_after,
 )
 from gateway.relay.deadline import IdleDeadline
 from gateway.relay.meter import RequestMeter
@@ -89,6 +97,7 @@ class Exchange:
         self._decoder: StreamDecoder | None = None
         self._first: list[Chunk] | None = None
         self._broken: StreamBrokenError | None = None  # held back until its good chunks are sent
+        self._request: httpx.Request | None = None
         self.outcome: str | None = None
         self.failure: GatewayError | None = None
 
@@ -96,21 +105,23 @@ class Exchange:
         """Send the request and wait for the first chunk.
 
         Raises:
+            UntranslatableRequestError: the gateway could not build the upstream request from
+                this body (422); nothing was sent.
             UpstreamTimeoutError: no first chunk within `first_byte_timeout` (504).
             ServiceUnavailableError: no free connection in the upstream pool in time (503).
             UpstreamUnavailableError: connection refused, reset or dropped (502).
             UpstreamStatusError: the upstream answered an error status, or its first line was
                 an error (Ollama before v0.12.6 sends errors as a 200 line; section 4.2).
         """
-        timeout, message = self._deadline(
-            self._settings.first_byte_timeout, "upstream sent nothing within {:g} s"
-        )
+        self._request = self._build_request()
+        phase = self._settings.first_byte_timeout
+        timeout, message = self._deadline(phase, "upstream sent nothing within {:g} s")
         try:
             with anyio.fail_after(timeout):
                 await self._attempts()
         except BaseException as exc:
             await self.aclose()
-            error = self._classify(exc, message)
+            error = self._classify(exc, message, request_deadline=timeout < phase)
             if error is not None:
                 raise error from exc
             if not isinstance(exc, Exception):
@@ -124,7 +135,23 @@ class Exchange:
         first = self._first[0]
         if first.is_error:
             await self.aclose()
-            raise self._count(UpstreamStatusError(500, str(first.data["error"])), "status")
+            error = UpstreamStatusError(500, str(first.data["error"]))
+            raise self._count(error, _status_kind(error))
+
+    def _build_request(self) -> httpx.Request:
+        """The upstream request for this body, built once for every try.
+
+        Raises:
+            UntranslatableRequestError: the dialect or the HTTP client refused the body or the
+                headers; a gateway-side failure caused by the request, so no upstream's fault.
+        """
+        try:
+            call = self._dialect.build_request(self._route, self._body, self._headers)
+            return self._client.request(call.path, call.content, call.headers)
+        except Exception as exc:
+            logger.warning("cannot build the upstream request: %r", exc)
+            message = f"the {self._dialect.name} upstream cannot take this request"
+            raise UntranslatableRequestError(message) from exc
 
     async def _attempts(self) -> None:
         """The first try at once; tenacity takes over only when it failed and may be retried.
@@ -151,10 +178,9 @@ class Exchange:
     async def _attempt(self) -> None:
         """One try: send, check the status, wait for the first chunk."""
         await self.aclose()  # what a failed earlier try left open
-        call = self._dialect.build_request(self._route, self._body, self._headers)
-        request = self._client.request(call.path, call.content, call.headers)
+        assert self._request is not None  # noqa: S101 - built by open()
         sent = self._meter.sent_at = time.perf_counter()
-        response = self._response = await self._client.send(request)
+        response = self._response = await self._client.send(self._request)
         if response.status_code != 200:
             raise await self._status_error(response)
         # The upstream is asked for `identity`. A compressed answer is refused, not inflated:
@@ -203,9 +229,11 @@ class Exchange:
 
         Retried: refused or reset connections, and upstream 500/502/503/504 answers (Ollama's
         "server busy" 503, reference section 8); `_attempts` says when the loop starts. Never a
-        timeout (the upstream may still be generating), never a 4xx, and never once a chunk has
-        been relayed: `open()` is the only caller, and the client has received nothing while it
-        runs (field failure F-06).
+        timeout (the upstream may still be generating), never a 4xx, never a 500 that blames the
+        request (`gateway.errors.REQUEST_BLAMING_500`: the same request fails the same way),
+        never an answer with `Retry-After` (not sooner than asked: the caller moves on to another
+        upstream), and never once a chunk has been relayed: `open()` is the only caller, and the
+        client has received nothing while it runs (field failure F-06).
         """
         settings = self._settings
         return AsyncRetrying(
@@ -269,7 +297,7 @@ class Exchange:
                     batch = await deadline.wait(self._next_batch(), seconds)
                 except Exception as exc:
                     message = self._timeout_message(seconds, idle, _IDLE_MESSAGE)
-                    error = self._classify(exc, message)
+                    error = self._classify(exc, message, request_deadline=seconds < idle)
                     self.failure = error or UpstreamError("upstream stream failed")
                     self.outcome = self.failure.outcome
                     logger.warning("upstream stream failed: %s", self.failure.message)
@@ -302,7 +330,8 @@ class Exchange:
 
     def _finished_by(self, chunk: Chunk) -> bool:
         if chunk.is_error:
-            self.failure = UpstreamError(str(chunk.data["error"]))
+            # The model's own error text: a prompt may provoke it as well as a broken server.
+            self.failure = UpstreamError(str(chunk.data["error"]), blame="either")
             self.outcome = "upstream_error"
             self._metrics.upstream_errors.labels("stream").inc()
             return True
@@ -336,17 +365,27 @@ class Exchange:
                 break
         message = _error_message(raw)
         logger.warning("upstream answered %s: %s", response.status_code, message[:200])
-        error = UpstreamStatusError(response.status_code, message)
-        # A 4xx passed on (an unknown model, a bad option) is the client's mistake, not an
-        # upstream fault; only what becomes 5xx counts as an upstream error.
-        return self._count(error, "status") if error.status_code >= 500 else error
+        retry_after = parse_retry_after(response.headers.get("retry-after"))
+        error = UpstreamStatusError(response.status_code, message, retry_after=retry_after)
+        return self._count(error, _status_kind(error))
 
-    def _classify(self, exc: BaseException, deadline_message: str) -> GatewayError | None:
-        """Map a transport exception to the client's error; None for ones to re-raise."""
+    def _classify(
+        self, exc: BaseException, deadline_message: str, *, request_deadline: bool = False
+    ) -> GatewayError | None:
+        """Map a transport exception to the client's error; None for ones to re-raise.
+
+        Args:
+            exc: What the try or the read raised.
+            deadline_message: The client's message if `exc` is the relay's own deadline.
+            request_deadline: That deadline was the rest of the request's total
+                `GATEWAY_REQUEST_TIMEOUT`, not a phase's: running out of it is not the
+                upstream's fault (it was never silent for a whole phase).
+        """
         if isinstance(exc, GatewayError):
             return exc
         if isinstance(exc, TimeoutError):
-            return self._count(UpstreamTimeoutError(deadline_message), "timeout")
+            blame: Blame = "request" if request_deadline else "upstream"
+            return self._count(UpstreamTimeoutError(deadline_message, blame=blame), "timeout")
         if isinstance(exc, httpx.PoolTimeout):
             message = "every upstream connection is busy (GATEWAY_MAX_CONNECTIONS)"
             return self._count(
@@ -372,10 +411,25 @@ class Exchange:
 
 
 def _retryable(exc: BaseException) -> bool:
-    """Whether a failed try may be repeated (see `Exchange._retrying`)."""
+    """Whether a failed try may be repeated on the same upstream (see `Exchange._retrying`)."""
     if isinstance(exc, UpstreamStatusError):
-        return exc.upstream_status in (500, 502, 503, 504)
+        return (
+            exc.upstream_status in (500, 502, 503, 504)
+            and exc.blame != "request"
+            and exc.retry_after is None
+        )
     return isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError)
+
+
+def _status_kind(error: UpstreamStatusError) -> str:
+    """The `gateway_upstream_errors_total` kind of an upstream error status (docs/metrics.md)."""
+    if error.upstream_status == 429:
+        return "rate_limited"
+    if error.upstream_status == 503:
+        return "busy"
+    if error.status_code < 500:  # passed on as 4xx: the upstream refused the request
+        return "status_4xx"
+    return "status"
 
 
 def _error_message(raw: bytes) -> str:

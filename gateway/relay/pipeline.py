@@ -26,6 +26,7 @@ from gateway.errors import (
     ForbiddenError,
     GatewayError,
     ServiceUnavailableError,
+    UntranslatableRequestError,
     UpstreamError,
 )
 from gateway.lifecycle import Lifecycle
@@ -71,6 +72,10 @@ class Relay:
         state["model"] = model
         if not principal.allows_model(model):
             raise ForbiddenError(f"this API key may not use model '{model}'")
+        # Checked before admission: a header the upstream hop cannot carry is this client's 400.
+        headers = upstream_request_headers(
+            request.headers.items(), request_id=state.get("request_id", "-")
+        )
         admission = await self.limiter.admit(principal)
         meter = RequestMeter(
             metrics=self.metrics,
@@ -79,10 +84,9 @@ class Relay:
             key=principal.name if self.settings.metrics_per_key else ALL_KEYS,
             arrival=state.get("arrival", time.perf_counter()),
         )
-        headers = upstream_request_headers(
-            request.headers.items(), request_id=state.get("request_id", "-")
+        generation = Generation(
+            self, state, route, body, headers, meter, admission, key=principal.key_id
         )
-        generation = Generation(self, state, route, body, headers, meter, admission)
         return RelayResponse(generation, self.lifecycle)
 
 
@@ -104,8 +108,11 @@ class Generation:
         upstream_headers: dict[str, str],
         meter: RequestMeter,
         admission: Admission,
+        *,
+        key: str = "",
     ) -> None:
         self.relay = relay
+        self.key = key  # the API key's id: whose request an ambiguous upstream failure was
         self.state = state
         self.route = route
         self.body = body
@@ -123,8 +130,11 @@ class Generation:
         """Open an exchange with the best upstream, failing over to the next ones.
 
         An upstream that fails before the first byte (after its own retries) is left for the
-        next choice: unreachable, timed out, 5xx, or its queue full. A 4xx is the client's and
-        is raised at once. The caller watches for the client leaving.
+        next choice: unreachable, timed out, 5xx, its queue full, rate-limited (429), or unable
+        to take the request in its dialect. A 4xx other than 429 is the client's and is raised
+        at once. A `Retry-After` the upstream sent keeps it out of rotation that long. The
+        breaker hears only what the upstream is to blame for (`_verdict`). The caller watches
+        for the client leaving.
 
         Raises:
             GatewayError: the last upstream's failure, or 503 when none is available.
@@ -150,22 +160,45 @@ class Generation:
             try:
                 self.holds_slot = await upstream.slots.acquire()
                 await exchange.open()
+            except UntranslatableRequestError as exc:
+                await self._release(None)  # another upstream's dialect may express it
+                last = exc
+                continue
             except (UpstreamError, ServiceUnavailableError) as exc:
-                if exc.status_code < 500:
+                status = getattr(exc, "upstream_status", None)
+                retry_after = getattr(exc, "retry_after", None)
+                if retry_after:
+                    relay.pool.defer(upstream, retry_after)
+                if exc.status_code < 500 and status != 429:
                     raise
-                # An overloaded upstream (its queue, Ollama's 503) is not a broken one.
-                broken = isinstance(exc, UpstreamError) and exc.status_code != 503
-                await self._release(healthy=False if broken else None)
+                await self._release(*self._verdict(exc))
                 last = exc
                 continue
             return exchange
         if last is not None:
             raise last
-        cooldown = str(max(int(relay.settings.circuit_cooldown), 1))
+        wait = relay.pool.retry_after(relay.settings.circuit_cooldown)
         raise ServiceUnavailableError(
             "no upstream is available: all are down or out of rotation",
-            headers={"Retry-After": cooldown},
+            headers={"Retry-After": str(wait)},
         )
+
+    def _verdict(self, error: GatewayError | None) -> tuple[bool | None, str | None]:
+        """What the circuit breaker hears of a failure: (healthy, key), see `_release`.
+
+        The upstream's fault (refused, reset, silent, malformed) is a failure from any request.
+        An overloaded upstream (its queue, the gate's, a 503 or 429 answer) is not a broken one,
+        and a failure the request caused (its total deadline ran out) says nothing about it.
+        A failure either side may have caused (a 500, an error line) is a failure attributed
+        to this key (`gateway.upstream.breaker`).
+        """
+        if not isinstance(error, UpstreamError):
+            return None, None  # the gateway's own limits, or nothing known
+        if error.status_code in (429, 503) or getattr(error, "upstream_status", 0) in (429, 503):
+            return None, None
+        if error.blame == "request":
+            return None, None
+        return False, self.key if error.blame == "either" else None
 
     async def collect(self, exchange: Exchange) -> bytes:
         """Aggregate the whole stream for `stream:false` (reference section 2.4); JSON bytes.
@@ -185,15 +218,20 @@ class Generation:
             raise exchange.failure
         return encode_json(aggregator.result())
 
-    async def _release(self, healthy: bool | None) -> None:
-        """Give the current upstream back: close the exchange, free the slot, tell the pool."""
+    async def _release(self, healthy: bool | None, key: str | None = None) -> None:
+        """Give the current upstream back: close the exchange, free the slot, tell the pool.
+
+        Args:
+            healthy: For the circuit breaker: True answered, False failed, None neither.
+            key: With a failure, the API key id when the request may have caused it.
+        """
         with anyio.CancelScope(shield=True):
             if self.exchange is not None:
                 await self.exchange.aclose()
             if self.upstream is not None:
                 if self.holds_slot:
                     self.upstream.slots.release()
-                self.relay.pool.finished(self.upstream, healthy)
+                self.relay.pool.finished(self.upstream, healthy, key)
         self.holds_slot = False
         self.upstream = self.exchange = None
 
@@ -202,12 +240,16 @@ class Generation:
         if self.done:
             return
         self.done = True
-        healthy = {"completed": True, "client_error": True, "upstream_error": False}.get(outcome)
-        if outcome == "timeout":
-            healthy = False
+        healthy = {"completed": True, "client_error": True}.get(outcome)
+        key = None
+        if outcome in ("upstream_error", "timeout"):
+            # An idle timeout or a broken stream is the upstream's; the request's total
+            # deadline running out while tokens flowed is not; an error line may be either.
+            failure = self.exchange.failure if self.exchange is not None else None
+            healthy, key = self._verdict(failure) if failure is not None else (False, None)
         with anyio.CancelScope(shield=True):
             try:
-                await self._release(healthy)
+                await self._release(healthy, key)
                 self.state["summary"] = self.meter.finish(outcome, status)
             finally:  # whatever failed above, the key's in-flight count and TPM are settled
                 tokens = self.meter.input_tokens + self.meter.output_tokens

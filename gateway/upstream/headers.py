@@ -5,11 +5,20 @@ credentials (`Authorization`, `X-API-Key`, `Cookie`, `Proxy-Authorization`), its
 `Origin` can never reach the model server: a new header a client invents is dropped by default.
 Responses to the client are likewise built by the gateway, never copied from the upstream, so
 no upstream hop-by-hop header can reach the client either.
+
+A forwarded value is checked before the request is admitted: only visible ASCII, space and tab,
+at most `MAX_FORWARDED_VALUE` characters. Anything else is refused with 400 for that client.
+Passed on, a `User-Agent` holding the byte 0xff makes the HTTP client raise while it builds the
+upstream request, a failure that used to be counted against the upstream's circuit breaker, so
+a few such requests from one key took the upstream away from every key.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
+
+from gateway.errors import BadRequestError
 
 #: Connection-level headers that a proxy must not forward in either direction
 #: (RFC 9110 section 7.6.1, plus the de-facto `keep-alive` and `proxy-connection`).
@@ -33,6 +42,13 @@ CREDENTIALS = frozenset({"authorization", "x-api-key", "cookie", "proxy-authoriz
 #: The only client headers forwarded upstream: harmless and useful in upstream logs.
 FORWARDED = frozenset({"user-agent", "accept-language"})
 
+#: Longest forwarded header value, in characters (browsers' User-Agent is under 300).
+MAX_FORWARDED_VALUE = 1024
+
+#: A header value the upstream hop accepts: visible ASCII (VCHAR), space and tab (RFC 9110
+#: section 5.5 without `obs-text`, which the HTTP clients refuse to encode).
+_VALID_VALUE = re.compile(r"[\t\x20-\x7e]*")
+
 
 def upstream_request_headers(
     client_headers: Iterable[tuple[str, str]],
@@ -49,11 +65,20 @@ def upstream_request_headers(
         A new dict of lower-case header names; no hop-by-hop, credential, `Host` or `Origin`
         header from the client is in it. The upstream client adds its own `Host` and
         credential (`gateway.upstream.client.upstream_default_headers`).
+
+    Raises:
+        BadRequestError: a header to forward has a value that is not visible ASCII, space and
+            tab, or is longer than `MAX_FORWARDED_VALUE` characters (400 for the client).
     """
     headers = {
         name.lower(): value
         for name, value in client_headers
         if name.lower() in FORWARDED and name.lower() not in HOP_BY_HOP | CREDENTIALS
     }
+    for name, value in headers.items():
+        if len(value) > MAX_FORWARDED_VALUE or not _VALID_VALUE.fullmatch(value):
+            raise BadRequestError(
+                f"header {name} must be visible ASCII of at most {MAX_FORWARDED_VALUE} characters"
+            )
     headers["x-request-id"] = request_id
     return headers

@@ -6,12 +6,19 @@ that list the model
 (all of them when none does: the lists may be stale, and the upstream answers 404 itself); then
 the one with the fewest requests in flight per unit of weight. A failed choice is excluded and
 the next one tried (`gateway.relay.pipeline`).
+
+An upstream that asked to be left alone (a 429 or 503 with `Retry-After`) is skipped until that
+time. Panic mode (Envoy's panic threshold, at zero): when no upstream's circuit lets a request
+through, the open ones are tried anyway rather than none, so an upstream that serves again is
+used at once instead of after the whole cooldown, and its success closes its circuit.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
+import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
@@ -49,6 +56,8 @@ class Upstream:
     slots: UpstreamSlots
     breaker: CircuitBreaker
     in_flight: int = 0
+    #: `time.monotonic()` before which the upstream asked not to be sent requests (Retry-After).
+    not_before: float = 0.0
 
     @property
     def name(self) -> str:
@@ -69,6 +78,7 @@ class UpstreamPool:
             raise ValueError("at least one upstream is needed")
         self.upstreams = upstreams
         self._metrics = metrics
+        self._panicking = False
 
     def label(self, model: str) -> str:
         """The `model` label: an id some upstream lists for `model`, else `other`."""
@@ -83,9 +93,19 @@ class UpstreamPool:
 
         Takes the circuit's permission (a half-open circuit admits one trial at a time) and
         counts the request in flight to the chosen upstream at once, so that requests choosing
-        at the same moment see each other; `finished` must follow.
+        at the same moment see each other; `finished` must follow. In panic mode (no circuit
+        in the pool lets a request through) the open circuits are passed by (module docstring).
         """
-        usable = [u for u in self.upstreams if u.name not in tried and u.breaker.available()]
+        now = time.monotonic()
+        left = [u for u in self.upstreams if u.name not in tried and u.not_before <= now]
+        panic = not any(u.breaker.available() for u in self.upstreams)
+        if panic != self._panicking:
+            self._panicking = panic
+            if panic:
+                logger.warning("panic mode: every circuit is open; trying the upstreams anyway")
+            else:
+                logger.info("panic mode over: a circuit lets requests through")
+        usable = left if panic else [u for u in left if u.breaker.available()]
         # Prefer upstreams whose last probe answered; when none did, still try the others: the
         # client then gets the upstream's real error rather than a guess.
         usable = [u for u in usable if u.monitor.up is not False] or usable
@@ -93,7 +113,7 @@ class UpstreamPool:
         candidates = knowing or usable
         random.shuffle(candidates)  # ties go to a random upstream, not always the first
         for upstream in sorted(candidates, key=lambda u: u.in_flight / u.spec.weight):
-            if upstream.breaker.acquire():
+            if panic or upstream.breaker.acquire():
                 self._set_state(upstream)
                 self._started(upstream)
                 return upstream
@@ -104,18 +124,41 @@ class UpstreamPool:
         upstream.in_flight += 1
         self._metrics.upstream_in_flight.labels(upstream.name).set(upstream.in_flight)
 
-    def finished(self, upstream: Upstream, healthy: bool | None) -> None:
-        """A request to `upstream` ended: True answered well, False failed, None unknown."""
+    def finished(self, upstream: Upstream, healthy: bool | None, key: str | None = None) -> None:
+        """A request to `upstream` ended: True answered well, False failed, None unknown.
+
+        Args:
+            upstream: As returned by `choose`.
+            healthy: The result for the circuit breaker.
+            key: With `healthy=False`, the API key id of a request that may itself have caused
+                the failure (`CircuitBreaker.record_failure`); None when the upstream is at fault.
+        """
         upstream.in_flight -= 1
         self._metrics.upstream_in_flight.labels(upstream.name).set(upstream.in_flight)
-        self._record(upstream, healthy)
+        self._record(upstream, healthy, key)
 
-    def _record(self, upstream: Upstream, healthy: bool | None) -> None:
+    def defer(self, upstream: Upstream, seconds: float) -> None:
+        """Send `upstream` nothing for `seconds` (its `Retry-After`); it stays healthy."""
+        upstream.not_before = max(upstream.not_before, time.monotonic() + seconds)
+
+    def retry_after(self, cooldown: float) -> int:
+        """Whole seconds (at least 1) until some upstream may take requests again.
+
+        Args:
+            cooldown: The circuit cooldown, the wait when no upstream asked for a time.
+        """
+        now = time.monotonic()
+        waits = [u.not_before - now for u in self.upstreams if u.not_before > now]
+        if len(waits) < len(self.upstreams):
+            waits.append(cooldown)
+        return max(math.ceil(min(waits)), 1)
+
+    def _record(self, upstream: Upstream, healthy: bool | None, key: str | None) -> None:
         """Feed the circuit breaker one result."""
         if healthy is True:
             upstream.breaker.record_success()
         elif healthy is False:
-            upstream.breaker.record_failure()
+            upstream.breaker.record_failure(key)
         self._set_state(upstream)
 
     def _set_state(self, upstream: Upstream) -> None:
