@@ -5,17 +5,22 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import resource
 from types import FrameType
 
 import uvicorn
 
 from gateway.app import create_app
-from gateway.coalesce import CoalescingHttpToolsProtocol
+from gateway.coalesce import CoalescingHttpToolsProtocol, DoorLimits
 from gateway.lifecycle import Lifecycle
 from gateway.logs import configure_logging
 from gateway.settings import Settings
 
 logger = logging.getLogger("gateway.server")
+
+#: File descriptors kept for everything but client connections: the listener, the event loop,
+#: the key store, Redis, log files (the upstream pools are counted from the settings).
+RESERVED_FDS = 64
 
 
 class DrainingServer(uvicorn.Server):
@@ -82,18 +87,21 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
     lifecycle = Lifecycle()
+    limits = door_limits(settings, raise_open_files_limit())
     config = uvicorn.Config(
         create_app(settings, lifecycle=lifecycle),
         host=host or settings.host,
         port=port or settings.port,
         loop="auto",
-        http=CoalescingHttpToolsProtocol,
+        http=CoalescingHttpToolsProtocol.with_limits(limits),
         workers=1,
         access_log=False,
         log_level=settings.log_level,
         # uvicorn cancels what is left a little after the app ended its streams itself.
         timeout_graceful_shutdown=int(settings.shutdown_timeout) + 2,
         server_header=False,
+        # Annotated int, but only handed to `loop.call_later`: a float works.
+        timeout_keep_alive=settings.keepalive_timeout,  # type: ignore[arg-type]
     )
     # What exists now (modules, classes, the app: about 100,000 objects) lives as long as the
     # process. Out of the collector's reach, a full collection walks only what requests made
@@ -102,3 +110,50 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
     gc.freeze()
     DrainingServer(config, lifecycle, settings.shutdown_drain, settings.shutdown_timeout).run()
     return 0
+
+
+def raise_open_files_limit() -> int:
+    """Raise the soft limit on open files to the hard one; returns the soft limit now in force.
+
+    Each client connection is a file descriptor; Linux's usual soft limit (1024) would reset
+    clients long before `GATEWAY_MAX_CLIENT_CONNECTIONS` refuses them cleanly.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:  # a sandbox may refuse; the old limit stays
+            logger.warning("could not raise the open-files limit from %d: %s", soft, exc)
+    logger.info("open-files limit: %d (hard %d)", soft, hard)
+    return soft
+
+
+def door_limits(settings: Settings, open_files: int) -> DoorLimits:
+    """The client-connection limits, the connection cap fitted to `open_files` descriptors.
+
+    A cap the descriptors cannot hold would end in failed `accept` calls (clients reset)
+    instead of 503s, so it is lowered, with a warning, to what is left after the upstream
+    pools and `RESERVED_FDS`.
+    """
+    cap = settings.max_client_connections
+    if open_files != resource.RLIM_INFINITY:
+        upstream = settings.max_connections * len(settings.upstream_specs)
+        room = max(open_files - upstream - RESERVED_FDS, 1)
+        if cap == 0 or cap > room:
+            logger.warning(
+                "GATEWAY_MAX_CLIENT_CONNECTIONS=%d does not fit %d open files (%d for upstream "
+                "connections): using %d",
+                cap,
+                open_files,
+                upstream,
+                room,
+            )
+            cap = room
+    return DoorLimits(
+        header_timeout=settings.header_timeout,
+        body_timeout=settings.body_timeout,
+        max_header_bytes=settings.max_header_bytes,
+        max_headers=settings.max_headers,
+        max_connections=cap,
+    )

@@ -67,6 +67,32 @@ class Settings(BaseSettings):
     port: int = Field(8080, ge=1, le=65535, description="Port `gateway serve` listens on.")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
+    # --- client connections (gateway.coalesce) -------------------------------------------------
+    header_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a client has to send a request's head, from connecting (or from "
+        "its first byte on a kept-alive connection); then 408, or a close if nothing came.",
+    )
+    body_timeout: float = Field(
+        30.0, gt=0, description="Seconds allowed between two pieces of a request body; then 408."
+    )
+    keepalive_timeout: float = Field(
+        5.0, gt=0, description="Seconds an idle kept-alive client connection stays open."
+    )
+    max_header_bytes: int = Field(
+        64 * 1024,
+        ge=1024,
+        description="Largest request head (target and header lines), in bytes; over it: 431.",
+    )
+    max_headers: int = Field(100, ge=8, description="Most header fields in a request; then 431.")
+    max_client_connections: int = Field(
+        1000,
+        ge=0,
+        description="Open client connections per process; one more gets 503 and is closed. "
+        "0: no cap. Lowered at start to fit the file-descriptor limit.",
+    )
+
     # --- upstream ------------------------------------------------------------------------------
     upstream_url: HttpUrl = Field(
         HttpUrl("http://127.0.0.1:11434"),

@@ -1,0 +1,265 @@
+"""The door of a real `gateway serve` process (gateway.coalesce), over raw sockets.
+
+Silent and slow clients are closed, oversized heads get 431, the connection cap answers 503
+and frees up again, idle kept-alive connections end, and none of it cuts a stream whose request
+has arrived. Time bounds are loose (several times the configured timeout): what is checked is
+that the close happens, not how fast.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from gateway.testing.stack import ManagedProcess, create_key, gateway_process
+from tests.conftest import Emulator
+
+MODEL = "llama3.2:latest"
+GET = b"GET /healthz HTTP/1.1\r\nHost: gateway\r\n\r\n"
+
+
+@contextmanager
+def _gateway(tmp_path: Path, emulator: Emulator, **env: str) -> Iterator[ManagedProcess]:
+    """`gateway serve` in front of the emulator; `env` keys are `GATEWAY_` settings."""
+    variables = {f"GATEWAY_{name.upper()}": value for name, value in env.items()}
+    with gateway_process(tmp_path, {"GATEWAY_UPSTREAM_URL": emulator.url, **variables}) as gateway:
+        yield gateway
+
+
+def _connect(gateway: ManagedProcess) -> socket.socket:
+    host, port = gateway.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def _read_until_closed(sock: socket.socket, within: float) -> bytes:
+    """Everything the server sends until it closes; fails if it is still open after `within` s."""
+    sock.settimeout(within)
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        raise AssertionError(f"still open after {within} s; received {received[:200]!r}") from None
+    return received
+
+
+def _response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """Read one response with a `Content-Length` body: (status, lower-case headers, body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before a whole head: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    while len(body) < int(headers.get("content-length", 0)):
+        chunk = sock.recv(65536)
+        assert chunk, "closed inside the body"
+        body += chunk
+    return int(status_line.split()[1]), headers, body
+
+
+def _healthy(sock: socket.socket) -> None:
+    sock.sendall(GET)
+    status, _, _ = _response(sock)
+    assert status == 200
+
+
+def test_a_connection_that_sends_nothing_is_closed(emulator: Emulator, tmp_path: Path):
+    with _gateway(tmp_path, emulator, header_timeout="0.5") as gateway, _connect(gateway) as sock:
+        assert _read_until_closed(sock, within=5) == b""
+
+
+def test_a_slowloris_head_is_cut_by_the_header_deadline(emulator: Emulator, tmp_path: Path):
+    with _gateway(tmp_path, emulator, header_timeout="0.5") as gateway, _connect(gateway) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nX-Slow: ")
+        deadline = time.monotonic() + 10
+        closed = False
+        while not closed and time.monotonic() < deadline:
+            readable, _, _ = select.select([sock], [], [], 0.2)
+            if readable:
+                closed = True
+                break
+            try:
+                sock.sendall(b"a")  # one byte every 0.2 s: always something new, never the end
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+        assert closed, "the server kept a head that never ends"
+        answer = _read_until_closed(sock, within=5)
+        assert answer.startswith(b"HTTP/1.1 408 ")
+        assert b"connection: close" in answer.lower()
+
+
+def test_a_head_over_the_size_cap_gets_431(emulator: Emulator, tmp_path: Path):
+    with _gateway(tmp_path, emulator, max_header_bytes="8192") as gateway:
+        with _connect(gateway) as sock:
+            sock.sendall(
+                b"GET /healthz HTTP/1.1\r\nHost: g\r\nX-Fits: " + b"a" * 6000 + b"\r\n\r\n"
+            )
+            assert _response(sock)[0] == 200
+        with _connect(gateway) as sock:
+            sock.sendall(
+                b"GET /healthz HTTP/1.1\r\nHost: g\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"
+            )
+            status, headers, body = _response(sock)
+            assert status == 431
+            assert headers["connection"] == "close"
+            assert "too large" in json.loads(body)["error"]
+            assert _read_until_closed(sock, within=5) == b""
+
+
+def test_an_endless_header_is_cut_after_the_cap(emulator: Emulator, tmp_path: Path):
+    with (
+        _gateway(tmp_path, emulator, max_header_bytes="8192") as gateway,
+        _connect(gateway) as sock,
+    ):
+
+        def send_forever() -> None:  # 64 MiB unless the server stops it
+            try:
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: g\r\nX-Endless: ")
+                for _ in range(1024):
+                    sock.sendall(b"a" * 65536)
+            except OSError:
+                pass
+
+        sender = threading.Thread(target=send_forever, daemon=True)
+        sender.start()
+        answer = _read_until_closed(sock, within=10)
+        assert answer.startswith(b"HTTP/1.1 431 ")
+        sender.join(10)
+
+
+def test_too_many_header_fields_get_431(emulator: Emulator, tmp_path: Path):
+    def request(fields: int) -> bytes:
+        lines = b"".join(b"X-F%d: v\r\n" % i for i in range(fields))
+        return b"GET /healthz HTTP/1.1\r\nHost: g\r\n" + lines + b"\r\n"
+
+    with _gateway(tmp_path, emulator, max_headers="20") as gateway:
+        with _connect(gateway) as sock:
+            sock.sendall(request(15))
+            assert _response(sock)[0] == 200
+        with _connect(gateway) as sock:
+            sock.sendall(request(30))
+            status, headers, _ = _response(sock)
+            assert status == 431
+            assert headers["connection"] == "close"
+
+
+def test_over_the_connection_cap_new_clients_are_refused_until_one_leaves(
+    emulator: Emulator, tmp_path: Path
+):
+    env = {"max_client_connections": "3", "header_timeout": "30", "keepalive_timeout": "30"}
+    with _gateway(tmp_path, emulator, **env) as gateway:
+        held: list[socket.socket] = []
+        deadline = time.monotonic() + 10
+        while len(held) < 3:  # the readiness probe's connection may not be gone yet
+            sock = _connect(gateway)
+            sock.sendall(GET)
+            if _response(sock)[0] == 200:
+                held.append(sock)
+            else:
+                sock.close()
+                assert time.monotonic() < deadline, "could not open 3 connections"
+                time.sleep(0.1)
+        try:
+            with _connect(gateway) as extra:
+                status, headers, body = _response(extra)  # before sending anything
+                assert status == 503
+                assert headers["connection"] == "close"
+                assert headers["retry-after"] == "1"
+                assert "too many open connections" in json.loads(body)["error"]
+                assert _read_until_closed(extra, within=5) == b""
+            for sock in held:  # the connections already in still work
+                _healthy(sock)
+            held.pop().close()
+            deadline = time.monotonic() + 10
+            while True:  # the server notices the close a moment later
+                with _connect(gateway) as sock:
+                    sock.sendall(GET)
+                    if _response(sock)[0] == 200:
+                        break
+                assert time.monotonic() < deadline, "no room after a client left"
+                time.sleep(0.1)
+        finally:
+            for sock in held:
+                sock.close()
+
+
+def test_an_idle_kept_alive_connection_is_closed(emulator: Emulator, tmp_path: Path):
+    env = {"keepalive_timeout": "0.5", "header_timeout": "30"}
+    with _gateway(tmp_path, emulator, **env) as gateway, _connect(gateway) as sock:
+        _healthy(sock)
+        # uvicorn's own default would be 5 s: closed well before proves the setting applies.
+        assert _read_until_closed(sock, within=3) == b""
+
+
+def test_a_kept_alive_connection_may_idle_longer_than_the_header_timeout(
+    emulator: Emulator, tmp_path: Path
+):
+    env = {"keepalive_timeout": "30", "header_timeout": "0.5"}
+    with _gateway(tmp_path, emulator, **env) as gateway, _connect(gateway) as sock:
+        _healthy(sock)
+        time.sleep(1.5)  # idle between requests is the keep-alive timeout's to judge
+        _healthy(sock)
+
+
+def _post_head(key: str, length: int) -> bytes:
+    return (
+        f"POST /v1/generate HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+def test_a_stalled_body_gets_408_and_a_slow_one_is_served(emulator: Emulator, tmp_path: Path):
+    emulator.config.tokens = 3
+    with _gateway(tmp_path, emulator, body_timeout="0.5") as gateway:
+        key = str(create_key(gateway.extra_env, "k")["key"])
+        body = json.dumps({"model": MODEL, "prompt": "x", "stream": False}).encode()
+        with _connect(gateway) as sock:
+            sock.sendall(_post_head(key, len(body)))
+            for i in range(0, len(body), 10):  # slower overall than the timeout, never idle as long
+                sock.sendall(body[i : i + 10])
+                time.sleep(0.1)
+            assert _response(sock)[0] == 200
+        with _connect(gateway) as sock:
+            sock.sendall(_post_head(key, len(body)) + body[:10])
+            answer = _read_until_closed(sock, within=5)
+            assert answer.startswith(b"HTTP/1.1 408 ")
+            assert b"connection: close" in answer.lower()
+
+
+def test_a_stream_may_last_longer_than_the_header_and_body_timeouts(
+    emulator: Emulator, tmp_path: Path
+):
+    emulator.config.inter_token = 0.05
+    emulator.config.tokens = 40  # about 2 s, four times each timeout
+    env = {"header_timeout": "0.5", "body_timeout": "0.5", "keepalive_timeout": "0.5"}
+    with _gateway(tmp_path, emulator, **env) as gateway:
+        key = str(create_key(gateway.extra_env, "k")["key"])
+        started = time.monotonic()
+        with httpx.stream(
+            "POST",
+            f"{gateway.url}/v1/generate",
+            json={"model": MODEL, "prompt": "x"},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=30,
+        ) as response:
+            assert response.status_code == 200
+            lines = [json.loads(line) for line in response.iter_lines() if line]
+        assert time.monotonic() - started > 1.0
+        assert lines[-1]["done"] is True
+        assert "error" not in lines[-1]
