@@ -8,9 +8,11 @@ the one with the fewest requests in flight per unit of weight. A failed choice i
 the next one tried (`gateway.relay.pipeline`).
 
 An upstream that asked to be left alone (a 429 or 503 with `Retry-After`) is skipped until that
-time. Panic mode (Envoy's panic threshold, at zero): when no upstream's circuit lets a request
-through, the open ones are tried anyway rather than none, so an upstream that serves again is
-used at once instead of after the whole cooldown, and its success closes its circuit.
+time. Panic mode (Envoy's panic threshold, at zero): when a pool of several upstreams has no
+circuit that lets a request through, the open ones are tried anyway rather than none, so an
+upstream that serves again is used at once instead of after the whole cooldown, and its success
+closes its circuit. A single upstream keeps its breaker (fast 503s while it is down, one trial
+after the cooldown): there is no other upstream whose recovery panic mode could find.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ class UpstreamPool:
         """
         now = time.monotonic()
         left = [u for u in self.upstreams if u.name not in tried and u.not_before <= now]
-        panic = not any(u.breaker.available() for u in self.upstreams)
+        panic = len(self.upstreams) > 1 and not any(u.breaker.available() for u in self.upstreams)
         if panic != self._panicking:
             self._panicking = panic
             if panic:
