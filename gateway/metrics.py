@@ -151,7 +151,8 @@ class Metrics:
         )
         self.upstream_errors = Counter(
             "gateway_upstream_errors",
-            "Upstream failures by kind (connect, timeout, status, stream).",
+            "Upstream failures by kind (connect, timeout, pool, status, stream), and upstream "
+            "refusals that are not failures (busy, rate_limited, status_4xx).",
             ("kind",),
             registry=r,
         )
