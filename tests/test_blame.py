@@ -313,3 +313,19 @@ def test_retry_after_is_read_as_seconds_or_an_http_date_and_capped():
     assert parse_retry_after("soon") is None
     assert parse_retry_after("-5") is None
     assert parse_retry_after(None) is None
+
+
+def test_the_breaker_counts_ambiguous_failures_only_from_two_keys():
+    from gateway.upstream.breaker import CircuitBreaker, CircuitState
+
+    breaker = CircuitBreaker(failures=2, cooldown=60)
+    for _ in range(10):
+        breaker.record_failure("key-a")
+    assert breaker.state is CircuitState.CLOSED
+    breaker.record_failure("key-b")
+    breaker.record_failure("key-a")
+    assert breaker.state is CircuitState.OPEN
+    fresh = CircuitBreaker(failures=2, cooldown=60)
+    fresh.record_failure()  # the upstream's own fault counts from one request
+    fresh.record_failure()
+    assert fresh.state is CircuitState.OPEN

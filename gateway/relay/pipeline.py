@@ -97,6 +97,8 @@ class Generation:
         meter: The request's measurements.
         headers: Extra response headers (the key's rate-limit headers).
         streams: The client asked for NDJSON (`stream` true or absent) rather than one object.
+        key: The API key's id, given to the circuit breaker with a failure the request may
+            have caused (`gateway.upstream.breaker`).
     """
 
     def __init__(
@@ -109,7 +111,7 @@ class Generation:
         meter: RequestMeter,
         admission: Admission,
         *,
-        key: str = "",
+        key: str,
     ) -> None:
         self.relay = relay
         self.key = key  # the API key's id: whose request an ambiguous upstream failure was
