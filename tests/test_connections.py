@@ -29,7 +29,8 @@ GET = b"GET /healthz HTTP/1.1\r\nHost: gateway\r\n\r\n"
 @contextmanager
 def _gateway(tmp_path: Path, emulator: Emulator, **env: str) -> Iterator[ManagedProcess]:
     """`gateway serve` in front of the emulator; `env` keys are `GATEWAY_` settings."""
-    variables = {f"GATEWAY_{name.upper()}": value for name, value in env.items()}
+    variables = {"GATEWAY_SHUTDOWN_DRAIN": "0"}  # each test stops its process at once
+    variables |= {f"GATEWAY_{name.upper()}": value for name, value in env.items()}
     with gateway_process(tmp_path, {"GATEWAY_UPSTREAM_URL": emulator.url, **variables}) as gateway:
         yield gateway
 
@@ -263,3 +264,12 @@ def test_a_stream_may_last_longer_than_the_header_and_body_timeouts(
         assert time.monotonic() - started > 1.0
         assert lines[-1]["done"] is True
         assert "error" not in lines[-1]
+
+
+def test_a_slow_head_on_a_kept_alive_connection_is_cut_too(emulator: Emulator, tmp_path: Path):
+    env = {"keepalive_timeout": "30", "header_timeout": "0.5"}
+    with _gateway(tmp_path, emulator, **env) as gateway, _connect(gateway) as sock:
+        _healthy(sock)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\n")  # the next head begins, and never ends
+        answer = _read_until_closed(sock, within=5)
+        assert answer.startswith(b"HTTP/1.1 408 ")
