@@ -249,6 +249,10 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         ):
             self._arm(self.limits.header_timeout, self._head_timed_out)
 
+    def _should_upgrade(self) -> bool:
+        """Never hand a head cut short by a cap to uvicorn's WebSocket upgrade (no method)."""
+        return not self._too_large and super()._should_upgrade()
+
     # --- deadlines and refusals ---------------------------------------------------------------
 
     def _responding(self) -> bool:

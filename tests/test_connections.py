@@ -145,9 +145,9 @@ def test_an_endless_header_is_cut_after_the_cap(emulator: Emulator, tmp_path: Pa
 
 
 def test_too_many_header_fields_get_431(emulator: Emulator, tmp_path: Path):
-    def request(fields: int) -> bytes:
+    def request(fields: int, upgrade: bytes = b"") -> bytes:
         lines = b"".join(b"X-F%d: v\r\n" % i for i in range(fields))
-        return b"GET /healthz HTTP/1.1\r\nHost: g\r\n" + lines + b"\r\n"
+        return b"GET /healthz HTTP/1.1\r\nHost: g\r\n" + upgrade + lines + b"\r\n"
 
     with _gateway(tmp_path, emulator, max_headers="20") as gateway:
         with _connect(gateway) as sock:
@@ -158,6 +158,13 @@ def test_too_many_header_fields_get_431(emulator: Emulator, tmp_path: Path):
             status, headers, _ = _response(sock)
             assert status == 431
             assert headers["connection"] == "close"
+        with _connect(gateway) as sock:  # a WebSocket handshake cut short is not upgraded
+            websocket = (
+                b"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+                b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            )
+            sock.sendall(request(30, websocket))
+            assert _response(sock)[0] == 431
 
 
 def test_over_the_connection_cap_new_clients_are_refused_until_one_leaves(
