@@ -134,13 +134,15 @@ def door_limits(settings: Settings, open_files: int) -> DoorLimits:
 
     A cap the descriptors cannot hold would end in failed `accept` calls (clients reset)
     instead of 503s, so it is lowered, with a warning, to what is left after the upstream
-    pools and `RESERVED_FDS`.
+    pools and `RESERVED_FDS`; that room is also the cap when `max_client_connections` is 0.
     """
     cap = settings.max_client_connections
     if open_files != resource.RLIM_INFINITY:
         upstream = settings.max_connections * len(settings.upstream_specs)
         room = max(open_files - upstream - RESERVED_FDS, 1)
-        if cap == 0 or cap > room:
+        if cap == 0:  # no cap of its own: still refuse before `accept` runs out of descriptors
+            cap = room
+        elif cap > room:
             logger.warning(
                 "GATEWAY_MAX_CLIENT_CONNECTIONS=%d does not fit %d open files (%d for upstream "
                 "connections): using %d",

@@ -90,7 +90,7 @@ class Settings(BaseSettings):
         1000,
         ge=0,
         description="Open client connections per process; one more gets 503 and is closed. "
-        "0: no cap. Lowered at start to fit the file-descriptor limit.",
+        "0: as many as the open-files limit allows, which also lowers a larger value.",
     )
 
     # --- upstream ------------------------------------------------------------------------------

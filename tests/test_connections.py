@@ -19,6 +19,8 @@ from pathlib import Path
 
 import httpx
 
+from gateway.server import RESERVED_FDS, door_limits
+from gateway.settings import Settings
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
 from tests.conftest import Emulator
 
@@ -280,3 +282,11 @@ def test_a_slow_head_on_a_kept_alive_connection_is_cut_too(emulator: Emulator, t
         sock.sendall(b"GET /healthz HTTP/1.1\r\n")  # the next head begins, and never ends
         answer = _read_until_closed(sock, within=5)
         assert answer.startswith(b"HTTP/1.1 408 ")
+
+
+def test_the_connection_cap_is_fitted_to_the_open_files_limit():
+    settings = Settings(max_client_connections=1000, max_connections=256)
+    assert door_limits(settings, open_files=1024).max_connections == 1024 - 256 - RESERVED_FDS
+    assert door_limits(settings, open_files=1_048_576).max_connections == 1000
+    unset = Settings(max_client_connections=0, max_connections=256)
+    assert door_limits(unset, open_files=4096).max_connections == 4096 - 256 - RESERVED_FDS
