@@ -222,6 +222,12 @@ class Settings(BaseSettings):
     default_max_concurrent: int = Field(
         0, ge=0, description="Requests in flight per key for keys without their own; 0: none."
     )
+    tpm_reserve_tokens: int = Field(
+        256,
+        ge=0,
+        description="Output tokens a request without a positive `options.num_predict` reserves "
+        "against its key's TPM while it runs (settled with the real count when it ends).",
+    )
     rate_limit_storage: str = Field(
         "memory://",
         description="`memory://` (this process) or `redis://host:6379/0` (shared by replicas).",

@@ -5,13 +5,21 @@ own Redis path is synchronous (slowapi issue #130) and would block the event loo
 request, so the gateway calls `limits.aio` directly; the storage is in memory (one process) or
 Redis (`GATEWAY_RATE_LIMIT_STORAGE=redis://...`, shared by every replica).
 
-* RPM: a moving window over the last 60 s (exact), one hit per request, counted at admission.
-* TPM: fixed one-minute windows; a request is admitted while the key's window has tokens left,
-  and charged afterwards with what it really used (prompt + output tokens; a stream cut short
-  is charged for what was relayed). So one request may overshoot the limit, and the next one
-  is refused until the window resets (field failure F-24).
+* RPM: a moving window over the last 60 s (exact), one hit per request, counted at admission
+  (`admit`), before the body is read: a flood of junk bodies spends the key's own RPM.
 * Concurrency: a counter per key, incremented at admission and decremented when the response
   ends; in Redis it carries a one-hour expiry as a guard against counts leaked by a crash.
+* TPM: fixed one-minute windows. Once the body is parsed, the request reserves what it may use
+  (`reserve`; `gateway.ratelimit.estimate`: its `num_predict`, else
+  `GATEWAY_TPM_RESERVE_TOKENS`, plus its prompt's bytes / 4) and is refused when the window
+  has not that much left. When it ends, `release` settles the reservation with what it really
+  used (prompt + output tokens; a stream cut short: what was relayed): the difference is
+  refunded, or the excess charged. Parallel requests therefore share the window instead of
+  all passing the same "tokens left" check (issue 11, class 5); only a request that uses more
+  than it reserved (no `num_predict`, an answer longer than the default) can overshoot, by
+  its own excess. The reservation and the refund are `limits`' own counter operations
+  (`FixedWindowRateLimiter.hit(cost=n)`, `Storage.incr` with a negative amount on the same
+  key), atomic in Redis, so every replica sees them at once.
 
 When the storage fails or is slower than `GATEWAY_RATE_LIMIT_TIMEOUT`, the configured policy
 applies (`GATEWAY_RATE_LIMIT_FAIL_OPEN`): admit (open) or answer 503 (closed); each such event
@@ -35,12 +43,16 @@ from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimite
 from gateway.auth.principal import Principal
 from gateway.errors import GatewayError, RateLimitedError, ServiceUnavailableError
 from gateway.metrics import Metrics
+from gateway.ratelimit.estimate import TokenEstimate
 from gateway.settings import Settings
 
 logger = logging.getLogger("gateway.ratelimit")
 
 #: Expiry (seconds) of a key's in-flight counter: a guard against counts leaked by a crash.
 _CONCURRENCY_TTL = 3600
+
+#: Seconds two reads of one TPM window's end may differ by (Redis TTLs are whole seconds).
+_WINDOW_SLACK = 5.0
 
 
 def build_storage(settings: Settings) -> Storage:
@@ -112,16 +124,29 @@ class Limits:
 
 @dataclass
 class Admission:
-    """What admission granted: response headers, and what to undo or charge at the end."""
+    """What admission granted: response headers, and what to undo or settle at the end.
+
+    Attributes:
+        reserved: Tokens reserved against TPM and not yet settled.
+        window_ends: When the TPM window holding `reserved` ends (epoch seconds).
+        released: `KeyLimiter.release` ran; later calls do nothing.
+    """
 
     key_id: str
     limits: Limits
     headers: dict[str, str] = field(default_factory=dict)
     holds_concurrency: bool = False
+    reserved: int = 0
+    window_ends: float = 0.0
+    released: bool = False
 
 
 class KeyLimiter:
-    """Admits or refuses requests per key, and charges tokens after them.
+    """Admits or refuses requests per key, and settles their tokens after them.
+
+    A request calls `admit` (RPM, in-flight), then `reserve` (TPM) once its body is known, and
+    `release` exactly once after `admit` succeeded, whatever happened since: it gives the
+    in-flight slot back and settles the reservation.
 
     Args:
         storage: A `limits.aio` storage (memory or Redis).
@@ -145,7 +170,7 @@ class KeyLimiter:
         return contextlib.nullcontext()
 
     async def admit(self, principal: Principal) -> Admission:
-        """Check and count RPM, check TPM, take a concurrency slot.
+        """Check and count RPM, take an in-flight slot; needs nothing of the body.
 
         Raises:
             RateLimitedError: a limit is reached (429 with `Retry-After` and `X-RateLimit-*`).
@@ -153,7 +178,7 @@ class KeyLimiter:
         """
         limits = Limits.of(principal, self._settings)
         admission = Admission(principal.key_id, limits)
-        if not (limits.rpm or limits.tpm or limits.max_concurrent):
+        if not (limits.rpm or limits.max_concurrent):
             return admission
         try:
             with self._deadline():
@@ -173,14 +198,6 @@ class KeyLimiter:
             if not allowed:
                 what = f"{limits.rpm} requests per minute"
                 raise self._refuse("rpm", what, admission.headers, stats.reset_time)
-        if limits.tpm:
-            item = RateLimitItemPerMinute(limits.tpm)
-            stats = await self._fixed.get_window_stats(item, "tpm", key_id)
-            headers = _headers(limits.tpm, stats.remaining, stats.reset_time, prefix="Tokens-")
-            admission.headers.update(headers)
-            if stats.remaining <= 0:
-                what = f"{limits.tpm} tokens per minute"
-                raise self._refuse("tpm", what, admission.headers, stats.reset_time)
         if limits.max_concurrent:
             count = await self._in_flight(key_id, 1)
             if count > limits.max_concurrent:
@@ -189,12 +206,70 @@ class KeyLimiter:
                 raise self._refuse("concurrency", what, admission.headers, time.time() + 1)
             admission.holds_concurrency = True
 
-    async def release(self, admission: Admission, tokens: int) -> None:
-        """Charge `tokens` (prompt + output) to TPM and give back the concurrency slot.
+    async def reserve(self, admission: Admission, estimate: TokenEstimate) -> None:
+        """Reserve the request's expected tokens in its key's TPM window.
 
-        Never raises: a storage failure here is logged and counted, not shown to a client.
+        The reservation is `estimate.total`, capped at the key's TPM: a guess (no `num_predict`)
+        or a prompt estimate larger than the whole limit must not make a request unservable.
+        A `num_predict` above the whole limit is refused instead: the answer it allows could
+        never fit in a window, and admitting it would let one request overshoot by any amount.
+        `X-RateLimit-Tokens-Remaining` is what the window had left before this reservation.
+
+        Raises:
+            RateLimitedError: the window has less left than the reservation, or `num_predict`
+                exceeds the key's TPM (429; the message says which).
+            ServiceUnavailableError: the storage failed and the policy is fail-closed (503).
         """
-        if not (tokens and admission.limits.tpm) and not admission.holds_concurrency:
+        tpm = admission.limits.tpm
+        if not tpm:
+            return
+        try:
+            with self._deadline():
+                await self._reserve(admission, estimate)
+        except GatewayError:
+            raise
+        except Exception as exc:  # fail open: no reservation, the whole use is charged later
+            self._storage_failed(exc)
+
+    async def _reserve(self, admission: Admission, estimate: TokenEstimate) -> None:
+        tpm = admission.limits.tpm
+        item = RateLimitItemPerMinute(tpm)
+        cost = min(estimate.total, tpm)
+        refusal = ""
+        if estimate.asked and estimate.output > tpm:
+            refusal = (
+                f"; this request asks for up to {estimate.output} output tokens "
+                "(options.num_predict) and can never be admitted: lower num_predict"
+            )
+        elif not await self._fixed.hit(item, "tpm", admission.key_id, cost=cost):
+            # `hit` counted the cost even though it failed: take it back at once, or this
+            # refusal would crowd out requests that fit.
+            with anyio.CancelScope(shield=True):
+                await self._storage.incr(
+                    item.key_for("tpm", admission.key_id), item.get_expiry(), amount=-cost
+                )
+            refusal = f"; this request needs about {cost}"
+        else:
+            admission.reserved = cost
+        stats = await self._fixed.get_window_stats(item, "tpm", admission.key_id)
+        admission.window_ends = stats.reset_time
+        left = min(stats.remaining + admission.reserved, tpm)
+        admission.headers.update(_headers(tpm, left, stats.reset_time, prefix="Tokens-"))
+        if refusal:
+            what = f"{tpm} tokens per minute"
+            raise self._refuse("tpm", what, admission.headers, stats.reset_time, refusal)
+
+    async def release(self, admission: Admission, tokens: int) -> None:
+        """Settle the TPM reservation with `tokens` (prompt + output) and give back the slot.
+
+        Only the first call counts (a request's tokens are charged once). Never raises: a storage
+        failure here is logged and counted, not shown to a client.
+        """
+        if admission.released:
+            return
+        admission.released = True
+        settles = admission.limits.tpm and (tokens or admission.reserved)
+        if not settles and not admission.holds_concurrency:
             return
         try:
             if self._remote:  # the caller may be cancelled; the charge must still happen
@@ -207,12 +282,30 @@ class KeyLimiter:
             logger.warning("rate-limit storage failed while releasing: %s", type(exc).__name__)
 
     async def _charge(self, admission: Admission, tokens: int) -> None:
-        if tokens and admission.limits.tpm:
-            item = RateLimitItemPerMinute(admission.limits.tpm)
-            await self._fixed.hit(item, "tpm", admission.key_id, cost=tokens)
+        if admission.limits.tpm:
+            reserved, admission.reserved = admission.reserved, 0
+            await self._settle(admission, tokens - reserved)
         if admission.holds_concurrency:
             admission.holds_concurrency = False
             await self._in_flight(admission.key_id, -1)
+
+    async def _settle(self, admission: Admission, extra: int) -> None:
+        """Charge `extra` tokens beyond the reservation, or refund `-extra` of it.
+
+        A refund goes back only into the window that holds the reservation: once that window
+        has ended, the new one never held it. Windows are told apart by their end, read back
+        from the storage (Redis rounds it to the second; two windows end at least 60 s apart).
+        """
+        item = RateLimitItemPerMinute(admission.limits.tpm)
+        if extra > 0:
+            await self._fixed.hit(item, "tpm", admission.key_id, cost=extra)
+            return
+        key = item.key_for("tpm", admission.key_id)
+        if not extra or not _same_window(await self._storage.get_expiry(key), admission):
+            return
+        left = await self._storage.incr(key, item.get_expiry(), amount=extra)
+        if left < 0:  # the window ended between the two calls: give the new one no credit
+            await self._storage.incr(key, item.get_expiry(), amount=-left)
 
     async def _in_flight(self, key_id: str, amount: int) -> int:
         """Add `amount` to the key's in-flight count; never let it stay below zero.
@@ -228,13 +321,21 @@ class KeyLimiter:
         return count
 
     def _refuse(
-        self, kind: str, what: str, headers: dict[str, str], reset_time: float
+        self, kind: str, what: str, headers: dict[str, str], reset_time: float, detail: str = ""
     ) -> RateLimitedError:
-        """Count the refusal and build the 429 with `Retry-After` (RFC 9110 section 10.2.3)."""
+        """Count the refusal and build the 429 with `Retry-After` (RFC 9110 section 10.2.3).
+
+        Args:
+            kind: The `kind` label of `gateway_rate_limited_total`.
+            what: The limit, e.g. `60 requests per minute`.
+            headers: The `X-RateLimit-*` headers so far; `Retry-After` is added.
+            reset_time: When retrying can succeed (epoch seconds).
+            detail: Appended to the message, e.g. how much this request needed.
+        """
         self._metrics.rate_limited.labels(kind).inc()
         retry_after = str(max(math.ceil(reset_time - time.time()), 1))
         return RateLimitedError(
-            f"rate limit exceeded: {what} for this key",
+            f"rate limit exceeded: {what} for this key{detail}",
             headers={**headers, "Retry-After": retry_after},
         )
 
@@ -250,6 +351,11 @@ class KeyLimiter:
             raise ServiceUnavailableError(
                 "rate limiting is unavailable; try again later", headers={"Retry-After": "5"}
             ) from exc
+
+
+def _same_window(ends: float, admission: Admission) -> bool:
+    """The TPM window ending at `ends` is the one `admission` reserved in (and still runs)."""
+    return ends > time.time() and abs(ends - admission.window_ends) < _WINDOW_SLACK
 
 
 def _headers(limit: int, remaining: int, reset_time: float, prefix: str = "") -> dict[str, str]:

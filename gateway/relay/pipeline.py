@@ -1,10 +1,11 @@
 """The flow of one generation request, from a checked body to the finished response.
 
-read and check the body -> the key's model allow-list -> per-key limits (RPM, TPM, in-flight)
--> (the response starts running: `gateway.relay.response`) -> choose an upstream
-(gateway.upstream.pool) -> its slot (bounded queue) -> open the exchange (retries, first-byte
-deadline; on failure the next upstream) -> stream NDJSON, or aggregate for `stream:false` ->
-finish: metrics, TPM charge, slots back.
+per-key RPM and in-flight limits -> read and check the body -> the key's model allow-list ->
+reserve its expected tokens in the key's TPM -> (the response starts running:
+`gateway.relay.response`) -> choose an upstream (gateway.upstream.pool) -> its slot (bounded
+queue) -> open the exchange (retries, first-byte deadline; on failure the next upstream) ->
+stream NDJSON, or aggregate for `stream:false` ->
+finish: metrics, TPM settled (refund or charge), slots back.
 
 The endpoint does the checks and returns a `RelayResponse` for a `Generation`; everything from
 choosing an upstream on runs inside that response, under the one watcher for the client going
@@ -31,6 +32,7 @@ from gateway.errors import (
 )
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import ALL_KEYS, Metrics
+from gateway.ratelimit.estimate import estimate_tokens
 from gateway.ratelimit.limiter import Admission, KeyLimiter
 from gateway.relay.aggregate import Aggregator
 from gateway.relay.body import parse_body, read_body
@@ -66,17 +68,25 @@ class Relay:
             raise ServiceUnavailableError(
                 "gateway is shutting down", headers={"Retry-After": "1", "Connection": "close"}
             )
-        raw = await read_body(request, self.settings.max_body_bytes)
-        body = parse_body(raw, route, max_depth=self.settings.max_json_depth)
-        model = body["model"]
-        state["model"] = model
-        if not principal.allows_model(model):
-            raise ForbiddenError(f"this API key may not use model '{model}'")
-        # Checked before admission: a header the upstream hop cannot carry is this client's 400.
-        headers = upstream_request_headers(
-            request.headers.items(), request_id=state.get("request_id", "-")
-        )
+        # RPM and in-flight need nothing of the body: decided before it is read, so a flood of
+        # slow or junk bodies spends the key's own limits (issue 11); TPM needs num_predict.
         admission = await self.limiter.admit(principal)
+        try:
+            raw = await read_body(request, self.settings.max_body_bytes)
+            body = parse_body(raw, route, max_depth=self.settings.max_json_depth)
+            model = body["model"]
+            state["model"] = model
+            if not principal.allows_model(model):
+                raise ForbiddenError(f"this API key may not use model '{model}'")
+            # A header the upstream hop cannot carry is this client's 400, before any tokens.
+            headers = upstream_request_headers(
+                request.headers.items(), request_id=state.get("request_id", "-")
+            )
+            expected = estimate_tokens(body, self.settings.tpm_reserve_tokens)
+            await self.limiter.reserve(admission, expected)
+        except BaseException:  # refused (or cancelled) after admission: no leaked slot
+            await self.limiter.release(admission, 0)
+            raise
         meter = RequestMeter(
             metrics=self.metrics,
             route=f"/v1/{route}",

@@ -1,0 +1,214 @@
+"""TPM reservations and RPM before the body, over real sockets (issue 11, class 5).
+
+A request reserves its expected tokens (`num_predict`, else `GATEWAY_TPM_RESERVE_TOKENS`, plus
+its prompt's bytes / 4) when it is admitted and settles them when it ends, so parallel requests
+cannot all pass one "tokens left" check. RPM and in-flight are decided before the body is read,
+and a refusal after that gives the in-flight slot back.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from gateway.auth.principal import Principal
+from gateway.errors import RateLimitedError
+from gateway.metrics import Metrics
+from gateway.ratelimit.estimate import estimate_tokens
+from gateway.ratelimit.limiter import KeyLimiter, build_storage
+from gateway.settings import Settings
+from tests.conftest import Emulator, Gateway, metric_value
+from tests.test_ratelimit import MODEL, REDIS_URL, _generations, _redis_up
+
+#: A prompt of 4 bytes: estimated at one token.
+PROMPT = "tiny"
+
+
+def _generate(
+    gw: Gateway, num_predict: int | None = None, key: str | None = None
+) -> httpx.Response:
+    body: dict[str, object] = {"model": MODEL, "prompt": PROMPT, "stream": False}
+    if num_predict is not None:
+        body["options"] = {"num_predict": num_predict}
+    return httpx.post(f"{gw.url}/v1/generate", json=body, headers=gw.headers(key), timeout=60)
+
+
+def _burst(gateways: list[Gateway], key: str, n: int, num_predict: int) -> list[httpx.Response]:
+    """`n` requests at once, spread over `gateways` in turn."""
+    with ThreadPoolExecutor(n) as pool:
+        futures = [
+            pool.submit(_generate, gateways[i % len(gateways)], num_predict, key) for i in range(n)
+        ]
+        return [f.result() for f in futures]
+
+
+def _served_tokens(responses: list[httpx.Response]) -> int:
+    return sum(
+        r.json().get("prompt_eval_count", 0) + r.json()["eval_count"]
+        for r in responses
+        if r.status_code == 200
+    )
+
+
+def _assert_bounded(emulator: Emulator, responses: list[httpx.Response], tpm: int) -> None:
+    """50 x num_predict 10 on TPM 50: each reserves 11 tokens, so 4 fit (44 <= 50)."""
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) <= {200, 429}
+    admitted = statuses.count(200)
+    assert 1 <= admitted <= 5
+    assert _served_tokens(responses) <= tpm + 11  # the limit plus one request's worth
+    assert len(_generations(emulator)) == admitted
+    refused = next(r for r in responses if r.status_code == 429)
+    assert "tokens per minute" in refused.json()["error"]
+    assert int(refused.headers["retry-after"]) >= 1
+
+
+def test_parallel_requests_share_the_tpm_window_instead_of_overshooting(
+    make_gateway, emulator: Emulator
+):
+    """Before: 50 parallel requests on a TPM 50 key were admitted 31 times for 868 tokens."""
+    gw = make_gateway(default_tpm=50)
+    emulator.config.inter_token = 0.02  # 10 tokens in ~0.2 s: the burst overlaps
+    emulator.config.prompt_eval_count = 1
+    _assert_bounded(emulator, _burst([gw], gw.key, 50, num_predict=10), tpm=50)
+
+
+@pytest.mark.skipif(not _redis_up(), reason="Redis is not running on 127.0.0.1:6379")
+def test_two_gateways_on_one_redis_share_the_reservations(make_gateway, emulator: Emulator):
+    """The same burst spread over two gateways sharing one Redis and one key store."""
+    shared = {
+        "default_tpm": 50,
+        "rate_limit_storage": REDIS_URL,
+        "rate_limit_key_prefix": f"test-{uuid.uuid4().hex}",
+        "rate_limit_timeout": 5.0,  # 50 new Redis connections at once on a small CI box
+    }
+    a = make_gateway(**shared)
+    b = make_gateway(**shared, database_url=a.database_url)
+    emulator.config.inter_token = 0.02
+    emulator.config.prompt_eval_count = 1
+    _assert_bounded(emulator, _burst([a, b], a.key, 50, num_predict=10), tpm=50)
+
+
+def test_a_reservation_holds_while_running_and_is_refunded_when_it_ends(
+    make_gateway, emulator: Emulator
+):
+    """TPM 100; num_predict 60 reserves 61. A parallel second one does not fit; after the
+    first ends having used 6 tokens, the refund lets the next 61 in."""
+    gw = make_gateway(default_tpm=100)
+    emulator.config.tokens = 5
+    emulator.config.inter_token = 0.2  # ~1 s: the second request arrives while it runs
+    emulator.config.prompt_eval_count = 1
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(_generate, gw, 60)
+        while not _generations(emulator):  # admitted and upstream: its reservation is made
+            pass
+        refused = _generate(gw, 60)
+        assert running.result().status_code == 200
+    assert refused.status_code == 429
+    assert "needs about 61" in refused.json()["error"]
+    assert refused.headers["x-ratelimit-tokens-remaining"] == "39"
+    emulator.config.inter_token = 0.001
+    after = _generate(gw, 60)
+    assert after.status_code == 200
+    assert after.headers["x-ratelimit-tokens-remaining"] == str(100 - 6)
+    # ...and that one settled too: 6 + 6 used, so the window has 88 left.
+    assert _generate(gw, 1).headers["x-ratelimit-tokens-remaining"] == "88"
+
+
+def test_a_num_predict_above_the_whole_tpm_is_refused_with_a_clear_message(
+    make_gateway, emulator: Emulator
+):
+    """It could never fit a window, so it is refused rather than clamped (docs/keys.md)."""
+    gw = make_gateway(default_tpm=50)
+    refused = _generate(gw, num_predict=500)
+    assert refused.status_code == 429
+    assert "can never be admitted" in refused.json()["error"]
+    assert "num_predict" in refused.json()["error"]
+    assert refused.headers["retry-after"]
+    assert _generations(emulator) == []
+    # Without num_predict the default reserve (256) is capped at the key's TPM: it is served.
+    emulator.config.ttft = emulator.config.inter_token = 0.001
+    assert _generate(gw).status_code == 200
+
+
+def _abandon_body(gw: Gateway) -> None:
+    """Send a request's headers and half its body, then close the connection."""
+    address = urlsplit(gw.url)
+    with socket.create_connection((address.hostname, address.port), timeout=5) as sock:
+        sock.sendall(
+            b"POST /v1/generate HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {gw.key}\r\nContent-Length: 100\r\n\r\n".encode()
+            + b'{"model": "llama'
+        )
+
+
+def test_rpm_is_spent_before_the_body_and_refusals_after_it_leak_no_slot(
+    make_gateway, emulator: Emulator
+):
+    """rpm 5, one in flight: a junk body, a forbidden model, a TPM refusal and an abandoned
+    body each cost an RPM hit and give their in-flight slot back; the fifth request is served
+    and the sixth is refused by RPM."""
+    gw = make_gateway(default_rpm=5, default_max_concurrent=1, default_tpm=1000)
+    emulator.config.ttft = emulator.config.inter_token = 0.001
+    _, fenced = gw.create_key("fenced", models=["qwen2.5:7b"], rpm=5, max_concurrent=1)
+    junk = httpx.post(f"{gw.url}/v1/generate", content=b"{nope", headers=gw.headers())
+    assert junk.status_code == 400
+    assert _generate(gw, num_predict=5000).status_code == 429  # TPM, after the RPM hit
+    _abandon_body(gw)
+    deadline = time.monotonic() + 10
+    while not metric_value(
+        gw.metrics_text(), "gateway_requests_total", outcome="client_disconnect"
+    ):
+        assert time.monotonic() < deadline, "the abandoned request was never seen to end"
+        time.sleep(0.02)
+    forbidden = _generate(gw, key=fenced)
+    assert forbidden.status_code == 403
+    assert [_generate(gw, key=fenced).status_code for _ in range(4)] == [403] * 4
+    served = _generate(gw)  # the in-flight slot came back every time
+    assert served.status_code == 200
+    # junk, TPM refusal, abandoned body, served: 4 hits; one more is allowed, then 429.
+    assert served.headers["x-ratelimit-remaining"] == "1"
+    assert _generate(gw).status_code == 200
+    last = _generate(gw)
+    assert last.status_code == 429
+    assert "requests per minute" in last.json()["error"]
+
+
+def test_estimates_read_num_predict_and_the_prompt():
+    assert estimate_tokens({"prompt": "x" * 40, "options": {"num_predict": 7}}, 256).total == 17
+    for options in ({}, {"num_predict": -1}, {"num_predict": -2}, {"num_predict": True}, None):
+        estimate = estimate_tokens({"prompt": "", "options": options}, 256)
+        assert (estimate.output, estimate.asked) == (256, False)
+    chat = {
+        "messages": [{"role": "user", "content": "é" * 8}, {"role": "x", "images": ["A" * 999]}]
+    }
+    assert estimate_tokens(chat, 0).prompt == 4  # 16 UTF-8 bytes; images are not counted
+    assert estimate_tokens({"context": [1, 2, 3], "prompt": "abcd"}, 0).prompt == 4
+
+
+@pytest.mark.anyio
+async def test_a_refund_never_credits_a_window_that_did_not_hold_the_reservation():
+    settings = Settings(upstream_url="http://127.0.0.1:1")
+    storage = build_storage(settings)
+    limiter = KeyLimiter(storage, settings, Metrics())
+    principal = Principal("k1", "app", None, tpm=100)
+    first = await limiter.admit(principal)
+    await limiter.reserve(first, estimate_tokens({"options": {"num_predict": 40}}, 0))
+    # As if a minute had passed: the first reservation's window ended, a new one begins.
+    await storage.clear("LIMITER/tpm/k1/100/1/minute")
+    first.window_ends -= 60
+    second = await limiter.admit(principal)
+    await limiter.reserve(second, estimate_tokens({"options": {"num_predict": 70}}, 0))
+    await limiter.release(first, 5)  # used 5 of 40: the 35 were the old window's
+    third = await limiter.admit(principal)
+    with pytest.raises(RateLimitedError, match="needs about 31"):
+        await limiter.reserve(third, estimate_tokens({"options": {"num_predict": 31}}, 0))
+    await limiter.release(second, 70)
+    await limiter.release(second, 70)  # a second release settles nothing
+    await limiter.reserve(third, estimate_tokens({"options": {"num_predict": 30}}, 0))
