@@ -106,8 +106,10 @@ def test_a_reservation_holds_while_running_and_is_refunded_when_it_ends(
     emulator.config.prompt_eval_count = 1
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(_generate, gw, 60)
-        while not _generations(emulator):  # admitted and upstream: its reservation is made
-            pass
+        deadline = time.monotonic() + 10
+        while not _generations(emulator):  # upstream, so admitted: its reservation is made
+            assert time.monotonic() < deadline, "the first request never reached the upstream"
+            time.sleep(0.01)
         refused = _generate(gw, 60)
         assert running.result().status_code == 200
     assert refused.status_code == 429
@@ -178,6 +180,23 @@ def test_rpm_is_spent_before_the_body_and_refusals_after_it_leak_no_slot(
     last = _generate(gw)
     assert last.status_code == 429
     assert "requests per minute" in last.json()["error"]
+
+
+@pytest.mark.parametrize("fail_open", [True, False])
+def test_a_reservation_the_storage_cannot_make_follows_the_fail_policy(
+    make_gateway, emulator: Emulator, fail_open: bool
+):
+    """Redis down: open serves without a reservation, closed answers 503; neither hangs."""
+    gw = make_gateway(
+        default_tpm=100,
+        rate_limit_storage="redis://127.0.0.1:1/0",
+        rate_limit_timeout=0.3,
+        rate_limit_fail_open=fail_open,
+    )
+    emulator.config.ttft = emulator.config.inter_token = 0.001
+    statuses = [_generate(gw, num_predict=10).status_code for _ in range(2)]
+    assert statuses == ([200, 200] if fail_open else [503, 503])
+    assert metric_value(gw.metrics_text(), "gateway_rate_limit_storage_errors_total") >= 2
 
 
 def test_estimates_read_num_predict_and_the_prompt():
