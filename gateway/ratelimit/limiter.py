@@ -234,7 +234,7 @@ class KeyLimiter:
     async def _reserve(self, admission: Admission, estimate: TokenEstimate) -> None:
         tpm = admission.limits.tpm
         item = RateLimitItemPerMinute(tpm)
-        cost = min(estimate.total, tpm)
+        cost = max(min(estimate.total, tpm), 1)  # at least one token must be left, as before
         refusal = ""
         if estimate.asked and estimate.output > tpm:
             refusal = (
