@@ -189,6 +189,14 @@ class Settings(BaseSettings):
         "bodies large).",
     )
     max_json_depth: int = Field(64, ge=4, description="Deepest nesting accepted in a request body.")
+    max_json_values: int = Field(
+        100_000,
+        ge=1000,
+        description="Most JSON values (array elements, object members, containers) accepted in "
+        "a request body, counted before it is parsed: bounds the parsing work a body within "
+        "the size limit can cause. A long chat holds a few thousand; a `context` array one "
+        "per token.",
+    )
 
     # --- keys ----------------------------------------------------------------------------------
     database_url: str = Field(

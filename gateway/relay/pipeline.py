@@ -73,7 +73,12 @@ class Relay:
         admission = await self.limiter.admit(principal)
         try:
             raw = await read_body(request, self.settings.max_body_bytes)
-            body = parse_body(raw, route, max_depth=self.settings.max_json_depth)
+            body = parse_body(
+                raw,
+                route,
+                max_depth=self.settings.max_json_depth,
+                max_values=self.settings.max_json_values,
+            )
             model = body["model"]
             state["model"] = model
             if not principal.allows_model(model):
