@@ -1,0 +1,104 @@
+"""A body within the size limit cannot keep the event loop parsing for seconds (issue 11).
+
+Over real sockets: the gateway runs in its own thread (`LoopbackServer`); a probe thread times
+`GET /healthz` on another connection while one big body is handled. Bounds are relative and
+generous (a busy machine must not fail them); the code before `GATEWAY_MAX_JSON_VALUES` held
+the loop (and the GIL) for several seconds on these bodies.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import Gateway
+
+MODEL = "llama3.2:latest"
+#: Just under the 16 MiB default body limit.
+SIZE = 16 * 1024 * 1024 - 4096
+
+
+def _zeros() -> bytes:
+    """Millions of tiny values: `options.a` is 8 million zeros."""
+    head = json.dumps({"model": MODEL, "prompt": "x", "options": {"a": []}})[:-3].encode()
+    return head + b"0," * ((SIZE - len(head)) // 2 - 10) + b"0]}}"
+
+
+def _empty_arrays() -> bytes:
+    head = b'{"model":"' + MODEL.encode() + b'","prompt":"x","x":['
+    return head + b"[]," * ((SIZE - len(head)) // 3 - 10) + b"[]]}"
+
+
+def _allowed_worst() -> bytes:
+    """Under the value limit but costly: 40,000 objects and 16 MiB of text full of commas."""
+    objects = b'{"a":0},' * 40_000
+    text = b"x, y, " * ((SIZE - len(objects) - 200) // 6)
+    head = b'{"model":"' + MODEL.encode() + b'","prompt":"x","o":['
+    return head + objects + b'{}],"system":"' + text + b'"}'
+
+
+def _healthz_lag_during(gw: Gateway, raw: bytes) -> tuple[float, float, httpx.Response]:
+    """Post `raw`; meanwhile time `/healthz` in a loop. Returns (baseline, worst, response)."""
+    with httpx.Client(base_url=gw.url, timeout=30) as probe:
+        baseline = max(_timed(probe) for _ in range(5))
+        lags: list[float] = []
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                lags.append(_timed(probe))
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            headers = {**gw.headers(), "content-type": "application/json"}
+            response = httpx.post(f"{gw.url}/v1/generate", content=raw, headers=headers, timeout=60)
+        finally:
+            done.set()
+            watcher.join()
+    return baseline, max(lags), response
+
+
+def _timed(client: httpx.Client) -> float:
+    start = time.perf_counter()
+    assert client.get("/healthz").status_code == 200
+    return time.perf_counter() - start
+
+
+@pytest.mark.parametrize("make_body", [_zeros, _empty_arrays])
+def test_a_body_of_millions_of_values_is_refused_without_stalling_the_loop(gateway, make_body):
+    raw = make_body()
+    assert len(raw) <= gateway.settings.max_body_bytes
+    baseline, worst, response = _healthz_lag_during(gateway, raw)
+    # Before the value limit: 8-11 s of parsing on this kind of machine, /healthz waited for it.
+    assert worst < baseline + 0.5, (baseline, worst)
+    assert response.status_code == 400
+    assert "more than 100000 JSON values" in response.json()["error"]
+
+
+def test_the_worst_allowed_body_is_parsed_without_stalling_the_loop(make_gateway):
+    # httpx upstream: aiohttp raises a ResourceWarning (an error under pytest) for a request
+    # body over 1 MiB given as bytes, which is the upstream transport's matter, not this test's.
+    gw = make_gateway(upstream_http_client="httpx")
+    raw = _allowed_worst()
+    assert len(raw) <= gw.settings.max_body_bytes
+    baseline, worst, response = _healthz_lag_during(gw, raw)
+    assert response.status_code == 200
+    assert worst < baseline + 0.5, (baseline, worst)
+
+
+def test_the_value_limit_is_a_setting(make_gateway):
+    gw = make_gateway(max_json_values=1000)
+    body = {"model": MODEL, "prompt": "x", "context": list(range(2000))}
+    response = httpx.post(f"{gw.url}/v1/generate", json=body, headers=gw.headers(), timeout=10)
+    assert (response.status_code, response.json()["error"]) == (
+        400,
+        "request body holds more than 1000 JSON values",
+    )
+    body["context"] = list(range(500))
+    response = httpx.post(f"{gw.url}/v1/generate", json=body, headers=gw.headers(), timeout=10)
+    assert response.status_code == 200
