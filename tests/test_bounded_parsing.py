@@ -9,12 +9,14 @@ the loop (and the GIL) for several seconds on these bodies.
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 
 import httpx
 import pytest
 
+from gateway.relay.body import count_values
 from tests.conftest import Gateway
 
 MODEL = "llama3.2:latest"
@@ -102,3 +104,39 @@ def test_the_value_limit_is_a_setting(make_gateway):
     body["context"] = list(range(500))
     response = httpx.post(f"{gw.url}/v1/generate", json=body, headers=gw.headers(), timeout=10)
     assert response.status_code == 200
+
+
+def _values(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + sum(_values(v) for v in value.values())
+    if isinstance(value, list):
+        return 1 + sum(_values(v) for v in value)
+    return 1
+
+
+@pytest.mark.parametrize("limit", [1, 3, 20, 10**9])
+def test_the_value_count_never_undercounts(limit):
+    rng = random.Random(limit)  # noqa: S311 - reproducible test data, not secrets
+    pieces = ["", ",", "[", "{", '\\"', "\\\\", "\\u0022", "x"]
+
+    def make(depth: int) -> object:
+        roll = rng.random()
+        if depth > 4 or roll < 0.3:
+            return (
+                "".join(rng.choice(pieces) for _ in range(rng.randint(0, 4)))
+                .encode()
+                .decode("unicode_escape")
+            )
+        if roll < 0.65:
+            return [make(depth + 1) for _ in range(rng.randint(0, 4))]
+        return {f"k{i},[{{": make(depth + 1) for i in range(rng.randint(0, 4))}
+
+    for _ in range(300):
+        doc = make(0)
+        raw = json.dumps(doc, ensure_ascii=rng.random() < 0.5).encode()
+        assert count_values(raw, limit) >= min(_values(doc), limit + 1), raw
+
+
+def test_commas_inside_strings_are_not_values():
+    raw = b'{"model":"m","prompt":"' + b',[{\\"\\\\' * 10_000 + b'"}'
+    assert count_values(raw, 100) <= 3

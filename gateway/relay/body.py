@@ -81,7 +81,7 @@ _NOT_STRUCTURAL = bytes(b for b in range(256) if b not in b",[{")
 
 
 def count_values(raw: bytes, limit: int) -> int:
-    """Return the number of JSON values in `raw`, or an upper bound once that passes `limit`.
+    """Return the count of JSON values in `raw` that `GATEWAY_MAX_JSON_VALUES` limits.
 
     Every value but the outermost is either a container's first element or follows a `,`, so
     `1 + (count of , [ { outside strings)` bounds the values from above (an empty container
@@ -93,8 +93,10 @@ def count_values(raw: bytes, limit: int) -> int:
         limit: The count past which the exact figure does not matter.
 
     Returns:
-        A count of values: exact up to empty containers when at most `limit`, else some
-        figure above `limit`.
+        `1 + (count of , [ { outside strings)`: at least the number of values and at most
+        twice it. A figure up to `limit` may also count those bytes inside strings (the cheap
+        pass); a figure above it, only once the exact count passes `limit` too (or at least a
+        quarter of the quotes do).
     """
     bound = len(raw.translate(None, _NOT_STRUCTURAL)) + 1
     if bound <= limit:
