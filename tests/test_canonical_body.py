@@ -144,6 +144,8 @@ def test_keys_go_would_fold_together_are_refused_before_upstream(go_gateway, raw
     [
         '{"model":"m","stream":true,"\u017ftream":false}',  # the long s folds to s in Go
         '{"model":"m","keep_alive":1,"\u212aeep_alive":2}',  # the Kelvin sign folds to k
+        '{"model":"m","images":[],"\u0131mages":["x"]}',  # Go folds the dotless i with i
+        '{"model":"m","\u0131mages":["x"]}',
         '{"model":"m","messages":[{"role":"user","content":"a","CONTENT":"b"}]}',
         '{"model":"m","messages":[{"role":"user","Content":"long text the meter never saw"}]}',
         '{"model":"m","tools":[{"function":{"parameters":{"a":1,"A":2}}}]}',

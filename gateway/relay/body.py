@@ -122,12 +122,20 @@ def _shown(key: str) -> str:
     return repr(key if len(key) <= 40 else key[:40] + "...")
 
 
+def _fold(key: str) -> str:
+    """Fold `key` so that keys Go's `encoding/json` matches to each other fold alike.
+
+    `str.casefold` identifies at least what Go's simple folding does (the Kelvin sign and the
+    long s included) except the dotless i U+0131, which Go folds with `I` and `i`. It also
+    folds a few that Go keeps apart (`ß` and `ss`): that only refuses bodies no client sends.
+    """
+    return key.casefold().replace("\u0131", "i")
+
+
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """`object_pairs_hook` of `parse_body`: the object as a dict, if no two keys fold together.
 
-    `str.casefold` identifies at least the keys Go's `encoding/json` does (simple folding,
-    the Kelvin sign and the long s included); it also folds a few that Go keeps apart (`ß`
-    and `ss`), which only refuses a body no client sends.
+    Keys are compared by `_fold`.
 
     Raises:
         _RepeatedKeyError: two keys are equal, or equal up to case.
@@ -136,14 +144,15 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     if len(pairs) < 2:
         return obj
     if len(obj) == len(pairs):
-        folded = {key.casefold() for key in obj}
-        if len(folded) == len(obj):
+        # The common case, ASCII keys, folds with a method call (a third of the cost).
+        fold = str.lower if "".join(obj).isascii() else _fold
+        if len({fold(key) for key in obj}) == len(obj):
             return obj
     seen: dict[str, str] = {}
     for key, _ in pairs:
-        first = seen.get(key.casefold())
+        first = seen.get(_fold(key))
         if first is None:
-            seen[key.casefold()] = key
+            seen[_fold(key)] = key
         elif first == key:
             raise _RepeatedKeyError(f"request body repeats the key {_shown(key)}")
         else:
@@ -161,10 +170,10 @@ def _check_spelling(obj: dict[str, Any], where: str) -> None:
     `options` while the gateway, reading `options`, saw none (and metered none).
 
     Raises:
-        BadRequestError: a key is not its own casefold.
+        BadRequestError: a key is not its own `_fold`.
     """
     for key in obj:
-        if key.casefold() != key:
+        if _fold(key) != key:
             raise BadRequestError(
                 f"{where} key {_shown(key)} is not lowercase: field names are case-sensitive here"
             )
