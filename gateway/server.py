@@ -11,7 +11,8 @@ from types import FrameType
 import uvicorn
 
 from gateway.app import create_app
-from gateway.coalesce import CoalescingHttpToolsProtocol, DoorLimits
+from gateway.coalesce import CoalescingHttpToolsProtocol
+from gateway.door import DoorLimits
 from gateway.lifecycle import Lifecycle
 from gateway.logs import configure_logging
 from gateway.settings import Settings

@@ -1,0 +1,329 @@
+"""The door: what a client connection may do before and while it sends a request.
+
+Owns `DoorProtocol` (uvicorn's httptools protocol behind these limits; `gateway.coalesce` builds
+the protocol passed as `http=` on it), its `DoorLimits` and the `DoorReport` of refusals.
+
+**The door.** uvicorn's httptools protocol keeps a connection that sends nothing, or sends its
+headers a byte at a time, for ever: its keep-alive timer starts only once a response is
+complete, and httptools puts no bound on a request head (uvicorn's `h11_max_incomplete_event_size`
+exists for h11 only). A few thousand such connections use up the process's file descriptors and
+new clients are reset. So, per connection:
+
+- the request head must be complete within `header_timeout` seconds of the connection opening,
+  or, on a kept-alive connection, of its first byte (until then uvicorn's `timeout_keep_alive`
+  applies). Over it: 408 if part of a head arrived, else a plain close;
+- at most `body_timeout` seconds may pass between two pieces of a request body (not counted
+  while the gateway itself stops reading, or holds back a `100 Continue`). Over it: 408;
+- a head may hold at most `max_header_bytes` bytes (request target and header lines) and
+  `max_headers` header fields. Over it: 431 (RFC 6585 section 5), counted while the head
+  arrives, so an endless header is cut after about that many bytes, not buffered;
+- at most `max_connections` connections are open per process; one more is answered 503 at once
+  and closed (uvicorn's `limit_concurrency` cannot do this: it answers only once a request head
+  has arrived, so idle connections still pile up, and it counts in-flight tasks too).
+
+Once the head is in, nothing here bounds the response: a generation streams as long as the
+relay's own deadlines allow. Refusals are `{"error": ...}` bodies, as Ollama's, with
+`Connection: close`; where the client may still be sending, the gateway reads and discards for
+up to `LINGER` seconds after its answer (nginx's lingering close), so the answer is not lost to a
+TCP reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Self, cast
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+# The name from before the door had a module of its own: log lines and filters stay the same.
+logger = logging.getLogger("gateway.coalesce")
+
+#: Seconds a refused connection is still read (and the bytes dropped) after the answer.
+LINGER = 2.0
+#: Seconds between two log lines summing up refused connections and requests.
+REPORT_INTERVAL = 10.0
+
+
+@dataclass(frozen=True)
+class DoorLimits:
+    """What one client connection may take (GATEWAY_HEADER_TIMEOUT and companions).
+
+    Attributes:
+        header_timeout: Seconds for a request head to arrive (module docstring).
+        body_timeout: Seconds allowed between two pieces of a request body.
+        max_header_bytes: Bytes of one request head.
+        max_headers: Header fields of one request.
+        max_connections: Open client connections per process; 0: no cap.
+    """
+
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100
+    max_connections: int = 0
+
+
+@dataclass
+class DoorReport:
+    """Refusals since the last log line, shared by a server's connections (one per class)."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    logged_at: float = float("-inf")
+
+    def note(self, reason: str) -> None:
+        """Count one refusal; log the counts at most every `REPORT_INTERVAL` seconds."""
+        self.counts[reason] += 1
+        now = time.monotonic()
+        if now - self.logged_at >= REPORT_INTERVAL:
+            summary = ", ".join(f"{n} {what}" for what, n in sorted(self.counts.items()))
+            logger.warning("client connections refused or closed: %s", summary)
+            self.counts.clear()
+            self.logged_at = now
+
+
+def _answer(status: int, message: str, headers: list[tuple[bytes, bytes]]) -> bytes:
+    """A whole HTTP/1.1 response ending the connection, with an Ollama-style error body."""
+    body = json.dumps({"error": message}).encode()
+    lines = [STATUS_LINE[status]]
+    for name, value in [
+        *headers,
+        (b"content-type", b"application/json; charset=utf-8"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]:
+        lines.append(name + b": " + value + b"\r\n")
+    return b"".join([*lines, b"\r\n", body])
+
+
+class DoorProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol behind the door limits.
+
+    A cooperative base: what it lets in goes on to the next class's `connection_made`.
+    `with_limits(limits)` gives the class to pass as uvicorn's `http=`; the class itself carries
+    `DoorLimits()` (no connection cap).
+    """
+
+    limits: ClassVar[DoorLimits] = DoorLimits()
+    report: ClassVar[DoorReport] = DoorReport()
+
+    @classmethod
+    def with_limits(cls, limits: DoorLimits) -> type[Self]:
+        """A subclass enforcing `limits`, with its own report (one per server)."""
+        attributes = {"limits": limits, "report": DoorReport()}
+        return cast(type[Self], type(cls.__name__, (cls,), attributes))
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._timer: asyncio.TimerHandle | None = None  # the head or the body deadline
+        self._closing = False  # refused or answered: incoming bytes are dropped
+        self._head_pending = True  # between two requests, or inside a head
+        self._head_began = False  # bytes of the pending head have arrived
+        self._head_received = 0  # bytes received while the head was pending (at most the head)
+        self._head_size = 0  # the target and header lines parsed so far
+        self._header_count = 0
+        self._too_large = False
+        self._body_seen_at = 0.0
+
+    # --- connection ---------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Refuse the connection over the cap; else let it in and start the head deadline."""
+        cap = self.limits.max_connections
+        if cap and len(self.connections) >= cap:
+            # Not in uvicorn's `connections`: refused connections neither count nor get drained.
+            self.transport = transport
+            self.report.note("over GATEWAY_MAX_CLIENT_CONNECTIONS")
+            message = f"the gateway has too many open connections ({cap}); try again later"
+            self._end(_answer(503, message, [(b"retry-after", b"1")]), linger=True)
+            return
+        super().connection_made(transport)
+        self._arm(self.limits.header_timeout, self._head_timed_out)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Stop the deadlines; a refused connection never reached uvicorn."""
+        self._disarm()
+        if self.flow is None:  # refused in `connection_made`
+            return
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        """Parse `data` (uvicorn), counting the bytes of a pending head; answer 431 over the cap."""
+        if self._closing:
+            return
+        if self._head_pending:
+            self._head_received += len(data)
+        super().data_received(data)
+        if self._closing or self.transport.is_closing():
+            return
+        # The head is still incomplete after all of `data`: every byte counted belongs to it.
+        if self._too_large or (
+            self._head_pending and self._head_received > self.limits.max_header_bytes
+        ):
+            self._refuse_head()
+
+    # --- parser callbacks ---------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        """The first byte of a head: on a kept-alive connection its deadline starts now."""
+        if self._too_large:
+            return
+        super().on_message_begin()
+        self._head_began = True
+        if self._timer is None and not self._responding():
+            self._arm(self.limits.header_timeout, self._head_timed_out)
+
+    def on_url(self, url: bytes) -> None:
+        """Count the request target towards the head's size."""
+        if self._too_large:
+            return
+        self._head_size += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """Count one header field; over a cap, parse nothing more of this connection."""
+        if self._too_large:
+            return
+        self._header_count += 1
+        self._head_size += len(name) + len(value) + 4  # ": " and CRLF
+        limits = self.limits
+        if self._header_count > limits.max_headers or self._head_size > limits.max_header_bytes:
+            self._too_large = True  # data_received answers once the parser returns
+            return
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        """The head is in: stop its deadline, start the app, start the body deadline."""
+        if self._too_large:
+            return
+        self._head_pending = self._head_began = False
+        self._disarm()
+        super().on_headers_complete()
+        if not self.parser.should_upgrade():
+            self._body_seen_at = self.loop.time()
+            self._arm(self.limits.body_timeout, self._body_timed_out)
+
+    def on_body(self, body: bytes) -> None:
+        """A piece of the body arrived: its deadline restarts (lazily, see `_body_timed_out`)."""
+        if self._too_large:
+            return
+        self._body_seen_at = self.loop.time()
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        """The request is in: no deadline until the next head begins."""
+        if self._too_large:
+            return
+        super().on_message_complete()
+        self._disarm()
+        self._head_pending = True
+        self._head_received = self._head_size = self._header_count = 0
+
+    def on_response_complete(self) -> None:
+        """Let uvicorn start its keep-alive timer or the next request; time a begun head.
+
+        A head that began while the response was being written gets its deadline from now.
+        """
+        pipelined = bool(self.pipeline)
+        super().on_response_complete()
+        if (
+            self._head_began
+            and not pipelined
+            and self._timer is None
+            and not self.transport.is_closing()
+        ):
+            self._arm(self.limits.header_timeout, self._head_timed_out)
+
+    def _should_upgrade(self) -> bool:
+        """Never hand a head cut short by a cap to uvicorn's WebSocket upgrade (no method)."""
+        return not self._too_large and super()._should_upgrade()
+
+    # --- deadlines and refusals ---------------------------------------------------------------
+
+    def _responding(self) -> bool:
+        """A response is being produced or waits in the pipeline."""
+        return bool(self.pipeline) or (self.cycle is not None and not self.cycle.response_complete)
+
+    def _arm(self, delay: float, callback: Callable[[], None]) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(delay, callback)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _head_timed_out(self) -> None:
+        """No complete head in time: 408 if part of one came, else close (as keep-alive does)."""
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        self.report.note("head too slow (GATEWAY_HEADER_TIMEOUT)")
+        if not self._head_began:
+            self.transport.close()
+            return
+        seconds = self.limits.header_timeout
+        message = f"the request head did not arrive within {seconds:g} s"
+        self._end(_answer(408, message, self.server_state.default_headers), linger=False)
+
+    def _body_timed_out(self) -> None:
+        """Nothing of the body for `body_timeout` seconds: 408 (or a close once answering)."""
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        timeout = self.limits.body_timeout
+        idle = self.loop.time() - self._body_seen_at
+        cycle = self.cycle
+        if self.flow.read_paused or cycle.waiting_for_100_continue:
+            # The gateway is the one not reading: the client gets a fresh window afterwards.
+            self._body_seen_at = self.loop.time()
+            self._arm(timeout, self._body_timed_out)
+            return
+        if idle < timeout:  # a piece came meanwhile; on_body does not re-arm, for speed
+            self._arm(timeout - idle, self._body_timed_out)
+            return
+        self.report.note("body too slow (GATEWAY_BODY_TIMEOUT)")
+        started = cycle.response_started
+        # The app's receive() sees a disconnect now, and its writes go nowhere.
+        cycle.disconnected = True
+        cycle.message_event.set()
+        if started:
+            self.transport.close()
+            return
+        message = f"the request body stopped arriving for {timeout:g} s"
+        self._end(_answer(408, message, self.server_state.default_headers), linger=False)
+
+    def _refuse_head(self) -> None:
+        """431, or a plain close if a pipelined response is still being written."""
+        self.report.note("head too large (GATEWAY_MAX_HEADER_BYTES, GATEWAY_MAX_HEADERS)")
+        self._too_large = True
+        if self._responding():
+            self.transport.close()  # an answer now would corrupt the one being sent
+            return
+        limits = self.limits
+        message = (
+            f"request header fields too large (at most {limits.max_header_bytes} bytes "
+            f"and {limits.max_headers} fields)"
+        )
+        self._end(_answer(431, message, self.server_state.default_headers), linger=True)
+
+    def _end(self, answer: bytes, *, linger: bool) -> None:
+        """Write `answer` and close the connection.
+
+        With `linger`, half-close and drop what still comes for up to `LINGER` seconds (or
+        until the client closes): closing with unread bytes would reset `answer` away.
+        """
+        self._closing = True
+        self._disarm()
+        transport = self.transport
+        transport.write(answer)
+        if linger and transport.can_write_eof():
+            transport.write_eof()
+            self._timer = self.loop.call_later(LINGER, transport.close)
+        else:
+            transport.close()
