@@ -124,26 +124,27 @@ def _wait_polled(gw: Gateway, count: int) -> None:
 # --- class 1: failures a client causes do not open the circuit ------------------------------
 
 
-def test_a_non_ascii_user_agent_is_the_clients_400_and_never_opens_the_circuit(
+def test_a_non_ascii_user_agent_is_served_without_it_and_never_opens_the_circuit(
     make_gateway, emulator
 ):
+    """Ollama serves `User-Agent: münchen`; the gateway serves it too, and does not forward a
+    value its upstream client cannot encode (it used to fail there, blamed on the upstream)."""
     gw = make_gateway(circuit_failures=2, circuit_cooldown=60, retry_backoff=0.01)
-    for _ in range(5):  # more than the threshold, all from one key
-        response = _generate(gw, headers={"User-Agent": b"\xff"})
-        assert response.status_code == 400
-        assert "user-agent" in response.json()["error"]
-    assert _generations(emulator) == 0  # refused before anything went upstream
+    for agent in (b"\xff", "münchen/1.0".encode("latin-1")) * 3:  # past the threshold, one key
+        assert _generate(gw, headers={"User-Agent": agent}).status_code == 200
+    forwarded = [r.headers.get("user-agent") for r in emulator.state.records if r.body]
+    assert len(forwarded) == 6
+    assert all(agent and agent.isascii() for agent in forwarded)
     _, other = gw.create_key("other")
     assert _generate(gw, other).status_code == 200
     assert _circuit(gw, emulator.url) == 0
-    text = gw.metrics_text()
-    assert metric_value(text, "gateway_upstream_errors_total") == 0
-    assert metric_value(text, "gateway_requests_total", outcome="bad_request") == 5
+    assert metric_value(gw.metrics_text(), "gateway_upstream_errors_total") == 0
 
 
-def test_an_over_long_forwarded_header_is_refused(gateway):
+def test_an_over_long_forwarded_header_is_not_forwarded(gateway, emulator):
     response = _generate(gateway, headers={"Accept-Language": "x" * 2000})
-    assert response.status_code == 400
+    assert response.status_code == 200
+    assert "accept-language" not in emulator.state.records[-1].headers
 
 
 def test_one_keys_ambiguous_500s_do_not_eject_the_upstream_for_other_keys(scripted, make_gateway):
@@ -329,3 +330,45 @@ def test_the_breaker_counts_ambiguous_failures_only_from_two_keys():
     fresh.record_failure()  # the upstream's own fault counts from one request
     fresh.record_failure()
     assert fresh.state is CircuitState.OPEN
+
+
+# --- the half-open trial: it proves something, or it is handed on -----------------------------
+
+
+def test_a_trial_that_proves_nothing_hands_the_trial_to_the_next_request(emulator, make_gateway):
+    """A half-open circuit whose trial ends without a verdict (here: a busy 503) must not stay
+    half-open: that refused every request of every key for as long as the process ran."""
+    gw = make_gateway(circuit_failures=1, circuit_cooldown=0.3, retry_attempts=1)
+    emulator.config.fault, emulator.config.fault_status = "status_before", 502
+    assert _generate(gw).status_code == 502  # the upstream's own fault: the circuit opens
+    assert _circuit(gw, emulator.url) == 2
+    time.sleep(0.5)  # past the cooldown
+    emulator.config.fault_status = 503  # the trial: busy, neither success nor failure
+    assert _generate(gw).status_code == 503
+    emulator.config.fault = None
+    _, other = gw.create_key("other")
+    assert _generate(gw, other).status_code == 200  # the next request was the trial
+    assert _circuit(gw, emulator.url) == 0
+
+
+def test_a_long_trial_stream_does_not_hold_other_keys_off(emulator, make_gateway):
+    """The trial closes the circuit with its first chunk, not when its stream ends."""
+    gw = make_gateway(circuit_failures=1, circuit_cooldown=0.3, retry_attempts=1)
+    emulator.config.fault, emulator.config.fault_status = "status_before", 502
+    assert _generate(gw).status_code == 502
+    time.sleep(0.5)
+    emulator.config.fault = None
+    emulator.config.tokens, emulator.config.inter_token = 200, 0.05  # a 10 s stream
+    with httpx.stream(
+        "POST",
+        f"{gw.url}/v1/generate",
+        json={"model": MODEL, "prompt": "long"},
+        headers=gw.headers(),
+        timeout=30,
+    ) as trial:
+        lines = trial.iter_lines()
+        assert json.loads(next(lines))["done"] is False  # the trial is streaming
+        emulator.config.tokens = 2
+        _, other = gw.create_key("other")
+        assert _generate(gw, other).status_code == 200  # served while the trial streams
+        assert _circuit(gw, emulator.url) == 0

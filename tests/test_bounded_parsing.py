@@ -16,6 +16,7 @@ import time
 import httpx
 import pytest
 
+from gateway.errors import BadRequestError
 from gateway.relay.body import count_values
 from tests.conftest import Gateway
 
@@ -140,3 +141,22 @@ def test_the_value_count_never_undercounts(limit):
 def test_commas_inside_strings_are_not_values():
     raw = b'{"model":"m","prompt":"' + b',[{\\"\\\\' * 10_000 + b'"}'
     assert count_values(raw, 100) <= 3
+
+
+def test_integers_with_thousands_of_digits_are_refused_before_they_cost_seconds() -> None:
+    """`int()` of a decimal string is quadratic in its digits: a few thousand 4,299-digit
+    integers (under Python's own 4,300-digit limit) held the event loop for a second."""
+    from gateway.relay.body import MAX_INT_DIGITS, parse_body
+
+    digits = "9" * 4299
+    raw = ('{"model":"m","prompt":"x","a":[' + ",".join([digits] * 50) + "]}").encode()
+    with pytest.raises(BadRequestError, match=f"more than {MAX_INT_DIGITS} digits"):
+        parse_body(raw, "generate", max_depth=64, max_values=100_000)
+    seed = 2**64 - 1  # the largest integer a field needs (a uint64 seed) still passes
+    ok = parse_body(
+        f'{{"model":"m","options":{{"seed":{seed}}}}}'.encode(),
+        "generate",
+        max_depth=64,
+        max_values=100_000,
+    )
+    assert ok["options"]["seed"] == seed

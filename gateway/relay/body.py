@@ -68,6 +68,19 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+#: Longest integer literal accepted, sign included. Turning a decimal string into an int costs
+#: time quadratic in its digits (a few thousand 4,000-digit numbers held the event loop for a
+#: second); no Ollama or OpenAI field needs more than a 64-bit integer (20 digits).
+MAX_INT_DIGITS = 32
+
+
+def _bounded_int(text: str) -> int:
+    """Parse a JSON integer; refuse literals longer than `MAX_INT_DIGITS`."""
+    if len(text) > MAX_INT_DIGITS:
+        raise ValueError(f"integer {text[:20]}... has more than {MAX_INT_DIGITS} digits")
+    return int(text)
+
+
 def _finite_float(text: str) -> float:
     """Parse a JSON number; refuse ones that overflow to infinity (`1e999`)."""
     value = float(text)
@@ -216,8 +229,9 @@ def parse_body(
 
     Raises:
         BadRequestError: empty body, too many values, invalid UTF-8, invalid JSON (including
-            `NaN` and numbers that overflow), too deep, an object with a key repeated exactly
-            or up to case, a top-level or message key that is not lowercase.
+            `NaN`, numbers that overflow, integers over `MAX_INT_DIGITS`), too deep, an object
+            with a key repeated exactly or up to case, a top-level or message key that is not
+            lowercase.
         UnprocessableError: not an object, `model` missing, too long or not a string, `stream` not a
             bool, `messages` not a list, `prompt` not a string, `options` not an object.
     """
@@ -230,6 +244,7 @@ def parse_body(
             raw.decode("utf-8"),
             parse_constant=_reject_constant,
             parse_float=_finite_float,
+            parse_int=_bounded_int,
             object_pairs_hook=_unique_keys,
         )
     except UnicodeDecodeError as exc:

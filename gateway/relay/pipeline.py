@@ -177,6 +177,7 @@ class Generation:
             try:
                 self.holds_slot = await upstream.slots.acquire()
                 await exchange.open()
+                relay.pool.answering(upstream)
             except UntranslatableRequestError as exc:
                 await self._release(None)  # another upstream's dialect may express it
                 last = exc

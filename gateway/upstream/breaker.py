@@ -77,6 +77,15 @@ class CircuitBreaker:
         self._blamed.clear()
         self.state = CircuitState.CLOSED
 
+    def record_neutral(self) -> None:
+        """A request ended with no verdict on the upstream (the client left, a busy answer).
+
+        A half-open circuit's trial slot is given back, so the next request becomes the trial:
+        otherwise a trial that proves nothing would keep the circuit half-open, refusing every
+        request, for as long as the process runs.
+        """
+        self._trial_running = False
+
     def record_failure(self, key: str | None = None) -> None:
         """The upstream failed: count it; open the circuit at the threshold or after a trial.
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from gateway.errors import BadRequestError
-
 #: Connection-level headers that a proxy must not forward in either direction
 #: (RFC 9110 section 7.6.1, plus the de-facto `keep-alive` and `proxy-connection`).
 HOP_BY_HOP = frozenset(
@@ -66,19 +64,19 @@ def upstream_request_headers(
         header from the client is in it. The upstream client adds its own `Host` and
         credential (`gateway.upstream.client.upstream_default_headers`).
 
-    Raises:
-        BadRequestError: a header to forward has a value that is not visible ASCII, space and
-            tab, or is longer than `MAX_FORWARDED_VALUE` characters (400 for the client).
+        A forwarded header whose value is not visible ASCII, space and tab (a `User-Agent` with
+        `münchen` in it, legal as RFC 9110 `obs-text`), or is longer than
+        `MAX_FORWARDED_VALUE`, is left out: the HTTP clients refuse to encode it, so sending it
+        would fail in the upstream call, and refusing the request would break apps that Ollama
+        serves. Both headers are informational; the upstream sees the gateway's `User-Agent`.
     """
     headers = {
         name.lower(): value
         for name, value in client_headers
-        if name.lower() in FORWARDED and name.lower() not in HOP_BY_HOP | CREDENTIALS
+        if name.lower() in FORWARDED
+        and name.lower() not in HOP_BY_HOP | CREDENTIALS
+        and len(value) <= MAX_FORWARDED_VALUE
+        and _VALID_VALUE.fullmatch(value)
     }
-    for name, value in headers.items():
-        if len(value) > MAX_FORWARDED_VALUE or not _VALID_VALUE.fullmatch(value):
-            raise BadRequestError(
-                f"header {name} must be visible ASCII of at most {MAX_FORWARDED_VALUE} characters"
-            )
     headers["x-request-id"] = request_id
     return headers

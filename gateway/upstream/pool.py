@@ -8,11 +8,12 @@ the one with the fewest requests in flight per unit of weight. A failed choice i
 the next one tried (`gateway.relay.pipeline`).
 
 An upstream that asked to be left alone (a 429 or 503 with `Retry-After`) is skipped until that
-time. Panic mode (Envoy's panic threshold, at zero): when a pool of several upstreams has no
-circuit that lets a request through, the open ones are tried anyway rather than none, so an
-upstream that serves again is used at once instead of after the whole cooldown, and its success
-closes its circuit. A single upstream keeps its breaker (fast 503s while it is down, one trial
-after the cooldown): there is no other upstream whose recovery panic mode could find.
+time while another upstream is left to try. Panic mode (Envoy's panic threshold, at zero): when
+a pool of several upstreams has no circuit that lets a request through, the open ones are tried
+anyway rather than none, so an upstream that serves again is used at once instead of after the
+whole cooldown, and its success closes its circuit. A single upstream keeps its breaker (fast
+503s while it is down, one trial after the cooldown): there is no other upstream whose recovery
+panic mode could find.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import httpx
 from gateway.metrics import OTHER_MODEL, Metrics
 from gateway.ratelimit.slots import UpstreamSlots
 from gateway.settings import Settings, UpstreamSpec
-from gateway.upstream.breaker import CircuitBreaker
+from gateway.upstream.breaker import CircuitBreaker, CircuitState
 from gateway.upstream.catalog import ModelCatalog
 from gateway.upstream.client import (
     GenerationClient,
@@ -99,7 +100,11 @@ class UpstreamPool:
         in the pool lets a request through) the open circuits are passed by (module docstring).
         """
         now = time.monotonic()
-        left = [u for u in self.upstreams if u.name not in tried and u.not_before <= now]
+        untried = [u for u in self.upstreams if u.name not in tried]
+        # An upstream's Retry-After steers requests elsewhere, but is no reason to refuse when
+        # nothing else is left: the 429 may have been about one request (too large for its
+        # limit), and one key must not take the upstream away from every other key.
+        left = [u for u in untried if u.not_before <= now] or untried
         panic = len(self.upstreams) > 1 and not any(u.breaker.available() for u in self.upstreams)
         if panic != self._panicking:
             self._panicking = panic
@@ -161,7 +166,20 @@ class UpstreamPool:
             upstream.breaker.record_success()
         elif healthy is False:
             upstream.breaker.record_failure(key)
+        else:
+            upstream.breaker.record_neutral()
         self._set_state(upstream)
+
+    def answering(self, upstream: Upstream) -> None:
+        """`upstream` sent a request's first chunk: a success for its circuit breaker now.
+
+        A half-open circuit closes at the trial's first chunk rather than at its end, so one
+        long stream does not keep every other request away from a recovered upstream. A
+        failure later in the stream is still recorded when the request ends.
+        """
+        if upstream.breaker.state is not CircuitState.CLOSED:
+            upstream.breaker.record_success()
+            self._set_state(upstream)
 
     def _set_state(self, upstream: Upstream) -> None:
         self._metrics.upstream_circuit_state.labels(upstream.name).set(upstream.breaker.state)
