@@ -67,7 +67,7 @@ class Settings(BaseSettings):
     port: int = Field(8080, ge=1, le=65535, description="Port `gateway serve` listens on.")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
-    # --- client connections (gateway.coalesce) -------------------------------------------------
+    # --- client connections (gateway.door) -----------------------------------------------------
     header_timeout: float = Field(
         10.0,
         gt=0,

@@ -1,4 +1,4 @@
-"""The door of a real `gateway serve` process (gateway.coalesce), over raw sockets.
+"""The door of a real `gateway serve` process (gateway.door), over raw sockets.
 
 Silent and slow clients are closed, oversized heads get 431, the connection cap answers 503
 and frees up again, idle kept-alive connections end, and none of it cuts a stream whose request

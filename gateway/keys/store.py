@@ -327,7 +327,8 @@ def _create_private(database: str | None) -> None:
 
     SQLite would create it with the umask's mode (usually 0644: every local user could read the
     key hashes and names). Its journal and WAL files take the database file's mode, so they are
-    private too. An existing file is left as it is: its owner chose its mode.
+    private too. An existing file is left as it is: its owner chose its mode. A `file:` URI
+    database is left to SQLite (and the umask): create it beforehand with the mode you want.
     """
     if not database or database == ":memory:" or database.startswith("file:"):
         return
