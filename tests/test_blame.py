@@ -8,26 +8,26 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from gateway.testing.emulator import EmulatorConfig, create_emulator_app
 from gateway.testing.server import LoopbackServer
 from tests.conftest import Emulator, Gateway, metric_value
+from tests.helpers import MODEL, OllamaLookalike, ndjson, served, wait_polled
 
-MODEL = "llama3.2:latest"
 #: The message of Ollama's runner crash: a broken server, or a prompt that crashes it.
 CRASH = "model runner has unexpectedly stopped, this may be due to resource limitations"
+#: One failure that is the upstream's own opens its circuit, for a minute.
+OPEN_AT_ONE = {"circuit_failures": 1, "circuit_cooldown": 60}
 
 
-class ScriptedUpstream:
+class ScriptedUpstream(OllamaLookalike):
     """An Ollama look-alike whose answer to `/api/generate` follows the request's prompt.
 
     `answers` maps a prompt to (status, JSON body, headers); any other prompt gets a clean
@@ -35,37 +35,20 @@ class ScriptedUpstream:
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self.answers: dict[str, tuple[int, dict[str, Any], dict[str, str]]] = {}
         self.calls: dict[str, int] = {}
-        self.app = Starlette(
-            routes=[
-                Route("/api/version", self._version),
-                Route("/api/tags", self._tags),
-                Route("/api/ps", self._ps),
-                Route("/api/generate", self._generate, methods=["POST"]),
-            ]
-        )
 
-    async def _version(self, _: Request) -> Response:
-        return JSONResponse({"version": "0.33.0"})
-
-    async def _tags(self, _: Request) -> Response:
-        return JSONResponse({"models": [{"model": MODEL}]})
-
-    async def _ps(self, _: Request) -> Response:
-        return JSONResponse({"models": []})
-
-    async def _generate(self, request: Request) -> Response:
+    async def generate(self, request: Request) -> Response:
         prompt = str((await request.json()).get("prompt", ""))
         self.calls[prompt] = self.calls.get(prompt, 0) + 1
         if prompt in self.answers:
             status, body, headers = self.answers[prompt]
             return JSONResponse(body, status, headers=headers)
-        lines = [
+        body_text = ndjson(
             {"model": MODEL, "response": "a", "done": False},
             {"model": MODEL, "response": "", "done": True, "eval_count": 1},
-        ]
-        body_text = "".join(json.dumps(line) + "\n" for line in lines)
+        )
         return Response(body_text, media_type="application/x-ndjson")
 
     @property
@@ -75,9 +58,7 @@ class ScriptedUpstream:
 
 @pytest.fixture
 def scripted() -> Iterator[tuple[ScriptedUpstream, str]]:
-    upstream = ScriptedUpstream()
-    with LoopbackServer(upstream.app) as server:
-        yield upstream, server.url
+    yield from served(ScriptedUpstream())
 
 
 @pytest.fixture
@@ -113,12 +94,11 @@ def _generations(emulator: Emulator) -> int:
     return len([r for r in emulator.state.records if r.path == "/api/generate"])
 
 
-def _wait_polled(gw: Gateway, count: int) -> None:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if metric_value(gw.metrics_text(), "gateway_upstream_up") >= count:
-            return
-        time.sleep(0.05)
+def _in_front_of(make_gateway: Callable[..., Gateway], *urls: str, **settings: Any) -> Gateway:
+    """A gateway over the upstreams at `urls`, once its monitor has seen every one of them up."""
+    gw = make_gateway(upstreams=[{"url": url} for url in urls], **settings)
+    wait_polled(gw, len(urls))
+    return gw
 
 
 # --- class 1: failures a client causes do not open the circuit ------------------------------
@@ -228,13 +208,7 @@ def test_when_every_circuit_is_open_requests_reach_the_open_upstreams(make_gatew
     """A's circuit is open, B dies: A serves again (panic mode) instead of 503 for a minute."""
     doomed = LoopbackServer(create_emulator_app(EmulatorConfig()))
     doomed.start()
-    gw = make_gateway(
-        upstreams=[{"url": emulator.url}, {"url": doomed.url}],
-        retry_attempts=1,
-        circuit_failures=1,
-        circuit_cooldown=60,
-    )
-    _wait_polled(gw, 2)
+    gw = _in_front_of(make_gateway, emulator.url, doomed.url, retry_attempts=1, **OPEN_AT_ONE)
     emulator.config.fault = "status_before"
     emulator.config.fault_status = 502  # the upstream's own fault: one request opens it
     for _ in range(30):  # ties go to a random upstream: ask until A was chosen
@@ -252,13 +226,7 @@ def test_when_every_circuit_is_open_requests_reach_the_open_upstreams(make_gatew
 
 
 def test_a_busy_upstream_is_skipped_without_opening_its_circuit(make_gateway, emulator, second):
-    gw = make_gateway(
-        upstreams=[{"url": emulator.url}, {"url": second.url}],
-        retry_backoff=0.01,
-        circuit_failures=1,
-        circuit_cooldown=60,
-    )
-    _wait_polled(gw, 2)
+    gw = _in_front_of(make_gateway, emulator.url, second.url, retry_backoff=0.01, **OPEN_AT_ONE)
     emulator.config.fault = "busy"  # Ollama's 503 "server busy"
     for _ in range(6):
         assert _generate(gw).status_code == 200  # served by the other upstream
@@ -292,8 +260,7 @@ def test_an_upstream_429_sends_requests_elsewhere_until_its_retry_after(
 ):
     upstream, url = scripted
     upstream.answers["x"] = (429, {"error": "slow down"}, {"Retry-After": "60"})
-    gw = make_gateway(upstreams=[{"url": url}, {"url": emulator.url}], retry_backoff=0.01)
-    _wait_polled(gw, 2)
+    gw = _in_front_of(make_gateway, url, emulator.url, retry_backoff=0.01)
     for _ in range(30):  # ties go to a random upstream: ask until the limited one was asked
         assert _generate(gw).status_code == 200
         if upstream.total:

@@ -14,15 +14,14 @@ from typing import Any
 
 import httpx
 import pytest
-from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.responses import PlainTextResponse, Response
 
 from gateway.errors import BadRequestError
 from gateway.relay.body import parse_body
 from gateway.testing.server import LoopbackServer
 from tests.conftest import Gateway
+from tests.helpers import OllamaLookalike, ndjson
 
 ALLOWED = "llama3.2:latest"
 FORBIDDEN = "qwen2.5:7b"
@@ -45,38 +44,21 @@ def go_decode(raw: bytes) -> Any:
     return json.loads(raw, object_pairs_hook=fold)
 
 
-class GoLikeUpstream:
+class GoLikeUpstream(OllamaLookalike):
     """An Ollama stand-in that records the model and `num_predict` it would have served."""
 
     def __init__(self) -> None:
-        self.served: list[dict[str, Any]] = []
-        self.app = Starlette(
-            routes=[
-                Route("/api/version", self._version),
-                Route("/api/tags", self._tags),
-                Route("/api/ps", self._ps),
-                Route("/api/generate", self._generate, methods=["POST"]),
-                Route("/api/chat", self._generate, methods=["POST"]),
-            ]
-        )
-
-    async def _version(self, _: Request) -> Response:
-        return JSONResponse({"version": "0.33.0"})
-
-    async def _tags(self, _: Request) -> Response:
         models = [{"model": m, "modified_at": "2025-01-01T00:00:00Z"} for m in (ALLOWED, FORBIDDEN)]
-        return JSONResponse({"models": models})
+        super().__init__(tags={"models": models}, generate_paths=("/api/generate", "/api/chat"))
+        self.served: list[dict[str, Any]] = []
 
-    async def _ps(self, _: Request) -> Response:
-        return JSONResponse({"models": []})
-
-    async def _generate(self, request: Request) -> Response:
+    async def generate(self, request: Request) -> Response:
         body = go_decode(await request.body())
         options = body.get("options") or {}
         self.served.append({"model": body.get("model"), "num_predict": options.get("num_predict")})
         final = {"model": body.get("model"), "response": "", "done": True, "eval_count": 1}
         line = {"model": body.get("model"), "response": "a", "done": False}
-        text = json.dumps(line) + "\n" + json.dumps(final) + "\n"
+        text = ndjson(line, final)
         return PlainTextResponse(text, media_type="application/x-ndjson")
 
 

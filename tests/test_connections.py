@@ -16,15 +16,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-import httpx
+from typing import Any
 
 from gateway.server import RESERVED_FDS, door_limits
 from gateway.settings import Settings
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
 from tests.conftest import Emulator
+from tests.helpers import MODEL, stream_generation
 
-MODEL = "llama3.2:latest"
 GET = b"GET /healthz HTTP/1.1\r\nHost: gateway\r\n\r\n"
 
 
@@ -261,15 +260,8 @@ def test_a_stream_may_last_longer_than_the_header_and_body_timeouts(
     with _gateway(tmp_path, emulator, **env) as gateway:
         key = str(create_key(gateway.extra_env, "k")["key"])
         started = time.monotonic()
-        with httpx.stream(
-            "POST",
-            f"{gateway.url}/v1/generate",
-            json={"model": MODEL, "prompt": "x"},
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=30,
-        ) as response:
-            assert response.status_code == 200
-            lines = [json.loads(line) for line in response.iter_lines() if line]
+        lines: list[dict[str, Any]] = []
+        assert stream_generation(gateway.url, key, lines) == 200
         assert time.monotonic() - started > 1.0
         assert lines[-1]["done"] is True
         assert "error" not in lines[-1]

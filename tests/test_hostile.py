@@ -12,58 +12,35 @@ from typing import Any
 
 import httpx
 import pytest
-from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
 
-from gateway.testing.server import LoopbackServer
 from tests.conftest import Emulator, Gateway, metric_value
+from tests.helpers import MODEL, OllamaLookalike, ndjson, served
 
-MODEL = "llama3.2:latest"
 
-
-class WeirdUpstream:
+class WeirdUpstream(OllamaLookalike):
     """An Ollama look-alike whose answers a test sets: model lists, final chunks, cookies."""
 
     def __init__(self) -> None:
-        self.tags: Any = {"models": [{"model": MODEL, "modified_at": "2025-01-01T00:00:00Z"}]}
-        self.ps: Any = {"models": []}
+        super().__init__(tags={"models": [{"model": MODEL, "modified_at": "2025-01-01T00:00:00Z"}]})
         self.final: dict[str, Any] = {"done": True, "done_reason": "stop", "eval_count": 2}
         self.error: tuple[int, bytes] | None = None
         self.encoding: str | None = None  # a Content-Encoding to claim (the body stays as is)
         self.linger = 0.0  # seconds the body stays open after the final line
         self.tail: bytes | None = None  # sent instead of the final line
         self.headers_seen: list[dict[str, str]] = []
-        self.app = Starlette(
-            routes=[
-                Route("/api/version", self._version),
-                Route("/api/tags", self._tags),
-                Route("/api/ps", self._ps),
-                Route("/api/generate", self._generate, methods=["POST"]),
-            ]
-        )
 
-    async def _version(self, _: Request) -> Response:
-        return JSONResponse({"version": "0.33.0"})
-
-    async def _tags(self, _: Request) -> Response:
-        return JSONResponse(self.tags)
-
-    async def _ps(self, _: Request) -> Response:
-        return JSONResponse(self.ps)
-
-    async def _generate(self, request: Request) -> Response:
+    async def generate(self, request: Request) -> Response:
         self.headers_seen.append(dict(request.headers))
         if self.error is not None:
             status, body = self.error
             return Response(body, status, media_type="application/json")
-        lines = [
+        body = ndjson(
             {"model": MODEL, "response": "a", "done": False},
             {"model": MODEL, "response": "b", "done": False},
             {"model": MODEL, "response": "", **self.final},
-        ]
-        body = "".join(json.dumps(line) + "\n" for line in lines)
+        )
         if self.tail is not None:
             body = body[: body.rindex("{")] + self.tail.decode()
         if self.linger:
@@ -82,9 +59,7 @@ class WeirdUpstream:
 
 @pytest.fixture
 def weird() -> Iterator[tuple[WeirdUpstream, str]]:
-    upstream = WeirdUpstream()
-    with LoopbackServer(upstream.app) as server:
-        yield upstream, server.url
+    yield from served(WeirdUpstream())
 
 
 @pytest.fixture

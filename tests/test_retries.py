@@ -9,56 +9,37 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
-from gateway.testing.server import LoopbackServer
 from tests.conftest import Emulator, metric_value
+from tests.helpers import MODEL, OllamaLookalike, ndjson, served
 
-MODEL = "llama3.2:latest"
 
-
-class FlakyUpstream:
+class FlakyUpstream(OllamaLookalike):
     """Answers `failures` with `status` first, then a clean three-line stream."""
 
     def __init__(self) -> None:
+        super().__init__(serve_ps=False)
         self.failures: list[int] = []
         self.calls = 0
-        self.app = Starlette(
-            routes=[
-                Route("/api/version", self._version),
-                Route("/api/tags", self._tags),
-                Route("/api/generate", self._generate, methods=["POST"]),
-            ]
-        )
 
-    async def _version(self, _: Request) -> Response:
-        return JSONResponse({"version": "0.33.0"})
-
-    async def _tags(self, _: Request) -> Response:
-        return JSONResponse({"models": [{"model": MODEL}]})
-
-    async def _generate(self, _: Request) -> Response:
+    async def generate(self, _: Request) -> Response:
         self.calls += 1
         if self.failures:
             status = self.failures.pop(0)
             return JSONResponse({"error": f"failure {status}"}, status_code=status)
-        lines = [
+        body = ndjson(
             {"model": MODEL, "response": "a", "done": False},
             {"model": MODEL, "response": "b", "done": False},
             {"model": MODEL, "response": "", "done": True, "eval_count": 2},
-        ]
-        body = "".join(json.dumps(line) + "\n" for line in lines)
+        )
         return Response(body, media_type="application/x-ndjson")
 
 
 @pytest.fixture
 def flaky() -> Iterator[tuple[FlakyUpstream, str]]:
-    upstream = FlakyUpstream()
-    with LoopbackServer(upstream.app) as server:
-        yield upstream, server.url
+    yield from served(FlakyUpstream())
 
 
 @pytest.fixture(params=["aiohttp", "httpx"])

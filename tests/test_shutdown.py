@@ -12,8 +12,7 @@ import httpx
 
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
 from tests.conftest import Emulator
-
-MODEL = "llama3.2:latest"
+from tests.helpers import MODEL, stream_generation
 
 
 def _generate_in_background(url: str, key: str) -> tuple[threading.Thread, list[httpx.Response]]:
@@ -61,15 +60,7 @@ def test_sigterm_drains_then_ends_streams_with_an_error_line(emulator: Emulator,
         key = str(create_key(gateway.extra_env, "k")["key"])
         headers = {"Authorization": f"Bearer {key}"}
         lines: list[dict] = []
-
-        def stream() -> None:
-            body = {"model": MODEL, "prompt": "x"}
-            with httpx.stream(
-                "POST", f"{gateway.url}/v1/generate", json=body, headers=headers, timeout=30
-            ) as response:
-                lines.extend(json.loads(line) for line in response.iter_lines() if line)
-
-        reader = threading.Thread(target=stream)
+        reader = threading.Thread(target=stream_generation, args=(gateway.url, key, lines))
         reader.start()
         time.sleep(0.5)
         assert gateway.process is not None
@@ -154,18 +145,7 @@ def test_a_second_signal_skips_the_drain_but_still_ends_streams_cleanly(
     with gateway_process(tmp_path, env) as gateway:
         key = str(create_key(gateway.extra_env, "k")["key"])
         lines: list[dict] = []
-
-        def stream() -> None:
-            with httpx.stream(
-                "POST",
-                f"{gateway.url}/v1/generate",
-                json={"model": MODEL, "prompt": "x"},
-                headers={"Authorization": f"Bearer {key}"},
-                timeout=30,
-            ) as response:
-                lines.extend(json.loads(line) for line in response.iter_lines() if line)
-
-        reader = threading.Thread(target=stream)
+        reader = threading.Thread(target=stream_generation, args=(gateway.url, key, lines))
         reader.start()
         _sigterm_and_exit(gateway, reader, after=0.5, signals=2)
     assert lines[-1] == {"error": "gateway is shutting down"}

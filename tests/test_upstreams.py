@@ -14,8 +14,7 @@ import pytest
 from gateway.testing.emulator import EmulatorConfig, create_emulator_app
 from gateway.testing.server import LoopbackServer
 from tests.conftest import Emulator, Gateway, metric_value
-
-MODEL = "llama3.2:latest"
+from tests.helpers import MODEL, wait_polled
 
 
 @pytest.fixture
@@ -45,17 +44,9 @@ def _generate(gw: Gateway, model: str = MODEL, **body) -> httpx.Response:
     return httpx.post(f"{gw.url}/v1/generate", json=payload, headers=gw.headers(), timeout=30)
 
 
-def _wait_polled(gw: Gateway, count: int) -> None:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if metric_value(gw.metrics_text(), "gateway_upstream_up") >= count:
-            return
-        time.sleep(0.05)
-
-
 def test_least_in_flight_spreads_concurrent_requests(make_gateway, emulator, second):
     gw = make_gateway(upstreams=_upstreams(emulator.url, second.url), upstream_poll_interval=0.2)
-    _wait_polled(gw, 2)
+    wait_polled(gw, 2)
     for em in (emulator, second):
         em.config.tokens = 10
         em.config.inter_token = 0.05
@@ -71,7 +62,7 @@ def test_requests_go_to_the_upstream_that_has_the_model(make_gateway, emulator, 
     emulator.config.models = ["alpha:latest"]
     second.config.models = ["beta:latest"]
     gw = make_gateway(upstreams=_upstreams(emulator.url, second.url), upstream_poll_interval=0.2)
-    _wait_polled(gw, 2)
+    wait_polled(gw, 2)
     for _ in range(3):
         assert _generate(gw, "alpha").status_code == 200
         assert _generate(gw, "beta:latest").status_code == 200
@@ -90,7 +81,7 @@ def test_connect_failure_fails_over_and_the_circuit_opens(make_gateway, emulator
         circuit_failures=2,
         circuit_cooldown=60,
     )
-    _wait_polled(gw, 2)  # both answered their first probe; the next one is 15 s away
+    wait_polled(gw, 2)  # both answered their first probe; the next one is 15 s away
     doomed_name = doomed.url.removeprefix("http://")
     doomed.stop()
 
@@ -186,7 +177,7 @@ def test_weights_share_the_load(make_gateway, emulator, second):
         upstreams=[{"url": emulator.url, "weight": 3}, {"url": second.url}],
         upstream_poll_interval=0.2,
     )
-    _wait_polled(gw, 2)
+    wait_polled(gw, 2)
     for em in (emulator, second):
         em.config.tokens = 10
         em.config.inter_token = 0.05

@@ -1,0 +1,95 @@
+"""Helpers shared by the test modules: one model name, one Ollama look-alike, one poll wait."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.testing.server import LoopbackServer
+from tests.conftest import Gateway, metric_value
+
+MODEL = "llama3.2:latest"
+
+
+class OllamaLookalike:
+    """A stand-in Ollama over Starlette; a subclass writes `generate`, a test sets `tags`/`ps`.
+
+    It serves `/api/version`, `/api/tags` (the JSON in `tags`), `/api/ps` (the JSON in `ps`;
+    not routed when `serve_ps` is false) and `generate` at every path in `generate_paths`.
+    """
+
+    def __init__(
+        self,
+        *,
+        tags: Any = None,
+        serve_ps: bool = True,
+        generate_paths: tuple[str, ...] = ("/api/generate",),
+    ) -> None:
+        self.tags: Any = {"models": [{"model": MODEL}]} if tags is None else tags
+        self.ps: Any = {"models": []}
+        routes = [Route("/api/version", self._version), Route("/api/tags", self._tags)]
+        if serve_ps:
+            routes.append(Route("/api/ps", self._ps))
+        routes += [Route(path, self.generate, methods=["POST"]) for path in generate_paths]
+        self.app = Starlette(routes=routes)
+
+    async def _version(self, _: Request) -> Response:
+        return JSONResponse({"version": "0.33.0"})
+
+    async def _tags(self, _: Request) -> Response:
+        return JSONResponse(self.tags)
+
+    async def _ps(self, _: Request) -> Response:
+        return JSONResponse(self.ps)
+
+    async def generate(self, request: Request) -> Response:
+        """The answer to `/api/generate` (and any other path in `generate_paths`)."""
+        raise NotImplementedError
+
+
+Lookalike = TypeVar("Lookalike", bound=OllamaLookalike)
+
+
+def served(upstream: Lookalike) -> Iterator[tuple[Lookalike, str]]:
+    """`upstream` on a loopback server, and its URL (a fixture does `yield from served(...)`)."""
+    with LoopbackServer(upstream.app) as server:
+        yield upstream, server.url
+
+
+def ndjson(*lines: dict[str, Any]) -> str:
+    """The NDJSON text of `lines`: one JSON object a line, each ended by a newline."""
+    return "".join(json.dumps(line) + "\n" for line in lines)
+
+
+def wait_polled(gw: Gateway, count: int) -> None:
+    """Wait (up to 5 s) until the gateway's monitor has seen `count` upstreams up."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if metric_value(gw.metrics_text(), "gateway_upstream_up") >= count:
+            return
+        time.sleep(0.05)
+
+
+def stream_generation(url: str, key: str, lines: list[dict[str, Any]]) -> int:
+    """Stream one generation of `MODEL` from the gateway at `url` as `key`; return its status.
+
+    Each NDJSON line is parsed and appended to `lines` as it arrives, so a caller whose stream
+    is cut keeps what came before the cut.
+    """
+    with httpx.stream(
+        "POST",
+        f"{url}/v1/generate",
+        json={"model": MODEL, "prompt": "x"},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    ) as response:
+        lines.extend(json.loads(line) for line in response.iter_lines() if line)
+        return response.status_code
