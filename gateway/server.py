@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import resource
 from types import FrameType
 
@@ -15,7 +16,7 @@ from gateway.coalesce import CoalescingHttpToolsProtocol
 from gateway.door import DoorLimits
 from gateway.lifecycle import Lifecycle
 from gateway.logs import configure_logging
-from gateway.settings import Settings
+from gateway.settings import Settings, unknown_variables
 
 logger = logging.getLogger("gateway.server")
 
@@ -83,6 +84,8 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
         port: Port; default `GATEWAY_PORT` (8080).
     """
     configure_logging(settings.log_level)  # every message escaped: no forged lines (gateway.logs)
+    for name in unknown_variables(os.environ):
+        logger.warning("%s is not a setting and is ignored (docs/configuration.md)", name)
     # httpx logs every request at INFO, which would be the upstream monitor's probes every few
     # seconds; the gateway's own access log already has one line per request.
     logging.getLogger("httpx").setLevel(logging.WARNING)

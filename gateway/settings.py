@@ -8,6 +8,7 @@ their own `Settings(...)`. Every field is listed with its default in `.env.examp
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, Field, HttpUrl, SecretStr, model_validator
@@ -313,3 +314,24 @@ class Settings(BaseSettings):
             host_header=self.upstream_host_header,
         )
         return [one]
+
+
+#: `GATEWAY_*` variables that are not settings: the scripts' and the test suite's own.
+NOT_SETTINGS = frozenset({"GATEWAY_WHEEL_CACHE", "GATEWAY_TEST_POSTGRES_URL"})
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """The `GATEWAY_*` names in `environ` that no setting reads, sorted.
+
+    pydantic-settings ignores them silently, so a typo (`GATEWAY_PROT=9999`) would leave the
+    port at 8080 with no word; `gateway serve` logs a warning for each.
+
+    Args:
+        environ: For example `os.environ`.
+    """
+    known = {f"GATEWAY_{name.upper()}" for name in Settings.model_fields} | NOT_SETTINGS
+    return sorted(
+        name
+        for name in environ
+        if name.upper().startswith("GATEWAY_") and name.upper() not in known
+    )

@@ -70,3 +70,16 @@ def test_one_upstream_comes_from_the_single_upstream_settings():
         _env_file=None, upstream_url="http://127.0.0.1:8000", upstream_dialect="openai"
     ).upstream_specs
     assert (spec.name, spec.dialect) == ("127.0.0.1:8000", "openai")
+
+
+def test_a_misspelled_variable_is_named_not_silently_ignored() -> None:
+    from gateway.settings import unknown_variables
+
+    environ = {
+        "GATEWAY_PROT": "9999",  # a typo of GATEWAY_PORT
+        "GATEWAY_PORT": "8081",
+        "gateway_log_levl": "debug",
+        "GATEWAY_WHEEL_CACHE": "/cache",  # the scripts' own
+        "HOME": "/root",
+    }
+    assert unknown_variables(environ) == ["GATEWAY_PROT", "gateway_log_levl"]
