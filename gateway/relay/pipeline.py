@@ -83,14 +83,15 @@ class Relay:
             state["model"] = model
             if not principal.allows_model(model):
                 raise ForbiddenError(f"this API key may not use model '{model}'")
-            # A header the upstream hop cannot carry is this client's 400, before any tokens.
+            # Only what the upstream hop can carry is forwarded (a bad value is left out).
             headers = upstream_request_headers(
                 request.headers.items(), request_id=state.get("request_id", "-")
             )
             expected = estimate_tokens(body, self.settings.tpm_reserve_tokens)
             await self.limiter.reserve(admission, expected)
         except BaseException:  # refused (or cancelled) after admission: no leaked slot
-            await self.limiter.release(admission, 0)
+            with anyio.CancelScope(shield=True):  # a cancelled scope would skip the release
+                await self.limiter.release(admission, 0)
             raise
         meter = RequestMeter(
             metrics=self.metrics,
