@@ -11,17 +11,18 @@ from fastapi import FastAPI
 
 from gateway import __version__
 from gateway.access import AccessMiddleware
+from gateway.api.health import router as health_router
+from gateway.api.ollama.routes import generation_routes as ollama_routes
+from gateway.api.openai.routes import generation_routes as openai_routes
+from gateway.api.openai.routes import router as openai_router
 from gateway.auth.authenticator import KeyAuthenticator
 from gateway.deps import GatewayState
 from gateway.errors import register_error_handlers
-from gateway.health import router as health_router
 from gateway.keys.store import KeyStore
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import Metrics
 from gateway.ratelimit.limiter import KeyLimiter, build_storage, close_storage
 from gateway.relay.pipeline import Relay
-from gateway.relay.routes import generation_routes
-from gateway.relay.routes import router as relay_router
 from gateway.settings import Settings
 from gateway.upstream.pool import open_pool
 
@@ -94,8 +95,8 @@ def create_app(
         redirect_slashes=False,  # a redirect would be built from the client's Host header
     )
     register_error_handlers(app)
-    app.router.routes.extend(generation_routes)
-    app.include_router(relay_router)
+    app.router.routes.extend([*ollama_routes, *openai_routes])
+    app.include_router(openai_router)
     app.include_router(health_router)
     app.add_route("/metrics", metrics.endpoint, methods=["GET"], include_in_schema=False)
     app.add_middleware(AccessMiddleware, trusted_proxies=settings.trusted_proxy_networks)

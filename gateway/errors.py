@@ -5,7 +5,8 @@ Hierarchy (each carries an HTTP status and a message that is safe to show a clie
     GatewayError
     ├── BadRequestError            400  body is empty, not UTF-8, not JSON, or nested too deep
     ├── UnauthorizedError          401  key missing, unknown, revoked, expired (WWW-Authenticate)
-    ├── ForbiddenError             403  the key may not use this model
+    ├── ForbiddenError             403  the key may not use this model (or this endpoint)
+    ├── NotFoundError              404  no such model (`/v1/models/{model}`, `/api/show`)
     ├── PayloadTooLargeError       413  body over GATEWAY_MAX_BODY_BYTES
     ├── UnprocessableError         422  not an object, or the wrong shape (model missing, ...)
     │   └── UntranslatableRequestError 422 the upstream's dialect cannot express the request
@@ -22,10 +23,12 @@ Hierarchy (each carries an HTTP status and a message that is safe to show a clie
 Every upstream error says whose fault it is (`blame`, see `Blame`): the circuit breaker and the
 retries act on that (docs/operations.md, "Whose fault is a failure").
 
-Bodies follow the client's dialect: Ollama's `{"error": "..."}` on the Ollama-shaped routes
-(reference section 4.1) and OpenAI's `{"error": {"message", "type", "param", "code"}}` on
-`/v1/models`. A failure after the first streamed byte cannot change the status any more; the relay
-turns it into one final NDJSON `{"error": ...}` line instead (reference section 4.3).
+Bodies follow the client's surface: Ollama's `{"error": "..."}` on `/api/*`, `/v1/generate`,
+`/v1/chat` and everything outside `/v1/` (reference section 4.1), and OpenAI's
+`{"error": {"message", "type", "param", "code"}}` on every other `/v1/` path, unknown ones
+included, so the OpenAI SDKs raise their typed exceptions. A failure after the first streamed
+byte cannot change the status any more; the relay turns it into one final error chunk in the
+client's format instead (reference section 4.3).
 """
 
 from __future__ import annotations
@@ -45,8 +48,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger("gateway.errors")
 
-#: Routes whose clients speak OpenAI's error dialect; every other route speaks Ollama's.
-OPENAI_DIALECT_PATHS = ("/v1/models",)
+#: The `/v1/` routes that take Ollama's bodies, and so answer errors in Ollama's shape.
+OLLAMA_V1_PATHS = frozenset({"/v1/generate", "/v1/chat"})
+
+
+def speaks_openai(path: str) -> bool:
+    """Whether a request path belongs to the OpenAI surface (its errors are OpenAI objects)."""
+    return path.startswith("/v1/") and path not in OLLAMA_V1_PATHS
 
 
 class GatewayError(Exception):
@@ -90,6 +98,13 @@ class ForbiddenError(GatewayError):
 
     status_code = 403
     outcome = "forbidden"
+
+
+class NotFoundError(GatewayError):
+    """No such model, or none this key may see (404; Ollama's and OpenAI's status for it)."""
+
+    status_code = 404
+    outcome = "not_found"
 
 
 class PayloadTooLargeError(GatewayError):
@@ -273,12 +288,28 @@ def ollama_error_body(message: str) -> bytes:
     return json.dumps({"error": message}).encode()
 
 
+#: OpenAI's error `type` and `code` by status (what api.openai.com sends for each).
+_OPENAI_ERRORS: dict[int, tuple[str, str | None]] = {
+    400: ("invalid_request_error", None),
+    401: ("invalid_request_error", "invalid_api_key"),
+    403: ("permission_error", None),
+    404: ("invalid_request_error", "not_found"),
+    405: ("invalid_request_error", None),
+    408: ("invalid_request_error", "timeout"),
+    413: ("invalid_request_error", "request_too_large"),
+    422: ("invalid_request_error", None),
+    429: ("rate_limit_error", "rate_limit_exceeded"),
+}
+
+
 def openai_error_body(message: str, status_code: int) -> bytes:
-    """Serialize OpenAI's error object; `type` follows Ollama's mapping (reference section 4.1)."""
-    kind = {400: "invalid_request_error", 404: "not_found_error"}.get(status_code, "api_error")
-    if status_code in (401, 403):
-        kind = "authentication_error" if status_code == 401 else "permission_error"
-    error: dict[str, Any] = {"message": message, "type": kind, "param": None, "code": None}
+    """Serialize OpenAI's error object `{"error": {"message", "type", "param", "code"}}`.
+
+    The SDKs choose their exception by the status (`openai.AuthenticationError` for 401,
+    `RateLimitError` for 429, ...); `type` and `code` are what OpenAI itself sends with it.
+    """
+    kind, code = _OPENAI_ERRORS.get(status_code, ("server_error", None))
+    error: dict[str, Any] = {"message": message, "type": kind, "param": None, "code": code}
     return json.dumps({"error": error}).encode()
 
 
@@ -288,12 +319,12 @@ def error_response(
     """Build the error response for `path` in its clients' dialect.
 
     Args:
-        path: Request path; decides the dialect (see `OPENAI_DIALECT_PATHS`).
+        path: Request path; decides the shape (`speaks_openai`).
         status_code: HTTP status.
         message: Client-safe message.
         headers: Extra headers such as `WWW-Authenticate` or `Retry-After`.
     """
-    if path.startswith(OPENAI_DIALECT_PATHS):
+    if speaks_openai(path):
         body = openai_error_body(message, status_code)
     else:
         body = ollama_error_body(message)

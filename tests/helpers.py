@@ -93,3 +93,14 @@ def stream_generation(url: str, key: str, lines: list[dict[str, Any]]) -> int:
     ) as response:
         lines.extend(json.loads(line) for line in response.iter_lines() if line)
         return response.status_code
+
+
+def parse_ollama(
+    raw: bytes, operation: str, *, max_depth: int = 64, max_values: int = 100_000
+) -> dict[str, Any]:
+    """Check an Ollama generate or chat body as the gateway does; return the checked body."""
+    from gateway.api.ollama.schema import parse_generation
+    from gateway.settings import Settings
+
+    settings = Settings(max_json_depth=max_depth, max_json_values=max_values)
+    return parse_generation(raw, operation, settings).body  # type: ignore[arg-type]

@@ -18,10 +18,10 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from gateway.errors import BadRequestError
-from gateway.relay.body import parse_body
 from gateway.testing.server import LoopbackServer
 from tests.conftest import Gateway
 from tests.helpers import OllamaLookalike, ndjson
+from tests.helpers import parse_ollama as parse_body
 
 ALLOWED = "llama3.2:latest"
 FORBIDDEN = "qwen2.5:7b"
@@ -147,13 +147,18 @@ def test_case_is_free_where_go_decodes_into_maps_or_schemas():
 
 
 def test_the_upstream_body_is_serialised_from_the_checked_dict():
+    from gateway.api.ollama.schema import parse_generation
+    from gateway.settings import Settings
     from gateway.upstream.ollama import OllamaDialect
     from gateway.upstream.openai_request import to_openai_request
 
     body = parse_body(
         b'{"model":"m","prompt":"x","options":{"num_predict":3}}', "generate", max_depth=64
     )
-    call = OllamaDialect().build_request("generate", body, {})
+    request = parse_generation(
+        b'{"model":"m","prompt":"x","options":{"num_predict":3}}', "generate", Settings()
+    )
+    call = OllamaDialect().build_request(request, {})
     assert go_decode(call.content) == {**body, "stream": True}
     _, payload = to_openai_request("generate", body)
     assert (payload["model"], payload["max_tokens"]) == ("m", 3)

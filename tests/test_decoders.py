@@ -12,9 +12,9 @@ import json
 
 import pytest
 
+from gateway.neutral import Chunk
 from gateway.upstream.dialect import (
     MAX_LINE_BYTES,
-    Chunk,
     LineSplitter,
     StreamBrokenError,
     StreamDecoder,
@@ -59,13 +59,14 @@ def test_line_splitter_refuses_an_over_long_line() -> None:
 def test_ndjson_any_cut_gives_the_same_chunks(cut: int) -> None:
     whole = _decode(NdjsonDecoder(), [ANSWER])
     split = _decode(NdjsonDecoder(), [ANSWER[:cut], ANSWER[cut:]])
-    assert [c.line for c in split] == [c.line for c in whole] == ANSWER.splitlines(keepends=True)
-    assert split[-1].is_done
+    assert [c.raw for c in split] == [c.raw for c in whole] == ANSWER.splitlines(keepends=True)
+    assert split[-1].done
+    assert [c.text for c in split] == ["Hé", " 世界", ""]
 
 
 def test_ndjson_byte_by_byte() -> None:
     chunks = _decode(NdjsonDecoder(), [ANSWER[i : i + 1] for i in range(len(ANSWER))])
-    assert b"".join(c.line for c in chunks) == ANSWER
+    assert b"".join(c.raw for c in chunks) == ANSWER
 
 
 def test_ndjson_stops_at_done_and_ignores_what_follows() -> None:
@@ -80,7 +81,7 @@ def test_ndjson_stops_at_done_and_ignores_what_follows() -> None:
 def test_ndjson_error_line_is_the_last_chunk() -> None:
     decoder = NdjsonDecoder()
     chunks = decoder.feed(b'{"response":"a","done":false}\n{"error":"boom"}\n{"done":true}\n')
-    assert [c.is_error for c in chunks] == [False, True]
+    assert [c.error is not None for c in chunks] == [False, True]
     assert decoder.finished
 
 
@@ -88,8 +89,8 @@ def test_ndjson_unterminated_final_line_gets_its_newline() -> None:
     decoder = NdjsonDecoder()
     assert decoder.feed(b'{"response":"","done":true}') == []
     [final] = decoder.end()
-    assert final.is_done
-    assert final.line == b'{"response":"","done":true}\n'
+    assert final.done
+    assert final.raw == b'{"response":"","done":true}\n'
 
 
 def test_ndjson_blank_lines_are_skipped() -> None:
@@ -132,17 +133,18 @@ SSE = (
 
 
 def _sse() -> SseDecoder:
-    return SseDecoder("chat", "m", started=0.0, sent=0.0)
+    return SseDecoder(started=0.0, sent=0.0)
 
 
 @pytest.mark.parametrize("cut", range(1, len(SSE), 7))
 def test_sse_any_cut_gives_the_same_chunks(cut: int) -> None:
     chunks = _decode(_sse(), [SSE[:cut], SSE[cut:]])
-    texts = [c.data["message"]["content"] for c in chunks]
+    texts = [c.text for c in chunks]
     assert texts == ["Hi", " there", ""]
-    final = chunks[-1].data
-    assert final["done"] is True
-    assert (final["prompt_eval_count"], final["eval_count"]) == (5, 2)
+    final = chunks[-1]
+    assert final.done
+    assert final.stats is not None
+    assert (final.stats.prompt_eval_count, final.stats.eval_count) == (5, 2)
 
 
 def test_sse_eof_before_done_is_truncation() -> None:
@@ -155,7 +157,7 @@ def test_sse_eof_before_done_is_truncation() -> None:
 def test_sse_error_event_ends_the_stream() -> None:
     decoder = _sse()
     chunks = decoder.feed(b'data: {"error":{"message":"overloaded"}}\n\ndata: [DONE]\n\n')
-    assert [c.data for c in chunks] == [{"error": "overloaded"}]
+    assert [c.error for c in chunks] == ["overloaded"]
     assert decoder.finished
 
 
@@ -169,11 +171,11 @@ def test_good_chunks_before_a_malformed_line_travel_with_the_error() -> None:
     good = ANSWER.splitlines(keepends=True)[:2]
     with pytest.raises(StreamBrokenError, match="malformed NDJSON line") as raised:
         NdjsonDecoder().feed(b"".join(good) + b"{broken\n")
-    assert [c.line for c in raised.value.chunks] == good
+    assert [c.raw for c in raised.value.chunks] == good
 
 
 def test_good_sse_events_before_a_malformed_one_travel_with_the_error() -> None:
     payload = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\ndata: {oops}\n\n'
     with pytest.raises(StreamBrokenError, match="malformed SSE event") as raised:
         _sse().feed(payload)
-    assert [c.data["message"]["content"] for c in raised.value.chunks] == ["Hi"]
+    assert [c.text for c in raised.value.chunks] == ["Hi"]

@@ -12,6 +12,7 @@ import socket
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -20,7 +21,8 @@ import pytest
 from gateway.auth.principal import Principal
 from gateway.errors import RateLimitedError
 from gateway.metrics import Metrics
-from gateway.ratelimit.estimate import estimate_tokens
+from gateway.ratelimit.estimate import TokenEstimate
+from gateway.ratelimit.estimate import estimate_tokens as _estimate_request
 from gateway.ratelimit.limiter import KeyLimiter, build_storage
 from gateway.settings import Settings
 from tests.conftest import Emulator, Gateway, metric_value
@@ -28,6 +30,18 @@ from tests.test_ratelimit import MODEL, REDIS_URL, _generations, _redis_up
 
 #: A prompt of 4 bytes: estimated at one token.
 PROMPT = "tiny"
+
+
+def estimate_tokens(body: dict[str, Any], default_output: int) -> TokenEstimate:
+    """The estimate of an Ollama body, parsed as the gateway parses it."""
+    import json
+
+    from gateway.api.ollama.schema import parse_generation
+    from gateway.settings import Settings
+
+    operation = "chat" if "messages" in body else "generate"
+    raw = json.dumps({"model": "m", **body}).encode()
+    return _estimate_request(parse_generation(raw, operation, Settings()), default_output)
 
 
 def _generate(

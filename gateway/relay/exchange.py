@@ -4,7 +4,8 @@ Timeouts (seconds, from `Settings`): the first-byte deadline covers connecting, 
 waiting for the first chunk (Ollama sends its headers only with the first token, reference
 section 1); the idle deadline covers each later read. A failure before the first chunk raises a
 `GatewayError` (a real status for the client); a failure after it ends the stream with one
-`{"error": ...}` line (reference section 4.3) and is kept in `failure`.
+error chunk, which the client surface writes in its own format (an NDJSON `{"error": ...}` line,
+reference section 4.3, or an SSE error event), and is kept in `failure`.
 
 Every upstream error carries its `blame` (`gateway.errors.Blame`): the caller feeds the circuit
 breaker from it, and only failures that are not the request's are retried. The upstream request
@@ -22,7 +23,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 import httpx
@@ -45,11 +46,12 @@ from gateway.errors import (
     UpstreamUnavailableError,
     parse_retry_after,
 )
+from gateway.neutral import Chunk, GenerationRequest
 from gateway.relay.deadline import IdleDeadline
 from gateway.relay.meter import RequestMeter
 from gateway.settings import Settings
 from gateway.upstream.client import GenerationClient
-from gateway.upstream.dialect import Chunk, Dialect, Route, StreamBrokenError, StreamDecoder
+from gateway.upstream.dialect import Dialect, StreamBrokenError, StreamDecoder
 
 logger = logging.getLogger("gateway.relay")
 
@@ -78,16 +80,14 @@ class Exchange:
         *,
         client: GenerationClient,
         dialect: Dialect,
-        route: Route,
-        body: dict[str, Any],
+        request: GenerationRequest,
         headers: dict[str, str],
         settings: Settings,
         meter: RequestMeter,
     ) -> None:
         self._client = client
         self._dialect = dialect
-        self._route = route
-        self._body = body
+        self._generation = request
         self._headers = headers
         self._settings = settings
         self._meter = meter
@@ -133,9 +133,9 @@ class Exchange:
             raise self._count(UpstreamUnavailableError(message), "stream") from exc
         assert self._first is not None  # noqa: S101 - set by a successful attempt
         first = self._first[0]
-        if first.is_error:
+        if first.error is not None:
             await self.aclose()
-            error = UpstreamStatusError(500, str(first.data["error"]))
+            error = UpstreamStatusError(500, first.error)
             raise self._count(error, _status_kind(error))
 
     def _build_request(self) -> httpx.Request:
@@ -146,7 +146,7 @@ class Exchange:
                 headers; a gateway-side failure caused by the request, so no upstream's fault.
         """
         try:
-            call = self._dialect.build_request(self._route, self._body, self._headers)
+            call = self._dialect.build_request(self._generation, self._headers)
             return self._client.request(call.path, call.content, call.headers)
         except Exception as exc:
             logger.warning("cannot build the upstream request: %r", exc)
@@ -188,7 +188,7 @@ class Exchange:
         encoding = response.headers.get("content-encoding", "identity").lower()
         if encoding != "identity":
             raise StreamBrokenError(f"upstream sent a compressed answer ({encoding})")
-        self._decoder = self._dialect.decoder(self._route, self._body, self._meter.arrival, sent)
+        self._decoder = self._dialect.decoder(self._generation, self._meter.arrival, sent)
         # The transport's own byte stream, read directly: httpx's `aiter_raw` adds a generator
         # and a chunker per read and nothing this relay uses. A body a test transport has read
         # already comes from httpx's copy.
@@ -301,7 +301,7 @@ class Exchange:
                     self.failure = error or UpstreamError("upstream stream failed")
                     self.outcome = self.failure.outcome
                     logger.warning("upstream stream failed: %s", self.failure.message)
-                    yield [Chunk.error(self.failure.message)]
+                    yield [Chunk.failure(self.failure.message)]
                     return
                 yield batch
                 # Only a batch's last chunk can end the answer: decoders stop there.
@@ -329,13 +329,13 @@ class Exchange:
                     return
 
     def _finished_by(self, chunk: Chunk) -> bool:
-        if chunk.is_error:
+        if chunk.error is not None:
             # The model's own error text: a prompt may provoke it as well as a broken server.
-            self.failure = UpstreamError(str(chunk.data["error"]), blame="either")
+            self.failure = UpstreamError(chunk.error, blame="either")
             self.outcome = "upstream_error"
             self._metrics.upstream_errors.labels("stream").inc()
             return True
-        if chunk.is_done:
+        if chunk.done:
             self.outcome = "completed"
             return True
         return False

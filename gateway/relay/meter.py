@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.metrics import Metrics, RequestSeries
-from gateway.upstream.dialect import Chunk
+from gateway.neutral import Chunk, Stats
 
 
 @dataclass
@@ -39,7 +39,7 @@ class RequestMeter:
         first_token: perf-counter seconds of the first generated token, or None.
         last_token: perf-counter seconds of the latest generated token, or None.
         text_chunks: Chunks with generated text seen so far.
-        final: The final chunk's data (`done: true`), when one arrived.
+        final: The final chunk's stats, when one arrived.
         outcome: `completed`, `client_disconnect`, `upstream_error`, `timeout`, ...
     """
 
@@ -53,7 +53,7 @@ class RequestMeter:
     first_token: float | None = None
     last_token: float | None = None
     text_chunks: int = 0
-    final: dict[str, Any] | None = None
+    final: Stats | None = None
     outcome: str | None = None
     status: int = 200
     finished: bool = field(default=False, repr=False)
@@ -65,14 +65,14 @@ class RequestMeter:
 
     def observe(self, chunk: Chunk) -> None:
         """Account for one chunk just before it goes to the client."""
-        if chunk.generated_text or chunk.has_tool_calls:
+        if chunk.text or chunk.thinking or chunk.tool_calls:
             now = time.perf_counter()
             if self.first_token is None:
                 self.first_token = now
             self.last_token = now
             self.text_chunks += 1
-        if chunk.is_done:
-            self.final = chunk.data
+        if chunk.done:
+            self.final = chunk.stats or Stats()
 
     @property
     def ttft(self) -> float | None:
@@ -82,18 +82,18 @@ class RequestMeter:
     @property
     def input_tokens(self) -> int:
         """Prompt tokens reported by the upstream (0 when unknown: stream cut short)."""
-        return _count((self.final or {}).get("prompt_eval_count")) or 0
+        return (self.final.prompt_eval_count if self.final else None) or 0
 
     @property
     def output_tokens(self) -> int:
         """Generated tokens: upstream's `eval_count`, else the text chunks relayed."""
-        return _count((self.final or {}).get("eval_count")) or self.text_chunks
+        return (self.final.eval_count if self.final else None) or self.text_chunks
 
     def decode_rate(self) -> tuple[float, float] | None:
         """Return (output tokens per second, seconds per output token), or None if unknown."""
         rate = self._reported_rate("eval_count", "eval_duration")
         if rate is not None:
-            count = _count((self.final or {}).get("eval_count")) or 1
+            count = (self.final.eval_count if self.final else None) or 1
             return rate, count / rate / max(count - 1, 1)
         if self.first_token is None or self.last_token is None or self.text_chunks < 2:
             return None
@@ -104,8 +104,9 @@ class RequestMeter:
 
     def _reported_rate(self, count_field: str, duration_field: str) -> float | None:
         """`count / duration * 1e9` from the final chunk, if the upstream reported both."""
-        final = self.final or {}
-        count, duration_ns = _count(final.get(count_field)), _count(final.get(duration_field))
+        final = self.final or Stats()
+        count: int | None = getattr(final, count_field)
+        duration_ns: int | None = getattr(final, duration_field)
         if not self.upstream_timings or not count or not duration_ns:
             return None
         return count / duration_ns * 1e9
@@ -161,16 +162,3 @@ class RequestMeter:
             "tokens_per_s": None if rate is None else round(rate[0], 3),
             "duration_s": round(time.perf_counter() - self.arrival, 6),
         }
-
-
-#: Largest count or duration trusted from an upstream: 2**53, the largest integer a float (and
-#: so a JSON number in most clients) holds exactly. Ollama's counts are tokens and its durations
-#: nanoseconds (2**53 ns is 104 days); anything larger is garbage and would overflow the rates.
-_MAX_TRUSTED = 2**53
-
-
-def _count(value: object) -> int | None:
-    """A positive integer from the upstream's JSON, else None (bad values are not trusted)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= _MAX_TRUSTED:
-        return None
-    return value

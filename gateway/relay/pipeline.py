@@ -1,10 +1,14 @@
 """The flow of one generation request, from a checked body to the finished response.
 
+The flow is the same for every client surface and upstream dialect: the surface's `Endpoint`
+(`gateway.relay.surface`) parses the body into a neutral `GenerationRequest` and supplies the
+codec that writes the answer; the upstream's dialect translates both ways.
+
 per-key RPM and in-flight limits -> read and check the body -> the key's model allow-list ->
 reserve its expected tokens in the key's TPM -> (the response starts running:
 `gateway.relay.response`) -> choose an upstream (gateway.upstream.pool) -> its slot (bounded
 queue) -> open the exchange (retries, first-byte deadline; on failure the next upstream) ->
-stream NDJSON, or aggregate for `stream:false` ->
+stream (the codec's NDJSON or SSE), or aggregate for `stream:false` ->
 finish: metrics, TPM settled (refund or charge), slots back.
 
 The endpoint does the checks and returns a `RelayResponse` for a `Generation`; everything from
@@ -32,15 +36,15 @@ from gateway.errors import (
 )
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import ALL_KEYS, Metrics
+from gateway.neutral import GenerationRequest
 from gateway.ratelimit.estimate import estimate_tokens
 from gateway.ratelimit.limiter import Admission, KeyLimiter
-from gateway.relay.aggregate import Aggregator
-from gateway.relay.body import parse_body, read_body
+from gateway.relay.body import read_body
 from gateway.relay.exchange import Exchange
 from gateway.relay.meter import RequestMeter
 from gateway.relay.response import RelayResponse
+from gateway.relay.surface import Codec, Endpoint
 from gateway.settings import Settings
-from gateway.upstream.dialect import Route, encode_json
 from gateway.upstream.headers import upstream_request_headers
 from gateway.upstream.pool import Upstream, UpstreamPool
 
@@ -55,8 +59,14 @@ class Relay:
     limiter: KeyLimiter
     lifecycle: Lifecycle
 
-    async def handle(self, request: Request, principal: Principal, route: Route) -> Response:
-        """Check and admit one `/v1/generate` or `/v1/chat` request; return its response.
+    async def handle(self, request: Request, principal: Principal, endpoint: Endpoint) -> Response:
+        """Check and admit one generation or embedding request; return its response.
+
+        Args:
+            request: The client's request (its body not read yet).
+            principal: The authenticated key.
+            endpoint: The surface's endpoint the route names: parses the body, encodes the
+                answer.
 
         The returned `RelayResponse` does the rest when the server runs it (module docstring).
 
@@ -73,13 +83,8 @@ class Relay:
         admission = await self.limiter.admit(principal)
         try:
             raw = await read_body(request, self.settings.max_body_bytes)
-            body = parse_body(
-                raw,
-                route,
-                max_depth=self.settings.max_json_depth,
-                max_values=self.settings.max_json_values,
-            )
-            model = body["model"]
+            generation_request = endpoint.parse(raw, self.settings)
+            model = generation_request.model
             state["model"] = model
             if not principal.allows_model(model):
                 raise ForbiddenError(f"this API key may not use model '{model}'")
@@ -87,7 +92,7 @@ class Relay:
             headers = upstream_request_headers(
                 request.headers.items(), request_id=state.get("request_id", "-")
             )
-            expected = estimate_tokens(body, self.settings.tpm_reserve_tokens)
+            expected = estimate_tokens(generation_request, self.settings.tpm_reserve_tokens)
             await self.limiter.reserve(admission, expected)
         except BaseException:  # refused (or cancelled) after admission: no leaked slot
             with anyio.CancelScope(shield=True):  # a cancelled scope would skip the release
@@ -95,15 +100,15 @@ class Relay:
             raise
         meter = RequestMeter(
             metrics=self.metrics,
-            route=f"/v1/{route}",
+            route=endpoint.route,
             model=self.pool.label(model),
             key=principal.name if self.settings.metrics_per_key else ALL_KEYS,
             arrival=state.get("arrival", time.perf_counter()),
         )
         generation = Generation(
-            self, state, route, body, headers, meter, admission, key=principal.key_id
+            self, state, generation_request, headers, meter, admission, key=principal.key_id
         )
-        return RelayResponse(generation, self.lifecycle)
+        return RelayResponse(generation, endpoint.codec(generation_request), self.lifecycle)
 
 
 class Generation:
@@ -112,7 +117,8 @@ class Generation:
     Attributes:
         meter: The request's measurements.
         headers: Extra response headers (the key's rate-limit headers).
-        streams: The client asked for NDJSON (`stream` true or absent) rather than one object.
+        request: The neutral request.
+        streams: The client asked for a stream (NDJSON, SSE) rather than one object.
         key: The API key's id, given to the circuit breaker with a failure the request may
             have caused (`gateway.upstream.breaker`).
     """
@@ -121,8 +127,7 @@ class Generation:
         self,
         relay: Relay,
         state: dict[str, Any],
-        route: Route,
-        body: dict[str, Any],
+        request: GenerationRequest,
         upstream_headers: dict[str, str],
         meter: RequestMeter,
         admission: Admission,
@@ -132,13 +137,12 @@ class Generation:
         self.relay = relay
         self.key = key  # the API key's id: whose request an ambiguous upstream failure was
         self.state = state
-        self.route = route
-        self.body = body
+        self.request = request
         self.upstream_headers = upstream_headers
         self.meter = meter
         self.admission = admission
         self.headers = admission.headers
-        self.streams = bool(body.get("stream", True))
+        self.streams = request.stream
         self.upstream: Upstream | None = None
         self.exchange: Exchange | None = None
         self.holds_slot = False
@@ -160,7 +164,7 @@ class Generation:
         relay = self.relay
         tried: set[str] = set()
         last: GatewayError | None = None
-        while (upstream := relay.pool.choose(str(self.body["model"]), tried)) is not None:
+        while (upstream := relay.pool.choose(self.request.model, tried)) is not None:
             if tried:
                 relay.metrics.upstream_failovers.inc()
             tried.add(upstream.name)
@@ -169,8 +173,7 @@ class Generation:
             self.exchange = exchange = Exchange(
                 client=upstream.generation,
                 dialect=upstream.dialect,
-                route=self.route,
-                body=self.body,
+                request=self.request,
                 headers=self.upstream_headers,
                 settings=relay.settings,
                 meter=self.meter,
@@ -219,23 +222,22 @@ class Generation:
             return None, None
         return False, self.key if error.blame == "either" else None
 
-    async def collect(self, exchange: Exchange) -> bytes:
+    async def collect(self, exchange: Exchange, codec: Codec) -> bytes:
         """Aggregate the whole stream for `stream:false` (reference section 2.4); JSON bytes.
 
         Raises:
             GatewayError: the upstream failed mid-answer; nothing was sent yet, so the client
                 gets a real status and the partial text is discarded, as Ollama does.
         """
-        aggregator = Aggregator()
         async with aclosing(exchange.batches()) as batches:
             async for batch in batches:
                 for chunk in batch:
                     self.meter.observe(chunk)
-                    if not chunk.is_error:
-                        aggregator.add(chunk)
+                    if chunk.error is None:
+                        codec.add(chunk)
         if exchange.failure is not None:
             raise exchange.failure
-        return encode_json(aggregator.result())
+        return codec.result()
 
     async def _release(self, healthy: bool | None, key: str | None = None) -> None:
         """Give the current upstream back: close the exchange, free the slot, tell the pool.

@@ -11,7 +11,8 @@ not an anyio task group: the group's bookkeeping cost about 30 µs per request
 
 Until the first byte is sent, a failure is raised as a `GatewayError`, which the app's error
 handlers turn into a real status in the client's dialect; after it, the stream ends with one
-`{"error": ...}` line (reference section 4.3). A client that reads nothing for
+error chunk in the client's format (the surface's `Codec`: an NDJSON `{"error": ...}` line,
+reference section 4.3, or an SSE error event). A client that reads nothing for
 `GATEWAY_IDLE_TIMEOUT` (the server's flow control holds a write that long) is treated as gone:
 its stream is closed and its slot freed. The outcome is recorded exactly once; a
 `BackgroundTask` would be skipped on disconnect (STYLE section 5).
@@ -31,8 +32,9 @@ from starlette.types import Message, Receive, Scope, Send
 
 from gateway.errors import ServiceUnavailableError
 from gateway.lifecycle import Lifecycle
+from gateway.neutral import Chunk
 from gateway.relay.deadline import IdleDeadline
-from gateway.upstream.dialect import Chunk
+from gateway.relay.surface import Codec
 
 if TYPE_CHECKING:
     from gateway.relay.exchange import Exchange
@@ -40,7 +42,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("gateway.relay")
 
-NDJSON = b"application/x-ndjson"
 JSON = b"application/json; charset=utf-8"
 
 #: Status for a request whose client left before any byte was sent (nginx's convention; it is
@@ -49,19 +50,21 @@ CLIENT_CLOSED_REQUEST = 499
 
 
 class RelayResponse(Response):
-    """Run a `Generation` and send its answer: NDJSON streamed unbuffered, or one JSON object.
+    """Run a `Generation` and send its answer: streamed unbuffered, or one JSON object.
 
     A `Response` subclass only so that FastAPI passes it through untouched; it renders itself.
 
     Args:
         generation: The admitted request (`gateway.relay.pipeline.Generation`).
-        lifecycle: Its stop signal ends the request; a running stream ends with an error line.
+        codec: Writes the answer in the client's format (`gateway.relay.surface.Codec`).
+        lifecycle: Its stop signal ends the request; a running stream ends with an error chunk.
     """
 
-    def __init__(self, generation: Generation, lifecycle: Lifecycle) -> None:
+    def __init__(self, generation: Generation, codec: Codec, lifecycle: Lifecycle) -> None:
         self.status_code = 200
         self.background = None
         self.generation = generation
+        self.codec = codec
         self.lifecycle = lifecycle
         self.raw_headers = [
             (name.lower().encode("latin-1"), value.encode("latin-1"))
@@ -123,7 +126,7 @@ class RelayResponse(Response):
             stall.close()
 
     async def _relay(self, exchange: Exchange, write: Send) -> None:
-        """Send the answer: NDJSON lines as they come, or one JSON object for `stream:false`.
+        """Send the answer: the codec's stream as chunks come, or one JSON object.
 
         Raises:
             TimeoutError: the client read nothing for `GATEWAY_IDLE_TIMEOUT` (flow control
@@ -131,7 +134,7 @@ class RelayResponse(Response):
             GatewayError: the `stream:false` answer failed before anything was sent.
         """
         if not self.generation.streams:
-            content = await self.generation.collect(exchange)
+            content = await self.generation.collect(exchange, self.codec)
             length = str(len(content)).encode()
             headers = [(b"content-type", JSON), (b"content-length", length), *self.raw_headers]
             self.started = True
@@ -139,16 +142,18 @@ class RelayResponse(Response):
             await write({"type": "http.response.body", "body": content, "more_body": False})
             return
         observe = self.generation.meter.observe
+        encode = self.codec.encode
         self.started = True
-        headers = [(b"content-type", NDJSON), *self.raw_headers]
+        headers = [(b"content-type", self.codec.media_type), *self.raw_headers]
         await write({"type": "http.response.start", "status": 200, "headers": headers})
         async with aclosing(exchange.batches()) as batches:
             async for batch in batches:
                 for chunk in batch:
                     observe(chunk)
                 # The chunks one upstream read completed go out in one write.
-                body = batch[0].line if len(batch) == 1 else b"".join([c.line for c in batch])
-                await write({"type": "http.response.body", "body": body, "more_body": True})
+                body = encode(batch)
+                if body:
+                    await write({"type": "http.response.body", "body": body, "more_body": True})
         await write({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _end(self, send: Send) -> None:
@@ -179,9 +184,9 @@ class RelayResponse(Response):
         await generation.finish(outcome)
 
     async def _end_with_error(self, send: Send, message: str) -> None:
-        """Send one final error line and end the body (reference section 4.3)."""
+        """Send one final error chunk and end the body (reference section 4.3)."""
         with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
-            line = Chunk.error(message).line
+            line = self.codec.encode([Chunk.failure(message)])
             await send({"type": "http.response.body", "body": line, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 

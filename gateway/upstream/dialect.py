@@ -1,11 +1,10 @@
-"""What every upstream dialect provides, the Ollama-shaped `Chunk` they yield, and line framing.
+"""What every upstream dialect provides, and the framing and JSON helpers they share.
 
-A dialect turns an app's Ollama-shaped request (`/v1/generate` or `/v1/chat`) into an
-`UpstreamCall`, and the upstream's streamed answer back into Ollama-shaped chunks
-(reference sections 2.3 and 3.2) with a `StreamDecoder`. Decoders do no I/O: the relay reads
-the body and feeds them the bytes it got (as h11 and wsproto do), so each read costs one
-function call, not a stack of async generators (docs/performance.md). The relay only ever sees
-`Chunk`s.
+A dialect turns a neutral `GenerationRequest` (`gateway.neutral`), whichever client surface it
+came through, into an `UpstreamCall`, and the upstream's answer back into neutral `Chunk`s with
+a `StreamDecoder`. Decoders do no I/O: the relay reads the body and feeds them the bytes it got
+(as h11 and wsproto do), so each read costs one function call, not a stack of async generators
+(docs/performance.md). The relay only ever sees `Chunk`s.
 """
 
 from __future__ import annotations
@@ -13,11 +12,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import httpx
 
-Route = Literal["generate", "chat"]
+from gateway.neutral import Chunk, GenerationRequest, Stats
 
 #: Longest NDJSON or SSE line accepted from an upstream, in bytes. A generated token is a few
 #: bytes; the final generate chunk carries `context` (a few ints per token), so allow a lot.
@@ -38,63 +37,6 @@ class StreamBrokenError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.chunks: list[Chunk] = []
-
-
-@dataclass(slots=True)
-class Chunk:
-    r"""One Ollama-shaped streamed object.
-
-    Attributes:
-        data: The parsed object: a generate chunk (`response`, `thinking`), a chat chunk
-            (`message.content`, `message.thinking`, `message.tool_calls`), the final chunk
-            (`done: true` plus metrics in nanoseconds), or an error line `{"error": str}`.
-        line: The NDJSON line sent to the client, ending in `\n`. For the Ollama dialect these
-            are the upstream's own bytes, relayed unchanged.
-    """
-
-    data: dict[str, Any]
-    line: bytes
-
-    @classmethod
-    def from_data(cls, data: dict[str, Any]) -> Chunk:
-        """Build a chunk whose line is `data` serialized compactly, as Go's encoder does."""
-        return cls(data, encode_json(data) + b"\n")
-
-    @classmethod
-    def error(cls, message: str) -> Chunk:
-        """Build the final error line `{"error": message}` (reference section 4.3)."""
-        return cls.from_data({"error": message})
-
-    @property
-    def is_error(self) -> bool:
-        """True for an `{"error": ...}` line."""
-        return "error" in self.data
-
-    @property
-    def is_done(self) -> bool:
-        """True for the final chunk (`done: true`)."""
-        return self.data.get("done") is True
-
-    @property
-    def generated_text(self) -> str:
-        """The generated text this chunk carries: response or content, plus thinking.
-
-        Thinking counts as generated output: those tokens are decoded like any other and are
-        included in Ollama's `eval_count` (reference section 9.2 item 6).
-        """
-        message = self.data.get("message")
-        source = message if isinstance(message, dict) else self.data
-        text = source.get("response") or source.get("content") or ""
-        thinking = source.get("thinking") or ""
-        return f"{thinking}{text}" if isinstance(text, str) and isinstance(thinking, str) else ""
-
-    @property
-    def has_tool_calls(self) -> bool:
-        """True when the chunk carries tool calls (they count as generated output too)."""
-        message = self.data.get("message")
-        return bool(isinstance(message, dict) and message.get("tool_calls")) or bool(
-            self.data.get("tool_calls")
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +61,10 @@ class UpstreamCall:
 
 
 class StreamDecoder(Protocol):
-    """Turns one upstream answer body into Ollama chunks: bytes in, chunks out, no I/O.
+    """Turns one upstream answer body into neutral chunks: bytes in, chunks out, no I/O.
 
     Attributes:
-        finished: The final chunk (`done: true`) or an error chunk has been returned; it is the
+        finished: The final chunk (`done`) or an error chunk has been returned; it is the
             last chunk, and later bytes are ignored.
     """
 
@@ -155,20 +97,19 @@ class Dialect(Protocol):
     #: False when the gateway synthesizes them from its own clock (OpenAI-compatible servers).
     reports_timings: bool
 
-    def build_request(
-        self, route: Route, body: dict[str, Any], headers: dict[str, str]
-    ) -> UpstreamCall:
-        """Translate an Ollama-shaped request body into the upstream request (always streaming)."""
+    def build_request(self, request: GenerationRequest, headers: dict[str, str]) -> UpstreamCall:
+        """Translate a neutral request into the upstream's request (generations always stream).
+
+        Raises:
+            ValueError: the request cannot be expressed in this dialect (the client's 422).
+        """
         ...
 
-    def decoder(
-        self, route: Route, body: dict[str, Any], started: float, sent: float
-    ) -> StreamDecoder:
+    def decoder(self, request: GenerationRequest, started: float, sent: float) -> StreamDecoder:
         """Return a decoder for one answer (status 200) to the request `build_request` made.
 
         Args:
-            route: Which app route this is.
-            body: The client's request body (for the model name).
+            request: The request (its operation and model name).
             started: `time.perf_counter()` when the gateway received the request (seconds).
             sent: `time.perf_counter()` when the upstream request was sent (seconds).
         """
@@ -252,6 +193,66 @@ def decode_object(line: bytes, what: str) -> dict[str, Any] | None:
     if not isinstance(data, dict):
         raise StreamBrokenError(f"upstream sent a non-object {what}")
     return data
+
+
+#: Largest count or duration trusted from an upstream: 2**53, the largest integer a float (and
+#: so a JSON number in most clients) holds exactly. Ollama's counts are tokens and its durations
+#: nanoseconds (2**53 ns is 104 days); anything larger is garbage and would overflow the rates.
+MAX_TRUSTED = 2**53
+
+
+def trusted_count(value: object) -> int | None:
+    """A positive integer from the upstream's JSON, else None (bad values are not trusted)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_TRUSTED:
+        return None
+    return value
+
+
+def ollama_stats(data: dict[str, Any]) -> Stats:
+    """The counts and durations of an Ollama final chunk or embed answer (section 2.3)."""
+    return Stats(
+        prompt_eval_count=trusted_count(data.get("prompt_eval_count")),
+        eval_count=trusted_count(data.get("eval_count")),
+        total_duration=trusted_count(data.get("total_duration")),
+        load_duration=trusted_count(data.get("load_duration")),
+        prompt_eval_duration=trusted_count(data.get("prompt_eval_duration")),
+        eval_duration=trusted_count(data.get("eval_duration")),
+    )
+
+
+class BodyDecoder:
+    """A whole JSON answer (embeddings): collected up to `MAX_LINE_BYTES`, parsed at EOF.
+
+    `parse` turns the object and the raw body into the one final chunk.
+
+    Raises (from `feed` and `end`):
+        StreamBrokenError: the body is too long, not a JSON object, or `parse` refused it.
+    """
+
+    def __init__(self, parse: Any) -> None:
+        self.finished = False
+        self._parse = parse
+        self._body = bytearray()
+
+    def feed(self, data: bytes) -> list[Chunk]:
+        """Collect `data`; the chunk comes at the end (see `StreamDecoder.feed`)."""
+        self._body += data
+        if len(self._body) > MAX_LINE_BYTES:
+            raise StreamBrokenError("upstream sent an over-long answer")
+        return []
+
+    def end(self) -> list[Chunk]:
+        """Parse the collected body into its final chunk."""
+        raw = bytes(self._body)
+        data = decode_object(raw, "JSON answer")
+        if data is None:
+            raise StreamBrokenError("upstream sent an empty answer")
+        try:
+            chunk: Chunk = self._parse(data, raw)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise StreamBrokenError("upstream sent an answer of the wrong shape") from exc
+        self.finished = True
+        return [chunk]
 
 
 def encode_json(data: Any) -> bytes:

@@ -1,10 +1,12 @@
-"""The `ollama` dialect: relay to Ollama's native `/api/generate` and `/api/chat`.
+"""The `ollama` dialect: Ollama's native `/api/generate`, `/api/chat`, `/api/embed`.
 
-The body is forwarded as the client sent it, except that `stream` is forced to true: the gateway
-always streams from upstream so it can measure TTFT and notice a client going away, and builds a
-`stream:false` answer itself the way Ollama does (reference section 2.4). Each NDJSON line is
-relayed with the upstream's own bytes (reference section 1) and parsed only to observe it
-(`NdjsonDecoder`).
+A body from an Ollama client is forwarded as the client sent it, except that `stream` is forced
+to true: the gateway always streams from upstream so it can measure TTFT and notice a client
+going away, and builds a `stream:false` answer itself the way Ollama does (reference section
+2.4). A body from an OpenAI client is translated (`gateway.upstream.ollama_request`), so the
+meter keeps Ollama's exact counters and durations whatever the client speaks. Each NDJSON line
+becomes a neutral chunk that keeps the upstream's own bytes (reference section 1), relayed
+unchanged to an Ollama client (`NdjsonDecoder`).
 """
 
 from __future__ import annotations
@@ -14,18 +16,20 @@ from typing import Any
 
 import httpx
 
+from gateway.neutral import Chunk, GenerationRequest, ToolCall
 from gateway.upstream.dialect import (
-    Chunk,
+    BodyDecoder,
     LineSplitter,
     ModelInfo,
-    Route,
     StreamBrokenError,
     UpstreamCall,
     decode_object,
     encode_json,
+    ollama_stats,
 )
+from gateway.upstream.ollama_request import to_ollama_request
 
-_PATHS: dict[Route, str] = {"generate": "/api/generate", "chat": "/api/chat"}
+_PATHS = {"generate": "/api/generate", "chat": "/api/chat", "embed": "/api/embed"}
 
 
 class OllamaDialect:
@@ -35,21 +39,32 @@ class OllamaDialect:
     readiness_path = "/api/version"
     reports_timings = True
 
-    def build_request(
-        self, route: Route, body: dict[str, Any], headers: dict[str, str]
-    ) -> UpstreamCall:
-        """Return a POST to `/api/generate` or `/api/chat` with `stream: true`."""
-        content = encode_json({**body, "stream": True})
-        return UpstreamCall(_PATHS[route], content, {**headers, "content-type": "application/json"})
+    def build_request(self, request: GenerationRequest, headers: dict[str, str]) -> UpstreamCall:
+        """Return the POST for `request`: generations with `stream: true`, embeddings as asked.
+
+        Raises:
+            ValueError: an OpenAI body that Ollama's API cannot express.
+        """
+        headers = {**headers, "content-type": "application/json"}
+        if request.surface == "openai":
+            path, payload = to_ollama_request(request)
+            return UpstreamCall(path, encode_json(payload), headers)
+        if request.operation == "embed":
+            path = "/api/embeddings" if request.legacy else "/api/embed"
+            return UpstreamCall(path, encode_json(request.body), headers)
+        content = encode_json({**request.body, "stream": True})
+        return UpstreamCall(_PATHS[request.operation], content, headers)
 
     def decoder(
         self,
-        route: Route,  # noqa: ARG002 - part of the Dialect contract
-        body: dict[str, Any],  # noqa: ARG002
-        started: float,  # noqa: ARG002
+        request: GenerationRequest,
+        started: float,  # noqa: ARG002 - part of the Dialect contract
         sent: float,  # noqa: ARG002
-    ) -> NdjsonDecoder:
-        """Return a decoder for one NDJSON answer."""
+    ) -> NdjsonDecoder | BodyDecoder:
+        """Return a decoder for one answer: NDJSON for generations, one object for embeddings."""
+        if request.operation == "embed":
+            legacy = request.legacy and request.surface == "ollama"
+            return BodyDecoder(_legacy_embedding if legacy else _embeddings)
         return NdjsonDecoder()
 
     async def list_models(self, client: httpx.AsyncClient) -> list[ModelInfo]:
@@ -101,9 +116,9 @@ class NdjsonDecoder:
                 parsed = decode_object(line, "NDJSON line")
                 if parsed is None:
                     continue
-                chunk = Chunk(parsed, line)
+                chunk = from_ollama(parsed, line)
                 chunks.append(chunk)
-                if chunk.is_done or chunk.is_error:
+                if chunk.done or chunk.error is not None:
                     self.finished = True
                     break
         except StreamBrokenError as exc:
@@ -120,6 +135,71 @@ class NdjsonDecoder:
         if not self.finished:
             raise StreamBrokenError("upstream closed the stream before it finished")
         return chunks
+
+
+def from_ollama(data: dict[str, Any], line: bytes | None = None) -> Chunk:
+    """The neutral chunk of one Ollama stream object (reference sections 2.3, 3.2, 4.3)."""
+    if "error" in data:
+        return Chunk(error=str(data["error"]), native=data, raw=line)
+    message = data.get("message")
+    source = message if isinstance(message, dict) else data
+    text = source.get("content") if source is message else data.get("response")
+    thinking = source.get("thinking")
+    chunk = Chunk(
+        text=text if isinstance(text, str) else "",
+        thinking=thinking if isinstance(thinking, str) else "",
+        native=data,
+        raw=line,
+    )
+    calls = source.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        chunk.tool_calls = [_tool_call(i, call) for i, call in enumerate(calls)]
+    logprobs = data.get("logprobs")
+    if isinstance(logprobs, list):
+        chunk.logprobs = logprobs
+    if data.get("done") is True:
+        chunk.done = True
+        reason = data.get("done_reason")
+        chunk.done_reason = reason if isinstance(reason, str) else "stop"
+        chunk.stats = ollama_stats(data)
+    return chunk
+
+
+def _tool_call(index: int, call: object) -> ToolCall:
+    """A native tool call (`arguments` an object, section 3.1) in neutral form."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        return ToolCall(name="", arguments="{}", index=index)
+    arguments = function.get("arguments", {})
+    text = arguments if isinstance(arguments, str) else encode_json(arguments).decode()
+    call_id = call.get("id") if isinstance(call, dict) else None
+    position = function.get("index")
+    return ToolCall(
+        name=str(function.get("name") or ""),
+        arguments=text,
+        id=call_id if isinstance(call_id, str) else None,
+        index=position if isinstance(position, int) else index,
+    )
+
+
+def _embeddings(data: dict[str, Any], raw: bytes) -> Chunk:
+    """`/api/embed`'s answer (section 6.6) as the final chunk."""
+    if "error" in data:
+        return Chunk.failure(str(data["error"]))
+    vectors = data["embeddings"]
+    if not isinstance(vectors, list):
+        raise ValueError("embeddings is not a list")
+    return Chunk(done=True, embeddings=vectors, stats=ollama_stats(data), native=data, raw=raw)
+
+
+def _legacy_embedding(data: dict[str, Any], raw: bytes) -> Chunk:
+    """Legacy `/api/embeddings`' answer `{"embedding": [...]}` (section 6.6) as the final chunk."""
+    if "error" in data:
+        return Chunk.failure(str(data["error"]))
+    vector = data["embedding"]
+    if not isinstance(vector, list):
+        raise ValueError("embedding is not a list")
+    return Chunk(done=True, embeddings=[vector], native=data, raw=raw)
 
 
 def _unix_time(value: object) -> int:

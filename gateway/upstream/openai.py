@@ -1,8 +1,11 @@
-"""The `openai` dialect: serve Ollama-shaped requests from an OpenAI-compatible server.
+"""The `openai` dialect: serve every surface's requests from an OpenAI-compatible server.
 
 Works in front of llama.cpp's server, llama-cpp-python, vLLM and LM Studio.
 
-Requests: `/v1/chat` becomes `POST /v1/chat/completions`. `/v1/generate` becomes a chat
+Requests from OpenAI clients pass through, with `stream` forced on (and usage asked for); an
+embeddings request asks for floats (the OpenAI surface encodes base64 itself). Requests from
+Ollama clients are translated (`gateway.upstream.openai_request`): a chat becomes
+`POST /v1/chat/completions`. `/v1/generate` becomes a chat
 completion with the prompt as the user turn (and `system` as a system turn), because Ollama's
 generate applies the model's chat template to the prompt (reference section 2.1, `raw` and
 `template`); with `raw: true` it becomes `POST /v1/completions` with the prompt as is. The upstream
@@ -10,7 +13,7 @@ is always asked to stream with `stream_options.include_usage`, so token counts a
 client asked for neither (field failure F-17).
 
 Answers: SSE events (`data: {...}`, ending in `data: [DONE]`, reference section 7.1) become
-Ollama chunks, and a final `done: true` chunk carries `done_reason`, `prompt_eval_count` and
+neutral chunks, and a final chunk carries `done_reason` and `Stats`: `prompt_eval_count` and
 `eval_count` (from the upstream's usage, else counted chunks) and durations in nanoseconds
 measured by the gateway: `prompt_eval_duration` from sending the request to the first token,
 `eval_duration` from the measured decode rate (see `SseDecoder._eval_seconds`),
@@ -19,26 +22,26 @@ measured by the gateway: `prompt_eval_duration` from sending the request to the 
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 import httpx
 
+from gateway.neutral import Chunk, GenerationRequest, Stats, ToolCall
 from gateway.upstream.dialect import (
     MAX_LINE_BYTES,
-    Chunk,
+    BodyDecoder,
     LineSplitter,
     ModelInfo,
-    Route,
     StreamBrokenError,
     UpstreamCall,
     decode_object,
     encode_json,
-    rfc3339_now,
+    trusted_count,
 )
-from gateway.upstream.openai_request import to_openai_request
+from gateway.upstream.openai_request import to_openai_embedding, to_openai_request
 
+#: OpenAI's `finish_reason` in Ollama's `done_reason` terms (the neutral chunk's).
 _FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop", "eos": "stop"}
 
 
@@ -49,19 +52,31 @@ class OpenAIDialect:
     readiness_path = "/v1/models"
     reports_timings = False
 
-    def build_request(
-        self, route: Route, body: dict[str, Any], headers: dict[str, str]
-    ) -> UpstreamCall:
-        """Translate the Ollama-shaped body (see the module docstring)."""
-        path, payload = to_openai_request(route, body)
+    def build_request(self, request: GenerationRequest, headers: dict[str, str]) -> UpstreamCall:
+        """Pass an OpenAI body through, or translate an Ollama one (module docstring)."""
+        body = request.body
+        if request.operation == "embed":
+            if request.surface == "openai":
+                payload = {k: v for k, v in body.items() if k != "encoding_format"}
+            else:
+                payload = to_openai_embedding(request)
+            headers = {**headers, "content-type": "application/json"}
+            return UpstreamCall("/v1/embeddings", encode_json(payload), headers)
+        if request.surface == "openai":
+            path = "/v1/chat/completions" if request.operation == "chat" else "/v1/completions"
+            payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        else:
+            path, payload = to_openai_request(request.operation, body)
         headers = {**headers, "content-type": "application/json", "accept": "text/event-stream"}
         return UpstreamCall(path, encode_json(payload), headers)
 
     def decoder(
-        self, route: Route, body: dict[str, Any], started: float, sent: float
-    ) -> SseDecoder:
-        """Return a decoder translating one SSE answer into Ollama chunks (`SseDecoder`)."""
-        return SseDecoder(route, str(body.get("model", "")), started, sent)
+        self, request: GenerationRequest, started: float, sent: float
+    ) -> SseDecoder | BodyDecoder:
+        """Return a decoder for one answer: SSE for generations (`SseDecoder`), else JSON."""
+        if request.operation == "embed":
+            return BodyDecoder(_embeddings)
+        return SseDecoder(started, sent)
 
     async def list_models(self, client: httpx.AsyncClient) -> list[ModelInfo]:
         """Read `GET /v1/models` (OpenAI list shape; `data` may be null, reference section 7.3).
@@ -84,7 +99,7 @@ class OpenAIDialect:
 
 
 class SseDecoder:
-    """One SSE answer translated into NDJSON chunks. Times are `time.perf_counter()` seconds.
+    """One SSE answer translated into neutral chunks. Times are `time.perf_counter()` seconds.
 
     Events are dispatched at the blank line that ends them; `data: [DONE]` brings the final
     chunk (and one with the collected tool calls before it, if any). An event cut off by EOF is
@@ -94,9 +109,7 @@ class SseDecoder:
         StreamBrokenError: a malformed or over-long event, or EOF before `data: [DONE]`.
     """
 
-    def __init__(self, route: Route, model: str, started: float, sent: float) -> None:
-        self.route = route
-        self.model = model
+    def __init__(self, started: float, sent: float) -> None:
         self.started = started
         self.sent = sent
         self.finished = False
@@ -133,7 +146,7 @@ class SseDecoder:
                 translated = self._translate_event(payload)
                 if translated is not None:
                     chunks.append(translated)
-                    if translated.is_error:
+                    if translated.error is not None:
                         self.finished = True
                         break
         except StreamBrokenError as exc:
@@ -154,7 +167,7 @@ class SseDecoder:
         if "error" in event:
             error = event["error"]
             message = error.get("message") if isinstance(error, dict) else error
-            return Chunk.error(str(message or "upstream error"))
+            return Chunk.failure(str(message or "upstream error"))
         if isinstance(event.get("usage"), dict):
             self.usage = event["usage"]
         choices = event.get("choices") or []
@@ -162,20 +175,26 @@ class SseDecoder:
             return None
         choice = choices[0]
         self.finish_reason = choice.get("finish_reason") or self.finish_reason
-        delta = choice.get("delta") if self.route == "chat" or "delta" in choice else None
+        delta = choice.get("delta")
         if isinstance(delta, dict):
             self._collect_tool_calls(delta.get("tool_calls"))
             text = delta.get("content") or ""
             thinking = delta.get("reasoning_content") or delta.get("reasoning") or ""
         else:
             text, thinking = choice.get("text") or "", ""
-        if not text and not thinking:
+        logprobs = choice.get("logprobs")
+        content = logprobs.get("content") if isinstance(logprobs, dict) else None
+        if not isinstance(text, str) or not isinstance(thinking, str) or not (text or thinking):
             return None
         now = time.perf_counter()
         self.first_token = self.first_token or now
         self.last_token = now
         self.chunks_with_text += 1
-        return Chunk.from_data(self._chunk(text, thinking, done=False))
+        return Chunk(
+            text=text,
+            thinking=thinking,
+            logprobs=content if isinstance(content, list) else None,
+        )
 
     def _collect_tool_calls(self, calls: object) -> None:
         """Accumulate streamed tool-call fragments (OpenAI streams `arguments` in pieces)."""
@@ -196,24 +215,22 @@ class SseDecoder:
     def _finish(self) -> list[Chunk]:
         chunks = []
         if self.tool_calls:
-            calls = [_ollama_tool_call(i, slot) for i, slot in sorted(self.tool_calls.items())]
-            data = self._chunk("", "", done=False)
-            data["message"]["tool_calls"] = calls
-            chunks.append(Chunk.from_data(data))
+            calls = [
+                ToolCall(slot["name"], slot["args"] or "{}", slot.get("id"), index)
+                for index, slot in sorted(self.tool_calls.items())
+            ]
+            chunks.append(Chunk(tool_calls=calls))
         now = time.perf_counter()
-        final = self._chunk("", "", done=True)
-        final["done_reason"] = _FINISH_REASONS.get(self.finish_reason or "stop", "stop")
-        eval_count = int(self.usage.get("completion_tokens") or self.chunks_with_text)
-        metrics = {
-            "total_duration": _ns(now - self.started),
-            "prompt_eval_count": int(self.usage.get("prompt_tokens") or 0),
-            "prompt_eval_duration": _ns((self.first_token or now) - self.sent),
-            "eval_count": eval_count,
-            "eval_duration": _ns(self._eval_seconds(eval_count)),
-        }
-        # Ollama omits zero metrics (`omitempty`, reference section 1); so do we.
-        final.update({name: value for name, value in metrics.items() if value})
-        chunks.append(Chunk.from_data(final))
+        eval_count = trusted_count(self.usage.get("completion_tokens")) or self.chunks_with_text
+        stats = Stats(
+            prompt_eval_count=trusted_count(self.usage.get("prompt_tokens")),
+            eval_count=eval_count or None,
+            total_duration=_ns(now - self.started) or None,
+            prompt_eval_duration=_ns((self.first_token or now) - self.sent) or None,
+            eval_duration=_ns(self._eval_seconds(eval_count)) or None,
+        )
+        reason = _FINISH_REASONS.get(self.finish_reason or "stop", "stop")
+        chunks.append(Chunk(done=True, done_reason=reason, stats=stats))
         return chunks
 
     def _eval_seconds(self, eval_count: int) -> float:
@@ -229,33 +246,20 @@ class SseDecoder:
         span = self.last_token - self.first_token
         return eval_count * span / (self.chunks_with_text - 1)
 
-    def _chunk(self, text: str, thinking: str, *, done: bool) -> dict[str, Any]:
-        data: dict[str, Any] = {"model": self.model, "created_at": rfc3339_now()}
-        if self.route == "chat":
-            message: dict[str, Any] = {"role": "assistant", "content": text}
-            if thinking:
-                message["thinking"] = thinking
-            data["message"] = message
-        else:
-            data["response"] = text
-            if thinking:
-                data["thinking"] = thinking
-        data["done"] = done
-        return data
 
-
-def _ollama_tool_call(index: int, slot: dict[str, Any]) -> dict[str, Any]:
-    """Build a native tool call; `arguments` is an object there (reference section 3.1)."""
-    try:
-        arguments = json.loads(slot["args"]) if slot["args"] else {}
-    except ValueError:
-        arguments = {"_raw": slot["args"]}
-    call: dict[str, Any] = {
-        "function": {"index": index, "name": slot["name"], "arguments": arguments}
-    }
-    if slot.get("id"):
-        call["id"] = slot["id"]
-    return call
+def _embeddings(data: dict[str, Any], raw: bytes) -> Chunk:  # noqa: ARG001 - BodyDecoder's parse
+    """`/v1/embeddings`' answer (reference section 7.4) as the final chunk, vectors in order."""
+    if "error" in data:
+        error = data["error"]
+        message = error.get("message") if isinstance(error, dict) else error
+        return Chunk.failure(str(message or "upstream error"))
+    entries = sorted(data["data"], key=lambda entry: int(entry.get("index") or 0))
+    vectors = [entry["embedding"] for entry in entries]
+    if not all(isinstance(vector, list) for vector in vectors):
+        raise ValueError("embedding is not a list of numbers")
+    usage = data.get("usage") or {}
+    stats = Stats(prompt_eval_count=trusted_count(usage.get("prompt_tokens")))
+    return Chunk(done=True, embeddings=vectors, stats=stats)
 
 
 def _ns(seconds: float) -> int:

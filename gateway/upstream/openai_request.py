@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.upstream.dialect import Route
+from gateway.neutral import GenerationRequest, Operation
 
 #: Ollama `options` keys and their OpenAI-compatible names. `top_k`, `min_p`, `typical_p` and
 #: `repeat_penalty` are extensions that llama.cpp's server, llama-cpp-python and vLLM accept.
@@ -26,7 +26,7 @@ _OPTIONS = {
 }
 
 
-def to_openai_request(route: Route, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def to_openai_request(route: Operation, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """Return the upstream path and JSON payload for an Ollama-shaped body.
 
     Args:
@@ -49,6 +49,9 @@ def to_openai_request(route: Route, body: dict[str, Any]) -> tuple[str, dict[str
         ]
         if body.get("tools"):
             payload["tools"] = body["tools"]
+        think = body.get("think")
+        if isinstance(think, str) or think is False:
+            payload["reasoning_effort"] = think or "none"
     elif body.get("raw"):
         path = "/v1/completions"
         payload["prompt"] = body.get("prompt") or ""
@@ -74,6 +77,10 @@ def to_openai_request(route: Route, body: dict[str, Any]) -> tuple[str, dict[str
         # completion servers default to 16 tokens unless told otherwise. null means "no limit"
         # to llama-cpp-python and vLLM.
         payload["max_tokens"] = None
+    if body.get("logprobs"):
+        payload["logprobs"] = True
+        if isinstance(body.get("top_logprobs"), int):
+            payload["top_logprobs"] = body["top_logprobs"]
     response_format = _response_format(body.get("format"))
     if response_format:
         payload["response_format"] = response_format
@@ -121,3 +128,17 @@ def _response_format(fmt: object) -> dict[str, Any] | None:
     if isinstance(fmt, dict):
         return {"type": "json_schema", "json_schema": {"name": "response", "schema": fmt}}
     return None
+
+
+def to_openai_embedding(request: GenerationRequest) -> dict[str, Any]:
+    """The `/v1/embeddings` payload for Ollama's `/api/embed` or legacy `/api/embeddings` body.
+
+    `truncate` has no OpenAI counterpart: OpenAI-compatible servers refuse over-long input,
+    which the client then sees as the upstream's 400.
+    """
+    body = request.body
+    text = body.get("prompt", "") if request.legacy else body.get("input", "")
+    payload: dict[str, Any] = {"model": body["model"], "input": text, "encoding_format": "float"}
+    if isinstance(body.get("dimensions"), int):
+        payload["dimensions"] = body["dimensions"]
+    return payload

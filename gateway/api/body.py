@@ -1,0 +1,235 @@
+"""Checking client request bodies before anything is sent upstream (field failure F-36).
+
+Every surface parses its bodies here (`parse_object`), then checks their shape itself
+(`gateway.api.ollama.schema`, `gateway.api.openai.schema`). Status codes: 400 for a body that
+is not JSON (what Ollama answers, reference section 1: "Malformed JSON ... → 400"), 422 for
+JSON of the wrong shape (the surfaces' checks).
+
+The body the gateway checks must be the body Ollama acts on (issue 11). Ollama is Go: its
+`encoding/json` matches object keys to struct fields case-insensitively (Unicode simple
+folding: the Kelvin sign U+212A matches `k`, the long s U+017F matches `s`) and the last match
+wins, while Python's `json` keeps keys exact. `{"model":"a","MODEL":"b"}` would be authorised
+for `a` and served as `b`; so an object whose keys repeat, exactly or up to case, is refused at
+any depth, and so is a differently-cased spelling of a request or message field.
+
+Parsing work is bounded before the parser runs: a body within the size limit can still hold
+millions of tiny values (`[0,0,...]`) that keep the one event loop busy for seconds, and a
+worker thread would not help since the C parser holds the GIL throughout. `count_values` bounds
+the number of values with byte counts that run at C speed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from gateway.errors import BadRequestError, UnprocessableError
+
+#: Longest model name accepted (Ollama names are `namespace/name:tag`, far shorter).
+MAX_MODEL_NAME = 256
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+#: Longest integer literal accepted, sign included. Turning a decimal string into an int costs
+#: time quadratic in its digits (a few thousand 4,000-digit numbers held the event loop for a
+#: second); no Ollama or OpenAI field needs more than a 64-bit integer (20 digits).
+MAX_INT_DIGITS = 32
+
+
+def _bounded_int(text: str) -> int:
+    """Parse a JSON integer; refuse literals longer than `MAX_INT_DIGITS`."""
+    if len(text) > MAX_INT_DIGITS:
+        raise ValueError(f"integer {text[:20]}... has more than {MAX_INT_DIGITS} digits")
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    """Parse a JSON number; refuse ones that overflow to infinity (`1e999`)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:20]} is out of range")
+    return value
+
+
+#: The bytes that begin a value after the first in a container (`,`) or a container (`[`, `{`).
+_NOT_STRUCTURAL = bytes(b for b in range(256) if b not in b",[{")
+
+
+def count_values(raw: bytes, limit: int) -> int:
+    """Return the count of JSON values in `raw` that `GATEWAY_MAX_JSON_VALUES` limits.
+
+    Every value but the outermost is either a container's first element or follows a `,`, so
+    `1 + (count of , [ { outside strings)` bounds the values from above (an empty container
+    counts twice). Counting those bytes anywhere is a cheaper first bound; only when it passes
+    `limit` are the strings cut out. Invalid JSON may be over-counted: it is refused either way.
+
+    Args:
+        raw: The request body (any bytes).
+        limit: The count past which the exact figure does not matter.
+
+    Returns:
+        `1 + (count of , [ { outside strings)`: at least the number of values and at most
+        twice it. A figure up to `limit` may also count those bytes inside strings (the cheap
+        pass); a figure above it, only once the exact count passes `limit` too (or at least a
+        quarter of the quotes do).
+    """
+    bound = len(raw.translate(None, _NOT_STRUCTURAL)) + 1
+    if bound <= limit:
+        return bound
+    if b"\\" in raw:  # a backslash: escapes to drop, escaped backslashes first, so that
+        # every backslash-quote left is an escaped quote
+        raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    quotes = raw.count(b'"')
+    # Each string is a key or a value, and an object has as many values as keys: past this
+    # many quotes the values pass `limit`, and splitting would make that many objects.
+    if quotes > 4 * limit:
+        return max(limit + 1, quotes // 4)
+    outside = b"".join(raw.split(b'"')[::2])
+    return len(outside.translate(None, _NOT_STRUCTURAL)) + 1
+
+
+class _RepeatedKeyError(ValueError):
+    """An object repeats a key, exactly or up to case (what Go's decoder would fold together)."""
+
+
+def _shown(key: str) -> str:
+    """Quote a client's key for an error message, cut short (it is the client's text)."""
+    return repr(key if len(key) <= 40 else key[:40] + "...")
+
+
+def _fold(key: str) -> str:
+    """Fold `key` so that keys Go's `encoding/json` matches to each other fold alike.
+
+    `str.casefold` identifies at least what Go's simple folding does (the Kelvin sign and the
+    long s included) except the dotless i U+0131, which Go folds with `I` and `i`. It also
+    folds a few that Go keeps apart (`ß` and `ss`): that only refuses bodies no client sends.
+    """
+    return key.casefold().replace("\u0131", "i")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`object_pairs_hook` of `parse_body`: the object as a dict, if no two keys fold together.
+
+    Keys are compared by `_fold`.
+
+    Raises:
+        _RepeatedKeyError: two keys are equal, or equal up to case.
+    """
+    obj = dict(pairs)
+    if len(pairs) < 2:
+        return obj
+    if len(obj) == len(pairs):
+        # The common case, ASCII keys, folds with a method call (a third of the cost).
+        fold = str.lower if "".join(obj).isascii() else _fold
+        if len({fold(key) for key in obj}) == len(obj):
+            return obj
+    seen: dict[str, str] = {}
+    for key, _ in pairs:
+        first = seen.get(_fold(key))
+        if first is None:
+            seen[_fold(key)] = key
+        elif first == key:
+            raise _RepeatedKeyError(f"request body repeats the key {_shown(key)}")
+        else:
+            raise _RepeatedKeyError(
+                f"request body has both {_shown(first)} and {_shown(key)}: keys may not "
+                "differ only in case"
+            )
+    return obj  # pragma: no cover - a repeat was found above
+
+
+def check_spelling(obj: dict[str, Any], where: str) -> None:
+    """Refuse keys Go would match to a lowercase field the gateway reads by its exact name.
+
+    Ollama's request and message fields are all lowercase; `{"Options": {...}}` reaches its
+    `options` while the gateway, reading `options`, saw none (and metered none).
+
+    Raises:
+        BadRequestError: a key is not its own `_fold`.
+    """
+    for key in obj:
+        if _fold(key) != key:
+            raise BadRequestError(
+                f"{where} key {_shown(key)} is not lowercase: field names are case-sensitive here"
+            )
+
+
+def _depth(value: Any, limit: int) -> int:
+    """Return the nesting depth of `value` (a scalar counts one), stopping once past `limit`.
+
+    One level at a time, the per-element work in a list comprehension: at the value limit
+    this takes a few milliseconds where a stack of (item, level) pairs took tens.
+    """
+    deepest = 1
+    level = [value] if isinstance(value, dict | list) else []
+    depth = 1  # of the containers in `level`
+    while level and deepest <= limit:
+        below: list[Any] = []
+        for item in level:
+            children = item.values() if isinstance(item, dict) else item
+            if children:
+                deepest = depth + 1
+                below += [child for child in children if isinstance(child, dict | list)]
+        level = below
+        depth += 1
+    return deepest
+
+
+def parse_object(raw: bytes, *, max_depth: int, max_values: int = 100_000) -> dict[str, Any]:
+    """Parse a request body that must be one JSON object with a model name.
+
+    Args:
+        raw: The request body.
+        max_depth: Deepest nesting accepted.
+        max_values: Most JSON values accepted (`count_values`), checked before parsing.
+
+    Returns:
+        The body as a dict, with `model` a non-empty string of at most `MAX_MODEL_NAME`.
+
+    Raises:
+        BadRequestError: empty body, too many values, invalid UTF-8, invalid JSON (including
+            `NaN`, numbers that overflow, integers over `MAX_INT_DIGITS`), too deep, an object
+            with a key repeated exactly or up to case, a top-level key that is not lowercase.
+        UnprocessableError: not an object; `model` missing, too long or not a string;
+            `stream` not a bool.
+    """
+    if not raw.strip():
+        raise BadRequestError("missing request body")
+    if count_values(raw, max_values) > max_values:
+        raise BadRequestError(f"request body holds more than {max_values} JSON values")
+    try:
+        body = json.loads(
+            raw.decode("utf-8"),
+            parse_constant=_reject_constant,
+            parse_float=_finite_float,
+            parse_int=_bounded_int,
+            object_pairs_hook=_unique_keys,
+        )
+    except UnicodeDecodeError as exc:
+        raise BadRequestError("request body is not valid UTF-8") from exc
+    except _RepeatedKeyError as exc:
+        raise BadRequestError(str(exc)) from exc
+    except (ValueError, RecursionError) as exc:
+        raise BadRequestError(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise UnprocessableError("request body must be a JSON object")
+    if _depth(body, max_depth) > max_depth:
+        raise BadRequestError(f"request body is nested deeper than {max_depth} levels")
+    check_spelling(body, "request body")
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise UnprocessableError("model is required")
+    if len(model) > MAX_MODEL_NAME:
+        raise UnprocessableError(f"model name is longer than {MAX_MODEL_NAME} characters")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise UnprocessableError("stream must be true or false")
+    return body
+
+
+def text_bytes(value: object) -> int:
+    """UTF-8 bytes of a string value (0 for anything else): the TPM estimate's unit."""
+    return len(value.encode("utf-8", "replace")) if isinstance(value, str) else 0

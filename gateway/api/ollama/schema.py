@@ -1,0 +1,97 @@
+"""Ollama request bodies (reference sections 2.1, 3.1, 6.6) checked into neutral requests.
+
+Only what the gateway itself reads is checked (model, stream, options, the prompt text the TPM
+estimate counts); every other field reaches an Ollama upstream as the client sent it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.api.body import check_spelling, parse_object, text_bytes
+from gateway.errors import UnprocessableError
+from gateway.neutral import GenerationRequest, Operation
+from gateway.settings import Settings
+
+#: Text fields of a generate body that reach the model as prompt tokens.
+_GENERATE_TEXT = ("prompt", "system", "suffix", "template")
+
+
+def parse_generation(raw: bytes, operation: Operation, settings: Settings) -> GenerationRequest:
+    """Check a `/api/generate` or `/api/chat` body (also `/v1/generate`, `/v1/chat`).
+
+    Raises:
+        BadRequestError: see `gateway.api.body.parse_object`; a message key not lowercase.
+        UnprocessableError: the wrong shape: `options` not an object, `messages` not a list
+            of objects, `prompt` not a string.
+    """
+    body = _parse(raw, settings)
+    options = body.get("options")
+    if "options" in body and not isinstance(options, dict | None):
+        raise UnprocessableError("options must be an object")
+    size = sum(text_bytes(body.get(name)) for name in _GENERATE_TEXT)
+    if operation == "chat":
+        messages = body.get("messages")
+        if messages is not None and not (
+            isinstance(messages, list) and all(isinstance(m, dict) for m in messages)
+        ):
+            raise UnprocessableError("messages must be a list of objects")
+        for message in messages or ():
+            check_spelling(message, "message")
+            size += text_bytes(message.get("content"))
+    elif "prompt" in body and not isinstance(body["prompt"], str | None):
+        raise UnprocessableError("prompt must be a string")
+    limit = options.get("num_predict") if isinstance(options, dict) else None
+    context = body.get("context")
+    return GenerationRequest(
+        surface="ollama",
+        operation=operation,
+        body=body,
+        model=body["model"],
+        stream=body.get("stream", True),
+        max_output_tokens=limit if _positive(limit) else None,
+        prompt_bytes=size,
+        prompt_tokens=len(context) if isinstance(context, list) else 0,
+    )
+
+
+def parse_embed(raw: bytes, settings: Settings, *, legacy: bool = False) -> GenerationRequest:
+    """Check a `/api/embed` body, or a legacy `/api/embeddings` one (section 6.6).
+
+    Raises:
+        BadRequestError: see `gateway.api.body.parse_object`.
+        UnprocessableError: `input` not a string or a list of strings (`prompt` not a string
+            for the legacy route), `dimensions` not a positive integer.
+    """
+    body = _parse(raw, settings)
+    if legacy:
+        texts: Any = body.get("prompt", "")
+        if not isinstance(texts, str):
+            raise UnprocessableError("prompt must be a string")
+    else:
+        texts = body.get("input", "")
+        if not isinstance(texts, str) and not (
+            isinstance(texts, list) and all(isinstance(text, str) for text in texts)
+        ):
+            raise UnprocessableError("invalid input type")  # Ollama's own words (section 6.6)
+    if "dimensions" in body and not _positive(body["dimensions"]):
+        raise UnprocessableError("dimensions must be a positive integer")
+    size = text_bytes(texts) if isinstance(texts, str) else sum(map(text_bytes, texts))
+    return GenerationRequest(
+        surface="ollama",
+        operation="embed",
+        body=body,
+        model=body["model"],
+        stream=False,
+        legacy=legacy,
+        max_output_tokens=0,
+        prompt_bytes=size,
+    )
+
+
+def _parse(raw: bytes, settings: Settings) -> dict[str, Any]:
+    return parse_object(raw, max_depth=settings.max_json_depth, max_values=settings.max_json_values)
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0

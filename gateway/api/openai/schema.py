@@ -1,0 +1,124 @@
+"""OpenAI request bodies (reference section 7) checked into neutral requests.
+
+Only what the gateway itself reads is checked; every other field reaches an OpenAI-compatible
+upstream as the client sent it, and is translated or dropped for an Ollama upstream
+(`gateway.upstream.ollama_request`). Shape errors are 422 with OpenAI's error object
+(`gateway.errors`), naming the parameter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.api.body import check_spelling, parse_object, text_bytes
+from gateway.errors import BadRequestError, UnprocessableError
+from gateway.neutral import GenerationRequest
+from gateway.settings import Settings
+
+
+def parse_chat(raw: bytes, settings: Settings) -> GenerationRequest:
+    """Check a `/v1/chat/completions` body.
+
+    Raises:
+        BadRequestError: see `gateway.api.body.parse_object`.
+        UnprocessableError: `messages` missing, empty or not a list of objects with a string
+            `role`; a bad `max_tokens`, `n` or `stream_options`.
+    """
+    body = _parse(raw, settings)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise UnprocessableError("messages must be a non-empty list")
+    size = 0
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise UnprocessableError("each message must be an object with a role")
+        check_spelling(message, "message")
+        size += _content_bytes(message.get("content"))
+    return _generation(body, "chat", size)
+
+
+def parse_completion(raw: bytes, settings: Settings) -> GenerationRequest:
+    """Check a `/v1/completions` body (`prompt` a string, or a list of one string).
+
+    Raises:
+        BadRequestError: see `gateway.api.body.parse_object`.
+        UnprocessableError: `prompt` is neither; a bad `max_tokens`, `n` or `stream_options`.
+    """
+    body = _parse(raw, settings)
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise UnprocessableError("prompt must be a string (token arrays are not supported)")
+    return _generation(body, "generate", text_bytes(prompt) + text_bytes(body.get("suffix")))
+
+
+def parse_embeddings(raw: bytes, settings: Settings) -> GenerationRequest:
+    """Check a `/v1/embeddings` body (section 7.4).
+
+    Raises:
+        BadRequestError: see `gateway.api.body.parse_object`; `encoding_format` other than
+            `float` or `base64` (as Ollama and OpenAI answer it).
+        UnprocessableError: `input` not a string or a list of strings (token arrays are not
+            supported), `dimensions` not a positive integer.
+    """
+    body = _parse(raw, settings)
+    texts = body.get("input")
+    if isinstance(texts, str):
+        size = text_bytes(texts)
+    elif isinstance(texts, list) and texts and all(isinstance(text, str) for text in texts):
+        size = sum(map(text_bytes, texts))
+    else:
+        raise UnprocessableError("input must be a string or a non-empty list of strings")
+    if body.get("encoding_format", "float") not in ("float", "base64"):
+        raise BadRequestError("encoding_format must be 'float' or 'base64'")
+    if "dimensions" in body and not _positive(body["dimensions"]):
+        raise UnprocessableError("dimensions must be a positive integer")
+    return GenerationRequest(
+        surface="openai",
+        operation="embed",
+        body=body,
+        model=body["model"],
+        stream=False,
+        max_output_tokens=0,
+        prompt_bytes=size,
+    )
+
+
+def _generation(body: dict[str, Any], operation: Any, size: int) -> GenerationRequest:
+    """The neutral request of a chat or completion body, its common fields checked."""
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    if limit is not None and not _positive(limit):
+        raise UnprocessableError("max_tokens must be a positive integer")
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise UnprocessableError("n must be 1: one choice per request is supported")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise UnprocessableError("stream_options must be an object")
+    stream = bool(body.get("stream", False))  # OpenAI's default: one object
+    return GenerationRequest(
+        surface="openai",
+        operation=operation,
+        body=body,
+        model=body["model"],
+        stream=stream,
+        include_usage=stream and bool((options or {}).get("include_usage")),
+        max_output_tokens=limit,
+        prompt_bytes=size,
+    )
+
+
+def _content_bytes(content: object) -> int:
+    """Text bytes of a message's content: a string, or the text parts of a list."""
+    if isinstance(content, list):
+        return sum(text_bytes(part.get("text")) for part in content if isinstance(part, dict))
+    return text_bytes(content)
+
+
+def _parse(raw: bytes, settings: Settings) -> dict[str, Any]:
+    return parse_object(raw, max_depth=settings.max_json_depth, max_values=settings.max_json_values)
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0

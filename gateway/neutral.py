@@ -1,0 +1,157 @@
+"""The neutral request and chunk: what every client surface and every upstream dialect speak.
+
+A client surface (`gateway.api.ollama`, `gateway.api.openai`) turns a client's body into a
+`GenerationRequest`, and neutral `Chunk`s back into its client's bytes. An upstream dialect
+(`gateway.upstream.ollama`, `gateway.upstream.openai`) turns a `GenerationRequest` into the
+upstream's request, and the upstream's answer into `Chunk`s. The engine (`gateway.relay`) moves
+chunks from one to the other and measures them; it never looks at a client's or an upstream's
+wire format. Two surfaces times two dialects are four paths, none of them written out.
+
+Nothing here does I/O or imports another gateway module: every layer may import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+#: What a request asks the model to do. `generate` is a prompt (Ollama `/api/generate`,
+#: OpenAI `/v1/completions`), `chat` a list of messages, `embed` vectors for input texts.
+Operation = Literal["generate", "chat", "embed"]
+
+#: The wire form of a request body: the client surface it came through.
+Surface = Literal["ollama", "openai"]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """One checked client request, whatever surface it came through.
+
+    The body stays in its surface's shape: a dialect of the same family forwards it nearly as
+    is (every field the client sent reaches the model), a dialect of the other family
+    translates it (`gateway.upstream.ollama_request`, `gateway.upstream.openai_request`).
+
+    Attributes:
+        surface: The shape of `body`: `ollama` (reference sections 2.1, 3.1, 6.6) or `openai`
+            (section 7).
+        operation: `generate`, `chat` or `embed`.
+        body: The client's checked JSON object; `model` is a non-empty string.
+        model: The model the request names (what the key's allow-list was checked against).
+        stream: The client wants the answer streamed (NDJSON or SSE) rather than one object.
+        include_usage: OpenAI streams only: `stream_options.include_usage` was set.
+        legacy: Ollama's legacy `/api/embeddings` (`{"prompt"}` in, `{"embedding"}` out).
+        max_output_tokens: The client's bound on output tokens (`num_predict`, `max_tokens`),
+            or None when it set none; what the TPM reservation uses.
+        prompt_bytes: UTF-8 bytes of the prompt text (for the TPM estimate).
+        prompt_tokens: Prompt tokens the client sent as tokens already (a generate `context`).
+    """
+
+    surface: Surface
+    operation: Operation
+    body: dict[str, Any]
+    model: str
+    stream: bool = True
+    include_usage: bool = False
+    legacy: bool = False
+    max_output_tokens: int | None = None
+    prompt_bytes: int = 0
+    prompt_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One call of a tool the model asked for (reference section 3.1).
+
+    Attributes:
+        name: The function's name.
+        arguments: The arguments as JSON text (OpenAI's form; Ollama's object is encoded).
+        id: The call's id when the upstream gave one.
+        index: Its position among the answer's calls.
+    """
+
+    name: str
+    arguments: str
+    id: str | None = None
+    index: int = 0
+
+
+@dataclass(slots=True)
+class Stats:
+    """The counts and durations an answer ends with, named as Ollama names them (section 2.3).
+
+    Durations are nanoseconds. From an OpenAI-compatible upstream the counts are its `usage`
+    and the durations the gateway's own measurements (`gateway.upstream.openai`). None means
+    unknown (Ollama omits zero fields).
+    """
+
+    prompt_eval_count: int | None = None
+    eval_count: int | None = None
+    total_duration: int | None = None
+    load_duration: int | None = None
+    prompt_eval_duration: int | None = None
+    eval_duration: int | None = None
+
+    def as_ollama(self) -> dict[str, int]:
+        """The fields Ollama's final chunk carries, zero and unknown ones left out."""
+        return {name: value for name in _STATS if (value := getattr(self, name))}
+
+
+_STATS = (
+    "total_duration",
+    "load_duration",
+    "prompt_eval_count",
+    "prompt_eval_duration",
+    "eval_count",
+    "eval_duration",
+)
+
+
+@dataclass(slots=True)
+class Chunk:
+    """One piece of an answer, in no client's format.
+
+    A streamed answer is text chunks, then one final chunk (`done`) with the reason and the
+    stats; or it ends with one error chunk. A non-streamed upstream answer (embeddings) is a
+    single final chunk.
+
+    Attributes:
+        text: Generated text (`response`, `message.content`, `delta.content`).
+        thinking: Reasoning text (Ollama `thinking`, OpenAI `reasoning_content`/`reasoning`).
+        tool_calls: Tool calls the model made in this chunk.
+        logprobs: Token log-probabilities in OpenAI's `content` list form, when sent.
+        done: The answer's final chunk.
+        done_reason: `stop`, `length`, ... (Ollama's names) on the final chunk.
+        error: The upstream's error message: this chunk replaces the rest of the answer.
+        stats: Counts and durations, on the final chunk.
+        embeddings: The vectors of an embedding answer, one per input.
+        native: The upstream's own object when it speaks Ollama's API (kept for fields that
+            only Ollama clients know, such as `context`).
+        raw: The upstream's own NDJSON line (Ollama), relayed unchanged to an Ollama client of
+            the same operation: no re-encoding on the hot path.
+    """
+
+    text: str = ""
+    thinking: str = ""
+    tool_calls: list[ToolCall] | None = None
+    logprobs: list[Any] | None = None
+    done: bool = False
+    done_reason: str | None = None
+    error: str | None = None
+    stats: Stats | None = None
+    embeddings: list[Any] | None = None
+    native: dict[str, Any] | None = field(default=None, repr=False)
+    raw: bytes | None = field(default=None, repr=False)
+
+    @classmethod
+    def failure(cls, message: str) -> Chunk:
+        """The error chunk that ends an answer (reference section 4.3)."""
+        return cls(error=message)
+
+    @property
+    def generates(self) -> bool:
+        """True when the chunk carries generated output: text, thinking or tool calls.
+
+        Thinking counts as output: those tokens are decoded like any other and are included in
+        Ollama's `eval_count` (reference section 9.2 item 6).
+        """
+        return bool(self.text or self.thinking or self.tool_calls)
