@@ -3,12 +3,14 @@
 It wraps the routes and handlers, so `arrival` (a `time.perf_counter()` in seconds, kept in the
 ASGI scope's `state`) is the clock start for TTFT. It is also the last line of defence: an
 unexpected exception becomes a logged 500 in the client's dialect, with the request id, instead
-of reaching the server. The request id comes from a well-formed
-incoming `X-Request-ID` or is made here, and goes back in the `X-Request-ID` response header.
-The log line has no prompt text and no secrets: only the key's id, never the key. It names the
-client's address: the peer's, or, when the peer is one of `GATEWAY_TRUSTED_PROXIES`, the
-nearest untrusted address in its `X-Forwarded-For` (`client_address`). Every string in the line
-is JSON-escaped, so no client or upstream text can break it into two lines.
+of reaching the server. The request id comes from a well-formed incoming `X-Request-ID` or is
+made here, and goes back in the `X-Request-ID` response header. The log line has no prompt text
+and no secrets: only the key's id, never the key. Its `route` is the matched route's template or
+`other` (`gateway.routing.route_label`), never the raw path, so a client cannot fill the field
+with paths of its choosing. It names the client's address: the peer's, or, when the peer is one
+of `GATEWAY_TRUSTED_PROXIES`, the nearest untrusted address in its `X-Forwarded-For`
+(`client_address`). Every string in the line is JSON-escaped, so no client or upstream text can
+break it into two lines.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Sequence
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import error_response
+from gateway.routing import route_label
 
 logger = logging.getLogger("gateway.access")
 
@@ -76,7 +79,7 @@ class AccessMiddleware:
                 raise
             response = error_response(scope["path"], 500, "internal gateway error")
             await response(scope, receive, send_with_id)
-            _count_unexpected(state)
+            _count_unexpected(scope, state)
         finally:
             if logger.isEnabledFor(logging.INFO) and scope["path"] not in _UNLOGGED:
                 self._log(scope, state, status, arrival)
@@ -89,7 +92,7 @@ class AccessMiddleware:
             "request_id": state["request_id"],
             "client": client_address(scope, self.trusted_proxies),
             "method": scope["method"],
-            "route": scope["path"] if scope["path"].startswith("/v1/") else "other",
+            "route": route_label(scope),
             "status": status,
             "key_id": state.get("key_id"),
             "model": state.get("model"),
@@ -99,11 +102,11 @@ class AccessMiddleware:
         logger.info(json.dumps(record, separators=(",", ":"), default=str))
 
 
-def _count_unexpected(state: dict[str, object]) -> None:
+def _count_unexpected(scope: Scope, state: dict[str, object]) -> None:
     metrics = state.get("metrics")
     count = getattr(metrics, "count_rejection", None)
     if count is not None and "summary" not in state:
-        count("other", 500, "error")
+        count(route_label(scope), 500, "error")
 
 
 def client_address(scope: Scope, trusted: Sequence[Network]) -> str | None:

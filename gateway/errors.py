@@ -43,6 +43,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway.routing import route_label
+
 logger = logging.getLogger("gateway.errors")
 
 #: Routes whose clients speak OpenAI's error dialect; every other route speaks Ollama's.
@@ -300,13 +302,6 @@ def error_response(
     return Response(body, status_code, headers=headers, media_type="application/json")
 
 
-def _route_template(request: Request) -> str:
-    """The matched route's path template (bounded), or `other`; never the raw path."""
-    route = request.scope.get("route")
-    path = getattr(route, "path", None)
-    return path if isinstance(path, str) else "other"
-
-
 def _count_rejection(request: Request, status_code: int, outcome: str) -> None:
     """Count a request that ended in an error before the relay metered it."""
     state = request.scope.setdefault("state", {})
@@ -320,7 +315,7 @@ def _count_rejection(request: Request, status_code: int, outcome: str) -> None:
         key = None
         if principal is not None:
             key = principal.name if getattr(settings, "metrics_per_key", True) else "all"
-        metrics.count_rejection(_route_template(request), status_code, outcome, key=key)
+        metrics.count_rejection(route_label(request.scope), status_code, outcome, key=key)
 
 
 async def _handle_gateway_error(request: Request, exc: Exception) -> Response:
