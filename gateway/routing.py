@@ -14,7 +14,8 @@ How the matched route is found, for both kinds of route the app holds:
   the path of the app's route that holds that endpoint and matches the request.
 
 Both also hold for a method that the route does not accept (a 405: a partial match). Anything the
-router did not match, and a request answered before the router ran, is `other`.
+router did not match, and a request answered before the router ran (a CORS preflight), is
+`other`.
 """
 
 from __future__ import annotations
