@@ -51,6 +51,10 @@ def to_ollama_request(request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         return "/api/embed", payload
     payload = {"model": body["model"], "stream": True}
     options = {_OPTIONS[k]: v for k, v in body.items() if k in _OPTIONS and v is not None}
+    if isinstance(options.get("stop"), str):
+        # OpenAI takes one stop string or a list; Ollama's `stop` option is a list only
+        # (section 2.2), and refuses a string with 400. Ollama's own layer wraps it too (7.1).
+        options["stop"] = [options["stop"]]
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
         options["num_predict"] = limit

@@ -531,6 +531,52 @@ def test_ollama_keep_alive_numbers_reach_an_ollama_upstream_untouched(
     assert emulator.state.records[-1].body["keep_alive"] == "2m"
 
 
+def test_openai_sampling_fields_reach_the_upstream(gw: Gateway, emulator: Emulator) -> None:
+    chat = _openai(gw).chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        temperature=0.2,
+        top_p=0.5,
+        seed=7,
+        stop="\n\n",
+        max_tokens=5,
+        presence_penalty=0.1,
+        frequency_penalty=0.3,
+    )
+    assert chat.choices[0].message.content == "tok0 tok1 tok2 tok3 tok4 "
+    assert chat.choices[0].finish_reason == "length"
+    sent = emulator.state.records[-1].body
+    if _dialect(gw) == "ollama":
+        assert sent["options"] == {
+            "temperature": 0.2,
+            "top_p": 0.5,
+            "seed": 7,
+            "stop": ["\n\n"],  # Ollama's `stop` is a list (section 2.2)
+            "num_predict": 5,
+            "presence_penalty": 0.1,
+            "frequency_penalty": 0.3,
+        }
+    else:
+        assert sent["stop"] == "\n\n"
+        assert (sent["temperature"], sent["top_p"], sent["seed"], sent["max_tokens"]) == (
+            0.2,
+            0.5,
+            7,
+            5,
+        )
+
+
+def test_openai_completion_stop_string_reaches_the_upstream(
+    gw: Gateway, emulator: Emulator
+) -> None:
+    _openai(gw).completions.create(model=MODEL, prompt="hi", stop="\n", max_tokens=2, seed=1)
+    sent = emulator.state.records[-1].body
+    if _dialect(gw) == "ollama":
+        assert sent["options"] == {"stop": ["\n"], "num_predict": 2, "seed": 1}
+    else:
+        assert (sent["stop"], sent["max_tokens"], sent["seed"]) == ("\n", 2, 1)
+
+
 # --- images ---------------------------------------------------------------------------------
 
 IMAGE = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGAAAAAFAAFd"  # PNG bytes

@@ -1,0 +1,31 @@
+"""Request translation between the surfaces and the dialects, field by field (pure functions).
+
+`gateway.upstream.ollama_request` (OpenAI body -> Ollama) and `gateway.upstream.openai_request`
+(Ollama body -> OpenAI), and the codecs that fold chunks into answers. The client tests in
+`tests/clients/` show the same fields end to end; these pin the rules.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.neutral import GenerationRequest, Operation, Surface
+from gateway.upstream.ollama_request import to_ollama_request
+
+
+def _request(surface: Surface, operation: Operation, **body: Any) -> GenerationRequest:
+    body = {"model": "m", **body}
+    return GenerationRequest(surface=surface, operation=operation, body=body, model="m")
+
+
+# --- OpenAI body -> Ollama ------------------------------------------------------------------
+
+
+def test_a_stop_string_becomes_ollamas_stop_list() -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    _, chat = to_ollama_request(_request("openai", "chat", messages=messages, stop="\n"))
+    assert chat["options"]["stop"] == ["\n"]
+    _, completion = to_ollama_request(_request("openai", "generate", prompt="a", stop="END"))
+    assert completion["options"]["stop"] == ["END"]
+    _, listed = to_ollama_request(_request("openai", "chat", messages=messages, stop=["a", "b"]))
+    assert listed["options"]["stop"] == ["a", "b"]
