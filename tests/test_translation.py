@@ -29,3 +29,22 @@ def test_a_stop_string_becomes_ollamas_stop_list() -> None:
     assert completion["options"]["stop"] == ["END"]
     _, listed = to_ollama_request(_request("openai", "chat", messages=messages, stop=["a", "b"]))
     assert listed["options"]["stop"] == ["a", "b"]
+
+
+def test_an_openai_tool_result_names_its_tool_for_ollama() -> None:
+    """Ollama ties a result to its tool by `tool_name`; OpenAI's names only the call id."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "go", "name": "alice"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+        {"role": "tool", "tool_call_id": "call_9", "content": "?"},  # no such call
+        {"role": "tool", "tool_call_id": "call_1", "name": "g", "content": "named"},
+    ]
+    _, payload = to_ollama_request(_request("openai", "chat", messages=messages))
+    user, assistant, tool, unknown, named = payload["messages"]
+    assert user == {"role": "user", "content": "go"}  # a participant's name is no tool's
+    assert assistant["tool_calls"] == [{"id": "call_1", "function": {"name": "f", "arguments": {}}}]
+    assert tool == {"role": "tool", "content": "42", "tool_call_id": "call_1", "tool_name": "f"}
+    assert "tool_name" not in unknown
+    assert named["tool_name"] == "g"  # the message's own name first, as Ollama reads it

@@ -77,16 +77,36 @@ def to_ollama_request(request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         if isinstance(body.get("suffix"), str):
             payload["suffix"] = body["suffix"]
         return "/api/generate", payload
-    payload["messages"] = [_message(m) for m in body.get("messages") or []]
+    messages = body.get("messages") or []
+    names = _call_names(messages)
+    payload["messages"] = [_message(m, names) for m in messages]
     tools = body.get("tools")
     if tools and body.get("tool_choice") != "none":
         payload["tools"] = tools
     return "/api/chat", payload
 
 
-def _message(message: dict[str, Any]) -> dict[str, Any]:
-    """One OpenAI chat message as an Ollama message (section 3.1)."""
-    result: dict[str, Any] = {"role": str(message.get("role", "user"))}
+def _call_names(messages: list[dict[str, Any]]) -> dict[str, str]:
+    """Each tool call id in the conversation and its function's name; a later call wins."""
+    names: dict[str, str] = {}
+    for message in messages:
+        calls = message.get("tool_calls")
+        for call in calls if isinstance(calls, list) else ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and isinstance(call.get("id"), str):
+                names[call["id"]] = str(function.get("name") or "")
+    return names
+
+
+def _message(message: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """One OpenAI chat message as an Ollama message (section 3.1).
+
+    Ollama matches a tool result to its tool by `tool_name`; an OpenAI tool message names only
+    its call (`tool_call_id`), so the name is the one of the call with that id, as Ollama's
+    own layer finds it (section 7.1, `nameFromToolCallID`).
+    """
+    role = str(message.get("role", "user"))
+    result: dict[str, Any] = {"role": role}
     content = message.get("content")
     if isinstance(content, list):
         texts, images = [], []
@@ -108,10 +128,16 @@ def _message(message: dict[str, Any]) -> dict[str, Any]:
     calls = message.get("tool_calls")
     if isinstance(calls, list) and calls:
         result["tool_calls"] = [_tool_call(call) for call in calls if isinstance(call, dict)]
-    if isinstance(message.get("tool_call_id"), str):
-        result["tool_call_id"] = message["tool_call_id"]
-    if isinstance(message.get("name"), str):
-        result["tool_name"] = message["name"]
+    call_id = message.get("tool_call_id")
+    if isinstance(call_id, str):
+        result["tool_call_id"] = call_id
+    if role.lower() == "tool":
+        # A user's or assistant's `name` is a participant's, not a tool's: not carried over.
+        name = message.get("name")
+        if not (isinstance(name, str) and name):
+            name = names.get(call_id, "") if isinstance(call_id, str) else ""
+        if name:
+            result["tool_name"] = name
     return result
 
 

@@ -323,6 +323,45 @@ def test_langchain_bind_tools_gets_tool_calls(gw: Gateway) -> None:
 _CALL_ID = "call_abc12345"
 
 
+def test_an_openai_tool_result_turn_reaches_the_upstream(gw: Gateway, emulator: Emulator) -> None:
+    _openai(gw).chat.completions.create(
+        model=MODEL,
+        messages=[
+            {"role": "user", "content": "weather in Tokyo?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": _CALL_ID,
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": json.dumps(ARGUMENTS)},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": _CALL_ID, "content": "sunny, 25 C"},
+        ],
+        tools=[WEATHER],
+    )
+    sent = emulator.state.records[-1].body
+    assert sent["tools"] == [WEATHER]
+    user, assistant, tool = sent["messages"]
+    if _dialect(gw) == "ollama":  # translated (reference section 3.1)
+        assert user == {"role": "user", "content": "weather in Tokyo?"}
+        assert assistant["role"] == "assistant"
+        assert assistant["content"] == ""
+        assert assistant["tool_calls"] == [
+            {"id": _CALL_ID, "function": {"name": "get_weather", "arguments": ARGUMENTS}}
+        ]
+        assert tool["role"] == "tool"
+        assert tool["content"] == "sunny, 25 C"
+        assert tool["tool_call_id"] == _CALL_ID
+        assert tool["tool_name"] == "get_weather"  # Ollama matches a result by the tool's name
+    else:  # passed through as sent
+        assert assistant["tool_calls"][0]["function"]["arguments"] == json.dumps(ARGUMENTS)
+        assert tool == {"role": "tool", "tool_call_id": _CALL_ID, "content": "sunny, 25 C"}
+
+
 # --- thinking -------------------------------------------------------------------------------
 
 TEXT = "".join(f"tok{i} " for i in range(16))  # what the emulator generates by default
