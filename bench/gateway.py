@@ -4,14 +4,24 @@
 Starts the Ollama emulator (`bench.servers`), a `gateway serve` in front of it (auth with a real
 key, metrics, limits: as shipped) and, when installed, nginx as the floor; then, for each
 concurrency level and target, runs the load generator (`bench.load`, its own process) and
-records TTFT, added TTFT over direct, chunks/s, requests/s and the proxy's CPU per request
-(`bench.measure`). Then the gateway's RSS per open idle stream, optionally a py-spy profile
-(`bench.hotspots`) and the real-model sweep (`bench.real_model`). Prints the tables and the
-issue-6 targets, writes JSON, flags regressions against `--compare`, draws a PNG (`bench.report`,
-`bench.plot`). Every process it starts is stopped when it ends, also on Ctrl-C.
+records TTFT, added TTFT over the row's baseline, chunks/s, requests/s and the proxy's CPU per
+request (`bench.measure`). Then the gateway's RSS per open idle stream, optionally a py-spy
+profile (`bench.hotspots`) and the real-model sweep (`bench.real_model`). Prints the tables and
+the issue-6 targets, writes JSON, flags regressions against `--compare`, draws a PNG
+(`bench.report`, `bench.plot`). Every process it starts is stopped when it ends, also on Ctrl-C.
 
-Run time: about 13 s per target and level; the default sweep (1, 16, 64, 256 streams, three
-targets, idle memory) takes about 3 minutes, `--concurrency 1,16,64` about 2.3.
+Three client surfaces, each a gateway row against a direct row of its own (`--surfaces`):
+`generate` is `gateway` (`/v1/generate`) against `direct` (the emulator's `/api/generate`),
+with the optional `gw-httpx`, `floor` and `nginx` rows; `chat` is `gw-chat` (`/api/chat`)
+against `direct-chat`; `sse` is `gw-sse` (OpenAI's `/v1/chat/completions`, which the gateway
+translates to `/api/chat` upstream and encodes as SSE itself) against `direct-sse` (the
+emulator's own `/v1/chat/completions`). One gateway process serves all three. Idle memory and
+the profile use `/v1/generate`.
+
+Run time: about 13 s per target and level. The default sweep (1, 16, 64, 256 streams, the
+three surfaces: seven targets with nginx, idle memory) takes about 6.5 minutes,
+`--concurrency 1,16,64` about 5, `--surfaces generate` (the rows of the earlier runs) about 3
+and 2.3.
 """
 
 from __future__ import annotations
@@ -44,6 +54,25 @@ from bench.servers import (
 )
 
 BODY = {"model": "bench", "prompt": "Why is the sky blue?", "stream": True}
+CHAT_BODY = {
+    "model": "bench",
+    "messages": [{"role": "user", "content": "Why is the sky blue?"}],
+    "stream": True,
+}
+"""The body of `/api/chat` (Ollama) and `/v1/chat/completions` (OpenAI) alike."""
+
+SURFACES = ("generate", "chat", "sse")
+"""The client surfaces `--surfaces` picks from (module docstring)."""
+
+
+def _surfaces(text: str) -> list[str]:
+    chosen = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = sorted(set(chosen) - set(SURFACES))
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(
+            f"surfaces are a comma-separated subset of {','.join(SURFACES)}: {text}"
+        )
+    return [surface for surface in SURFACES if surface in chosen]
 
 
 def _levels(text: str) -> list[int]:
@@ -71,6 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("--ttft", type=float, default=0.05, help="emulator seconds to first token (0.05)")
     add("--inter-token", type=float, default=0.01, help="emulator seconds between tokens (0.01)")
     add("--tokens", type=int, default=64, help="emulator tokens per answer (64)")
+    add(
+        "--surfaces",
+        type=_surfaces,
+        default=list(SURFACES),
+        help="client surfaces to measure (default: generate,chat,sse): generate = rows direct, "
+        "gateway (and nginx, floor, gw-httpx); chat = direct-chat, gw-chat (/api/chat); "
+        "sse = direct-sse, gw-sse (/v1/chat/completions)",
+    )
     add("--no-nginx", action="store_true", help="skip the nginx row")
     add(
         "--floor-row",
@@ -147,46 +184,46 @@ def run_sweep(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         stack.enter_context(gateway)
         assert gateway.process is not None  # noqa: S101
         pid = gateway.process.pid
-        targets = [
-            Target("direct", emulator.url, "/api/generate", BODY),
-            Target("gateway", gateway.url, "/v1/generate", BODY, key=key, pids=(pid,)),
-        ]
-        if args.httpx_row:
-            variant, variant_key = gateway_with_key(
-                workdir / "gateway-httpx",
-                emulator.url,
-                limits=not args.no_key_limits,
-                extra_env={"GATEWAY_UPSTREAM_HTTP_CLIENT": "httpx"},
-            )
-            stack.enter_context(variant)
-            assert variant.process is not None  # noqa: S101
-            targets.append(
+        generate = Target("gateway", gateway.url, "/v1/generate", BODY, key=key, pids=(pid,))
+        targets: list[Target] = []
+        if "generate" in args.surfaces:
+            targets += [
+                Target("direct", emulator.url, "/api/generate", BODY, baseline=None),
+                generate,
+            ]
+            targets += _generate_variants(args, workdir, emulator.url, stack, notes)
+        if "chat" in args.surfaces:
+            targets += [
+                Target("direct-chat", emulator.url, "/api/chat", CHAT_BODY, baseline=None),
                 Target(
-                    "gw-httpx",
-                    variant.url,
-                    "/v1/generate",
-                    BODY,
-                    key=variant_key,
-                    pids=(variant.process.pid,),
-                )
-            )
-        if args.floor_row:
-            floor = stack.enter_context(floor_process(workdir, emulator.url))
-            assert floor.process is not None  # noqa: S101
-            targets.append(
-                Target("floor", floor.url, "/api/generate", BODY, pids=(floor.process.pid,))
-            )
-        binary = None if args.no_nginx else nginx_binary()
-        if binary is not None:
-            upstream_port = int(emulator.url.rsplit(":", 1)[1])
-            nginx = stack.enter_context(nginx_process(workdir, binary, upstream_port))
-            assert nginx.process is not None  # noqa: S101
-            from bench.procstat import children
-
-            pids = (nginx.process.pid, *children(nginx.process.pid))
-            targets.append(Target("nginx", nginx.url, "/api/generate", BODY, pids=pids))
-        elif not args.no_nginx:
-            notes.append("nginx row skipped: nginx is not installed (apt-get install -y nginx)")
+                    "gw-chat",
+                    gateway.url,
+                    "/api/chat",
+                    CHAT_BODY,
+                    key=key,
+                    pids=(pid,),
+                    baseline="direct-chat",
+                ),
+            ]
+        if "sse" in args.surfaces:
+            # The gateway translates to /api/chat upstream and writes the SSE itself; direct
+            # is the emulator's own /v1 face. Both send the role on the first content delta,
+            # then a `delta: {}` finish event and `[DONE]` (not counted): 65 chunks per answer
+            # of 64 tokens, like the NDJSON rows' 64 lines and `done` line.
+            chat_sse = "/v1/chat/completions"
+            targets += [
+                Target("direct-sse", emulator.url, chat_sse, CHAT_BODY, sse=True, baseline=None),
+                Target(
+                    "gw-sse",
+                    gateway.url,
+                    chat_sse,
+                    CHAT_BODY,
+                    key=key,
+                    sse=True,
+                    pids=(pid,),
+                    baseline="direct-sse",
+                ),
+            ]
         for target in targets:  # connections, caches and lazy imports before measuring
             measure(target, 4, LoadPlan(warmup=0.0, requests=16, client=args.load_client), None)
         rows = []
@@ -200,12 +237,54 @@ def run_sweep(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             print(f"  profiling the gateway @{args.profile} ...", file=sys.stderr, flush=True)
             out = args.out.with_name(args.out.stem + "-gateway.collapsed")
             result["profile"] = profile_gateway(
-                targets[1], args.profile, plan, emulator.process.pid, out
+                generate, args.profile, plan, emulator.process.pid, out
             )
     if args.idle_streams:
         print(f"  gateway RSS with {args.idle_streams} idle streams ...", file=sys.stderr)
         result["idle_memory"] = _idle_memory(args, workdir / "idle")
     return result
+
+
+def _generate_variants(
+    args: argparse.Namespace, workdir: Path, upstream_url: str, stack: ExitStack, notes: list[str]
+) -> list[Target]:
+    """The optional rows of the generate surface: gw-httpx, floor, nginx (started on `stack`)."""
+    targets = []
+    if args.httpx_row:
+        variant, variant_key = gateway_with_key(
+            workdir / "gateway-httpx",
+            upstream_url,
+            limits=not args.no_key_limits,
+            extra_env={"GATEWAY_UPSTREAM_HTTP_CLIENT": "httpx"},
+        )
+        stack.enter_context(variant)
+        assert variant.process is not None  # noqa: S101
+        targets.append(
+            Target(
+                "gw-httpx",
+                variant.url,
+                "/v1/generate",
+                BODY,
+                key=variant_key,
+                pids=(variant.process.pid,),
+            )
+        )
+    if args.floor_row:
+        floor = stack.enter_context(floor_process(workdir, upstream_url))
+        assert floor.process is not None  # noqa: S101
+        targets.append(Target("floor", floor.url, "/api/generate", BODY, pids=(floor.process.pid,)))
+    binary = None if args.no_nginx else nginx_binary()
+    if binary is not None:
+        upstream_port = int(upstream_url.rsplit(":", 1)[1])
+        nginx = stack.enter_context(nginx_process(workdir, binary, upstream_port))
+        assert nginx.process is not None  # noqa: S101
+        from bench.procstat import children
+
+        pids = (nginx.process.pid, *children(nginx.process.pid))
+        targets.append(Target("nginx", nginx.url, "/api/generate", BODY, pids=pids))
+    elif not args.no_nginx:
+        notes.append("nginx row skipped: nginx is not installed (apt-get install -y nginx)")
+    return targets
 
 
 def _idle_memory(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:

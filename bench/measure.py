@@ -130,6 +130,7 @@ def summarise(
     completed = sum(r["completed"] for r in reports)
     row: dict[str, Any] = {
         "target": target.name,
+        "baseline": None if target.baseline == target.name else target.baseline,
         "concurrency": concurrency,
         "window_seconds": round(window, 3),
         "requests": sum(r["requests"] for r in reports),

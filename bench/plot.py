@@ -15,6 +15,10 @@ _STYLE = {
     "gw-httpx": "tab:orange",
     "floor": "tab:purple",
     "nginx": "tab:green",
+    "direct-chat": "tab:brown",
+    "gw-chat": "tab:red",
+    "direct-sse": "tab:olive",
+    "gw-sse": "tab:cyan",
 }
 
 

@@ -24,13 +24,15 @@ class Target:
     """Where the load generator sends its requests, and what the benchmark watches.
 
     Attributes:
-        name: `direct`, `gateway` or `nginx` (the table's row names).
+        name: The table's row name: `direct`, `gateway`, `nginx`, `direct-chat`, `gw-sse`, ...
         url: Base URL.
-        path: Request path (`/api/generate`, `/v1/generate`, `/v1/completions`).
+        path: Request path (`/api/generate`, `/v1/generate`, `/api/chat`, `/v1/completions`).
         body: The JSON request body.
         key: API key to send, if any.
         sse: The answer is OpenAI server-sent events.
         pids: Processes whose CPU is the proxy's cost (empty for direct).
+        baseline: The row this one's added TTFT and share of chunks/s are taken against, at the
+            same concurrency (`bench.report.add_relative`); None for a baseline row itself.
     """
 
     name: str
@@ -40,6 +42,7 @@ class Target:
     key: str | None = None
     sse: bool = False
     pids: tuple[int, ...] = ()
+    baseline: str | None = "direct"
 
 
 def emulator_process(
