@@ -63,7 +63,7 @@ def test_chat_translates_images_and_native_tool_calls():
     user, assistant, tool = payload["messages"]
     assert user["content"][1]["image_url"]["url"] == "data:image/png;base64,aGk="
     assert assistant["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"a":1}'}
-    assert tool["tool_call_id"] == "f"
+    assert tool["tool_call_id"] == assistant["tool_calls"][0]["id"]  # the call, not its name
     assert payload["response_format"]["json_schema"]["schema"] == {"type": "object"}
 
 

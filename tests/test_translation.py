@@ -11,6 +11,7 @@ from typing import Any
 
 from gateway.neutral import GenerationRequest, Operation, Surface
 from gateway.upstream.ollama_request import to_ollama_request
+from gateway.upstream.openai_request import to_openai_request
 
 
 def _request(surface: Surface, operation: Operation, **body: Any) -> GenerationRequest:
@@ -48,3 +49,31 @@ def test_an_openai_tool_result_names_its_tool_for_ollama() -> None:
     assert tool == {"role": "tool", "content": "42", "tool_call_id": "call_1", "tool_name": "f"}
     assert "tool_name" not in unknown
     assert named["tool_name"] == "g"  # the message's own name first, as Ollama reads it
+
+
+# --- Ollama body -> OpenAI ------------------------------------------------------------------
+
+
+def _call(name: str, **extra: Any) -> dict[str, Any]:
+    return {"function": {"name": name, "arguments": {"x": 1}}, **extra}
+
+
+def test_ollama_tool_results_answer_their_calls_by_id() -> None:
+    """OpenAI ties a result to its call's id; Ollama's by the tool's name, or by position."""
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "", "tool_calls": [_call("f"), _call("g")]},
+        {"role": "tool", "content": "from g", "tool_name": "g"},
+        {"role": "tool", "content": "from f", "tool_name": "f"},
+        {"role": "assistant", "content": "", "tool_calls": [_call("f"), _call("f", id="c9")]},
+        {"role": "tool", "content": "first"},  # older clients: no name, in call order
+        {"role": "tool", "content": "by id", "tool_call_id": "c9"},
+    ]
+    _, payload = to_openai_request("chat", {"model": "m", "messages": messages})
+    _, first, g, f, second, unnamed, by_id = payload["messages"]
+    ids = [call["id"] for call in first["tool_calls"] + second["tool_calls"]]
+    assert ids == ["call_0", "call_1", "call_2", "c9"]  # unique in the conversation
+    assert first["tool_calls"][1]["function"] == {"name": "g", "arguments": '{"x":1}'}
+    assert (g["tool_call_id"], f["tool_call_id"]) == ("call_1", "call_0")
+    assert (unnamed["tool_call_id"], by_id["tool_call_id"]) == ("call_2", "c9")
+    assert g == {"role": "tool", "content": "from g", "tool_call_id": "call_1"}

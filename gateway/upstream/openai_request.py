@@ -44,9 +44,7 @@ def to_openai_request(route: Operation, body: dict[str, Any]) -> tuple[str, dict
     }
     if route == "chat":
         path = "/v1/chat/completions"
-        payload["messages"] = [
-            _message(m) for m in body.get("messages") or [] if isinstance(m, dict)
-        ]
+        payload["messages"] = _messages(body.get("messages") or [])
         if body.get("tools"):
             payload["tools"] = body["tools"]
         think = body.get("think")
@@ -87,6 +85,46 @@ def to_openai_request(route: Operation, body: dict[str, Any]) -> tuple[str, dict
     return path, payload
 
 
+def _messages(messages: list[Any]) -> list[dict[str, Any]]:
+    """Translate a chat history, tying each tool result to its call by the call's id.
+
+    OpenAI ties a `tool` message to a call by `tool_call_id`; Ollama's history ties it by the
+    tool's name (`tool_name`, reference section 3.1), or only by its place after the calls
+    (older clients), and the ollama client sends calls without their ids. So calls without an
+    id get one unique in the conversation, and a result without `tool_call_id` answers the
+    first unanswered call of the last assistant turn with that tool's name (or with any name,
+    when it names none).
+    """
+    result: list[dict[str, Any]] = []
+    unanswered: list[tuple[str, str]] = []  # (tool name, call id) of the last calls made
+    made = 0  # calls made so far: unique ids for calls that came without one
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        translated = _message(message)
+        calls = translated.get("tool_calls")
+        if calls:
+            for call in calls:
+                if not call["id"]:
+                    call["id"] = f"call_{made}"
+                made += 1
+            unanswered = [(call["function"]["name"], call["id"]) for call in calls]
+        elif translated["role"] == "tool" and (call_id := _answered(message, unanswered)):
+            translated["tool_call_id"] = call_id
+        result.append(translated)
+    return result
+
+
+def _answered(message: dict[str, Any], unanswered: list[tuple[str, str]]) -> str:
+    """The id of the call a tool message answers (see `_messages`), taken off `unanswered`."""
+    given, name = message.get("tool_call_id"), message.get("tool_name")
+    for position, (tool, call_id) in enumerate(unanswered):
+        if call_id == given or (not given and (not name or tool == name)):
+            del unanswered[position]
+            return call_id
+    return str(given or name or "")
+
+
 def _message(message: dict[str, Any]) -> dict[str, Any]:
     """Translate one Ollama message (reference section 3.1) into an OpenAI chat message."""
     role = str(message.get("role", "user")).lower()
@@ -101,23 +139,28 @@ def _message(message: dict[str, Any]) -> dict[str, Any]:
         content = parts
     result: dict[str, Any] = {"role": role, "content": content}
     calls = message.get("tool_calls")
-    if role == "assistant" and isinstance(calls, list) and calls:
-        result["tool_calls"] = [_tool_call(i, call) for i, call in enumerate(calls)]
-    if role == "tool" and (message.get("tool_call_id") or message.get("tool_name")):
-        result["tool_call_id"] = message.get("tool_call_id") or message.get("tool_name")
+    if role == "assistant" and isinstance(calls, list):
+        translated = [_tool_call(call) for call in calls if isinstance(call, dict)]
+        if translated:
+            result["tool_calls"] = translated
     return result
 
 
-def _tool_call(index: int, call: dict[str, Any]) -> dict[str, Any]:
-    """Native tool calls carry `arguments` as an object; OpenAI's as a JSON string (section 3.1)."""
-    function = call.get("function") or {}
+def _tool_call(call: dict[str, Any]) -> dict[str, Any]:
+    """Native tool calls carry `arguments` as an object; OpenAI's as a JSON string (section 3.1).
+
+    `id` is "" when the call came without one (`_messages` gives it one).
+    """
+    function = call.get("function")
+    function = function if isinstance(function, dict) else {}
     arguments = function.get("arguments", {})
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments, separators=(",", ":"))
+    call_id = call.get("id")
     return {
-        "id": call.get("id") or f"call_{index}",
+        "id": call_id if isinstance(call_id, str) else "",
         "type": "function",
-        "function": {"name": function.get("name", ""), "arguments": arguments},
+        "function": {"name": str(function.get("name") or ""), "arguments": arguments},
     }
 
 

@@ -362,6 +362,36 @@ def test_an_openai_tool_result_turn_reaches_the_upstream(gw: Gateway, emulator: 
         assert tool == {"role": "tool", "tool_call_id": _CALL_ID, "content": "sunny, 25 C"}
 
 
+def test_an_ollama_tool_result_turn_reaches_the_upstream(gw: Gateway, emulator: Emulator) -> None:
+    _ollama(gw).chat(
+        model=MODEL,
+        messages=[
+            {"role": "user", "content": "weather in Tokyo?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"function": {"name": "get_weather", "arguments": ARGUMENTS}}],
+            },
+            {"role": "tool", "content": "sunny, 25 C", "tool_name": "get_weather"},
+        ],
+        tools=[WEATHER],
+    )
+    sent = emulator.state.records[-1].body
+    assert sent["tools"] == [WEATHER]
+    _, assistant, tool = sent["messages"]
+    if _dialect(gw) == "ollama":  # the client's own body
+        assert assistant["tool_calls"][0]["function"]["arguments"] == ARGUMENTS
+        assert tool["tool_name"] == "get_weather"
+    else:  # translated: arguments a JSON string, the result tied to the call's id
+        [call] = assistant["tool_calls"]
+        assert call["type"] == "function"
+        assert call["function"]["name"] == "get_weather"
+        assert json.loads(call["function"]["arguments"]) == ARGUMENTS
+        assert tool["role"] == "tool"
+        assert tool["content"] == "sunny, 25 C"
+        assert tool["tool_call_id"] == call["id"]
+
+
 # --- thinking -------------------------------------------------------------------------------
 
 TEXT = "".join(f"tok{i} " for i in range(16))  # what the emulator generates by default
