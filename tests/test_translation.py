@@ -77,3 +77,13 @@ def test_ollama_tool_results_answer_their_calls_by_id() -> None:
     assert (g["tool_call_id"], f["tool_call_id"]) == ("call_1", "call_0")
     assert (unnamed["tool_call_id"], by_id["tool_call_id"]) == ("call_2", "c9")
     assert g == {"role": "tool", "content": "from g", "tool_call_id": "call_1"}
+
+
+def test_think_becomes_reasoning_effort_for_chat_and_generate() -> None:
+    for route, field in (("chat", "messages"), ("generate", "prompt")):
+        body: dict[str, Any] = {"model": "m", field: [] if route == "chat" else "hi"}
+        assert to_openai_request(route, {**body, "think": "high"})[1]["reasoning_effort"] == "high"
+        assert to_openai_request(route, {**body, "think": False})[1]["reasoning_effort"] == "none"
+        assert "reasoning_effort" not in to_openai_request(route, {**body, "think": True})[1]
+    raw = {"model": "m", "prompt": "hi", "raw": True, "think": "low"}
+    assert "reasoning_effort" not in to_openai_request("generate", raw)[1]  # /v1/completions

@@ -47,9 +47,6 @@ def to_openai_request(route: Operation, body: dict[str, Any]) -> tuple[str, dict
         payload["messages"] = _messages(body.get("messages") or [])
         if body.get("tools"):
             payload["tools"] = body["tools"]
-        think = body.get("think")
-        if isinstance(think, str) or think is False:
-            payload["reasoning_effort"] = think or "none"
     elif body.get("raw"):
         path = "/v1/completions"
         payload["prompt"] = body.get("prompt") or ""
@@ -65,6 +62,11 @@ def to_openai_request(route: Operation, body: dict[str, Any]) -> tuple[str, dict
             user["images"] = body["images"]
         messages.append(_message(user))
         payload["messages"] = messages
+    think = body.get("think")
+    if path == "/v1/chat/completions" and (isinstance(think, str) or think is False):
+        # A generate becomes a chat completion too, so its `think` (sections 2.1, 3.1) is as
+        # much the model's to honour; `true` (think at the model's default) has no effort name.
+        payload["reasoning_effort"] = think or "none"
     options: dict[str, Any] = body.get("options") or {}
     payload.update({_OPTIONS[k]: v for k, v in options.items() if k in _OPTIONS})
     num_predict = options.get("num_predict")

@@ -442,6 +442,21 @@ def test_openai_surface_sends_reasoning_content(gw: Gateway) -> None:
     assert deltas[0]["role"] == "assistant"
 
 
+@pytest.mark.parametrize(("think", "effort"), [("high", "high"), (False, "none")])
+def test_ollama_think_reaches_the_upstream(
+    gw: Gateway, emulator: Emulator, think: bool | str, effort: str
+) -> None:
+    client = _ollama(gw)
+    client.chat(model=MODEL, messages=MESSAGES, think=think)
+    chat = emulator.state.records[-1].body
+    client.generate(model=MODEL, prompt="hi", think=think)
+    generate = emulator.state.records[-1].body
+    if _dialect(gw) == "ollama":
+        assert (chat["think"], generate["think"]) == (think, think)
+    else:  # both become chat completions (module docstring of gateway.upstream.openai)
+        assert (chat["reasoning_effort"], generate["reasoning_effort"]) == (effort, effort)
+
+
 def test_openai_reasoning_effort_reaches_the_upstream(gw: Gateway, emulator: Emulator) -> None:
     _openai(gw).chat.completions.create(
         model=MODEL,
