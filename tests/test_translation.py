@@ -7,10 +7,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from gateway.neutral import GenerationRequest, Operation, Surface
 from gateway.upstream.ollama_request import to_ollama_request
+from gateway.upstream.openai import OpenAIDialect
 from gateway.upstream.openai_request import to_openai_request
 
 
@@ -87,3 +89,21 @@ def test_think_becomes_reasoning_effort_for_chat_and_generate() -> None:
         assert "reasoning_effort" not in to_openai_request(route, {**body, "think": True})[1]
     raw = {"model": "m", "prompt": "hi", "raw": True, "think": "low"}
     assert "reasoning_effort" not in to_openai_request("generate", raw)[1]  # /v1/completions
+
+
+# --- the openai dialect's pass-through ------------------------------------------------------
+
+
+def _openai_body(request: GenerationRequest) -> dict[str, Any]:
+    call = OpenAIDialect().build_request(request, {})
+    body: dict[str, Any] = json.loads(call.content)
+    return body
+
+
+def test_max_completion_tokens_also_reaches_an_openai_upstream_as_max_tokens() -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    newer = _openai_body(_request("openai", "chat", messages=messages, max_completion_tokens=3))
+    assert (newer["max_completion_tokens"], newer["max_tokens"]) == (3, 3)
+    both = _request("openai", "chat", messages=messages, max_completion_tokens=3, max_tokens=5)
+    assert _openai_body(both)["max_tokens"] == 5  # the client's own, as sent
+    assert "max_tokens" not in _openai_body(_request("openai", "chat", messages=messages))

@@ -2,7 +2,8 @@
 
 Works in front of llama.cpp's server, llama-cpp-python, vLLM and LM Studio.
 
-Requests from OpenAI clients pass through, with `stream` forced on (and usage asked for); an
+Requests from OpenAI clients pass through, with `stream` forced on (and usage asked for) and
+`max_completion_tokens` copied to `max_tokens`, the name every OpenAI-compatible server knows; an
 embeddings request asks for floats (the OpenAI surface encodes base64 itself). Requests from
 Ollama clients are translated (`gateway.upstream.openai_request`): a chat becomes
 `POST /v1/chat/completions`. `/v1/generate` becomes a chat
@@ -65,6 +66,10 @@ class OpenAIDialect:
         if request.surface == "openai":
             path = "/v1/chat/completions" if request.operation == "chat" else "/v1/completions"
             payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
+            if "max_tokens" not in body and body.get("max_completion_tokens") is not None:
+                # OpenAI's newer name for the limit. Ollama's /v1 ignores it (reference section
+                # 7.1), as may other servers that predate it; they all know `max_tokens`.
+                payload["max_tokens"] = body["max_completion_tokens"]
         else:
             path, payload = to_openai_request(request.operation, body)
         headers = {**headers, "content-type": "application/json", "accept": "text/event-stream"}

@@ -650,6 +650,21 @@ def test_openai_sampling_fields_reach_the_upstream(gw: Gateway, emulator: Emulat
         )
 
 
+def test_openai_max_completion_tokens_limits_the_answer(gw: Gateway, emulator: Emulator) -> None:
+    chat = _openai(gw).chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_completion_tokens=3,
+    )
+    assert chat.choices[0].message.content == "tok0 tok1 tok2 "
+    assert chat.choices[0].finish_reason == "length"
+    sent = emulator.state.records[-1].body
+    if _dialect(gw) == "ollama":
+        assert sent["options"]["num_predict"] == 3
+    else:  # also as `max_tokens`, which Ollama's /v1 (reference section 7.1) reads
+        assert (sent["max_completion_tokens"], sent["max_tokens"]) == (3, 3)
+
+
 def test_openai_completion_stop_string_reaches_the_upstream(
     gw: Gateway, emulator: Emulator
 ) -> None:
