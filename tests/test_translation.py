@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.neutral import GenerationRequest, Operation, Surface
+from gateway.api.ollama.codec import NdjsonCodec
+from gateway.neutral import Chunk, GenerationRequest, Operation, Surface
 from gateway.upstream.ollama_request import to_ollama_request
 from gateway.upstream.openai import OpenAIDialect
 from gateway.upstream.openai_request import to_openai_request
@@ -107,3 +108,33 @@ def test_max_completion_tokens_also_reaches_an_openai_upstream_as_max_tokens() -
     both = _request("openai", "chat", messages=messages, max_completion_tokens=3, max_tokens=5)
     assert _openai_body(both)["max_tokens"] == 5  # the client's own, as sent
     assert "max_tokens" not in _openai_body(_request("openai", "chat", messages=messages))
+
+
+# --- the codecs: chunks folded into answers -------------------------------------------------
+
+
+def _logprob(token: str) -> dict[str, Any]:
+    return {"token": token, "logprob": -0.5, "bytes": list(token.encode()), "top_logprobs": []}
+
+
+def test_ollama_answers_keep_every_chunks_logprobs() -> None:
+    """Ollama's `stream:false` answer carries the logprobs of all chunks (section 2.4)."""
+    request = _request("ollama", "chat", messages=[], stream=False)
+    native = [
+        Chunk(text="a", logprobs=[_logprob("a")], native={"message": {"content": "a"}}),
+        Chunk(text="b", logprobs=[_logprob("b")], native={"message": {"content": "b"}}),
+        Chunk(done=True, native={"message": {"content": ""}, "done": True}),
+    ]
+    built = [Chunk(text=c.text, logprobs=c.logprobs, done=c.done) for c in native]  # from /v1
+    for chunks in (native, built):
+        codec = NdjsonCodec(request)
+        for chunk in chunks:
+            codec.add(chunk)
+        answer = json.loads(codec.result())
+        assert [entry["token"] for entry in answer["logprobs"]] == ["a", "b"]
+        assert answer["message"]["content"] == "ab"
+    line = json.loads(NdjsonCodec(request).encode(built[:1]))  # a line built for a /v1 chunk
+    assert line["logprobs"] == [_logprob("a")]
+    plain = NdjsonCodec(request)
+    plain.add(Chunk(done=True))
+    assert "logprobs" not in json.loads(plain.result())

@@ -770,3 +770,30 @@ def test_openai_logprobs_come_back_streamed_and_not(gw: Gateway, emulator: Emula
         for entry in event.choices[0].logprobs.content or []
     ]
     assert tokens == ["tok0 ", "tok1 ", "tok2 "]
+
+
+def test_ollama_logprobs_come_back_streamed_and_not(gw: Gateway, emulator: Emulator) -> None:
+    client = _ollama(gw)
+    chat = client.chat(
+        model=MODEL, messages=MESSAGES, logprobs=True, top_logprobs=2, options={"num_predict": 3}
+    )
+    sent = emulator.state.records[-1].body
+    assert (sent["logprobs"], sent["top_logprobs"]) == (True, 2)
+    assert chat.logprobs is not None
+    assert [entry.token for entry in chat.logprobs] == ["tok0 ", "tok1 ", "tok2 "]
+    assert [len(entry.top_logprobs or []) for entry in chat.logprobs] == [2, 2, 2]
+    parts = list(
+        client.chat(
+            model=MODEL,
+            messages=MESSAGES,
+            logprobs=True,
+            top_logprobs=2,
+            options={"num_predict": 3},
+            stream=True,
+        )
+    )
+    assert [entry.token for part in parts for entry in part.logprobs or []] == [
+        "tok0 ",
+        "tok1 ",
+        "tok2 ",
+    ]

@@ -5,8 +5,8 @@ section 1: the bytes a client of Ollama would get); from an OpenAI-compatible up
 is built here in Ollama's shape (sections 2.3, 3.2), compact as Go's encoder writes it.
 
 A `stream:false` answer is built as Ollama builds it (section 2.4): `response` and `thinking`
-are concatenated across chunks and every other field is taken from the last chunk; for chat,
-`message.content`, `message.thinking` and `message.tool_calls` are accumulated
+are concatenated across chunks, `logprobs` too, and every other field is taken from the last
+chunk; for chat, `message.content`, `message.thinking` and `message.tool_calls` are accumulated
 (section 3.2, `writeChatResponse`).
 """
 
@@ -32,6 +32,7 @@ class NdjsonCodec:
         self._text: list[str] = []
         self._thinking: list[str] = []
         self._tool_calls: list[Any] = []
+        self._logprobs: list[Any] = []
         self._last: Chunk | None = None
 
     def encode(self, chunks: list[Chunk]) -> bytes:
@@ -64,6 +65,8 @@ class NdjsonCodec:
             data["response"] = text
             if thinking:
                 data["thinking"] = thinking
+        if chunk.logprobs:
+            data["logprobs"] = chunk.logprobs
         data["done"] = chunk.done
         if chunk.done:
             data["done_reason"] = chunk.done_reason or "stop"
@@ -77,6 +80,8 @@ class NdjsonCodec:
         self._thinking.append(chunk.thinking)
         if chunk.tool_calls:
             self._tool_calls.extend(chunk.tool_calls)
+        if chunk.logprobs:
+            self._logprobs.extend(chunk.logprobs)
         self._last = chunk
 
     def result(self) -> bytes:
@@ -84,8 +89,13 @@ class NdjsonCodec:
         last = self._last or Chunk(done=True)
         text, thinking = "".join(self._text), "".join(self._thinking)
         if last.native is None:
-            return encode_json(self._object(last, text, thinking, self._tool_calls))
+            data = self._object(last, text, thinking, self._tool_calls)
+            if self._logprobs:
+                data["logprobs"] = self._logprobs
+            return encode_json(data)
         result = dict(last.native)  # the upstream's own final object: `context` and all
+        if self._logprobs:
+            result["logprobs"] = self._logprobs
         message = result.get("message")
         if isinstance(message, dict):
             message = dict(message)
