@@ -138,3 +138,22 @@ def test_ollama_answers_keep_every_chunks_logprobs() -> None:
     plain = NdjsonCodec(request)
     plain.add(Chunk(done=True))
     assert "logprobs" not in json.loads(plain.result())
+
+
+def test_an_empty_ollama_embed_input_loads_an_openai_upstreams_model_and_embeds_nothing() -> None:
+    """Ollama's empty input loads the model and answers no vectors (reference section 6.6)."""
+    dialect = OpenAIDialect()
+    for body, legacy in (({"input": []}, False), ({"input": ""}, False), ({"prompt": ""}, True)):
+        request = GenerationRequest("ollama", "embed", {"model": "m", **body}, "m", legacy=legacy)
+        sent = json.loads(dialect.build_request(request, {}).content)
+        assert sent["input"] == [" "]  # OpenAI-compatible servers refuse an empty input
+        decoder = dialect.decoder(request, 0.0, 0.0)
+        decoder.feed(b'{"data": [{"index": 0, "embedding": [0.5]}], "usage": {"prompt_tokens": 1}}')
+        [chunk] = decoder.end()
+        assert (chunk.done, chunk.embeddings, chunk.stats) == (True, [], None)
+    request = GenerationRequest("ollama", "embed", {"model": "m", "input": []}, "m")
+    decoder = dialect.decoder(request, 0.0, 0.0)
+    decoder.feed(b'{"error": {"message": "model not found"}}')
+    assert decoder.end()[0].error == "model not found"
+    asked = GenerationRequest("ollama", "embed", {"model": "m", "input": ["a"]}, "m")
+    assert json.loads(dialect.build_request(asked, {}).content)["input"] == ["a"]

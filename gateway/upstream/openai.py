@@ -40,7 +40,11 @@ from gateway.upstream.dialect import (
     encode_json,
     trusted_count,
 )
-from gateway.upstream.openai_request import to_openai_embedding, to_openai_request
+from gateway.upstream.openai_request import (
+    embeds_nothing,
+    to_openai_embedding,
+    to_openai_request,
+)
 
 #: OpenAI's `finish_reason` in Ollama's `done_reason` terms (the neutral chunk's).
 _FINISH_REASONS = {"stop": "stop", "length": "length", "tool_calls": "stop", "eos": "stop"}
@@ -80,7 +84,8 @@ class OpenAIDialect:
     ) -> SseDecoder | BodyDecoder:
         """Return a decoder for one answer: SSE for generations (`SseDecoder`), else JSON."""
         if request.operation == "embed":
-            return BodyDecoder(_embeddings)
+            empty = request.surface == "ollama" and embeds_nothing(request)
+            return BodyDecoder(_no_embeddings if empty else _embeddings)
         return SseDecoder(started, sent)
 
     async def list_models(self, client: httpx.AsyncClient) -> list[ModelInfo]:
@@ -265,6 +270,17 @@ def _embeddings(data: dict[str, Any], raw: bytes) -> Chunk:  # noqa: ARG001 - Bo
     usage = data.get("usage") or {}
     stats = Stats(prompt_eval_count=trusted_count(usage.get("prompt_tokens")))
     return Chunk(done=True, embeddings=vectors, stats=stats)
+
+
+def _no_embeddings(data: dict[str, Any], raw: bytes) -> Chunk:
+    """The answer to an empty Ollama input: no vectors, no counts (reference section 6.6).
+
+    The upstream embedded `LOAD_INPUT` in its place (`to_openai_embedding`); only its error,
+    if any, is the client's.
+    """
+    if "error" in data:
+        return _embeddings(data, raw)
+    return Chunk(done=True, embeddings=[])
 
 
 def _ns(seconds: float) -> int:

@@ -175,14 +175,29 @@ def _response_format(fmt: object) -> dict[str, Any] | None:
     return None
 
 
+#: What an empty Ollama embed input becomes upstream (see `to_openai_embedding`).
+LOAD_INPUT = [" "]
+
+
+def embeds_nothing(request: GenerationRequest) -> bool:
+    """True for an Ollama embed body with no input (`""`, `[]` or none; legacy `prompt: ""`)."""
+    body = request.body
+    return not (body.get("prompt") if request.legacy else body.get("input"))
+
+
 def to_openai_embedding(request: GenerationRequest) -> dict[str, Any]:
     """The `/v1/embeddings` payload for Ollama's `/api/embed` or legacy `/api/embeddings` body.
 
     `truncate` has no OpenAI counterpart: OpenAI-compatible servers refuse over-long input,
-    which the client then sees as the upstream's 400.
+    which the client then sees as the upstream's 400. An empty input is Ollama's way to load
+    the model: it answers no vectors (reference section 6.6), where OpenAI-compatible servers
+    refuse an empty input with 400. So the smallest input they all take (`LOAD_INPUT`) goes
+    instead, and `gateway.upstream.openai` answers no vectors.
     """
     body = request.body
     text = body.get("prompt", "") if request.legacy else body.get("input", "")
+    if embeds_nothing(request):
+        text = LOAD_INPUT
     payload: dict[str, Any] = {"model": body["model"], "input": text, "encoding_format": "float"}
     if isinstance(body.get("dimensions"), int):
         payload["dimensions"] = body["dimensions"]

@@ -193,6 +193,26 @@ def test_invalid_embedding_inputs_are_refused_before_the_upstream(
     assert not [r for r in emulator.state.records if "embed" in r.path]
 
 
+def test_an_empty_ollama_embed_input_answers_no_vectors(gw: Gateway, emulator: Emulator) -> None:
+    """Ollama answers an empty input with no vectors, after loading the model (section 6.6)."""
+    from langchain_ollama import OllamaEmbeddings
+
+    client = _ollama(gw)
+    for empty in ([], ""):
+        answer = client.embed(model=MODEL, input=empty)
+        assert (answer.embeddings, answer.prompt_eval_count) == ([], None)
+    assert list(client.embeddings(model=MODEL, prompt="").embedding) == []
+    native = OllamaEmbeddings(model=MODEL, base_url=gw.url, client_kwargs={"headers": gw.headers()})
+    assert native._client is not None
+    _opened.callback(native._client.close)
+    assert native.embed_documents([]) == []  # a pipeline's empty batch
+    assert emulator.state.records[-1].path.endswith(
+        "/embed" if _dialect(gw) == "ollama" else "/embeddings"
+    )
+    text = gw.metrics_text()
+    assert metric_value(text, "gateway_input_tokens_total") == 0
+
+
 # --- tools ----------------------------------------------------------------------------------
 
 WEATHER: Any = {
