@@ -1,4 +1,7 @@
-"""KeyAuthenticator: the cache of verified keys in front of a real SQLite key store."""
+"""KeyAuthenticator: the cache of verified keys in front of a real SQLite key store.
+
+Also `Principal.from_record`, the principal a request gets from the record authenticated here.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import anyio
 import pytest
 
 from gateway.auth.authenticator import KeyAuthenticator
+from gateway.auth.principal import Principal
 from gateway.keys.store import InvalidKeyError, KeyRecord, KeyStore
 
 pytestmark = pytest.mark.anyio
@@ -168,3 +172,40 @@ async def test_the_cache_is_bounded(store: CountingStore):
     assert len(auth) == 2
     await auth.authenticate(keys[0])  # the oldest was dropped: looked up again
     assert store.lookups == 4
+
+
+async def test_a_permission_change_applies_once_the_entry_ages_out(store: CountingStore) -> None:
+    clock = FakeClock()
+    record, key = await store.create_key("ops")
+    auth = _authenticator(store, ttl=1.0, clock=clock)
+    assert not (await auth.authenticate(key)).manage_models
+
+    await store.update_limits(record.id, manage_models=True)
+    clock.now += 0.9  # within the bound: the cached record still serves
+    assert not (await auth.authenticate(key)).manage_models
+    clock.now += 0.2
+    assert (await auth.authenticate(key)).manage_models
+
+    await store.update_limits(record.id, manage_models=False)
+    clock.now += 1.1
+    assert not (await auth.authenticate(key)).manage_models
+
+
+async def test_the_principal_carries_the_model_management_permission(store: CountingStore) -> None:
+    _, ordinary_key = await store.create_key("app")
+    manager, manager_key = await store.create_key(
+        "ops", models=["m"], rpm=1, tpm=2, max_concurrent=3, manage_models=True
+    )
+    auth = _authenticator(store, ttl=60)
+
+    ordinary = Principal.from_record(await auth.authenticate(ordinary_key))
+    principal = Principal.from_record(await auth.authenticate(manager_key))
+
+    assert ordinary.manage_models is False
+    assert principal == Principal(
+        manager.id, "ops", ("m",), rpm=1, tpm=2, max_concurrent=3, manage_models=True
+    )
+
+
+def test_a_principal_built_by_hand_does_not_manage_models() -> None:
+    assert Principal("k1", "app", None).manage_models is False

@@ -215,7 +215,8 @@ def test_update_changes_only_the_given_limits(
     assert main(["keys", "update", key_id, "--rpm", "0"]) == 0
     out = capsys.readouterr().out
     assert out == (
-        f"Updated key {key_id} (ci); limits: rpm unlimited, tpm 1000, max concurrent 2\n"
+        f"Updated key {key_id} (ci); limits: rpm unlimited, tpm 1000, max concurrent 2; "
+        "manage models: no\n"
     )
 
     assert (
@@ -243,7 +244,7 @@ def test_update_without_a_limit_is_a_usage_error(
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "gateway keys update" in err
-    assert "at least one of --rpm, --tpm and --max-concurrent" in err
+    assert "at least one of --rpm, --tpm, --max-concurrent and --[no-]manage-models" in err
     assert _authenticate(database_url, str(created["key"])).rpm == 60
 
 
@@ -305,6 +306,58 @@ def test_list_shows_the_limits(database_url: str, capsys: pytest.CaptureFixture[
         default["id"]: ["default", "default", "default"],
     }
     assert [_limits(entry) for entry in listed] == [(60, 0, 3), (None, None, None)]
+
+
+def test_create_with_manage_models_grants_it(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ordinary = _create_json(capsys)
+    manager = _create_json(capsys, "--manage-models")
+
+    assert ordinary["manage_models"] is False
+    assert manager["manage_models"] is True
+    assert not _authenticate(database_url, str(ordinary["key"])).manage_models
+    assert _authenticate(database_url, str(manager["key"])).manage_models
+    assert main(["keys", "create", "--name", "ops", "--manage-models"]) == 0
+    assert "manage models: yes" in capsys.readouterr().out
+
+
+def test_update_grants_and_clears_manage_models(
+    database_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    created = _create_json(capsys, "--rpm", "60")
+    key_id = str(created["id"])
+
+    assert main(["keys", "update", key_id, "--manage-models"]) == 0
+    assert capsys.readouterr().out == (
+        f"Updated key {key_id} (ci); limits: rpm 60, tpm default, max concurrent default; "
+        "manage models: yes\n"
+    )
+    granted = _authenticate(database_url, str(created["key"]))
+    assert (granted.manage_models, granted.rpm) == (True, 60)
+
+    assert main(["keys", "update", key_id, "--rpm", "5", "--no-manage-models", "--json"]) == 0
+    cleared = json.loads(capsys.readouterr().out)
+    assert (cleared["manage_models"], cleared["rpm"]) == (False, 5)
+    record = _authenticate(database_url, str(created["key"]))
+    assert (record.manage_models, record.rpm) == (False, 5)
+
+
+def test_list_shows_manage_models(database_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    manager = _create_json(capsys, "--manage-models")
+    ordinary = _create_json(capsys)
+
+    assert main(["keys", "list"]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert main(["keys", "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+
+    assert header.split()[5:8] == ["CONCURRENT", "MANAGE", "MODELS"]
+    assert {row.split()[0]: row.split()[6] for row in rows} == {
+        manager["id"]: "yes",
+        ordinary["id"]: "no",
+    }
+    assert [entry["manage_models"] for entry in listed] == [True, False]
 
 
 @pytest.mark.parametrize("duration", ["30", "1y", "0d", "-5m", "1.5h", "30 d", "d", "99999999999w"])

@@ -10,7 +10,7 @@ import asyncio
 import os
 import secrets
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,15 @@ class Database:
             async with engine.begin() as conn:
                 for statement in statements:
                     await conn.execute(statement)
+        finally:
+            await engine.dispose()
+
+    async def scalar(self, statement: Any) -> Any:
+        """Run one raw SQL query outside any KeyStore and return its first value."""
+        engine = create_async_engine(self.url, poolclass=NullPool, **self.options)
+        try:
+            async with engine.connect() as conn:
+                return await conn.scalar(statement)
         finally:
             await engine.dispose()
 
@@ -424,6 +433,49 @@ async def test_invalid_limits_are_rejected_and_nothing_changes(
     assert await store.list_keys() == [record]
 
 
+@pytest.mark.anyio
+async def test_keys_do_not_manage_models_unless_created_so(store: KeyStore) -> None:
+    ordinary, ordinary_key = await store.create_key("app")
+    manager, manager_key = await store.create_key("ops", manage_models=True)
+
+    assert ordinary.manage_models is False
+    assert manager.manage_models is True
+    assert await store.authenticate(ordinary_key) == ordinary
+    assert await store.authenticate(manager_key) == manager
+    assert await store.get_key(manager.id) == manager
+    assert await store.list_keys() == [ordinary, manager]
+
+
+@pytest.mark.anyio
+async def test_update_limits_grants_and_clears_manage_models(store: KeyStore) -> None:
+    record, key = await store.create_key("app", models=["m"], rpm=60)
+
+    granted = await store.update_limits(record.id, manage_models=True)
+    assert granted.manage_models is True
+    assert (granted.models, granted.rpm) == (("m",), 60)
+    assert await store.authenticate(key) == granted
+
+    assert await store.update_limits(record.id, rpm=5) == replace(granted, rpm=5)
+    assert await store.update_limits(record.id, manage_models=UNSET) == replace(granted, rpm=5)
+
+    cleared = await store.update_limits(record.id, manage_models=False, rpm=None)
+    assert (cleared.manage_models, cleared.rpm) == (False, None)
+    assert await store.get_key(record.id) == cleared
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("value", [None, 1, "yes"])
+async def test_a_manage_models_that_is_not_a_bool_is_rejected(store: KeyStore, value: Any) -> None:
+    with pytest.raises(ValueError, match="manage_models"):
+        await store.create_key("x", manage_models=value)
+    record, _ = await store.create_key("kept", rpm=7)
+
+    with pytest.raises(ValueError, match="manage_models"):  # the valid rpm is not applied either
+        await store.update_limits(record.id, rpm=1, manage_models=value)
+
+    assert await store.list_keys() == [record]
+
+
 _OLD_TABLE = """
 CREATE TABLE gateway_api_keys (
     id VARCHAR(32) NOT NULL,
@@ -463,11 +515,65 @@ async def test_create_schema_adds_missing_columns_to_an_old_table(database: Data
         old = await stores[0].authenticate(old_key)
         assert (old.id, old.name, old.created_at) == (key_id, "old", created_at)
         assert (old.rpm, old.tpm, old.max_concurrent) == (None, None, None)
+        assert old.manage_models is False
         updated = await stores[1].update_limits(key_id, rpm=30, tpm=0, max_concurrent=1)
         assert (updated.rpm, updated.tpm, updated.max_concurrent) == (30, 0, 1)
         new, new_key = await stores[2].create_key("new", max_concurrent=3)
         assert await stores[0].authenticate(new_key) == new
         assert await stores[0].list_keys() == [updated, new]
+    finally:
+        for key_store in stores:
+            await key_store.close()
+
+
+_LIMITS_TABLE = """
+CREATE TABLE gateway_api_keys (
+    id VARCHAR(32) NOT NULL,
+    name VARCHAR(200) NOT NULL,
+    secret_hash VARCHAR(64) NOT NULL,
+    models JSON,
+    created_at {timestamp} NOT NULL,
+    expires_at {timestamp},
+    revoked_at {timestamp},
+    last_used_at {timestamp},
+    rpm INTEGER,
+    tpm INTEGER,
+    max_concurrent INTEGER,
+    PRIMARY KEY (id)
+)
+"""
+"""The table as created before the model-management permission (with the per-key limits)."""
+
+
+@pytest.mark.anyio
+async def test_create_schema_adds_manage_models_to_a_table_without_it(database: Database) -> None:
+    created_at = datetime(2020, 1, 1, tzinfo=UTC)  # before the key created below
+    timestamp = "DATETIME" if database.url.startswith("sqlite") else "TIMESTAMP WITH TIME ZONE"
+    key_id, secret, old_key = apikey.generate_key()
+    insert = text(
+        "INSERT INTO gateway_api_keys (id, name, secret_hash, models, created_at, rpm)"
+        " VALUES (:id, :name, :secret_hash, NULL, :created_at, 60)"
+    ).bindparams(bindparam("created_at", type_=UTCDateTime()))
+    await database.execute(
+        text(_LIMITS_TABLE.format(timestamp=timestamp)),
+        insert.bindparams(
+            id=key_id, name="old", secret_hash=apikey.hash_secret(secret), created_at=created_at
+        ),
+    )
+    stores = [database.open() for _ in range(3)]
+    try:
+        await asyncio.gather(*(key_store.create_schema() for key_store in stores))
+
+        old = await stores[0].authenticate(old_key)
+        assert (old.id, old.rpm, old.manage_models) == (key_id, 60, False)
+        # The added column is NULL for the existing key, and NULL reads as False.
+        assert await database.scalar(text("SELECT manage_models FROM gateway_api_keys")) is None
+        granted = await stores[1].update_limits(key_id, manage_models=True)
+        assert (granted.rpm, granted.manage_models) == (60, True)
+        assert await stores[2].authenticate(old_key) == granted
+        new, new_key = await stores[2].create_key("new", manage_models=True)
+        assert (await stores[0].authenticate(new_key)).manage_models is True
+        assert await stores[0].list_keys() == [granted, new]
     finally:
         for key_store in stores:
             await key_store.close()

@@ -5,9 +5,9 @@ SQLite (an ORM lookup through aiosqlite's worker thread; docs/performance.md, "T
 run"), more than the rest of the gateway's per-request work together. A key verified in the last
 `GATEWAY_KEY_CACHE_SECONDS` is therefore served from memory:
 
-- **The bound.** Revocation, rotation and limit changes take effect on every replica within
-  `key_cache_seconds` (default 1 s; field failure F-27 asks for a stated, tested bound). With
-  0 every request reads the store, as before.
+- **The bound.** Revocation, rotation, limit and permission (`manage_models`) changes take
+  effect on every replica within `key_cache_seconds` (default 1 s; field failure F-27 asks for a
+  stated, tested bound). With 0 every request reads the store, as before.
 - **Expiry stays exact:** every hit checks the cached `expires_at` against the clock, so an
   expired key is refused at once (F-28).
 - **Only successes are cached.** A wrong, unknown, revoked or expired key always goes to the

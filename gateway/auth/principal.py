@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.keys.store import KeyRecord
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is calling: an API key's id and name, the models it may use, and its own limits.
+    """Who is calling: a key's id and name, the models it may use, its limits, its permission.
 
     Each limit is the key's own setting, not yet resolved: None means "use the gateway's
     default" (`GATEWAY_DEFAULT_RPM`, `GATEWAY_DEFAULT_TPM`, `GATEWAY_DEFAULT_MAX_CONCURRENT`),
@@ -20,6 +24,8 @@ class Principal:
         rpm: Requests per minute.
         tpm: Tokens per minute, prompt plus output tokens.
         max_concurrent: Requests in flight at once.
+        manage_models: Whether the gateway relays Ollama's model-management endpoints (pull,
+            push, create, copy, delete, blobs) for this key; False means they answer 403.
     """
 
     key_id: str
@@ -28,6 +34,24 @@ class Principal:
     rpm: int | None = None
     tpm: int | None = None
     max_concurrent: int | None = None
+    manage_models: bool = False
+
+    @classmethod
+    def from_record(cls, record: KeyRecord) -> Principal:
+        """The principal of an authenticated key: every field of `record` a request needs.
+
+        Built here rather than field by field at each caller, so that a new key attribute
+        cannot be stored yet silently dropped on its way to the request.
+        """
+        return cls(
+            record.id,
+            record.name,
+            record.models,
+            rpm=record.rpm,
+            tpm=record.tpm,
+            max_concurrent=record.max_concurrent,
+            manage_models=record.manage_models,
+        )
 
     def allows_model(self, model: str) -> bool:
         """Return True when this key may use `model`; `name` and `name:latest` are the same."""

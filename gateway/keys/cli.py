@@ -52,6 +52,10 @@ def _limit(value: int | None) -> str:
     return "unlimited" if value == 0 else str(value)
 
 
+def _yes_no(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
 def _limits(record: KeyRecord) -> str:
     return ", ".join(
         f"{field.replace('_', ' ')} {_limit(getattr(record, field))}" for field in _LIMITS
@@ -74,12 +78,13 @@ def _record_json(record: KeyRecord, now: datetime) -> dict[str, Any]:
         "rpm": record.rpm,
         "tpm": record.tpm,
         "max_concurrent": record.max_concurrent,
+        "manage_models": record.manage_models,
     }
 
 
 def _print_table(records: list[KeyRecord], now: datetime) -> None:
     header = (
-        *("ID", "NAME", "MODELS", "RPM", "TPM", "CONCURRENT"),
+        *("ID", "NAME", "MODELS", "RPM", "TPM", "CONCURRENT", "MANAGE MODELS"),
         *("CREATED", "EXPIRES", "LAST USED", "STATUS"),
     )
     rows = [
@@ -90,6 +95,7 @@ def _print_table(records: list[KeyRecord], now: datetime) -> None:
             _limit(record.rpm),
             _limit(record.tpm),
             _limit(record.max_concurrent),
+            _yes_no(record.manage_models),
             _when(record.created_at),
             "never" if record.expires_at is None else _when(record.expires_at),
             "never" if record.last_used_at is None else _when(record.last_used_at),
@@ -134,7 +140,7 @@ def _print_new_key(record: KeyRecord, key: str, *, as_json: bool, verb: str) -> 
     models = "all" if record.models is None else ", ".join(record.models)
     expires = "never" if record.expires_at is None else _when(record.expires_at)
     print(f"{verb} key {record.id} ({record.name}); models: {models}; expires: {expires}")
-    print(f"Limits: {_limits(record)}")
+    print(f"Limits: {_limits(record)}; manage models: {_yes_no(record.manage_models)}")
     print(key)
     print(_NOT_SHOWN_AGAIN)
 
@@ -150,6 +156,7 @@ def _create(args: argparse.Namespace, settings: Settings) -> int:
             rpm=args.rpm,
             tpm=args.tpm,
             max_concurrent=args.max_concurrent,
+            manage_models=args.manage_models,
         )
         _print_new_key(record, key, as_json=args.json, verb="Created")
         return 0
@@ -173,18 +180,23 @@ def _list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _update(args: argparse.Namespace, settings: Settings) -> int:
-    # The limit flags default to argparse.SUPPRESS: absent means "leave as is", None "default".
-    changes = {field: getattr(args, field) for field in _LIMITS if hasattr(args, field)}
+    # The update flags default to argparse.SUPPRESS: absent means "leave as is" (for a limit,
+    # None means "default").
+    fields = (*_LIMITS, "manage_models")
+    changes = {field: getattr(args, field) for field in fields if hasattr(args, field)}
     if not changes:
         parser: argparse.ArgumentParser = args.parser
-        parser.error("give at least one of --rpm, --tpm and --max-concurrent")
+        parser.error("give at least one of --rpm, --tpm, --max-concurrent and --[no-]manage-models")
 
     async def action(store: KeyStore) -> int:
         record = await store.update_limits(args.key_id, **changes)
         if args.json:
             print(json.dumps(_record_json(record, datetime.now(UTC))))
         else:
-            print(f"Updated key {record.id} ({record.name}); limits: {_limits(record)}")
+            print(
+                f"Updated key {record.id} ({record.name}); limits: {_limits(record)}; "
+                f"manage models: {_yes_no(record.manage_models)}"
+            )
         return 0
 
     return _run(settings, action)
@@ -243,6 +255,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
             metavar="N",
             help=f"{what}; 0 = unlimited (default: the gateway's default from settings)",
         )
+    create.add_argument(
+        "--manage-models",
+        action="store_true",
+        help="let the key use Ollama's model-management endpoints: pull, push, create, copy, "
+        "delete, blobs (default: it gets 403 there)",
+    )
     create.add_argument("--json", action="store_true", help="print one JSON object")
     create.set_defaults(handler=_create)
 
@@ -250,7 +268,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     list_.add_argument("--json", action="store_true", help="print one JSON array")
     list_.set_defaults(handler=_list)
 
-    update = commands.add_parser("update", help="change a key's limits")
+    update = commands.add_parser(
+        "update", help="change a key's limits or its model-management permission"
+    )
     update.add_argument("key_id", metavar="ID", help="the key's id (the 12 hex characters)")
     for flag, what in _LIMIT_FLAGS:
         update.add_argument(
@@ -260,6 +280,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
             metavar="N|default",
             help=f"{what}; 0 = unlimited, `default` = the gateway's default from settings",
         )
+    update.add_argument(
+        "--manage-models",
+        action=argparse.BooleanOptionalAction,
+        default=argparse.SUPPRESS,
+        help="grant (or, with --no-manage-models, clear) the use of Ollama's model-management "
+        "endpoints",
+    )
     update.add_argument("--json", action="store_true", help="print one JSON object")
     update.set_defaults(handler=_update, parser=update)
 

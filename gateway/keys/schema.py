@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 import anyio
-from sqlalchemy import JSON, DateTime, Integer, String, Table, inspect, text
+from sqlalchemy import JSON, Boolean, DateTime, Integer, String, Table, inspect, text
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -102,6 +102,10 @@ class ApiKeyRow(Base):
     rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_concurrent: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # May the key use Ollama's model-management endpoints (pull, push, create, copy, delete,
+    # blobs)? NULL = no: nullable so that `create_schema` can add it to an older table, whose
+    # keys then stay ordinary keys.
+    manage_models: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
 
     def to_record(self) -> KeyRecord:
         """The immutable, secret-free view of this row."""
@@ -116,6 +120,7 @@ class ApiKeyRow(Base):
             rpm=self.rpm,
             tpm=self.tpm,
             max_concurrent=self.max_concurrent,
+            manage_models=bool(self.manage_models),
         )
 
 
@@ -206,6 +211,9 @@ class KeyRecord:
     """Tokens (prompt + output) per minute: None = the gateway's default, 0 = unlimited."""
     max_concurrent: int | None = None
     """Requests in flight at once: None = the gateway's default, 0 = unlimited."""
+    manage_models: bool = False
+    """Whether the gateway relays Ollama's model-management endpoints for this key (a stored
+    NULL reads as False)."""
 
     def allows_model(self, model: str) -> bool:
         """Whether this key may use `model`.

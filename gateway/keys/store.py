@@ -1,4 +1,4 @@
-"""The API key store: create, list, revoke, rotate, limit and authenticate keys (SQLAlchemy async).
+"""The API key store: create, list, revoke, rotate, update and authenticate keys (SQLAlchemy async).
 
 The same code runs on SQLite (one machine) and PostgreSQL (shared by replicas). Only
 `sha256(secret)` is stored; a full key exists in memory once, when it is created or rotated, and is
@@ -30,6 +30,7 @@ from gateway.keys.validation import (
     check_limit,
     check_models,
     check_name,
+    check_permission,
     limit_changes,
 )
 
@@ -112,6 +113,7 @@ class KeyStore:
         rpm: int | None = None,
         tpm: int | None = None,
         max_concurrent: int | None = None,
+        manage_models: bool = False,
     ) -> tuple[KeyRecord, str]:
         """Create a key.
 
@@ -123,6 +125,8 @@ class KeyStore:
                 default from settings, 0 = unlimited, a positive integer = that limit.
             tpm: Tokens per minute, prompt plus output tokens.
             max_concurrent: Requests in flight at once.
+            manage_models: Whether the gateway relays Ollama's model-management endpoints
+                (pull, push, create, copy, delete, blobs) for this key; other keys get 403.
 
         Returns:
             The new record, and the full key `gw_<id>_<secret>`. The key cannot be recovered
@@ -130,7 +134,8 @@ class KeyStore:
 
         Raises:
             ValueError: on an empty or too long name, an empty `models` list (use None for all
-                models), a naive `expires_at`, or a negative (or too large) limit.
+                models), a naive `expires_at`, a negative (or too large) limit, or a
+                `manage_models` that is not a bool.
         """
         key_id, secret, full_key = generate_key()
         row = ApiKeyRow(
@@ -143,6 +148,7 @@ class KeyStore:
             rpm=check_limit("rpm", rpm),
             tpm=check_limit("tpm", tpm),
             max_concurrent=check_limit("max_concurrent", max_concurrent),
+            manage_models=check_permission("manage_models", manage_models),
         )
         async with self._sessions.begin() as session:
             session.add(row)
@@ -197,8 +203,12 @@ class KeyStore:
         rpm: int | Unset | None = UNSET,
         tpm: int | Unset | None = UNSET,
         max_concurrent: int | Unset | None = UNSET,
+        manage_models: bool | Unset = UNSET,
     ) -> KeyRecord:
-        """Change a key's limits; only the ones passed change. Works on revoked keys too.
+        """Change a key's limits and its model-management permission; only what is passed changes.
+
+        One transaction, so that `gateway keys update` applies all its flags or none. Works on
+        revoked keys too.
 
         Args:
             key_id: The key's id.
@@ -206,15 +216,20 @@ class KeyStore:
                 positive integer = that limit; `UNSET` (the default) leaves it as it is.
             tpm: Tokens per minute (prompt plus output), as for `rpm`.
             max_concurrent: Requests in flight at once, as for `rpm`.
+            manage_models: True grants the model-management permission, False clears it;
+                `UNSET` leaves it as it is.
 
         Returns:
-            The record after the change (unchanged if no limit was passed).
+            The record after the change (unchanged if nothing was passed).
 
         Raises:
             KeyNotFoundError: if no key has this id.
-            ValueError: on a negative (or too large) limit; nothing is changed.
+            ValueError: on a negative (or too large) limit, or a `manage_models` that is not a
+                bool; nothing is changed.
         """
         changes = limit_changes(rpm=rpm, tpm=tpm, max_concurrent=max_concurrent)
+        if not isinstance(manage_models, Unset):
+            changes["manage_models"] = check_permission("manage_models", manage_models)
         async with self._sessions.begin() as session:
             # Row lock on PostgreSQL, so the record returned is the one this update committed.
             row = await session.get(ApiKeyRow, key_id, with_for_update=True)

@@ -6,8 +6,8 @@ Each rule exists in two forms, pure functions both:
   `argparse.ArgumentTypeError`, so `gateway keys` reports bad input as a usage error (exit 2)
   before it opens the store.
 
-`UNSET` marks a limit that an update leaves alone. `KeyNotFoundError` and `InvalidKeyError` are
-raised by the store and re-exported from it.
+`UNSET` marks a limit or permission that an update leaves alone. `KeyNotFoundError` and
+`InvalidKeyError` are raised by the store and re-exported from it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class Unset(enum.Enum):
 
 
 UNSET: Final = Unset.UNSET
-"""A limit that is not given, as opposed to None, which means "the gateway's default"."""
+"""A field an update leaves alone, as opposed to None, which for a limit means "the default"."""
 
 
 def check_name(name: str) -> str:
@@ -84,6 +84,18 @@ def check_limit(field: str, value: int | None) -> int | None:
         raise ValueError(
             f"{field} must be 0 (unlimited) to {MAX_LIMIT}, or None (the default); got {value}"
         )
+    return value
+
+
+def check_permission(field: str, value: bool) -> bool:
+    """Return a key permission (`manage_models`) if it is a bool.
+
+    Raises:
+        ValueError: on anything else, since `1`, `"no"` or None would grant or clear it by a
+            truthiness the caller may not have meant.
+    """
+    if not isinstance(value, bool):
+        raise ValueError(f"{field} must be True or False, not {value!r}")
     return value
 
 
