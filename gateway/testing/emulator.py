@@ -5,7 +5,12 @@ import point for its users: it re-exports the knobs and records from `emulator_s
 each in its own `gateway.testing` module, in the order data flows through them:
 
 * `emulator_front_door`: records every request, applies the loopback `Host`/`Origin` gates;
-* `emulator_native` and `emulator_openai`: the `/api/*` and `/v1` faces, their routes and shapes;
+* `emulator_native` and `emulator_openai` (with `emulator_openai_request`): the generation
+  routes of the `/api/*` and `/v1` faces and their shapes;
+* `emulator_embed`: `/api/embed`, `/api/embeddings`, `/v1/embeddings`;
+* `emulator_models` (listing, show, copy, delete, blobs, `/v1/models`) and `emulator_transfer`
+  (pull, push, create progress), over the model facts of `emulator_catalog`;
+* `emulator_content`: what an answer says (tokens, a JSON `format`, a tool call, logprobs);
 * `emulator_engine`: the timing and fault engine both faces run on, via `emulator_dialect`;
 * `emulator_wire`: Go-style JSON, error texts and timestamps; `emulator_state`: config, records.
 
@@ -17,7 +22,11 @@ Fidelity items (reference §11 "Emulator"):
 * a final chunk with `done_reason`, `context` (generate only) and metrics in nanoseconds whose
   zero fields are omitted (§2.3); `stream: false` aggregation (§2.4); load/unload shortcuts (§2.5);
 * the statuses and texts of §4.2, mid-stream error lines (§4.3, §4.4), the loopback `Host` and
-  `Origin` gates (§6.8), and generation that stops, and is recorded, on a client disconnect (§5).
+  `Origin` gates (§6.8), and generation that stops, and is recorded, on a client disconnect (§5);
+* tool calls in their own chunk (§3.2; OpenAI-style argument fragments on `/v1`, §7.1), JSON
+  `format` / `response_format` answers, `logprobs`;
+* embeddings (§6.6, §7.4), `/api/show` and `/v1/models/{model}` (§6.5, §7.3), and model
+  management whose pulls, copies, creates and deletes `/api/tags` reflects (§6.7).
 
 Run it with `python -m gateway.testing.emulator --port 11434`, or in-process with
 `gateway.testing.server.LoopbackServer(create_emulator_app(config))`.
@@ -27,7 +36,9 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 from collections.abc import Sequence
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -35,7 +46,13 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from gateway.testing import emulator_native, emulator_openai
+from gateway.testing import (
+    emulator_embed,
+    emulator_models,
+    emulator_native,
+    emulator_openai,
+    emulator_transfer,
+)
 from gateway.testing.emulator_front_door import FrontDoor
 from gateway.testing.emulator_state import (
     FAULTS,
@@ -73,16 +90,34 @@ def create_emulator_app(config: EmulatorConfig | None = None) -> Starlette:
         config: The knobs; tests may keep a reference and change it between requests.
 
     Returns:
-        A Starlette app serving the endpoints of reference §2, §3, §6.1-6.4 and §7.
+        A Starlette app serving the endpoints of reference §2, §3, §6 and §7.
     """
     state = EmulatorState(config or EmulatorConfig())
+    routes = (
+        emulator_native.ROUTES,
+        emulator_models.ROUTES,
+        emulator_transfer.ROUTES,
+        emulator_embed.ROUTES,
+        emulator_openai.ROUTES,
+    )
     app = Starlette(
-        routes=[*emulator_native.ROUTES, *emulator_openai.ROUTES],
+        routes=[route for family in routes for route in family],
         middleware=[Middleware(FrontDoor, state=state)],
         exception_handlers={404: _not_found, 405: _not_allowed},
     )
     app.state.emulator = state
     return app
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """Parse a `--tool-arguments` value; argparse reports the error."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("not a JSON object")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -107,6 +142,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--thinking-tokens", type=int, default=defaults.thinking_tokens)
     parser.add_argument("--fault", choices=sorted(FAULTS), default=None)
     parser.add_argument("--fault-after", type=int, default=defaults.fault_after)
+    parser.add_argument("--embedding-dimensions", type=int, default=defaults.embedding_dimensions)
+    parser.add_argument(
+        "--context-length",
+        type=int,
+        default=defaults.context_length,
+        help="loaded context in words; longer embedding inputs are truncated",
+    )
+    parser.add_argument(
+        "--tool-call",
+        action="store_true",
+        help="answer chat requests that offer tools with a call to the first tool",
+    )
+    parser.add_argument(
+        "--tool-arguments",
+        type=_json_object,
+        default=None,
+        help="the tool call's arguments as a JSON object (default: from its schema)",
+    )
+    parser.add_argument(
+        "--registry", default=None, help="comma-separated models /api/pull can fetch (default: any)"
+    )
     parser.add_argument("--http", choices=["h11", "httptools"], default="httptools")
     levels = ["debug", "info", "warning", "error"]
     parser.add_argument("--log-level", default="info", choices=levels)
@@ -124,6 +180,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         fault=args.fault,
         fault_after=args.fault_after,
         host_gate=loopback,
+        embedding_dimensions=args.embedding_dimensions,
+        context_length=args.context_length,
+        tool_call=args.tool_call,
+        tool_arguments=args.tool_arguments,
+        registry=None if args.registry is None else [n for n in args.registry.split(",") if n],
     )
     uvicorn.run(
         create_emulator_app(config),

@@ -1,8 +1,9 @@
 """The contract between the emulator's engine and its faces: what a generation produces.
 
-Owns `Piece` (one chunk's text), `Summary` (what the final chunk reports), `Event` (one streamed
-event) and the `Dialect` protocol through which the engine (`gateway.testing.emulator_engine`)
-asks the native face (`emulator_native`) and the OpenAI face (`emulator_openai`) to render them.
+Owns `Piece` (one chunk's text or tool call), `ToolCall`, `Summary` (what the final chunk
+reports), `Event` (one streamed event) and the `Dialect` protocol through which the engine
+(`gateway.testing.emulator_engine`) asks the native face (`emulator_native`) and the OpenAI face
+(`emulator_openai`) to render them.
 """
 
 from __future__ import annotations
@@ -15,17 +16,46 @@ Event = dict[str, Any] | str
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A call the emulated model makes to a tool the request offered (reference §3.1).
+
+    Attributes:
+        id: `call_` plus 8 lowercase alphanumerics, Ollama's `toolCallId()` format.
+        name: The tool's function name.
+        arguments: The arguments object (a JSON string on the OpenAI face, §3.1).
+    """
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Piece:
-    """One streamed chunk's text; `counted` is False for the empty first chunk."""
+    """One step of a generation: a chunk's text, or a tool call.
+
+    Attributes:
+        content: Answer text.
+        thinking: Thinking text (§2.3).
+        counted: False for the empty first chunk, which is no token.
+        silent: A token generated but not sent: while tools are offered, Ollama's tool parser
+            holds text back, so a call arrives late, in one chunk (§3.2).
+        tool_call: The call this chunk carries, if any.
+    """
 
     content: str = ""
     thinking: str = ""
     counted: bool = True
+    silent: bool = False
+    tool_call: ToolCall | None = None
 
 
 @dataclass(frozen=True)
 class Summary:
-    """What the final chunk reports (§2.3). Durations are nanoseconds."""
+    """What the final chunk reports (§2.3). Durations are nanoseconds.
+
+    `tool_called` tells the OpenAI face to report `finish_reason: "tool_calls"` (§7.1).
+    """
 
     done_reason: str
     prompt_eval_count: int
@@ -34,6 +64,7 @@ class Summary:
     load_duration: int
     prompt_eval_duration: int
     eval_duration: int
+    tool_called: bool = False
 
     def metrics(self) -> dict[str, int]:
         """The metric fields in Go struct order, zero ones omitted (`omitempty`, §9.2)."""

@@ -1,10 +1,12 @@
 """The Ollama emulator's timing and fault engine, shared by its native and OpenAI faces.
 
 Owns how one generation runs once a request is valid: picking the answer (a fault before any
-byte, an unknown model, a load, or a generation), laying out its chunks, sending them on
-schedule as a raw ASGI app, playing mid-stream faults, noticing a client disconnect (§5) and
-measuring what the final chunk reports. How chunks look is the `Dialect`'s business
-(`gateway.testing.emulator_dialect`); `Endpoint` lets routes return such raw ASGI apps.
+byte, an unknown model, a load, or a generation), sending its chunks on schedule as a raw ASGI
+app, playing mid-stream faults, noticing a client disconnect (§5) and measuring what the final
+chunk reports. What the chunks say is planned by `gateway.testing.emulator_content`, how they
+look is the `Dialect`'s business (`gateway.testing.emulator_dialect`). `Endpoint` lets routes
+return raw ASGI apps, `refusal` gives other routes the same faults before the first byte, and
+`run_cancellable` gives other streams the same disconnect handling.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import anyio
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.testing.emulator_catalog import resolve
+from gateway.testing.emulator_content import PLAIN, Shape, plan
 from gateway.testing.emulator_dialect import Dialect, Event, Piece, Summary
 from gateway.testing.emulator_state import EmulatorConfig, Outcome, ReceivedRequest
 from gateway.testing.emulator_wire import JSON_MEDIA_TYPE, encode_json, json_response
@@ -47,6 +51,19 @@ class Endpoint:
         await app(scope, receive, send)
 
 
+def refusal(config: EmulatorConfig, record: ReceivedRequest, model: str) -> tuple[int, str] | None:
+    """The `(status, message)` of a fault played before any byte, or None (see `EmulatorConfig`)."""
+    before = {
+        "status_before": (config.fault_status, config.fault_message),
+        "busy": (503, _BUSY),
+        "not_found": (404, f"model '{model}' not found"),
+    }
+    if config.fault not in before:
+        return None
+    record.outcome = "fault"
+    return before[config.fault]
+
+
 def answer(
     dialect: Dialect,
     config: EmulatorConfig,
@@ -56,40 +73,50 @@ def answer(
     stream: bool,
     limit: int | None,
     loaded: dict[str, Any] | None = None,
+    shape: Shape = PLAIN,
 ) -> ASGIApp:
     """Pick the answer once a body is valid: a fault before any byte, 404, load, or a generation."""
-    before = {
-        "status_before": (config.fault_status, config.fault_message),
-        "busy": (503, _BUSY),
-        "not_found": (404, f"model '{model}' not found"),
-    }
-    if config.fault in before:
-        record.outcome = "fault"
-        status, message = before[config.fault]
-        return json_response(status, dialect.error_body(status, message))
-    if _resolve(model, config.models) is None:
+    refused = refusal(config, record, model)
+    if refused is not None:
+        return json_response(refused[0], dialect.error_body(*refused))
+    if resolve(model, config.models) is None:
         return json_response(404, dialect.error_body(404, f"model '{model}' not found"))
     if loaded is not None:
         return json_response(200, loaded)
-    return _Generation(dialect, config, record, stream=stream, limit=limit)
+    return _Generation(dialect, config, record, stream=stream, pieces=plan(config, limit, shape))
 
 
-def _resolve(name: str, models: list[str]) -> str | None:
-    """Find an installed model; the tag defaults to `latest`, matching ignores case (§2.1)."""
-    wanted = name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
-    return next((model for model in models if model.lower() == wanted.lower()), None)
+async def run_cancellable(
+    record: ReceivedRequest, receive: Receive, produce: Callable[[], Awaitable[Outcome]]
+) -> None:
+    """Run `produce` until it ends or the client leaves, then record the outcome (§5).
 
+    A listener task awaits `receive()` next to the producer and cancels both on
+    `http.disconnect`, so a disconnect is noticed at once, even during a sleep or a hang.
+    """
+    outcome: Outcome | None = None
+    disconnected = False
+    try:
+        async with anyio.create_task_group() as group:
 
-def _plan(config: EmulatorConfig, limit: int | None) -> tuple[list[Piece], str]:
-    """Lay out the chunks of one answer and its `done_reason` (`length` when cut by a limit)."""
-    pieces = [Piece(thinking=f"think{i} ") for i in range(config.thinking_tokens)]
-    pieces += [Piece(content=f"tok{i} ") for i in range(config.tokens)]
-    reason = "stop"
-    if limit is not None and 0 <= limit < len(pieces):
-        pieces, reason = pieces[:limit], "length"
-    if config.empty_first_chunk:
-        pieces.insert(0, Piece(counted=False))
-    return pieces, reason
+            async def listen() -> None:
+                nonlocal disconnected
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                disconnected = True
+                group.cancel_scope.cancel()
+
+            group.start_soon(listen)
+            try:
+                outcome = await produce()
+            except OSError:  # ASGI spec 2.4 servers raise on a send after a disconnect
+                disconnected = True
+            group.cancel_scope.cancel()
+    finally:
+        # uvicorn also reports `http.disconnect` once the response is complete, so a
+        # finished producer wins; without one, the listener's verdict decides. Neither
+        # means an outside cancellation, such as a server shutdown.
+        record.finish(outcome or ("client_disconnect" if disconnected else "fault"))
 
 
 def _ns(seconds: float) -> int:
@@ -99,9 +126,7 @@ def _ns(seconds: float) -> int:
 class _Generation:
     """One answer as a raw ASGI app: timed chunks, faults, and disconnect detection.
 
-    A listener task awaits `receive()` next to the producer and cancels both on
-    `http.disconnect`, so a disconnect is noticed at once, even during a sleep or a hang (§5).
-    The headers go out with the first chunk only (§1).
+    The headers go out with the first chunk only (§1); `run_cancellable` notices a disconnect.
     """
 
     def __init__(
@@ -111,41 +136,19 @@ class _Generation:
         record: ReceivedRequest,
         *,
         stream: bool,
-        limit: int | None,
+        pieces: tuple[list[Piece], str],
     ) -> None:
         self._dialect = dialect
         self._config = config
         self._record = record
         self._stream = stream
-        self._pieces, self._done_reason = _plan(config, limit)
+        self._pieces, self._done_reason = pieces
         self._send: Send | None = None
         self._started = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # noqa: ARG002
         self._send = send
-        outcome: Outcome | None = None
-        disconnected = False
-        try:
-            async with anyio.create_task_group() as group:
-
-                async def listen() -> None:
-                    nonlocal disconnected
-                    while (await receive())["type"] != "http.disconnect":
-                        pass
-                    disconnected = True
-                    group.cancel_scope.cancel()
-
-                group.start_soon(listen)
-                try:
-                    outcome = await self._produce()
-                except OSError:  # ASGI spec 2.4 servers raise on a send after a disconnect
-                    disconnected = True
-                group.cancel_scope.cancel()
-        finally:
-            # uvicorn also reports `http.disconnect` once the response is complete, so a
-            # finished producer wins; without one, the listener's verdict decides. Neither
-            # means an outside cancellation, such as a server shutdown.
-            self._record.finish(outcome or ("client_disconnect" if disconnected else "fault"))
+        await run_cancellable(self._record, receive, self._produce)
 
     async def _produce(self) -> Outcome:
         config, record = self._config, self._record
@@ -153,6 +156,7 @@ class _Generation:
             await anyio.sleep_forever()
         cut = config.fault_after if config.fault in _MIDSTREAM else None
         sent: list[Piece] = []
+        emitted = 0
         first_at: float | None = None
         for piece in self._pieces:
             if cut is not None and piece.counted and record.tokens_sent >= cut:
@@ -160,8 +164,9 @@ class _Generation:
             # Schedule against the arrival time, so sleeps do not accumulate drift.
             await _sleep_until(record.started_at + config.ttft + len(sent) * config.inter_token)
             first_at = first_at or time.monotonic()
-            if self._stream:
-                await self._emit(self._dialect.chunk(piece, len(sent)))
+            if self._stream and not piece.silent:
+                await self._emit(self._dialect.chunk(piece, emitted))
+                emitted += 1
             sent.append(piece)
             record.tokens_sent += piece.counted
         await _sleep_until(record.started_at + config.ttft + len(sent) * config.inter_token)
@@ -215,6 +220,7 @@ class _Generation:
             load_duration=load,
             prompt_eval_duration=ttft - load,
             eval_duration=_ns(now - first),
+            tool_called=any(piece.tool_call for piece in sent),
         )
 
     async def _start(self, status: int = 200, media_type: str | None = None) -> None:

@@ -1,34 +1,44 @@
-"""The native face of the Ollama emulator: the `/api/*` wire format and its routes.
+"""The native face of the Ollama emulator: the `/api/generate` and `/api/chat` wire format.
 
-Owns how the emulator speaks reference §2, §3 and §6.1-6.4: the NDJSON chunks, final chunk and
-`stream: false` body of `/api/generate` and `/api/chat` in Go struct field order, the load and
-unload shortcuts (§2.5), and the `/`, `/api/version`, `/api/tags` and `/api/ps` answers. Timing
-and faults come from `gateway.testing.emulator_engine`, which drives `_NativeDialect`.
+Owns how the emulator speaks reference §2 and §3: the NDJSON chunks, final chunk and
+`stream: false` body in Go struct field order, the load and unload shortcuts (§2.5), tool calls
+(`message.tool_calls` with an `arguments` object, in their own chunk before the final one, §3.2),
+`logprobs` on the chunks, and the `/` and `/api/version` answers. What the answer says comes
+from `gateway.testing.emulator_content`; timing and faults from `gateway.testing.emulator_engine`,
+which drives `_NativeDialect`. The model routes (`/api/tags`, `/api/show`, ...) live in
+`emulator_models`, `emulator_transfer` and `emulator_embed`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import time
 from typing import TYPE_CHECKING, Any
 
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from gateway.testing.emulator_catalog import resolve
+from gateway.testing.emulator_content import (
+    Shape,
+    choose_tool_call,
+    json_document,
+    read_logprobs,
+    token_logprob,
+)
 from gateway.testing.emulator_engine import Endpoint, answer
 from gateway.testing.emulator_state import request_context
-from gateway.testing.emulator_wire import (
-    format_created_at,
-    format_local_time,
-    json_response,
-    read_json,
-)
+from gateway.testing.emulator_wire import format_created_at, json_response, read_json
 
 if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.types import ASGIApp
 
-    from gateway.testing.emulator_dialect import Event, Piece, Summary
+    from gateway.testing.emulator_dialect import Event, Piece, Summary, ToolCall
+
+
+def native_tool_call(call: ToolCall, index: int = 0) -> dict[str, Any]:
+    """Render a tool call as `/api/chat` sends it: `arguments` is an object (§3.1)."""
+    function = {"index": index, "name": call.name, "arguments": call.arguments}
+    return {"id": call.id, "function": function}
 
 
 class _NativeDialect:
@@ -37,23 +47,48 @@ class _NativeDialect:
     sse = False
     media_type = "application/x-ndjson"
 
-    def __init__(self, model: str, *, chat: bool, context: bool) -> None:
+    def __init__(self, model: str, *, chat: bool, context: bool, logprobs: int | None) -> None:
         self._model = model
         self._chat = chat
         self._context = context and not chat  # /api/chat never returns context
+        self._logprobs = logprobs
 
-    def _text(self, content: str, thinking: str) -> dict[str, Any]:
+    def _text(
+        self, content: str, thinking: str, calls: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
         head: dict[str, Any] = {"model": self._model, "created_at": format_created_at()}
+        extra = {"thinking": thinking} if thinking else {}
         if self._chat:
-            message = {"role": "assistant", "content": content}
-            return {**head, "message": message | ({"thinking": thinking} if thinking else {})}
-        return {**head, "response": content} | ({"thinking": thinking} if thinking else {})
+            message = {"role": "assistant", "content": content} | extra
+            return {**head, "message": message | ({"tool_calls": calls} if calls else {})}
+        return {**head, "response": content} | extra
 
-    def _final(self, summary: Summary, content: str, thinking: str) -> dict[str, Any]:
-        final = {**self._text(content, thinking), "done": True, "done_reason": summary.done_reason}
+    def _logprobs_of(self, pieces: list[Piece]) -> dict[str, Any]:
+        """`{"logprobs": [...]}` for the pieces' tokens when asked (`top_logprobs` omitempty)."""
+        if self._logprobs is None:
+            return {}
+        entries = [
+            token_logprob(piece.content, self._logprobs) for piece in pieces if piece.content
+        ]
+        entries = [{k: v for k, v in entry.items() if v != []} for entry in entries]
+        return {"logprobs": entries} if entries else {}
+
+    def _final(
+        self,
+        summary: Summary,
+        pieces: list[Piece],
+        calls: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        content = "".join(piece.content for piece in pieces)
+        thinking = "".join(piece.thinking for piece in pieces)
+        text = self._text(content, thinking, calls)
+        final = {**text, "done": True, "done_reason": summary.done_reason}
         if self._context:  # prompt plus output token ids, re-tokenized at the end (§2.3)
             final["context"] = list(range(1, summary.prompt_eval_count + summary.eval_count + 1))
-        return final | summary.metrics()
+        logprobs = self._logprobs_of(pieces)
+        if self._chat:  # ChatResponse: logprobs before the metrics; GenerateResponse: after
+            return final | logprobs | summary.metrics()
+        return final | summary.metrics() | logprobs
 
     def loaded(self, reason: str) -> dict[str, Any]:
         """Render the load or unload answer to an empty prompt or message list (§2.5)."""
@@ -64,29 +99,37 @@ class _NativeDialect:
         return {"error": message}
 
     def chunk(self, piece: Piece, index: int) -> list[Event]:  # noqa: ARG002
-        """Render one token chunk."""
-        return [{**self._text(piece.content, piece.thinking), "done": False}]
+        """Render one token chunk, or the chunk carrying a tool call with empty content."""
+        calls = [native_tool_call(piece.tool_call)] if piece.tool_call else None
+        text = self._text(piece.content, piece.thinking, calls)
+        return [{**text, "done": False} | self._logprobs_of([piece])]
 
     def finish(self, summary: Summary) -> list[Event]:
         """Render the separate empty final chunk that carries the metrics (§9.2 item 10)."""
-        return [self._final(summary, "", "")]
+        return [self._final(summary, [])]
 
     def midstream_error(self, message: str) -> list[Event]:
         """Render the bare `{"error": ...}` line; no `done` chunk follows (§4.3)."""
         return [{"error": message}]
 
     def body(self, pieces: list[Piece], summary: Summary | None) -> dict[str, Any]:
-        """Aggregate text and thinking; the rest comes from the last chunk (§2.4)."""
-        content = "".join(piece.content for piece in pieces)
-        thinking = "".join(piece.thinking for piece in pieces)
+        """Aggregate text, thinking and tool calls; the rest comes from the last chunk (§2.4)."""
+        calls = [native_tool_call(call, i) for i, call in enumerate(_calls(pieces))]
         if summary is None:  # no final chunk: done false and no metrics (§2.4 pitfall)
-            return {**self._text(content, thinking), "done": False}
-        return self._final(summary, content, thinking)
+            content = "".join(piece.content for piece in pieces)
+            thinking = "".join(piece.thinking for piece in pieces)
+            text = self._text(content, thinking, calls)
+            return {**text, "done": False} | self._logprobs_of(pieces)
+        return self._final(summary, pieces, calls)
+
+
+def _calls(pieces: list[Piece]) -> list[ToolCall]:
+    return [piece.tool_call for piece in pieces if piece.tool_call is not None]
 
 
 async def _native(request: Request, *, chat: bool) -> ASGIApp:
     """`POST /api/generate` (§2) and `POST /api/chat` (§3)."""
-    _, config, record = request_context(request)
+    state, config, record = request_context(request)
     struct = "api.ChatRequest" if chat else "api.GenerateRequest"
     error = await read_json(request, record, struct, "missing request body")
     if error is not None:
@@ -95,13 +138,26 @@ async def _native(request: Request, *, chat: bool) -> ASGIApp:
     model = body.get("model", "")
     if chat and not model:  # /api/generate answers 404 `model '' not found` instead (§4.2)
         return json_response(400, {"error": "model is required"})
+    try:
+        logprobs = read_logprobs(body)
+    except ValueError as exc:
+        return json_response(400, {"error": str(exc)})
+    try:
+        document = json_document(body.get("format"), config.tokens)
+    except ValueError as exc:  # the runner rejects it once the model is found (§2.1)
+        if resolve(model, config.models) is not None:
+            return json_response(500, {"error": str(exc)})
+        document = None
     options = body.get("options")
     limit = options.get("num_predict") if isinstance(options, dict) else None
-    dialect = _NativeDialect(model, chat=chat, context=body.get("raw") is not True)
+    context = body.get("raw") is not True
+    dialect = _NativeDialect(model, chat=chat, context=context, logprobs=logprobs)
     loaded = None
     if not body.get("messages" if chat else "prompt"):
         unload = body.get("keep_alive") in (0, "0", "0s")
         loaded = dialect.loaded("unload" if unload else "load")
+    tools = body.get("tools") if chat else None  # /api/generate has no tools (§2.1)
+    call = choose_tool_call(tools, config, f"{state.next_id()}") if tools else None
     return answer(
         dialect,
         config,
@@ -110,6 +166,7 @@ async def _native(request: Request, *, chat: bool) -> ASGIApp:
         stream=body.get("stream") is not False,
         limit=limit if isinstance(limit, int) else None,
         loaded=loaded,
+        shape=Shape(document=document, tool_call=call),
     )
 
 
@@ -121,26 +178,6 @@ async def _chat(request: Request) -> ASGIApp:
     return await _native(request, chat=True)
 
 
-def _details(name: str) -> dict[str, Any]:
-    base, _, tag = name.partition(":")
-    family = base.rsplit("/", 1)[-1].rstrip("0123456789.") or "llama"
-    size = tag.upper() if tag[:1].isdigit() and tag.endswith("b") else "3.2B"
-    return {
-        "parent_model": "",
-        "format": "gguf",
-        "family": family,
-        "families": [family],
-        "parameter_size": size,
-        "quantization_level": "Q4_K_M",
-    }
-
-
-def _listing(name: str) -> dict[str, Any]:
-    digest = hashlib.sha256(name.encode()).hexdigest()
-    size = 2_000_000_000 + int(digest[:7], 16)
-    return {"name": name, "model": name, "size": size, "digest": digest, "details": _details(name)}
-
-
 async def _root(request: Request) -> ASGIApp:  # noqa: ARG001
     return PlainTextResponse("Ollama is running")
 
@@ -149,31 +186,11 @@ async def _version(request: Request) -> ASGIApp:
     return json_response(200, {"version": request_context(request)[1].version})
 
 
-async def _tags(request: Request) -> ASGIApp:
-    state, config, _ = request_context(request)
-    modified = format_local_time(state.booted_at)
-    return json_response(
-        200, {"models": [{**_listing(m), "modified_at": modified} for m in config.models]}
-    )
-
-
-async def _ps(request: Request) -> ASGIApp:
-    _, config, _ = request_context(request)
-    expires = format_local_time(time.time() + 300)  # the default keep_alive, 5m
-    models = [
-        {**entry, "expires_at": expires, "size_vram": entry["size"], "context_length": 4096}
-        for entry in map(_listing, config.models)
-    ]
-    return json_response(200, {"models": models})
-
-
 # Starlette adds HEAD to every GET route, as Ollama has.
 ROUTES = (
     Route("/", Endpoint(_root), methods=["GET"]),
     Route("/api/version", Endpoint(_version), methods=["GET"]),
-    Route("/api/tags", Endpoint(_tags), methods=["GET"]),
-    Route("/api/ps", Endpoint(_ps), methods=["GET"]),
     Route("/api/generate", Endpoint(_generate), methods=["POST"]),
     Route("/api/chat", Endpoint(_chat), methods=["POST"]),
 )
-"""The `/api/*` routes and `/`, in the order `create_emulator_app` mounts them."""
+"""`/`, `/api/version`, `/api/generate` and `/api/chat`, as `create_emulator_app` mounts them."""

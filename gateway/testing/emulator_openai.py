@@ -1,31 +1,40 @@
-"""The OpenAI-compatible face of the Ollama emulator: `/v1` request options, wire shapes, routes.
+"""The OpenAI-compatible face of the Ollama emulator: `/v1` wire shapes and generation routes.
 
-Owns how the emulator speaks reference §7 in its current (>= v0.32.6) shape: the request fields
-that change an answer (`stream`, `stream_options.include_usage`, `max_tokens`), the chunk, finish,
-usage and error objects of `/v1/chat/completions` and `/v1/completions`, the `/v1/models` list,
-and the routes that serve them. Timing, faults and framing (`data: ...` events) live in
+Owns how the emulator speaks reference §7 in its current (>= v0.32.6) shape: the chunk, finish,
+usage and error objects of `/v1/chat/completions` and `/v1/completions`, tool calls (streamed as
+`delta.tool_calls` fragments whose `arguments` JSON string arrives in pieces, as OpenAI and
+vLLM send it; `finish_reason: "tool_calls"`), `logprobs.content`, and the routes that serve
+them. Which request fields matter is `gateway.testing.emulator_openai_request`'s business; what
+the answer says is `emulator_content`'s. Timing, faults and framing (`data: ...` events) live in
 `gateway.testing.emulator_engine`, which drives the two dialect classes here through the
 `Dialect` protocol (`gateway.testing.emulator_dialect`); the engine imports nothing from here,
-so the dependency runs one way.
+so the dependency runs one way. `/v1/models` and `/v1/embeddings` live in `emulator_models` and
+`emulator_embed`.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starlette.routing import Route
 
+from gateway.testing.emulator_content import (
+    Shape,
+    choose_tool_call,
+    json_document,
+    token_logprob,
+)
 from gateway.testing.emulator_engine import Endpoint, answer
+from gateway.testing.emulator_openai_request import OpenAIAsk, parse_request
 from gateway.testing.emulator_state import request_context
-from gateway.testing.emulator_wire import json_response, read_json
+from gateway.testing.emulator_wire import encode_json, json_response, read_json
 
 if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.types import ASGIApp
 
-    from gateway.testing.emulator_dialect import Event, Piece, Summary
+    from gateway.testing.emulator_dialect import Event, Piece, Summary, ToolCall
 
 # openai/openai.go NewError: 400 and 404 have their own types, every other status is api_error.
 _ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error"}
@@ -45,70 +54,6 @@ def error_object(status: int, message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
-def model_list(models: list[str], created: int) -> dict[str, Any]:
-    """Build the `GET /v1/models` body (reference §7.3).
-
-    Args:
-        models: Model names as `/api/tags` lists them.
-        created: Unix time to report as each model's `created`.
-
-    Returns:
-        The list object. `data` is null, not `[]`, when there are no models (Go `var data []Model`).
-    """
-    data = [
-        {"id": name, "object": "model", "created": created, "owned_by": _namespace(name)}
-        for name in models
-    ]
-    return {"object": "list", "data": data or None}
-
-
-def _namespace(name: str) -> str:
-    """Return the namespace part of `[host/]namespace/model:tag`, `library` when there is none."""
-    parts = name.split(":", 1)[0].split("/")
-    return parts[-2] if len(parts) >= 2 else "library"
-
-
-@dataclass(frozen=True)
-class OpenAIAsk:
-    """The parts of a `/v1` request body that change the emulator's answer (reference §7.1, §7.2).
-
-    Attributes:
-        model: The requested model name ("" when missing).
-        stream: Whether to answer with SSE. `/v1` defaults to false, unlike `/api/*`.
-        max_tokens: The output limit (`num_predict`), or None for no limit. There is no
-            `max_completion_tokens`: Ollama silently ignores it.
-        include_usage: `stream_options.include_usage`.
-    """
-
-    model: str
-    stream: bool
-    max_tokens: int | None
-    include_usage: bool
-
-
-def parse_request(body: dict[str, Any], *, chat: bool) -> OpenAIAsk | tuple[int, str]:
-    """Read the answer-changing fields of a decoded `/v1` body.
-
-    Args:
-        body: The request body, already decoded to a JSON object.
-        chat: True for `/v1/chat/completions`, false for `/v1/completions`.
-
-    Returns:
-        The options, or `(status, message)` for a request Ollama's middleware rejects.
-    """
-    if chat and not body.get("messages"):
-        return 400, "[] is too short - 'messages'"
-    max_tokens = body.get("max_tokens")
-    stream_options = body.get("stream_options")
-    return OpenAIAsk(
-        model=body.get("model") or "",
-        stream=body.get("stream") is True,
-        max_tokens=max_tokens if isinstance(max_tokens, int) else None,
-        include_usage=isinstance(stream_options, dict)
-        and stream_options.get("include_usage") is True,
-    )
-
-
 def _usage(summary: Summary | None) -> dict[str, int]:
     """Map the native counts to OpenAI usage (`ToUsage`); a missing final chunk counts as zero."""
     prompt = summary.prompt_eval_count if summary else 0
@@ -118,6 +63,33 @@ def _usage(summary: Summary | None) -> dict[str, int]:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+
+
+def openai_tool_call(call: ToolCall, index: int = 0) -> dict[str, Any]:
+    """Render a whole tool call: `arguments` is a JSON string on this face (§3.1, §7.1)."""
+    function = {"name": call.name, "arguments": encode_json(call.arguments)}
+    return {"id": call.id, "index": index, "type": "function", "function": function}
+
+
+def _tool_call_deltas(call: ToolCall) -> list[dict[str, Any]]:
+    """Stream one call as OpenAI does: id, type and name first, then `arguments` in two pieces."""
+    arguments = encode_json(call.arguments)
+    half = len(arguments) // 2
+    function = {"name": call.name, "arguments": ""}
+    head = {"index": 0, "id": call.id, "type": "function", "function": function}
+    parts = (arguments[:half], arguments[half:])
+    return [head] + [{"index": 0, "function": {"arguments": part}} for part in parts]
+
+
+def _finish_reason(summary: Summary | None) -> str | None:
+    """`tool_calls` when a call was made and the model stopped by itself (§7.1)."""
+    if summary is None:
+        return None
+    return (
+        "tool_calls"
+        if summary.tool_called and summary.done_reason == "stop"
+        else summary.done_reason
+    )
 
 
 class _OpenAIDialect:
@@ -135,6 +107,16 @@ class _OpenAIDialect:
         self._created = created
         self._omit_usage = omit_usage
         self._stream_usage = ask.include_usage and not omit_usage
+        self._logprobs = ask.logprobs
+
+    def _logprobs_of(self, pieces: list[Piece]) -> dict[str, Any]:
+        """`{"logprobs": {"content": [...]}}` for the pieces' tokens, when asked (§7.1)."""
+        if self._logprobs is None:
+            return {}
+        content = [
+            token_logprob(piece.content, self._logprobs) for piece in pieces if piece.content
+        ]
+        return {"logprobs": {"content": content}} if content else {}
 
     def error_body(self, status: int, message: str) -> dict[str, Any]:
         """Render an error sent before the first byte."""
@@ -170,18 +152,32 @@ class ChatCompletionDialect(_OpenAIDialect):
     _object = "chat.completion.chunk"
     _id_prefix = "chatcmpl"
 
+    def _delta(self, delta: dict[str, Any], pieces: list[Piece] | None = None) -> Event:
+        logprobs = self._logprobs_of(pieces or [])
+        return self._envelope([{"index": 0, "delta": delta, **logprobs, "finish_reason": None}])
+
     def chunk(self, piece: Piece, index: int) -> list[Event]:
-        """Render one token: the role rides on the first chunk only; thinking is `reasoning`."""
-        delta: dict[str, Any] = {"role": "assistant"} if index == 0 else {}
+        """Render one token: the role rides on the first chunk only; thinking is `reasoning`.
+
+        A tool call becomes three chunks (id and name, then two `arguments` fragments).
+        """
+        role: dict[str, Any] = {"role": "assistant"} if index == 0 else {}
+        if piece.tool_call is not None:
+            parts = _tool_call_deltas(piece.tool_call)
+            return [
+                self._delta({**(role if i == 0 else {}), "tool_calls": [part]})
+                for i, part in enumerate(parts)
+            ]
+        delta = dict(role)
         if piece.content or not piece.thinking:
             delta["content"] = piece.content
         if piece.thinking:
             delta["reasoning"] = piece.thinking
-        return [self._envelope([{"index": 0, "delta": delta, "finish_reason": None}])]
+        return [self._delta(delta, [piece])]
 
     def finish(self, summary: Summary) -> list[Event]:
         """Render the separate `delta: {}` finish chunk, the optional usage chunk, `[DONE]`."""
-        choice = {"index": 0, "delta": {}, "finish_reason": summary.done_reason}
+        choice = {"index": 0, "delta": {}, "finish_reason": _finish_reason(summary)}
         return [self._envelope([choice]), *self._usage_chunk(summary), "[DONE]"]
 
     def midstream_error(self, message: str) -> list[Event]:  # noqa: ARG002 - Ollama drops it
@@ -202,10 +198,14 @@ class ChatCompletionDialect(_OpenAIDialect):
         reasoning = "".join(piece.thinking for piece in pieces)
         if reasoning:
             message["reasoning"] = reasoning
+        calls = [piece.tool_call for piece in pieces if piece.tool_call is not None]
+        if calls:
+            message["tool_calls"] = [openai_tool_call(call, i) for i, call in enumerate(calls)]
         choice = {
             "index": 0,
             "message": message,
-            "finish_reason": summary.done_reason if summary else None,
+            **self._logprobs_of(pieces),
+            "finish_reason": _finish_reason(summary),
         }
         return self._with_usage({**self._envelope([choice]), "object": "chat.completion"}, summary)
 
@@ -264,8 +264,19 @@ async def _openai(request: Request, *, chat: bool) -> ASGIApp:
     kind = ChatCompletionDialect if chat else CompletionDialect
     number, created = state.next_id(), int(time.time())
     dialect = kind(parsed, number=number, created=created, omit_usage=config.omit_usage)
+    try:
+        document = json_document(parsed.format, config.tokens)
+    except ValueError as exc:
+        return json_response(500, error_object(500, str(exc)))
+    call = choose_tool_call(parsed.tools, config, f"{number}")
     return answer(
-        dialect, config, record, model=parsed.model, stream=parsed.stream, limit=parsed.max_tokens
+        dialect,
+        config,
+        record,
+        model=parsed.model,
+        stream=parsed.stream,
+        limit=parsed.max_tokens,
+        shape=Shape(document=document, tool_call=call),
     )
 
 
@@ -277,14 +288,8 @@ async def _completions(request: Request) -> ASGIApp:
     return await _openai(request, chat=False)
 
 
-async def _models(request: Request) -> ASGIApp:
-    state, config, _ = request_context(request)
-    return json_response(200, model_list(config.models, int(state.booted_at)))
-
-
 ROUTES = (
-    Route("/v1/models", Endpoint(_models), methods=["GET"]),
     Route("/v1/chat/completions", Endpoint(_chat_completions), methods=["POST"]),
     Route("/v1/completions", Endpoint(_completions), methods=["POST"]),
 )
-"""The `/v1` routes, in the order `create_emulator_app` mounts them."""
+"""The `/v1` generation routes, in the order `create_emulator_app` mounts them."""

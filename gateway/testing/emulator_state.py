@@ -1,8 +1,9 @@
 """What the Ollama emulator is told and what it saw: its knobs, its records, their shared state.
 
 Owns `EmulatorConfig` (the knobs tests change between requests), `ReceivedRequest` (one request as
-the emulator saw it), `EmulatorState` (both, shared between the server and test threads), the
-fault and outcome vocabularies, and how a handler finds its request's record and config snapshot.
+the emulator saw it), `EmulatorState` (both, shared between the server and test threads, plus
+what the model management routes changed: installed models and uploaded blobs), the fault and
+outcome vocabularies, and how a handler finds its request's record and config snapshot.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ class EmulatorConfig:
         models: Installed model names; any other model gets 404 (§4.2).
         ttft: Seconds from arrival to the first chunk, and to the headers (§1).
         inter_token: Seconds between chunks.
-        tokens: Content tokens per answer (`"tok0 "`, `"tok1 "`, ...).
+        tokens: Content tokens per answer (`"tok0 "`, `"tok1 "`, ...). A JSON `format` answer
+            is cut into this many pieces; a tool call arrives after this many tokens.
         thinking_tokens: Thinking-only chunks sent before the content (§2.3).
         empty_first_chunk: Send one chunk with empty text first.
         fault: None, or one of these (`FAULTS`). Before any byte: `status_before`
@@ -70,6 +72,15 @@ class EmulatorConfig:
         omit_usage: Never send `usage` on `/v1`, like servers without `include_usage`.
         prompt_eval_count: Reported prompt tokens (0 is omitted, §9.2).
         load_duration_ns: Reported `load_duration` (0 is omitted).
+        embedding_dimensions: Length of the embedding vectors (§6.6, §7.4).
+        context_length: The loaded context (`/api/ps`); an embedding input of more words
+            is truncated, or refused with `truncate: false` (§6.6).
+        tool_call: Answer a chat request that offers `tools` (both faces) with a call to the
+            first tool instead of text (§3.2, §7.1).
+        tool_arguments: The call's arguments; None derives them from the tool's `parameters`
+            schema (each property gets a fixed value of its type).
+        registry: The models `/api/pull` (and `/api/create` from a missing model) can fetch;
+            None lets every name be pulled. Others fail mid-stream (§6.7).
     """
 
     models: list[str] = field(default_factory=lambda: ["llama3.2:latest", "qwen2.5:7b"])
@@ -88,6 +99,11 @@ class EmulatorConfig:
     omit_usage: bool = False
     prompt_eval_count: int = 12
     load_duration_ns: int = 1_000_000
+    embedding_dimensions: int = 8
+    context_length: int = 4096
+    tool_call: bool = False
+    tool_arguments: dict[str, Any] | None = None
+    registry: list[str] | None = None
 
 
 @dataclass(eq=False)
@@ -138,14 +154,36 @@ class ReceivedRequest:
 
 
 class EmulatorState:
-    """The live config plus every request seen, shared between the server and test threads."""
+    """The live config plus every request seen, shared between the server and test threads.
+
+    The model management routes (§6.7) edit `config.models`, the emulator's model store, by
+    replacing the list, so a request's config snapshot never changes under it. `blobs` holds
+    the digests uploaded with `POST /api/blobs/:digest`.
+    """
 
     def __init__(self, config: EmulatorConfig) -> None:
         self.config = config
         self.booted_at = time.time()
+        self.blobs: set[str] = set()
+        self._modified: dict[str, float] = {}
         self._arrived = threading.Condition()
         self._records: list[ReceivedRequest] = []
         self._ids = itertools.count()
+
+    def install(self, name: str) -> None:
+        """Add a model (pulled, copied or created), or refresh its `modified_at`."""
+        self._modified[name.lower()] = time.time()
+        models = self.config.models
+        if all(model.lower() != name.lower() for model in models):
+            self.config.models = [*models, name]
+
+    def uninstall(self, name: str) -> None:
+        """Remove a model (`DELETE /api/delete`); `name` is as `config.models` spells it."""
+        self.config.models = [model for model in self.config.models if model != name]
+
+    def modified_at(self, name: str) -> float:
+        """When a model was installed: its install time, or the emulator's boot time."""
+        return self._modified.get(name.lower(), self.booted_at)
 
     @property
     def records(self) -> list[ReceivedRequest]:

@@ -99,10 +99,20 @@ async def read_json(
     if not isinstance(record.body, dict):
         return f"json: cannot unmarshal {_go_kind(record.body)} into Go value of type {struct}"
     model = record.body.get("model", "")
-    if not isinstance(model, str):
-        name = struct.rsplit(".", 1)[-1]
-        return (
-            f"json: cannot unmarshal {_go_kind(model)} into Go struct field {name}.model"
-            " of type string"
-        )
-    return None
+    return None if isinstance(model, str) else wrong_type(struct, "model", model, "string")
+
+
+def wrong_type(struct: str, field: str, value: object, go_type: str) -> str:
+    """Go's `encoding/json` text for a field of the wrong JSON type (§1).
+
+    Args:
+        struct: The Go type decoded into, e.g. `api.EmbedRequest`.
+        field: The JSON field name.
+        value: The decoded value that did not fit.
+        go_type: The field's Go type, e.g. `string`, `int`, `bool`.
+    """
+    name = struct.rsplit(".", 1)[-1]
+    return (
+        f"json: cannot unmarshal {_go_kind(value)} into Go struct field {name}.{field}"
+        f" of type {go_type}"
+    )
