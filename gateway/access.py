@@ -1,14 +1,18 @@
-"""Pure-ASGI middleware: request id, arrival time, and one JSON access-log line per request.
+"""Pure-ASGI middleware: request id, arrival time, one JSON log line a request, last-resort 500.
 
-It wraps the routes and handlers, so `arrival` (a `time.perf_counter()` in seconds, kept in the
-ASGI scope's `state`) is the clock start for TTFT. It is also the last line of defence: an
-unexpected exception becomes a logged 500 in the client's dialect, with the request id, instead
-of reaching the server. The request id comes from a well-formed
-incoming `X-Request-ID` or is made here, and goes back in the `X-Request-ID` response header.
-The log line has no prompt text and no secrets: only the key's id, never the key. It names the
-client's address: the peer's, or, when the peer is one of `GATEWAY_TRUSTED_PROXIES`, the
-nearest untrusted address in its `X-Forwarded-For` (`client_address`). Every string in the line
-is JSON-escaped, so no client or upstream text can break it into two lines.
+`AccessMiddleware` wraps everything, so `arrival` (a `time.perf_counter()` in seconds, kept in
+the ASGI scope's `state`) is the clock start for TTFT, and every request is logged, including
+those the CORS layer answers itself. The request id comes from a well-formed incoming
+`X-Request-ID` or is made here, and goes back in the `X-Request-ID` response header. The log line
+has no prompt text and no secrets: only the key's id, never the key. Its `route` is the matched
+route's template or `other` (`gateway.routing.route_label`), never the raw path, so a client
+cannot fill the field with paths of its choosing. It names the client's address: the peer's,
+or, when the peer is one of `GATEWAY_TRUSTED_PROXIES`, the nearest untrusted address in its
+`X-Forwarded-For` (`client_address`). Every string in the line is JSON-escaped, so no client or
+upstream text can break it into two lines.
+
+`UnexpectedErrorMiddleware` is the last line of defence: an unexpected exception becomes a
+logged 500 in the client's dialect, with the request id, instead of reaching the server.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import Sequence
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import error_response
+from gateway.routing import route_label
 
 logger = logging.getLogger("gateway.access")
 
@@ -69,14 +74,6 @@ class AccessMiddleware:
 
         try:
             await self.app(scope, receive, send_with_id)
-        except Exception:
-            logger.exception("unhandled error, request_id=%s", request_id)
-            state["outcome"] = "error"
-            if status is not None:  # the response had started: nothing more can be sent
-                raise
-            response = error_response(scope["path"], 500, "internal gateway error")
-            await response(scope, receive, send_with_id)
-            _count_unexpected(state)
         finally:
             if logger.isEnabledFor(logging.INFO) and scope["path"] not in _UNLOGGED:
                 self._log(scope, state, status, arrival)
@@ -89,7 +86,7 @@ class AccessMiddleware:
             "request_id": state["request_id"],
             "client": client_address(scope, self.trusted_proxies),
             "method": scope["method"],
-            "route": scope["path"] if scope["path"].startswith("/v1/") else "other",
+            "route": route_label(scope),
             "status": status,
             "key_id": state.get("key_id"),
             "model": state.get("model"),
@@ -99,11 +96,53 @@ class AccessMiddleware:
         logger.info(json.dumps(record, separators=(",", ":"), default=str))
 
 
-def _count_unexpected(state: dict[str, object]) -> None:
+class UnexpectedErrorMiddleware:
+    """The last line of defence: an unexpected exception becomes a logged 500.
+
+    The 500 is in the client's dialect and the exception is logged with the request id; an
+    exception after the response started is logged and raised on (nothing more can be sent).
+    It sits inside the CORS layer (when CORS is on), which sits inside `AccessMiddleware`
+    (`create_app`): the 500 then carries the CORS headers a browser app needs to read it, like
+    every handler's error, and the CORS layer's own answers (preflights) are still logged with a
+    request id.
+
+    Args:
+        app: The ASGI app.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app; answer 500 for an exception raised before the response started."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_noting_start(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_noting_start)
+        except Exception:
+            state = scope.setdefault("state", {})
+            logger.exception("unhandled error, request_id=%s", state.get("request_id"))
+            state["outcome"] = "error"
+            if started:
+                raise
+            response = error_response(scope["path"], 500, "internal gateway error")
+            await response(scope, receive, send)
+            _count_unexpected(scope, state)
+
+
+def _count_unexpected(scope: Scope, state: dict[str, object]) -> None:
     metrics = state.get("metrics")
     count = getattr(metrics, "count_rejection", None)
     if count is not None and "summary" not in state:
-        count("other", 500, "error")
+        count(route_label(scope), 500, "error")
 
 
 def client_address(scope: Scope, trusted: Sequence[Network]) -> str | None:

@@ -10,12 +10,13 @@ import httpx
 from fastapi import FastAPI
 
 from gateway import __version__
-from gateway.access import AccessMiddleware
+from gateway.access import AccessMiddleware, UnexpectedErrorMiddleware
 from gateway.api.health import router as health_router
 from gateway.api.ollama.routes import generation_routes as ollama_routes
 from gateway.api.openai.routes import generation_routes as openai_routes
 from gateway.api.openai.routes import router as openai_router
 from gateway.auth.authenticator import KeyAuthenticator
+from gateway.cors import GatewayCORSMiddleware
 from gateway.deps import GatewayState
 from gateway.errors import register_error_handlers
 from gateway.keys.store import KeyStore
@@ -99,5 +100,11 @@ def create_app(
     app.include_router(openai_router)
     app.include_router(health_router)
     app.add_route("/metrics", metrics.endpoint, methods=["GET"], include_in_schema=False)
+    # Added innermost first. AccessMiddleware stamps and logs every request, the preflights the
+    # CORS layer answers included; that layer adds its headers to every response inside it:
+    # the error handlers' and UnexpectedErrorMiddleware's 500, which is why that sits inside.
+    app.add_middleware(UnexpectedErrorMiddleware)
+    if settings.cors_origins:
+        app.add_middleware(GatewayCORSMiddleware, allow_origins=settings.cors_origins)
     app.add_middleware(AccessMiddleware, trusted_proxies=settings.trusted_proxy_networks)
     return app

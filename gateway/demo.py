@@ -3,7 +3,7 @@
 
 Starts llama-cpp-python's OpenAI-compatible server with Gemma 3 270M, starts `gateway serve` in
 front of it with the `openai` dialect, creates a key with `gateway keys create`, streams an
-answer through `POST /v1/generate` and prints it as it arrives, then prints TTFT and decode
+answer through `POST /api/generate` and prints it as it arrives, then prints TTFT and decode
 tokens/s as the client measured them and as the gateway's `/metrics` recorded them.
 Run it with `scripts/demo` (which installs everything first) or `python -m gateway.demo`.
 """
@@ -28,7 +28,7 @@ DEFAULT_PROMPT = "Why is the sky blue?"
 
 
 def completion_body(question: str, max_tokens: int) -> dict[str, object]:
-    """The `/v1/generate` body the demo sends.
+    """The `/api/generate` body the demo sends.
 
     The Gemma 3 270M GGUF answers chat-templated prompts poorly (it echoes them), but completes
     a plain `Question: ... Answer:` text well; so the demo asks in raw mode (`raw: true`, no
@@ -47,7 +47,7 @@ def _interrupt(signum: int, _: FrameType | None) -> None:
 
 
 def stream_answer(url: str, key: str, prompt: str, max_tokens: int) -> dict[str, float]:
-    """Stream `/v1/generate`, print tokens as they come, return the client's measurements.
+    """Stream `/api/generate`, print tokens as they come, return the client's measurements.
 
     Returns:
         `ttft_s` (request sent to first non-empty token, seconds), `tokens` (text chunks),
@@ -61,7 +61,7 @@ def stream_answer(url: str, key: str, prompt: str, max_tokens: int) -> dict[str,
     final: dict[str, float] = {}
     with httpx.Client(timeout=300) as client:  # built before the clock starts
         sent = time.perf_counter()
-        with client.stream("POST", f"{url}/v1/generate", json=body, headers=headers) as response:
+        with client.stream("POST", f"{url}/api/generate", json=body, headers=headers) as response:
             if response.status_code != 200:
                 response.read()
                 raise RuntimeError(f"gateway answered {response.status_code}: {response.text}")
@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     key = create_key(gateway.extra_env, "demo")
                     print(f"==> created API key id={key['id']} (the secret is shown only once)")
                     rejected = httpx.post(
-                        f"{gateway.url}/v1/generate",
+                        f"{gateway.url}/api/generate",
                         json={"model": MODEL_ALIAS, "prompt": "hi"},
                         headers={"Authorization": "Bearer gw_000000000000_wrong"},
                     )

@@ -46,6 +46,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway.routing import route_label
+
 logger = logging.getLogger("gateway.errors")
 
 #: The `/v1/` routes that take Ollama's bodies, and so answer errors in Ollama's shape.
@@ -331,13 +333,6 @@ def error_response(
     return Response(body, status_code, headers=headers, media_type="application/json")
 
 
-def _route_template(request: Request) -> str:
-    """The matched route's path template (bounded), or `other`; never the raw path."""
-    route = request.scope.get("route")
-    path = getattr(route, "path", None)
-    return path if isinstance(path, str) else "other"
-
-
 def _count_rejection(request: Request, status_code: int, outcome: str) -> None:
     """Count a request that ended in an error before the relay metered it."""
     state = request.scope.setdefault("state", {})
@@ -351,7 +346,7 @@ def _count_rejection(request: Request, status_code: int, outcome: str) -> None:
         key = None
         if principal is not None:
             key = principal.name if getattr(settings, "metrics_per_key", True) else "all"
-        metrics.count_rejection(_route_template(request), status_code, outcome, key=key)
+        metrics.count_rejection(route_label(request.scope), status_code, outcome, key=key)
 
 
 async def _handle_gateway_error(request: Request, exc: Exception) -> Response:

@@ -8,13 +8,21 @@ their own `Settings(...)`. Every field is listed with its default in `.env.examp
 from __future__ import annotations
 
 import ipaddress
+import json
+import re
 from collections.abc import Mapping
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, HttpUrl, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, HttpUrl, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Dialect = Literal["ollama", "openai"]
+
+#: A serialized origin as browsers send it (RFC 6454 section 6.2): `scheme://host[:port]`, lower
+#: case, no path; the host a DNS name (IDNs in their `xn--` form) or a bracketed IPv6 address.
+_ORIGIN = re.compile(
+    r"[a-z][a-z0-9+.-]*://(?:[a-z0-9_-]+(?:\.[a-z0-9_-]+)*|\[[0-9a-f:.]+\])(?::[0-9]{1,5})?"
+)
 
 
 class UpstreamSpec(BaseModel):
@@ -260,6 +268,14 @@ class Settings(BaseSettings):
         30.0, gt=0, description="Seconds a request may wait for an upstream slot before a 503."
     )
 
+    # --- browser apps (CORS, gateway.cors) -----------------------------------------------------
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Origins of the browser apps that may call the API from another site "
+        "(`https://app.example.com`), comma-separated or a JSON list; `*`: any site. Empty: "
+        "no CORS headers at all.",
+    )
+
     # --- logging -------------------------------------------------------------------------------
     trusted_proxies: list[str] = Field(
         default_factory=list,
@@ -272,6 +288,36 @@ class Settings(BaseSettings):
         True,
         description="Label token counters with the key's name. Turn off for fleets with many keys.",
     )
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _parse_cors_origins(cls, value: object) -> object:
+        """Read a JSON list (`["https://a.example"]`) or a comma-separated string."""
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if text.startswith("["):
+            return json.loads(text)  # ValueError -> ValidationError
+        return [entry.strip() for entry in text.split(",") if entry.strip()]
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _check_cors_origins(cls, origins: list[str]) -> list[str]:
+        """Each entry must be `*` or an origin exactly as a browser sends it in `Origin`.
+
+        The match is exact (Fetch standard, "CORS check"), so a trailing slash, a path or an
+        upper-case letter would never match and silently leave the app blocked: refused here.
+        `null` is refused: sandboxed iframes and `file:` pages of any site send it (MDN,
+        "Access-Control-Allow-Origin").
+        """
+        for origin in origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ValueError(
+                    f"GATEWAY_CORS_ORIGINS entry {origin!r} is not an origin: write "
+                    "scheme://host[:port] in lower case, without a path or trailing slash, "
+                    "or *"
+                )
+        return origins
 
     @model_validator(mode="after")
     def _check_rate_limit_storage(self) -> Settings:

@@ -8,7 +8,11 @@ import time
 
 import httpx
 import pytest
+from fastapi import FastAPI, Request, Response
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 
+from gateway.routing import route_label
 from tests.conftest import Emulator, Gateway, metric_value
 
 TTFT = 0.3  # seconds the emulator waits before its first chunk
@@ -262,3 +266,72 @@ def test_junk_model_names_add_no_series(gateway: Gateway, emulator: Emulator):
     text = gateway.metrics_text()
     assert "junk-" not in text
     assert metric_value(text, "gateway_requests_total", model="other", status_class="4xx") == 600
+
+
+# --- the route label ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("route", ["/v1/chat", "/v1/generate"])
+def test_refusals_are_counted_under_their_own_route(gateway: Gateway, route: str):
+    """A 401 and a 403 on a plain Starlette route carry its template, not `other`."""
+    body = {"model": MODEL, "prompt": "x", "messages": []}
+    _, other_model_key = gateway.create_key("narrow", models=["qwen2.5:7b"])
+    missing = httpx.post(f"{gateway.url}{route}", json=body, timeout=30)
+    forbidden = httpx.post(
+        f"{gateway.url}{route}", json=body, headers=gateway.headers(other_model_key), timeout=30
+    )
+    assert (missing.status_code, forbidden.status_code) == (401, 403)
+    text = gateway.metrics_text()
+    labels = {"route": route, "status_class": "4xx"}
+    assert metric_value(text, "gateway_requests_total", **labels, outcome="rejected_auth") == 1
+    assert metric_value(text, "gateway_requests_total", **labels, outcome="forbidden") == 1
+    assert metric_value(text, "gateway_requests_total", route="other") == 0
+
+
+def test_unknown_paths_are_counted_and_logged_as_other(
+    gateway: Gateway, caplog: pytest.LogCaptureFixture
+):
+    caplog.set_level(logging.INFO, logger="gateway.access")
+    paths = ["/v1/xyz", "/v1/chat/x", "/v1/models/llama3", "/api/nope"]
+    for path in paths:
+        assert httpx.get(f"{gateway.url}{path}", headers=gateway.headers()).status_code == 404
+    refused = httpx.get(f"{gateway.url}/v1/chat", headers=gateway.headers())  # 405, matched
+    assert refused.status_code == 405
+    deadline = time.monotonic() + 2
+    lines: list[dict] = []
+    while len(lines) < len(paths) + 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+        lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "gateway.access"]
+    routes = [line["route"] for line in lines]
+    assert routes == ["other"] * len(paths) + ["/v1/chat"]
+    text = gateway.metrics_text()
+    assert metric_value(text, "gateway_requests_total", route="other", outcome="not_found") == 4
+    assert metric_value(text, "gateway_requests_total", route="/v1/chat", outcome="error") == 1
+    assert "/v1/xyz" not in text
+
+
+@pytest.mark.anyio
+async def test_route_label_is_the_template_of_any_kind_of_route():
+    """FastAPI and plain Starlette routes, with parameters, and two paths sharing a handler."""
+    app = FastAPI()
+
+    async def plain(request: Request) -> Response:
+        return PlainTextResponse(route_label(request.scope))
+
+    @app.get("/v1/models/{model}")
+    async def model(request: Request, model: str) -> Response:
+        return PlainTextResponse(route_label(request.scope))
+
+    app.router.routes.extend(
+        [
+            Route("/api/embed", plain, methods=["POST"]),
+            Route("/api/embeddings", plain, methods=["POST"]),
+            Route("/api/show/{name}", plain, methods=["POST"]),
+        ]
+    )
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
+        assert (await c.get("/v1/models/llama3")).text == "/v1/models/{model}"
+        assert (await c.post("/api/embed")).text == "/api/embed"
+        assert (await c.post("/api/embeddings")).text == "/api/embeddings"
+        assert (await c.post("/api/show/llama3")).text == "/api/show/{name}"
+    assert route_label({"type": "http", "path": "/v1/xyz"}) == "other"

@@ -83,3 +83,45 @@ def test_a_misspelled_variable_is_named_not_silently_ignored() -> None:
         "HOME": "/root",
     }
     assert unknown_variables(environ) == ["GATEWAY_PROT", "gateway_log_levl"]
+
+
+def test_cors_is_off_unless_origins_are_listed():
+    assert Settings(_env_file=None).cors_origins == []
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "https://app.example.com, http://localhost:5173",
+        '["https://app.example.com", "http://localhost:5173"]',
+    ],
+)
+def test_cors_origins_come_comma_separated_or_as_a_json_list(monkeypatch, value: str):
+    monkeypatch.setenv("GATEWAY_CORS_ORIGINS", value)
+    origins = Settings(_env_file=None).cors_origins
+    assert origins == ["https://app.example.com", "http://localhost:5173"]
+
+
+def test_cors_origins_accept_star_and_ipv6_and_extension_origins(monkeypatch):
+    monkeypatch.setenv("GATEWAY_CORS_ORIGINS", "*,http://[::1]:8000,chrome-extension://abcdef")
+    assert Settings(_env_file=None).cors_origins == [
+        "*",
+        "http://[::1]:8000",
+        "chrome-extension://abcdef",
+    ]
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "https://app.example.com/",  # a browser's Origin never ends in a slash
+        "https://app.example.com/chat",
+        "https://App.example.com",
+        "app.example.com",
+        "null",  # sent by sandboxed iframes and file: pages of any site
+    ],
+)
+def test_cors_origins_refuse_what_no_browser_sends(monkeypatch, origin: str):
+    monkeypatch.setenv("GATEWAY_CORS_ORIGINS", origin)
+    with pytest.raises(ValidationError, match="is not an origin"):
+        Settings(_env_file=None)

@@ -60,14 +60,7 @@ async def require_principal(request: Request, authenticator: AuthenticatorDep) -
     except InvalidKeyError as exc:
         logger.info("rejected API key: %s", exc.reason)
         raise UnauthorizedError(str(exc)) from exc
-    principal = Principal(
-        record.id,
-        record.name,
-        record.models,
-        rpm=record.rpm,
-        tpm=record.tpm,
-        max_concurrent=record.max_concurrent,
-    )
+    principal = Principal.from_record(record)  # every field, the permission included
     request.state.principal = principal  # the error handlers label refusals with it
     request.scope.setdefault("state", {})["key_id"] = record.id
     return principal

@@ -1,5 +1,5 @@
 """End to end: a real model server (llama-cpp-python, Gemma 3 270M), a real `gateway serve`
-process in front of it (openai dialect), a real HTTP client.
+process in front of it (openai dialect), real clients: httpx, the openai SDK, the ollama client.
 
 Skipped when llama-cpp-python is not installed, except under CI (`CI=true`), where a missing
 model server is a failure: `scripts/bootstrap` installs it.
@@ -164,3 +164,71 @@ def _servers() -> set[tuple[str, str]]:
         if "llama_cpp.server" in command or "-m gateway serve" in command:
             found.add((cmdline.parent.name, command))
     return found
+
+
+def test_the_openai_sdk_streams_from_the_real_model(stack):
+    """The openai SDK, unchanged but for its base URL and key, streams a real chat answer."""
+    import openai
+
+    gateway, key = stack
+    with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0) as client:
+        events = list(
+            client.chat.completions.create(
+                model=MODEL_ALIAS,
+                messages=[{"role": "user", "content": "Name three colors."}],
+                max_tokens=24,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        texts = [e.choices[0].delta.content or "" for e in events if e.choices]
+        assert len([t for t in texts if t]) >= 5  # token by token, not one blob
+        assert "".join(texts).strip()
+        usage = events[-1].usage
+        assert usage is not None
+        assert 0 < usage.completion_tokens <= 24
+        # llama-cpp-python's stream carries no usage: the gateway counts the chunks it relayed,
+        # and cannot know the prompt's tokens (0, not a guess).
+        assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+        completion = client.completions.create(
+            model=MODEL_ALIAS, prompt="Question: What is 2+2?\nAnswer:", max_tokens=8
+        )
+        assert completion.usage is not None
+        assert 0 < completion.usage.completion_tokens <= 8
+    bad_key = "gw_000000000000_bad"
+    with (
+        openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=bad_key, max_retries=0) as client,
+        pytest.raises(openai.AuthenticationError),
+    ):
+        client.models.list()
+
+
+def test_the_ollama_client_streams_from_the_real_model(stack):
+    """The ollama client at Ollama's own paths (OLLAMA_HOST=gateway), in front of llama.cpp."""
+    import ollama
+
+    gateway, key = stack
+    with ollama.Client(host=gateway.url, headers=_headers(key)) as client:
+        parts = list(
+            client.generate(
+                model=MODEL_ALIAS,
+                prompt="Question: Name three colors.\nAnswer:",
+                raw=True,
+                options={"num_predict": 16},
+                stream=True,
+            )
+        )
+        assert len([p for p in parts if p.response]) >= 5
+        final = parts[-1]
+        assert final.done
+        assert final.eval_count is not None
+        assert 0 < final.eval_count <= 16
+        assert final.eval_duration
+        chat = client.chat(
+            model=MODEL_ALIAS,
+            messages=[{"role": "user", "content": "Say hello."}],
+            options={"num_predict": 8},
+        )
+        assert chat.message.role == "assistant"
+        assert chat.eval_count is not None
+        assert 0 < chat.eval_count <= 8
