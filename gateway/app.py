@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from gateway import __version__
 from gateway.access import AccessMiddleware, UnexpectedErrorMiddleware
 from gateway.api.health import router as health_router
+from gateway.api.ollama import manage, models
 from gateway.api.ollama.routes import generation_routes as ollama_routes
 from gateway.api.openai.routes import generation_routes as openai_routes
 from gateway.api.openai.routes import router as openai_router
@@ -98,6 +99,8 @@ def create_app(
     register_error_handlers(app)
     app.router.routes.extend([*ollama_routes, *openai_routes])
     app.include_router(openai_router)
+    for router in (models.public_router, models.router, manage.router):
+        app.include_router(router)
     app.include_router(health_router)
     app.add_route("/metrics", metrics.endpoint, methods=["GET"], include_in_schema=False)
     # Added innermost first. AccessMiddleware stamps and logs every request, the preflights the

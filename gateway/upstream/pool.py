@@ -83,6 +83,10 @@ class UpstreamPool:
         self._metrics = metrics
         self._panicking = False
 
+    def named(self, name: str) -> Upstream | None:
+        """The upstream whose `name` (`host:port`, the `upstream` label) is `name`, or None."""
+        return next((u for u in self.upstreams if u.name == name), None)
+
     def label(self, model: str) -> str:
         """The `model` label: an id some upstream lists for `model`, else `other`."""
         for upstream in self.upstreams:

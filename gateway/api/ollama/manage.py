@@ -1,0 +1,292 @@
+"""Ollama's model management at Ollama's paths (reference section 6.7), for keys that may manage.
+
+`POST /api/pull`, `/api/push`, `/api/create`, `/api/copy`, `DELETE /api/delete`, `HEAD|POST
+/api/blobs/{digest}`. A key without `manage_models` gets 403 before its body is read; a key with
+a model allow-list may only manage the models on it (403). The body the gateway checked is the
+body it sends.
+
+Where to: `?upstream=<host:port>` names one upstream (its `name`); unknown: 400. Unnamed, the
+only Ollama upstream; with several, copy and delete go to each of them, while pull, push,
+create and blobs answer 400: a merged progress stream would tell a client nothing true about
+either transfer, and a blob body can only be sent once without holding it. An OpenAI-style
+upstream cannot manage models (400).
+
+Pull, push and create relay the upstream's NDJSON progress as it comes (`stream:false`: its
+one object), under a disconnect watcher: a client that leaves closes the upstream response,
+which makes Ollama cancel the transfer; a shutdown ends the stream with an error line. The
+upstream client's per-read timeout applies (the longer of `GATEWAY_FIRST_BYTE_TIMEOUT` and
+`GATEWAY_IDLE_TIMEOUT`), so a `stream:false` pull longer than that fails with 504: stream it.
+
+A blob body streams through, never held in memory and not bound by `GATEWAY_MAX_BODY_BYTES`
+(models are gigabytes; Ollama checks the digest). The aiohttp transport reads a request body
+whole before sending it (`gateway.upstream.transport`), so with it an upload goes through a
+short-lived httpx client of its own to the same upstream.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Annotated, Any
+
+import anyio
+import httpx
+from fastapi import APIRouter, Depends, Query, Request, Response
+from starlette.requests import ClientDisconnect
+
+from gateway.api.ollama.models import parse_body, requested_model
+from gateway.api.ollama.passthrough import (
+    ProgressResponse,
+    error_of,
+    passed,
+    send_streamed,
+    transport_error,
+)
+from gateway.auth.dependencies import PrincipalDep, require_principal
+from gateway.auth.principal import Principal
+from gateway.deps import LifecycleDep, MetricsDep, PoolDep, SettingsDep
+from gateway.errors import (
+    BadRequestError,
+    ClientClosedRequestError,
+    ForbiddenError,
+    GatewayError,
+    ServiceUnavailableError,
+)
+from gateway.lifecycle import Lifecycle
+from gateway.metrics import ALL_KEYS, OTHER_MODEL, Metrics
+from gateway.relay.body import read_body
+from gateway.routing import route_label
+from gateway.settings import Settings
+from gateway.upstream.client import build_upstream_client
+from gateway.upstream.headers import upstream_request_headers
+from gateway.upstream.pool import Upstream, UpstreamPool
+
+router = APIRouter(prefix="/api", dependencies=[Depends(require_principal)])
+
+UpstreamParam = Annotated[str | None, Query(max_length=300, description="host:port")]
+_DIGEST = re.compile(r"sha256[:-][0-9a-fA-F]{64}")
+Names = Callable[[dict[str, Any]], list[str]]
+
+
+def _model(body: dict[str, Any]) -> list[str]:
+    model = requested_model(body)
+    if model is None:
+        raise BadRequestError("model is required")
+    return [model]
+
+
+def _created(body: dict[str, Any]) -> list[str]:
+    source = body.get("from")
+    return _model(body) + ([source] if isinstance(source, str) and source else [])
+
+
+def _copied(body: dict[str, Any]) -> list[str]:
+    """`source` and `destination`; a missing one is left for the upstream to refuse."""
+    names = (body.get("source"), body.get("destination"))
+    return [name for name in names if isinstance(name, str) and name]
+
+
+@dataclass
+class Manager:
+    """One management request of a permitted key, and what serving it needs."""
+
+    request: Request
+    principal: Principal
+    pool: UpstreamPool
+    settings: Settings
+    metrics: Metrics
+    lifecycle: Lifecycle
+
+    def targets(self, name: str | None, *, several: bool = False) -> list[Upstream]:
+        """The upstreams `?upstream=name` (or its absence) selects (module docstring)."""
+        if name is not None:
+            upstream = self.pool.named(name)
+            if upstream is None:
+                raise BadRequestError(f"no upstream is named {json.dumps(name[:100])}")
+            chosen = [upstream] if upstream.dialect.name == "ollama" else []
+        else:
+            chosen = [u for u in self.pool.upstreams if u.dialect.name == "ollama"]
+        if not chosen:
+            raise BadRequestError("the upstream cannot manage models (it has no Ollama API)")
+        if len(chosen) > 1 and not several:
+            raise BadRequestError("several upstreams can manage models: add ?upstream=<host:port>")
+        return chosen
+
+    async def body(self, names: Names) -> tuple[bytes, str | None]:
+        """The checked body, and the model it names first (for the access log and metrics)."""
+        raw = await read_body(self.request, self.settings.max_body_bytes)
+        models = names(parse_body(raw, self.settings))
+        for model in models:
+            if not self.principal.allows_model(model):
+                raise ForbiddenError(f"this API key may not use model '{model}'")
+        first = models[0] if models else None
+        self.request.scope.setdefault("state", {})["model"] = first
+        return raw, first
+
+    def headers(self, content_type: str = "application/json") -> dict[str, str]:
+        """The upstream request's headers: the forwarded few, the request id, the type."""
+        state = self.request.scope.get("state", {})
+        forwarded = upstream_request_headers(
+            self.request.headers.items(), request_id=state.get("request_id", "-")
+        )
+        return {**forwarded, "content-type": content_type}
+
+    def record(self, model: str | None, status: int, outcome: str) -> None:
+        """Count the request in `gateway_requests_total` and name its outcome in the log."""
+        self.request.scope.setdefault("state", {})["outcome"] = outcome
+        route = route_label(self.request.scope)
+        key = self.principal.name if self.settings.metrics_per_key else ALL_KEYS
+        label = self.pool.label(model) if model else OTHER_MODEL
+        self.metrics.requests.labels(route, label, key, f"{status // 100}xx", outcome).inc()
+
+    async def progress(self, path: str, name: str | None, names: Names) -> Response:
+        """Pull, push or create: the upstream's progress stream, relayed as it comes."""
+        if self.lifecycle.draining:
+            raise ServiceUnavailableError("gateway is shutting down", headers={"Retry-After": "1"})
+        (upstream,) = self.targets(name)
+        raw, model = await self.body(names)
+        client = upstream.client
+        request = client.build_request("POST", path, content=raw, headers=self.headers())
+        return ProgressResponse(
+            partial(send_streamed, client, request),
+            self.lifecycle,
+            lambda status, outcome: self.record(model, status, outcome),
+        )
+
+    async def each(self, method: str, path: str, name: str | None, names: Names) -> Response:
+        """Copy or delete on each selected upstream; success when one did it and none failed.
+
+        An upstream without the model (404) is no failure while another had it; when none
+        has it, the 404 is the answer. Otherwise the first failure is, the others logged.
+        """
+        upstreams = self.targets(name, several=True)
+        raw, model = await self.body(names)
+        answers: dict[int, httpx.Response | GatewayError] = {}
+
+        async def one(index: int, upstream: Upstream) -> None:
+            try:
+                response = await upstream.client.request(
+                    method, path, content=raw, headers=self.headers()
+                )
+                answers[index] = response if response.is_success else error_of(response)
+            except httpx.HTTPError as exc:
+                answers[index] = transport_error(exc)
+
+        async with anyio.create_task_group() as group:
+            for index, upstream in enumerate(upstreams):
+                group.start_soon(one, index, upstream)
+        results = [answers[index] for index in range(len(upstreams))]
+        done = [r for r in results if isinstance(r, httpx.Response)]
+        failed = [r for r in results if isinstance(r, GatewayError) and r.status_code != 404]
+        if failed or not done:
+            raise (failed or [r for r in results if isinstance(r, GatewayError)])[0]
+        self.record(model, done[0].status_code, "completed")
+        return passed(done[0])
+
+    async def blob(self, digest: str, name: str | None) -> Response:
+        """Whether the upstream has a blob (HEAD), or store one (POST, the body streamed)."""
+        if not _DIGEST.fullmatch(digest):
+            raise BadRequestError("invalid digest format")
+        (upstream,) = self.targets(name)
+        path = f"/api/blobs/{digest}"
+        try:
+            if self.request.method == "HEAD":
+                response = await upstream.client.head(path, headers=self.headers())
+            else:
+                response = await self._upload(upstream, path)
+        except httpx.HTTPError as exc:
+            raise transport_error(exc) from exc
+        if response.status_code not in (200, 201, 404):
+            raise error_of(response)
+        self.record(None, response.status_code, "completed")
+        return passed(response)
+
+    async def _upload(self, upstream: Upstream, path: str) -> httpx.Response:
+        headers = self.headers("application/octet-stream")
+        declared = self.request.headers.get("content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                raise BadRequestError("invalid Content-Length")
+            headers["content-length"] = declared
+        async with _uploader(upstream, self.settings) as client:
+            try:
+                return await client.post(path, content=self.request.stream(), headers=headers)
+            except ClientDisconnect as exc:
+                raise ClientClosedRequestError("client closed the connection") from exc
+
+
+@asynccontextmanager
+async def _uploader(upstream: Upstream, settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """A client that streams request bodies: the upstream's own unless it runs over aiohttp."""
+    if settings.upstream_http_client == "httpx":
+        yield upstream.client
+        return
+    async with build_upstream_client(upstream.spec, settings, httpx.AsyncHTTPTransport()) as own:
+        yield own
+
+
+async def get_manager(
+    request: Request,
+    principal: PrincipalDep,
+    pool: PoolDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
+    lifecycle: LifecycleDep,
+) -> Manager:
+    """The request's `Manager`, for a key that may manage models.
+
+    Raises:
+        ForbiddenError: the key may not manage models (403).
+    """
+    if not principal.manage_models:
+        raise ForbiddenError("this API key may not manage models")
+    return Manager(request, principal, pool, settings, metrics, lifecycle)
+
+
+ManagerDep = Annotated[Manager, Depends(get_manager)]
+
+
+@router.post("/pull")
+async def pull(manager: ManagerDep, upstream: UpstreamParam = None) -> Response:
+    """Download a model onto the upstream; NDJSON progress."""
+    return await manager.progress("/api/pull", upstream, _model)
+
+
+@router.post("/push")
+async def push(manager: ManagerDep, upstream: UpstreamParam = None) -> Response:
+    """Upload a model from the upstream to its registry; NDJSON progress."""
+    return await manager.progress("/api/push", upstream, _model)
+
+
+@router.post("/create")
+async def create(manager: ManagerDep, upstream: UpstreamParam = None) -> Response:
+    """Create a model on the upstream; NDJSON progress."""
+    return await manager.progress("/api/create", upstream, _created)
+
+
+@router.post("/copy")
+async def copy(manager: ManagerDep, upstream: UpstreamParam = None) -> Response:
+    """Copy a model on the upstream(s)."""
+    return await manager.each("POST", "/api/copy", upstream, _copied)
+
+
+@router.delete("/delete")
+async def delete(manager: ManagerDep, upstream: UpstreamParam = None) -> Response:
+    """Delete a model from the upstream(s)."""
+    return await manager.each("DELETE", "/api/delete", upstream, _model)
+
+
+@router.head("/blobs/{digest}")
+async def blob_exists(digest: str, manager: ManagerDep, upstream: UpstreamParam = None) -> Response:
+    """Whether the upstream has the blob (200 or 404)."""
+    return await manager.blob(digest, upstream)
+
+
+@router.post("/blobs/{digest}")
+async def upload_blob(digest: str, manager: ManagerDep, upstream: UpstreamParam = None) -> Response:
+    """Store a blob on the upstream, its body streamed through."""
+    return await manager.blob(digest, upstream)

@@ -1,0 +1,295 @@
+"""Ollama's metadata routes: `/`, `/api/version`, `/api/tags`, `/api/show`, `/api/ps`.
+
+With these, the generation routes and `gateway.api.ollama.manage`, an Ollama client needs only
+`OLLAMA_HOST=<gateway>` and a key header. `GET|HEAD /` answers `Ollama is running` without a key
+(tools probe it) and says nothing else; every other route needs a key.
+
+Lists are the union over the upstreams, in pool order (the first entry of a name wins), filtered
+by the key's allow-list, and `{"models": []}` rather than null. An Ollama upstream contributes
+its own `/api/tags` and `/api/ps` entries, every field kept. An OpenAI-style upstream (llama.cpp,
+vLLM) has no `/api/*` and is never sent one: its `/api/tags` entries and `/api/show` answers are
+built from the gateway's catalogue of its models, and it has nothing loaded to report in
+`/api/ps`. An upstream that fails is left out (and logged); when all fail, 502.
+
+`/api/show` answers 404 `model '<name:tag>' not found` both for a model no upstream has and for
+one the key may not use: like `/v1/models/{model}`, a key does not learn which models exist
+beyond its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import httpx
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import PlainTextResponse
+
+from gateway.api.body import parse_object
+from gateway.api.ollama.passthrough import error_of, transport_error
+from gateway.auth.dependencies import PrincipalDep, require_principal
+from gateway.deps import PoolDep, SettingsDep
+from gateway.errors import (
+    BadRequestError,
+    GatewayError,
+    NotFoundError,
+    UnprocessableError,
+    UpstreamUnavailableError,
+)
+from gateway.metrics import OTHER_MODEL
+from gateway.relay.body import read_body
+from gateway.settings import Settings
+from gateway.upstream.dialect import ModelInfo
+from gateway.upstream.pool import Upstream, UpstreamPool
+
+logger = logging.getLogger("gateway.api")
+
+#: What `/api/version` reports: the Ollama release whose API the gateway was written and tested
+#: against (the protocol reference's revision, v0.33.0-rc2, and the emulator's version). Clients
+#: such as Open WebUI compare it to decide which features to use; the upstreams' own versions
+#: are not exposed.
+OLLAMA_VERSION = "0.33.0"
+
+JSON_TYPE = "application/json; charset=utf-8"
+
+public_router = APIRouter()
+router = APIRouter(prefix="/api", dependencies=[Depends(require_principal)])
+
+
+def json_answer(value: Any, status: int = 200) -> Response:
+    """A JSON response as Ollama sends it (gin `c.JSON`)."""
+    return Response(json.dumps(value).encode(), status, media_type=JSON_TYPE)
+
+
+def parse_body(raw: bytes, settings: Settings) -> dict[str, Any]:
+    """Check a JSON body as every route does (`parse_object`), with `model` optional.
+
+    Which field names the model is the route's to say: `/api/show` and the management routes
+    also take the deprecated `name`, `/api/copy` has `source` and `destination`.
+
+    Raises:
+        BadRequestError, UnprocessableError: as `parse_object`, except for a missing model.
+    """
+    try:
+        return parse_object(
+            raw, max_depth=settings.max_json_depth, max_values=settings.max_json_values
+        )
+    except UnprocessableError:
+        # Raised only after the body parsed. For an object, every check before the model's
+        # passed; an absent or empty `model` is then the one thing left to tell apart.
+        body = json.loads(raw)
+        model = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(body, dict) or (isinstance(model, str) and model.strip()):
+            raise
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise UnprocessableError("stream must be true or false")
+    return body
+
+
+def requested_model(body: dict[str, Any]) -> str | None:
+    """The model a body names: `model`, else the deprecated `name` (Go's `cmp.Or`), or None."""
+    for field in ("model", "name"):
+        value = body.get(field)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def tagged(model: str) -> str:
+    """`name` as `name:latest`, the way Ollama names a model in its messages (section 2.1)."""
+    return model if ":" in model.rsplit("/", 1)[-1] else f"{model}:latest"
+
+
+def _name(entry: dict[str, Any]) -> str | None:
+    value = entry.get("model") or entry.get("name")
+    return value if isinstance(value, str) else None
+
+
+def _entries(data: Any) -> list[dict[str, Any]]:
+    """The well-formed entries of `{"models": [...]}`: objects with a string name."""
+    models = data.get("models") if isinstance(data, dict) else ()
+    if models is None:  # Go's nil slice
+        return []
+    if not isinstance(models, list):
+        raise ValueError("the answer has no models list")
+    return [entry for entry in models if isinstance(entry, dict) and _name(entry)]
+
+
+def _timestamp(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _synthesized(info: ModelInfo) -> dict[str, Any]:
+    """An `/api/tags` entry for a model of an OpenAI-style upstream, from the catalogue."""
+    modified = _timestamp(info.created)
+    return {
+        "name": info.id,
+        "model": info.id,
+        "modified_at": modified,
+        "size": 0,
+        "digest": "",
+        "details": {},
+    }
+
+
+async def _fetch(upstream: Upstream, path: str, budget: float) -> list[dict[str, Any]]:
+    """GET an Ollama upstream's model list at `path` within `budget` seconds."""
+    with anyio.fail_after(budget):
+        response = await upstream.client.get(path)
+    response.raise_for_status()
+    return _entries(response.json())
+
+
+Lister = Callable[[Upstream], Awaitable[list[dict[str, Any]]]]
+
+
+async def _union(upstreams: list[Upstream], lister: Lister, what: str) -> list[dict[str, Any]]:
+    """Every upstream's entries, in pool order, the first of each name kept.
+
+    Raises:
+        UpstreamUnavailableError: there were upstreams to ask and none answered.
+    """
+    lists: dict[int, list[dict[str, Any]]] = {}
+
+    async def one(index: int, upstream: Upstream) -> None:
+        try:
+            lists[index] = await lister(upstream)
+        except (httpx.HTTPError, ValueError, TypeError, KeyError, TimeoutError) as exc:
+            logger.warning("upstream %s: %s unavailable (%s)", upstream.name, what, exc)
+
+    async with anyio.create_task_group() as group:
+        for index, upstream in enumerate(upstreams):
+            group.start_soon(one, index, upstream)
+    if upstreams and not lists:
+        raise UpstreamUnavailableError(f"could not list the upstreams' {what}")
+    seen: set[str] = set()
+    merged = []
+    for index in sorted(lists):
+        for entry in lists[index]:
+            key = tagged(str(_name(entry)).lower())
+            if key not in seen:
+                seen.add(key)
+                merged.append(entry)
+    return merged
+
+
+@public_router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+async def root() -> PlainTextResponse:
+    """Ollama's liveness answer (reference section 6.1); no key needed."""
+    return PlainTextResponse("Ollama is running")
+
+
+@router.api_route("/version", methods=["GET", "HEAD"])
+async def version() -> Response:
+    """The Ollama version the gateway's API matches (`OLLAMA_VERSION`)."""
+    return json_answer({"version": OLLAMA_VERSION})
+
+
+@router.api_route("/tags", methods=["GET", "HEAD"])
+async def tags(principal: PrincipalDep, pool: PoolDep, settings: SettingsDep) -> Response:
+    """The models this key may use, over every upstream (reference section 6.3)."""
+
+    async def lister(upstream: Upstream) -> list[dict[str, Any]]:
+        if upstream.dialect.name == "ollama":
+            return await _fetch(upstream, "/api/tags", settings.connect_timeout)
+        return [_synthesized(info) for info in await upstream.catalog.current()]
+
+    models = await _union(pool.upstreams, lister, "models")
+    return json_answer({"models": [m for m in models if principal.allows_model(str(_name(m)))]})
+
+
+@router.get("/ps")
+async def ps(principal: PrincipalDep, pool: PoolDep, settings: SettingsDep) -> Response:
+    """The models loaded on the Ollama upstreams that this key may use (section 6.4)."""
+
+    async def lister(upstream: Upstream) -> list[dict[str, Any]]:
+        return await _fetch(upstream, "/api/ps", settings.connect_timeout)
+
+    ollama = [u for u in pool.upstreams if u.dialect.name == "ollama"]
+    models = await _union(ollama, lister, "loaded models")
+    return json_answer({"models": [m for m in models if principal.allows_model(str(_name(m)))]})
+
+
+@router.post("/show")
+async def show(
+    request: Request, principal: PrincipalDep, pool: PoolDep, settings: SettingsDep
+) -> Response:
+    """One model's details (section 6.5): from an Ollama upstream, else from the catalogue."""
+    raw = await read_body(request, settings.max_body_bytes)
+    model = requested_model(parse_body(raw, settings))
+    if model is None:
+        raise BadRequestError("model is required")
+    request.scope.setdefault("state", {})["model"] = model
+    if not principal.allows_model(model):
+        raise NotFoundError(f"model '{tagged(model)}' not found")
+    ollama = [u for u in pool.upstreams if u.dialect.name == "ollama"]
+    knowing = [u for u in ollama if u.catalog.label(model) != OTHER_MODEL]
+    knowing.sort(key=lambda u: u.monitor.up is False)  # stable: those that answer first
+    failures: list[GatewayError] = []
+    answer = await _show_from(knowing, raw, failures)
+    if answer is None:
+        answer = await _catalogued_show(pool, model)
+    if answer is None:  # the catalogues may be older than a pull: ask the others too
+        answer = await _show_from([u for u in ollama if u not in knowing], raw, failures)
+    if answer is None:
+        raise failures[0] if failures else NotFoundError(f"model '{tagged(model)}' not found")
+    return answer
+
+
+async def _show_from(
+    upstreams: list[Upstream], raw: bytes, failures: list[GatewayError]
+) -> Response | None:
+    """The first answer of `upstreams` to the checked body `raw` other than a 404 or a failure.
+
+    Raises:
+        UpstreamStatusError: an upstream refused the request itself (a 4xx other than 404).
+    """
+    for upstream in upstreams:
+        try:
+            response = await upstream.client.post(
+                "/api/show", content=raw, headers={"content-type": "application/json"}
+            )
+        except httpx.HTTPError as exc:
+            logger.warning("upstream %s: /api/show failed (%s)", upstream.name, exc)
+            failures.append(transport_error(exc))
+            continue
+        if response.status_code == 404:
+            continue
+        if response.is_success:
+            media = response.headers.get("content-type", JSON_TYPE)
+            return Response(response.content, response.status_code, media_type=media)
+        failure = error_of(response)
+        if failure.status_code < 500:
+            raise failure
+        failures.append(failure)
+    return None
+
+
+async def _catalogued_show(pool: UpstreamPool, model: str) -> Response | None:
+    """`/api/show` for a model only an OpenAI-style upstream offers: what its catalogue knows."""
+    for upstream in pool.upstreams:
+        if upstream.dialect.name == "ollama":
+            continue
+        try:  # as the monitor last fetched it; fetched now only if it never was
+            models = await upstream.catalog.current()
+        except (httpx.HTTPError, ValueError, TypeError, KeyError, TimeoutError):
+            continue
+        label = upstream.catalog.label(model)
+        for info in models:
+            if info.id == label:
+                return json_answer(
+                    {
+                        "modelfile": "",
+                        "parameters": "",
+                        "template": "",
+                        "details": {},
+                        "model_info": {},
+                        "capabilities": ["completion"],
+                        "modified_at": _timestamp(info.created),
+                    }
+                )
+    return None
