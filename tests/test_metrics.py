@@ -292,7 +292,7 @@ def test_unknown_paths_are_counted_and_logged_as_other(
     gateway: Gateway, caplog: pytest.LogCaptureFixture
 ):
     caplog.set_level(logging.INFO, logger="gateway.access")
-    paths = ["/v1/xyz", "/v1/chat/x", "/v1/models/llama3", "/api/nope"]
+    paths = ["/v1/xyz", "/v1/chat/x", "/v1/modelsx/llama3", "/api/nope"]
     for path in paths:
         assert httpx.get(f"{gateway.url}{path}", headers=gateway.headers()).status_code == 404
     refused = httpx.get(f"{gateway.url}/v1/chat", headers=gateway.headers())  # 405, matched
