@@ -157,3 +157,10 @@ def test_an_empty_ollama_embed_input_loads_an_openai_upstreams_model_and_embeds_
     assert decoder.end()[0].error == "model not found"
     asked = GenerationRequest("ollama", "embed", {"model": "m", "input": ["a"]}, "m")
     assert json.loads(dialect.build_request(asked, {}).content)["input"] == ["a"]
+
+
+def test_an_empty_openai_input_string_reaches_ollama_as_one_text() -> None:
+    """OpenAI embeds "" as one text, Ollama's /api/embed as none (sections 6.6, 7.4)."""
+    assert to_ollama_request(_request("openai", "embed", input=""))[1]["input"] == [""]
+    assert to_ollama_request(_request("openai", "embed", input=["a"]))[1]["input"] == ["a"]
+    assert to_ollama_request(_request("openai", "embed", input="a"))[1]["input"] == "a"

@@ -45,7 +45,11 @@ def to_ollama_request(request: GenerationRequest) -> tuple[str, dict[str, Any]]:
     """
     body = request.body
     if request.operation == "embed":
-        payload: dict[str, Any] = {"model": body["model"], "input": body.get("input", "")}
+        # An empty string is one text to OpenAI, no input to Ollama (section 6.6): Ollama's
+        # own layer sends it as [""] (section 7.4, `EmbeddingsMiddleware`), and one vector
+        # comes back.
+        given = body.get("input", "")
+        payload: dict[str, Any] = {"model": body["model"], "input": given or [""]}
         if isinstance(body.get("dimensions"), int):
             payload["dimensions"] = body["dimensions"]
         return "/api/embed", payload

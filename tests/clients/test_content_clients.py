@@ -122,6 +122,15 @@ def test_openai_sdk_embeddings_float_base64_and_dimensions(gw: Gateway) -> None:
     assert _norm(short.data[0].embedding) == pytest.approx(1.0, rel=1e-5)
 
 
+def test_an_empty_openai_input_string_is_one_text(gw: Gateway, emulator: Emulator) -> None:
+    """OpenAI embeds "" as one text; so does Ollama's /v1 (reference section 7.4)."""
+    answer = _openai(gw).embeddings.create(model=MODEL, input="", encoding_format="float")
+    assert len(answer.data) == 1
+    assert _close(answer.data[0].embedding, _embedding(""))
+    if _dialect(gw) == "ollama":
+        assert emulator.state.records[-1].body["input"] == [""]
+
+
 def test_langchain_embeddings_through_the_gateway(gw: Gateway) -> None:
     from langchain_ollama import OllamaEmbeddings
     from langchain_openai import OpenAIEmbeddings
