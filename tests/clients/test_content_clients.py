@@ -801,6 +801,19 @@ def test_openai_logprobs_come_back_streamed_and_not(gw: Gateway, emulator: Emula
     assert tokens == ["tok0 ", "tok1 ", "tok2 "]
 
 
+def test_openai_logprobs_without_alternatives_have_an_empty_list(gw: Gateway) -> None:
+    """OpenAI's `top_logprobs` is a list even when none were asked for; Ollama omits it."""
+    chat = _openai(gw).chat.completions.create(
+        model=MODEL, messages=MESSAGES, logprobs=True, max_tokens=2
+    )
+    assert chat.choices[0].logprobs is not None
+    content = chat.choices[0].logprobs.content or []
+    assert [(entry.token, entry.top_logprobs) for entry in content] == [
+        ("tok0 ", []),
+        ("tok1 ", []),
+    ]
+
+
 def test_ollama_logprobs_come_back_streamed_and_not(gw: Gateway, emulator: Emulator) -> None:
     client = _ollama(gw)
     chat = client.chat(

@@ -79,7 +79,7 @@ class CompletionCodec:
             choice["delta"] = delta
         else:
             choice["text"] = delta.get("text", "")
-        choice["logprobs"] = {"content": logprobs} if logprobs else None
+        choice["logprobs"] = {"content": _token_logprobs(logprobs)} if logprobs else None
         choice["finish_reason"] = reason
         return {**self._head(), "choices": [choice]}
 
@@ -145,7 +145,8 @@ class CompletionCodec:
             choice["message"] = message
         else:
             choice["text"] = text
-        choice["logprobs"] = {"content": self._logprobs} if self._logprobs else None
+        logprobs = self._logprobs
+        choice["logprobs"] = {"content": _token_logprobs(logprobs)} if logprobs else None
         choice["finish_reason"] = self._finish_reason(last)
         kind = "chat.completion" if self._chat else "text_completion"
         answer = {**self._head(), "object": kind, "choices": [choice], "usage": self._usage(last)}
@@ -198,6 +199,20 @@ def openai_tool_call(call: ToolCall, *, streamed: bool = False) -> dict[str, Any
     if streamed:
         result["index"] = call.index
     return result
+
+
+def _token_logprobs(entries: list[Any]) -> list[Any]:
+    """`logprobs.content` entries as OpenAI sends them: `top_logprobs` always a list.
+
+    Ollama leaves an empty `top_logprobs` out (`omitempty`, reference section 2.1: none are
+    asked for unless `top_logprobs` is set); OpenAI's clients expect the list, empty or not.
+    """
+    return [
+        {**entry, "top_logprobs": []}
+        if isinstance(entry, dict) and "top_logprobs" not in entry
+        else entry
+        for entry in entries
+    ]
 
 
 def _shorten(vector: list[Any], dimensions: int | None) -> list[float]:
