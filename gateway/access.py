@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import error_response
+from gateway.neutral import RequestSummary
 from gateway.routing import route_label
 
 logger = logging.getLogger("gateway.access")
@@ -90,7 +91,11 @@ class AccessMiddleware:
             "status": status,
             "key_id": state.get("key_id"),
             "model": state.get("model"),
-            **(summary if isinstance(summary, dict) else {"outcome": state.get("outcome")}),
+            **(
+                summary.log_fields()
+                if isinstance(summary, RequestSummary)
+                else {"outcome": state.get("outcome")}
+            ),
         }
         record.setdefault("duration_s", round(time.perf_counter() - arrival, 6))
         logger.info(json.dumps(record, separators=(",", ":"), default=str))

@@ -21,6 +21,8 @@ from prometheus_client import (
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.neutral import RequestSummary
+
 #: Time to first token, seconds: 10 ms (warm, short prompt) to 60 s (cold load, long prefill).
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 30, 60)
 #: Decode rate, output tokens per second: 1 (CPU, large model) to 2,000 (small model, big GPU).
@@ -256,6 +258,28 @@ class Metrics:
                 output_tokens=self.output_tokens.labels(model, key),
             )
         return found
+
+    def record(self, series: RequestSeries, summary: RequestSummary) -> None:
+        """Record one finished request into `series` (its labels' children) and the counters."""
+        series.in_flight.dec()
+        self.requests.labels(
+            summary.route, summary.model, summary.key, f"{summary.status // 100}xx", summary.outcome
+        ).inc()
+        series.request_duration.observe(summary.duration_s)
+        if summary.ttft_s is not None:
+            series.ttft.observe(summary.ttft_s)
+        if summary.queue_wait_s is not None:
+            series.queue_wait.observe(summary.queue_wait_s)
+        if summary.prefill_tokens_per_s is not None:
+            series.prefill_tokens_per_second.observe(summary.prefill_tokens_per_s)
+        if summary.tokens_per_s is not None:
+            series.output_tokens_per_second.observe(summary.tokens_per_s)
+        if summary.time_per_output_token_s is not None:
+            series.time_per_output_token.observe(summary.time_per_output_token_s)
+        if summary.tokens_in:
+            series.input_tokens.inc(summary.tokens_in)
+        if summary.tokens_out:
+            series.output_tokens.inc(summary.tokens_out)
 
     def count_rejection(
         self, route: str, status: int, outcome: str, key: str | None = None

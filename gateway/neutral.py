@@ -155,3 +155,56 @@ class Chunk:
         Ollama's `eval_count` (reference section 9.2 item 6).
         """
         return bool(self.text or self.thinking or self.tool_calls)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSummary:
+    """One finished request: its outcome and numbers, measured once (`gateway.relay.meter`).
+
+    Metrics (`gateway.metrics.Metrics.record`), the access log and, later, usage accounting and
+    trace spans all read this one record, so nothing is measured twice. No prompt text, no
+    secrets: `key` is the metrics label (the key's name, or `all`).
+
+    Attributes:
+        route: The route label (`/api/chat`, `/v1/chat/completions`, ...).
+        model: The model label (bounded by the catalogue).
+        key: The key label.
+        upstream: `host:port` of the upstream that answered last, or None if none was tried.
+        outcome: `completed`, `client_disconnect`, `upstream_error`, `timeout`, ...
+        status: The HTTP status the client got (499 when it left before the first byte).
+        duration_s: Arrival to the end, seconds.
+        ttft_s: Arrival to the first generated token, seconds; None if none came.
+        queue_wait_s: Arrival to the upstream request being sent, seconds; None if never sent.
+        tokens_in: Prompt tokens as the upstream counted them (0 when unknown).
+        tokens_out: Output tokens (the upstream's count, else the chunks relayed).
+        tokens_per_s: Decode rate, tokens per second; None if unknown.
+        time_per_output_token_s: Seconds per output token after the first; None if unknown.
+        prefill_tokens_per_s: Prompt tokens per second of prefill, when the upstream reports it.
+    """
+
+    route: str
+    model: str
+    key: str
+    upstream: str | None
+    outcome: str
+    status: int
+    duration_s: float
+    ttft_s: float | None = None
+    queue_wait_s: float | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    tokens_per_s: float | None = None
+    time_per_output_token_s: float | None = None
+    prefill_tokens_per_s: float | None = None
+
+    def log_fields(self) -> dict[str, Any]:
+        """The fields the access log line carries (docs/operations.md), rounded."""
+        return {
+            "outcome": self.outcome,
+            "upstream": self.upstream,
+            "ttft_s": None if self.ttft_s is None else round(self.ttft_s, 6),
+            "tokens_in": self.tokens_in,
+            "tokens_out": self.tokens_out,
+            "tokens_per_s": None if self.tokens_per_s is None else round(self.tokens_per_s, 3),
+            "duration_s": round(self.duration_s, 6),
+        }

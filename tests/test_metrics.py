@@ -186,6 +186,7 @@ def test_access_log_has_one_json_line_without_secrets_or_prompt(
     assert line["status"] == 200
     assert line["outcome"] == "completed"
     assert line["tokens_out"] == TOKENS
+    assert line["upstream"] == gateway.settings.upstream_specs[0].name
     assert line["ttft_s"] > 0
     assert line["tokens_per_s"] > 0
     text = record.getMessage()

@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from gateway.metrics import Metrics, RequestSeries
-from gateway.neutral import Chunk, Stats
+from gateway.neutral import Chunk, RequestSummary, Stats
 
 
 @dataclass
 class RequestMeter:
-    """Observations of one generation request; `finish` records them into `Metrics` once.
+    """Observations of one request; `finish` turns them into its `RequestSummary`, once.
 
     Attributes:
         arrival: `time.perf_counter()` seconds when the gateway received the request.
@@ -41,6 +40,8 @@ class RequestMeter:
         text_chunks: Chunks with generated text seen so far.
         final: The final chunk's stats, when one arrived.
         outcome: `completed`, `client_disconnect`, `upstream_error`, `timeout`, ...
+        upstream: The upstream tried last (`host:port`), or None.
+        summary: The request's summary once `finish` ran.
     """
 
     metrics: Metrics
@@ -56,7 +57,8 @@ class RequestMeter:
     final: Stats | None = None
     outcome: str | None = None
     status: int = 200
-    finished: bool = field(default=False, repr=False)
+    upstream: str | None = None
+    summary: RequestSummary | None = field(default=None, repr=False)
     series: RequestSeries = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -111,54 +113,37 @@ class RequestMeter:
             return None
         return count / duration_ns * 1e9
 
-    def finish(self, outcome: str, status: int | None = None) -> dict[str, Any]:
-        """Record the request into the metrics; later calls do nothing.
+    def finish(self, outcome: str, status: int | None = None) -> RequestSummary:
+        """Summarize the request and record it into the metrics, once.
 
         Args:
             outcome: The `outcome` label (see `docs/metrics.md`). The first call wins.
             status: Final HTTP status, when it differs from 200.
 
         Returns:
-            A summary for the access log: outcome, ttft_s, tokens_in, tokens_out,
-            tokens_per_s, duration_s.
+            The request's `RequestSummary`; later calls return the same one.
         """
-        if self.finished:
-            return self.summary()
-        self.finished = True
+        if self.summary is not None:
+            return self.summary
         self.outcome = outcome
         if status is not None:
             self.status = status
-        series = self.series
-        series.in_flight.dec()
-        self.metrics.requests.labels(
-            self.route, self.model, self.key, f"{self.status // 100}xx", outcome
-        ).inc()
-        series.request_duration.observe(time.perf_counter() - self.arrival)
-        if self.ttft is not None:
-            series.ttft.observe(self.ttft)
-        if self.sent_at is not None:
-            series.queue_wait.observe(self.sent_at - self.arrival)
-        prefill = self._reported_rate("prompt_eval_count", "prompt_eval_duration")
-        if prefill is not None:
-            series.prefill_tokens_per_second.observe(prefill)
         rate = self.decode_rate()
-        if rate is not None:
-            series.output_tokens_per_second.observe(rate[0])
-            series.time_per_output_token.observe(rate[1])
-        if self.input_tokens:
-            series.input_tokens.inc(self.input_tokens)
-        if self.output_tokens:
-            series.output_tokens.inc(self.output_tokens)
-        return self.summary()
-
-    def summary(self) -> dict[str, Any]:
-        """The request's numbers for the access log (no prompt text, no secrets)."""
-        rate = self.decode_rate()
-        return {
-            "outcome": self.outcome,
-            "ttft_s": None if self.ttft is None else round(self.ttft, 6),
-            "tokens_in": self.input_tokens,
-            "tokens_out": self.output_tokens,
-            "tokens_per_s": None if rate is None else round(rate[0], 3),
-            "duration_s": round(time.perf_counter() - self.arrival, 6),
-        }
+        summary = self.summary = RequestSummary(
+            route=self.route,
+            model=self.model,
+            key=self.key,
+            upstream=self.upstream,
+            outcome=outcome,
+            status=self.status,
+            duration_s=time.perf_counter() - self.arrival,
+            ttft_s=self.ttft,
+            queue_wait_s=None if self.sent_at is None else self.sent_at - self.arrival,
+            tokens_in=self.input_tokens,
+            tokens_out=self.output_tokens,
+            tokens_per_s=None if rate is None else rate[0],
+            time_per_output_token_s=None if rate is None else rate[1],
+            prefill_tokens_per_s=self._reported_rate("prompt_eval_count", "prompt_eval_duration"),
+        )
+        self.metrics.record(self.series, summary)
+        return summary

@@ -169,6 +169,7 @@ class Generation:
                 relay.metrics.upstream_failovers.inc()
             tried.add(upstream.name)
             self.meter.upstream_timings = upstream.dialect.reports_timings
+            self.meter.upstream = upstream.name
             self.upstream = upstream
             self.exchange = exchange = Exchange(
                 client=upstream.generation,
