@@ -83,7 +83,8 @@ def test_ollama_tool_results_answer_their_calls_by_id() -> None:
 
 
 def test_think_becomes_reasoning_effort_for_chat_and_generate() -> None:
-    for route, field in (("chat", "messages"), ("generate", "prompt")):
+    routes: tuple[tuple[Operation, str], ...] = (("chat", "messages"), ("generate", "prompt"))
+    for route, field in routes:
         body: dict[str, Any] = {"model": "m", field: [] if route == "chat" else "hi"}
         assert to_openai_request(route, {**body, "think": "high"})[1]["reasoning_effort"] == "high"
         assert to_openai_request(route, {**body, "think": False})[1]["reasoning_effort"] == "none"

@@ -113,6 +113,9 @@ def test_openai_sdk_embeddings_float_base64_and_dimensions(gw: Gateway) -> None:
     assert _close(floats.data[1].embedding, _embedding("c"))
     assert (floats.usage.prompt_tokens, floats.usage.total_tokens) == (3, 3)
     # The SDK's default asks for base64 and decodes it: the same float32 values.
+    body = {"model": MODEL, "input": "c", "encoding_format": "base64"}
+    raw = httpx.post(f"{gw.url}/v1/embeddings", json=body, headers=gw.headers()).json()
+    assert isinstance(raw["data"][0]["embedding"], str)
     decoded = client.embeddings.create(model=MODEL, input=["a b", "c"])
     for base64_item, float_item in zip(decoded.data, floats.data, strict=True):
         assert _close(base64_item.embedding, float_item.embedding)
@@ -207,7 +210,8 @@ def test_an_empty_ollama_embed_input_answers_no_vectors(gw: Gateway, emulator: E
     from langchain_ollama import OllamaEmbeddings
 
     client = _ollama(gw)
-    for empty in ([], ""):
+    empties: tuple[list[str], str] = ([], "")
+    for empty in empties:
         answer = client.embed(model=MODEL, input=empty)
         assert (answer.embeddings, answer.prompt_eval_count) == ([], None)
     assert list(client.embeddings(model=MODEL, prompt="").embedding) == []
@@ -450,6 +454,18 @@ def test_ollama_client_gets_thinking_streamed_and_not(gw: Gateway) -> None:
 
 
 @pytest.mark.usefixtures("thinking_on")
+def test_langchain_chat_ollama_gets_the_reasoning(gw: Gateway) -> None:
+    from langchain_ollama import ChatOllama
+
+    native = ChatOllama(
+        model=MODEL, base_url=gw.url, client_kwargs={"headers": gw.headers()}, reasoning=True
+    )
+    _opened.callback(native._client.close)
+    reply = native.invoke("hi")
+    assert (reply.content, reply.additional_kwargs["reasoning_content"]) == (TEXT, THINKING)
+
+
+@pytest.mark.usefixtures("thinking_on")
 def test_openai_surface_sends_reasoning_content(gw: Gateway) -> None:
     body = {"model": MODEL, "messages": MESSAGES}
     answer = httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers=gw.headers())
@@ -557,6 +573,27 @@ def test_openai_sdk_parse_with_a_pydantic_model(gw: Gateway) -> None:
         response_format=Weather,
     )
     assert completion.choices[0].message.parsed == Weather(city="emulated", warm=True)
+
+
+def test_langchain_structured_output(gw: Gateway, emulator: Emulator) -> None:
+    from langchain_ollama import ChatOllama
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel
+
+    class Weather(BaseModel):
+        city: str
+        warm: bool
+
+    native = ChatOllama(model=MODEL, base_url=gw.url, client_kwargs={"headers": gw.headers()})
+    _opened.callback(native._client.close)
+    expected = Weather(city="emulated", warm=True)
+    assert native.with_structured_output(Weather).invoke("weather?") == expected
+    sent = emulator.state.records[-1].body
+    schema = sent["format"] if _dialect(gw) == "ollama" else sent["response_format"]
+    assert "city" in json.dumps(schema)
+    compatible = ChatOpenAI(model=MODEL, base_url=f"{gw.url}/v1", api_key=gw.key, max_retries=0)
+    _opened.callback(compatible.root_client.close)
+    assert compatible.with_structured_output(Weather).invoke("weather?") == expected
 
 
 @pytest.mark.parametrize("operation", ["chat", "generate"])
@@ -692,6 +729,35 @@ def test_openai_max_completion_tokens_limits_the_answer(gw: Gateway, emulator: E
         assert sent["options"]["num_predict"] == 3
     else:  # also as `max_tokens`, which Ollama's /v1 (reference section 7.1) reads
         assert (sent["max_completion_tokens"], sent["max_tokens"]) == (3, 3)
+
+
+def test_langchain_max_tokens_and_stop_reach_the_upstream(gw: Gateway, emulator: Emulator) -> None:
+    from langchain_ollama import ChatOllama
+    from langchain_openai import ChatOpenAI
+
+    compatible = ChatOpenAI(
+        model=MODEL, base_url=f"{gw.url}/v1", api_key=gw.key, max_retries=0, max_tokens=3
+    )
+    _opened.callback(compatible.root_client.close)
+    assert (
+        compatible.invoke("hi", stop=["\n\n"]).content == "tok0 tok1 tok2 "
+    )  # sent as max_completion_tokens
+    native = ChatOllama(
+        model=MODEL,
+        base_url=gw.url,
+        client_kwargs={"headers": gw.headers()},
+        num_predict=2,
+        temperature=0.1,
+        keep_alive="3m",
+    )
+    _opened.callback(native._client.close)
+    assert native.invoke("hi", stop=["\n\n"]).content == "tok0 tok1 "
+    sent = emulator.state.records[-1].body
+    if _dialect(gw) == "ollama":
+        assert (sent["options"]["num_predict"], sent["options"]["stop"]) == (2, ["\n\n"])
+        assert sent["keep_alive"] == "3m"
+    else:
+        assert (sent["max_tokens"], sent["stop"], sent["temperature"]) == (2, ["\n\n"], 0.1)
 
 
 def test_openai_completion_stop_string_reaches_the_upstream(
