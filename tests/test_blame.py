@@ -177,11 +177,17 @@ def test_a_500_that_blames_the_request_is_a_400_and_not_retried(scripted, make_g
 
 
 def test_a_body_the_dialect_cannot_translate_is_a_422_not_an_upstream_fault(make_gateway, emulator):
-    gw = make_gateway(upstream_dialect="openai", circuit_failures=2, circuit_cooldown=60)
-    bad = {"model": MODEL, "stream": False, "messages": [{"role": "assistant", "tool_calls": [1]}]}
+    # Ollama takes only inline images: an OpenAI image given by URL cannot reach it.
+    gw = make_gateway(upstream_dialect="ollama", circuit_failures=2, circuit_cooldown=60)
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+    bad = {"model": MODEL, "messages": [{"role": "user", "content": [image]}]}
     for _ in range(4):
-        response = httpx.post(f"{gw.url}/v1/chat", json=bad, headers=gw.headers(), timeout=30)
+        response = httpx.post(
+            f"{gw.url}/v1/chat/completions", json=bad, headers=gw.headers(), timeout=30
+        )
         assert response.status_code == 422
+        assert response.json()["error"]["message"] == "the ollama upstream cannot take this request"
+    assert not [r for r in emulator.state.records if r.path == "/api/chat"]
     assert _circuit(gw, emulator.url) == 0
     good = {"model": MODEL, "stream": False, "messages": [{"role": "user", "content": "hi"}]}
     _, other = gw.create_key("other")
