@@ -1,4 +1,4 @@
-"""Helpers shared by the test modules: one model name, one Ollama look-alike, one poll wait."""
+"""Helpers shared by the test modules: a model name, Ollama and OpenAI look-alikes, a poll wait."""
 
 from __future__ import annotations
 
@@ -62,6 +62,45 @@ def served(upstream: Lookalike) -> Iterator[tuple[Lookalike, str]]:
     """`upstream` on a loopback server, and its URL (a fixture does `yield from served(...)`)."""
     with LoopbackServer(upstream.app) as server:
         yield upstream, server.url
+
+
+class OpenAILookalike:
+    """A stand-in OpenAI-compatible server over Starlette; a subclass writes `complete`.
+
+    It serves `/v1/models` (the JSON in `models`) and `complete` at every path in
+    `complete_paths`. Serve it with `LoopbackServer(upstream.app)`.
+    """
+
+    def __init__(
+        self,
+        *,
+        models: Any = None,
+        complete_paths: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions"),
+    ) -> None:
+        listing = {"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0}]}
+        self.models: Any = listing if models is None else models
+        routes = [Route("/v1/models", self._models)]
+        routes += [Route(path, self.complete, methods=["POST"]) for path in complete_paths]
+        self.app = Starlette(routes=routes)
+
+    async def _models(self, _: Request) -> Response:
+        return JSONResponse(self.models)
+
+    async def complete(self, request: Request) -> Response:
+        """The answer to every path in `complete_paths`."""
+        raise NotImplementedError
+
+
+def sse(*events: dict[str, Any] | str) -> str:
+    """The SSE text of `events`: `data: <event>` and a blank line each; a string goes as is.
+
+    JSON is written compact and unescaped (UTF-8 on the wire), as vLLM and llama.cpp write it.
+    """
+    texts = (
+        e if isinstance(e, str) else json.dumps(e, ensure_ascii=False, separators=(",", ":"))
+        for e in events
+    )
+    return "".join(f"data: {text}\n\n" for text in texts)
 
 
 def ndjson(*lines: dict[str, Any]) -> str:
