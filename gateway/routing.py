@@ -20,11 +20,21 @@ router did not match, and a request answered before the router ran (a CORS prefl
 
 from __future__ import annotations
 
+import re
+
 from starlette.routing import Match
 from starlette.types import Scope
 
 #: The `route` label of a request that matched no route.
 OTHER_ROUTE = "other"
+
+#: A path parameter's converter (`{model:path}`): left out of labels, `{model}` names it.
+_CONVERTER = re.compile(r"\{(\w+):\w+\}")
+
+
+def _template(path: str) -> str:
+    """`path` with its parameters' converters dropped: `/v1/models/{model}`."""
+    return _CONVERTER.sub(r"{\1}", path) if ":" in path else path
 
 
 def route_label(scope: Scope) -> str:
@@ -40,7 +50,7 @@ def route_label(scope: Scope) -> str:
     """
     path = getattr(scope.get("route"), "path", None)
     if isinstance(path, str):
-        return path
+        return _template(path)
     endpoint = scope.get("endpoint")
     if endpoint is None:
         return OTHER_ROUTE
@@ -49,5 +59,5 @@ def route_label(scope: Scope) -> str:
     for route in getattr(scope.get("router"), "routes", ()):
         if getattr(route, "endpoint", None) is endpoint and route.matches(scope)[0] != Match.NONE:
             path = getattr(route, "path", None)
-            return path if isinstance(path, str) else OTHER_ROUTE
+            return _template(path) if isinstance(path, str) else OTHER_ROUTE
     return OTHER_ROUTE

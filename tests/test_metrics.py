@@ -319,7 +319,7 @@ async def test_route_label_is_the_template_of_any_kind_of_route():
     async def plain(request: Request) -> Response:
         return PlainTextResponse(route_label(request.scope))
 
-    @app.get("/v1/models/{model}")
+    @app.get("/v1/models/{model:path}")  # the converter is not part of the label
     async def model(request: Request, model: str) -> Response:
         return PlainTextResponse(route_label(request.scope))
 
