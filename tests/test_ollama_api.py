@@ -11,16 +11,19 @@ import hashlib
 import json
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import httpx
 import ollama
 import pytest
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
 
 from gateway.testing.emulator import EmulatorConfig, create_emulator_app
 from gateway.testing.server import LoopbackServer
 from tests.conftest import Emulator, Gateway, metric_value
-from tests.helpers import MODEL, wait_polled
+from tests.helpers import MODEL, OllamaLookalike, served, wait_polled
 
 OTHER = "qwen2.5:7b"  # the emulator's second model
 KEYED_ROUTES = [
@@ -454,3 +457,50 @@ def test_client_leaving_mid_upload_ends_the_upstream_upload(make_gateway, emulat
         time.sleep(0.05)
     assert metric_value(text, "gateway_requests_total", route=route, outcome=outcome) == 1
     assert metric_value(text, "gateway_upstream_connections_in_use") == 0
+
+
+class EndlessShow(OllamaLookalike):
+    """An upstream whose `/api/show` and `/api/copy` answers never end (64 KiB at a time)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        endless = Route("/api/show", self.endless, methods=["POST"])
+        self.app.router.routes += [endless, Route("/api/copy", self.endless, methods=["POST"])]
+
+    async def endless(self, _: Request) -> Response:
+        async def body() -> AsyncIterator[bytes]:
+            while True:
+                yield b" " * 65536
+
+        return StreamingResponse(body(), media_type="application/json")
+
+
+@pytest.fixture
+def endless() -> Iterator[tuple[EndlessShow, str]]:
+    yield from served(EndlessShow())
+
+
+def test_an_endless_upstream_answer_is_cut_at_the_limit_not_held(make_gateway, endless):
+    """A hostile upstream's endless /api/show (or copy) answer is refused at 32 MiB, 502."""
+    _, url = endless
+    gw = make_gateway(upstream_url=url)
+    response = _call(gw, "POST", "/api/show", json={"model": MODEL})
+    assert response.status_code == 502
+    assert response.json() == {"error": "upstream sent an over-long answer"}
+    _, manager = gw.create_key("manager", manage_models=True)
+    body = {"source": MODEL, "destination": MODEL}
+    copied = _call(gw, "POST", "/api/copy", manager, json=body)
+    # Cut at the limit, or by the time budget if the stand-in sends slower: never held.
+    assert copied.status_code in (502, 504)
+
+
+def test_show_counts_against_the_keys_rpm(make_gateway, emulator: Emulator):
+    """/api/show is relayed to an upstream, so it is limited like a generation."""
+    gw = make_gateway()
+    _, key = gw.create_key("slow", rpm=1)
+    assert _call(gw, "POST", "/api/show", key, json={"model": MODEL}).status_code == 200
+    refused = _call(gw, "POST", "/api/show", key, json={"model": MODEL})
+    assert refused.status_code == 429
+    assert "requests per minute" in refused.json()["error"]
+    shows = [r for r in emulator.state.records if r.path == "/api/show"]
+    assert len(shows) == 1

@@ -42,6 +42,7 @@ from gateway.api.ollama.models import parse_body, requested_model
 from gateway.api.ollama.passthrough import (
     ProgressResponse,
     error_of,
+    fetch,
     passed,
     send_streamed,
     transport_error,
@@ -169,12 +170,19 @@ class Manager:
 
         async def one(index: int, upstream: Upstream) -> None:
             try:
-                response = await upstream.client.request(
-                    method, path, content=raw, headers=self.headers()
+                response = await fetch(
+                    upstream.client,
+                    method,
+                    path,
+                    budget=self.settings.first_byte_timeout,
+                    content=raw,
+                    headers=self.headers(),
                 )
                 answers[index] = response if response.is_success else error_of(response)
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, TimeoutError) as exc:
                 answers[index] = transport_error(exc)
+            except GatewayError as exc:  # an over-long answer
+                answers[index] = exc
 
         async with anyio.create_task_group() as group:
             for index, upstream in enumerate(upstreams):
@@ -195,10 +203,16 @@ class Manager:
         path = f"/api/blobs/{digest}"
         try:
             if self.request.method == "HEAD":
-                response = await upstream.client.head(path, headers=self.headers())
+                response = await fetch(
+                    upstream.client,
+                    "HEAD",
+                    path,
+                    budget=self.settings.connect_timeout,
+                    headers=self.headers(),
+                )
             else:
                 response = await self._upload(upstream, path)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, TimeoutError) as exc:
             raise transport_error(exc) from exc
         if response.status_code not in (200, 201, 404):
             raise error_of(response)
@@ -214,7 +228,10 @@ class Manager:
             headers["content-length"] = declared
         async with _uploader(upstream, self.settings) as client:
             try:
-                return await client.post(path, content=self.request.stream(), headers=headers)
+                stream = self.request.stream()
+                return await fetch(
+                    client, "POST", path, budget=None, content=stream, headers=headers
+                )
             except ClientDisconnect as exc:
                 raise ClientClosedRequestError("client closed the connection") from exc
 

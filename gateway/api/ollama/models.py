@@ -30,9 +30,10 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import PlainTextResponse
 
 from gateway.api.body import parse_object
-from gateway.api.ollama.passthrough import error_of, transport_error
+from gateway.api.ollama.passthrough import error_of, fetch, transport_error
 from gateway.auth.dependencies import PrincipalDep, require_principal
-from gateway.deps import PoolDep, SettingsDep
+from gateway.auth.principal import Principal
+from gateway.deps import PoolDep, RelayDep, SettingsDep
 from gateway.errors import (
     BadRequestError,
     GatewayError,
@@ -138,8 +139,7 @@ def _synthesized(info: ModelInfo) -> dict[str, Any]:
 
 async def _fetch(upstream: Upstream, path: str, budget: float) -> list[dict[str, Any]]:
     """GET an Ollama upstream's model list at `path` within `budget` seconds."""
-    with anyio.fail_after(budget):
-        response = await upstream.client.get(path)
+    response = await fetch(upstream.client, "GET", path, budget=budget)
     response.raise_for_status()
     return _entries(response.json())
 
@@ -158,7 +158,14 @@ async def _union(upstreams: list[Upstream], lister: Lister, what: str) -> list[d
     async def one(index: int, upstream: Upstream) -> None:
         try:
             lists[index] = await lister(upstream)
-        except (httpx.HTTPError, ValueError, TypeError, KeyError, TimeoutError) as exc:
+        except (
+            httpx.HTTPError,
+            ValueError,
+            TypeError,
+            KeyError,
+            TimeoutError,
+            GatewayError,
+        ) as exc:
             logger.warning("upstream %s: %s unavailable (%s)", upstream.name, what, exc)
 
     async with anyio.create_task_group() as group:
@@ -216,9 +223,27 @@ async def ps(principal: PrincipalDep, pool: PoolDep, settings: SettingsDep) -> R
 
 @router.post("/show")
 async def show(
-    request: Request, principal: PrincipalDep, pool: PoolDep, settings: SettingsDep
+    request: Request, principal: PrincipalDep, pool: PoolDep, settings: SettingsDep, relay: RelayDep
 ) -> Response:
-    """One model's details (section 6.5): from an Ollama upstream, else from the catalogue."""
+    """One model's details (section 6.5): from an Ollama upstream, else from the catalogue.
+
+    Relayed to an upstream and up to `SMALL_ANSWER_LIMIT` bytes each, so it counts against the
+    key's RPM and in-flight limits like a generation (a key cannot hammer its upstreams with it).
+
+    Raises:
+        RateLimitedError: the key's RPM or in-flight limit is reached.
+    """
+    admission = await relay.limiter.admit(principal)
+    try:
+        return await _show(request, principal, pool, settings)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await relay.limiter.release(admission, 0)
+
+
+async def _show(
+    request: Request, principal: Principal, pool: UpstreamPool, settings: Settings
+) -> Response:
     raw = await read_body(request, settings.max_body_bytes)
     model = requested_model(parse_body(raw, settings))
     if model is None:
@@ -230,18 +255,20 @@ async def show(
     knowing = [u for u in ollama if u.catalog.label(model) != OTHER_MODEL]
     knowing.sort(key=lambda u: u.monitor.up is False)  # stable: those that answer first
     failures: list[GatewayError] = []
-    answer = await _show_from(knowing, raw, failures)
+    budget = settings.connect_timeout
+    answer = await _show_from(knowing, raw, failures, budget)
     if answer is None:
         answer = await _catalogued_show(pool, model)
     if answer is None:  # the catalogues may be older than a pull: ask the others too
-        answer = await _show_from([u for u in ollama if u not in knowing], raw, failures)
+        others = [u for u in ollama if u not in knowing]
+        answer = await _show_from(others, raw, failures, budget)
     if answer is None:
         raise failures[0] if failures else NotFoundError(f"model '{tagged(model)}' not found")
     return answer
 
 
 async def _show_from(
-    upstreams: list[Upstream], raw: bytes, failures: list[GatewayError]
+    upstreams: list[Upstream], raw: bytes, failures: list[GatewayError], budget: float
 ) -> Response | None:
     """The first answer of `upstreams` to the checked body `raw` other than a 404 or a failure.
 
@@ -250,10 +277,15 @@ async def _show_from(
     """
     for upstream in upstreams:
         try:
-            response = await upstream.client.post(
-                "/api/show", content=raw, headers={"content-type": "application/json"}
+            response = await fetch(
+                upstream.client,
+                "POST",
+                "/api/show",
+                budget=budget,
+                content=raw,
+                headers={"content-type": "application/json"},
             )
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, TimeoutError) as exc:
             logger.warning("upstream %s: /api/show failed (%s)", upstream.name, exc)
             failures.append(transport_error(exc))
             continue

@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import httpx
@@ -64,6 +65,46 @@ def transport_error(exc: Exception) -> GatewayError:
     if isinstance(exc, httpx.ConnectError):
         return UpstreamUnavailableError("upstream is unreachable")
     return UpstreamUnavailableError("upstream closed the connection unexpectedly")
+
+
+#: Most bytes read of an upstream's small answer (show, tags, ps, copy, delete, a blob check).
+#: Ollama's `verbose` `/api/show` with a tokenizer vocabulary is about 10 MiB; an answer past
+#: this is refused rather than held in memory (a hostile upstream's endless body).
+SMALL_ANSWER_LIMIT = 32 * 1024 * 1024
+
+
+async def fetch(
+    client: httpx.AsyncClient, method: str, path: str, *, budget: float | None, **options: Any
+) -> httpx.Response:
+    """Send one request and read its whole answer, bounded in size and time.
+
+    At most `SMALL_ANSWER_LIMIT` bytes, within `budget` seconds for everything (connect,
+    headers, body; None: the client's own timeouts only, for an upload whose length is the
+    client's).
+
+    Returns:
+        The response, its body read (`.content`, `.json()` work).
+
+    Raises:
+        UpstreamUnavailableError: the answer is longer than `SMALL_ANSWER_LIMIT`.
+        TimeoutError: `budget` ran out.
+        httpx.HTTPError: the call failed.
+    """
+    with anyio.fail_after(budget) if budget is not None else contextlib.nullcontext():
+        request = client.build_request(method, path, **options)
+        response = await client.send(request, stream=True)
+        body = bytearray()
+        try:
+            async for part in response.aiter_bytes():
+                body += part
+                if len(body) > SMALL_ANSWER_LIMIT:
+                    logger.warning("upstream answer to %s is over %d bytes", path, len(body))
+                    raise UpstreamUnavailableError("upstream sent an over-long answer")
+        finally:
+            await response.aclose()
+    return httpx.Response(
+        response.status_code, headers=response.headers, content=bytes(body), request=request
+    )
 
 
 def passed(response: httpx.Response) -> Response:
