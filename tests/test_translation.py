@@ -103,12 +103,19 @@ def _openai_body(request: GenerationRequest) -> dict[str, Any]:
 
 
 def test_max_completion_tokens_also_reaches_an_openai_upstream_as_max_tokens() -> None:
-    messages = [{"role": "user", "content": "hi"}]
-    newer = _openai_body(_request("openai", "chat", messages=messages, max_completion_tokens=3))
+    """The surface's one bound goes out under both names (tests/test_output_bounds.py)."""
+    from gateway.api.openai.schema import parse_chat
+    from gateway.settings import Settings
+
+    def sent(**fields: Any) -> dict[str, Any]:
+        raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields})
+        return _openai_body(parse_chat(raw.encode(), Settings()))
+
+    newer = sent(max_completion_tokens=3)
     assert (newer["max_completion_tokens"], newer["max_tokens"]) == (3, 3)
-    both = _request("openai", "chat", messages=messages, max_completion_tokens=3, max_tokens=5)
-    assert _openai_body(both)["max_tokens"] == 5  # the client's own, as sent
-    assert "max_tokens" not in _openai_body(_request("openai", "chat", messages=messages))
+    both = sent(max_completion_tokens=3, max_tokens=5)
+    assert (both["max_completion_tokens"], both["max_tokens"]) == (5, 5)  # the larger, reserved
+    assert "max_tokens" not in sent()
 
 
 # --- the codecs: chunks folded into answers -------------------------------------------------

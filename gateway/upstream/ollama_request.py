@@ -59,9 +59,8 @@ def to_ollama_request(request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         # OpenAI takes one stop string or a list; Ollama's `stop` option is a list only
         # (section 2.2), and refuses a string with 400. Ollama's own layer wraps it too (7.1).
         options["stop"] = [options["stop"]]
-    limit = body.get("max_completion_tokens") or body.get("max_tokens")
-    if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
-        options["num_predict"] = limit
+    if request.max_output_tokens is not None:  # the bound the surface checked and reserved
+        options["num_predict"] = request.max_output_tokens
     if options:
         payload["options"] = options
     fmt = _format(body.get("response_format"))

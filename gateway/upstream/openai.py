@@ -2,8 +2,9 @@
 
 Works in front of llama.cpp's server, llama-cpp-python, vLLM and LM Studio.
 
-Requests from OpenAI clients pass through, with `stream` forced on (and usage asked for) and
-`max_completion_tokens` copied to `max_tokens`, the name every OpenAI-compatible server knows; an
+Requests from OpenAI clients pass through, with `stream` forced on (and usage asked for), the
+one output bound the surface checked sent as `max_tokens` (the name every OpenAI-compatible
+server knows) and under every other name the client used, and `id_slot` dropped; an
 embeddings request asks for floats (the OpenAI surface encodes base64 itself). Requests from
 Ollama clients are translated (`gateway.upstream.openai_request`): a chat becomes
 `POST /v1/chat/completions`. `/v1/generate` becomes a chat
@@ -70,10 +71,15 @@ class OpenAIDialect:
         if request.surface == "openai":
             path = "/v1/chat/completions" if request.operation == "chat" else "/v1/completions"
             payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
-            if "max_tokens" not in body and body.get("max_completion_tokens") is not None:
-                # OpenAI's newer name for the limit. Ollama's /v1 ignores it (reference section
-                # 7.1), as may other servers that predate it; they all know `max_tokens`.
-                payload["max_tokens"] = body["max_completion_tokens"]
+            payload.pop("id_slot", None)  # llama.cpp's slot choice: one key's pick, others' cache
+            bound = request.max_output_tokens
+            if bound is not None:
+                # The one bound the surface checked, under every name the client used, and as
+                # `max_tokens`, which every OpenAI-compatible server knows (Ollama's /v1
+                # ignores `max_completion_tokens`, reference section 7.1).
+                for name in ("max_tokens", "max_completion_tokens", "n_predict"):
+                    if name in body or name == "max_tokens":
+                        payload[name] = bound
         else:
             path, payload = to_openai_request(request.operation, body)
         headers = {**headers, "content-type": "application/json", "accept": "text/event-stream"}

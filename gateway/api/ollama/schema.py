@@ -42,6 +42,8 @@ def parse_generation(raw: bytes, operation: Operation, settings: Settings) -> Ge
     elif "prompt" in body and not isinstance(body["prompt"], str | None):
         raise UnprocessableError("prompt must be a string")
     limit = options.get("num_predict") if isinstance(options, dict) else None
+    if isinstance(limit, float) and limit.is_integer():
+        limit = int(limit)  # Ollama's options decoder takes 1e5 as 100000
     context = body.get("context")
     return GenerationRequest(
         surface="ollama",

@@ -85,14 +85,37 @@ def parse_embeddings(raw: bytes, settings: Settings) -> GenerationRequest:
     )
 
 
+#: The names an output bound goes by: OpenAI's two, and llama.cpp's own (which it reads first).
+#: The request's bound is the largest given, and every dialect sends that one bound (what the
+#: TPM reservation was made from is what the upstream obeys).
+OUTPUT_BOUNDS = ("max_tokens", "max_completion_tokens", "n_predict")
+
+
 def _generation(body: dict[str, Any], operation: Any, size: int) -> GenerationRequest:
-    """The neutral request of a chat or completion body, its common fields checked."""
-    limit = body.get("max_completion_tokens", body.get("max_tokens"))
-    if limit is not None and not _positive(limit):
-        raise UnprocessableError("max_tokens must be a positive integer")
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise UnprocessableError("n must be 1: one choice per request is supported")
+    """The neutral request of a chat or completion body, its common fields checked.
+
+    Raises:
+        UnprocessableError: an output bound that is not a positive integer; `n` or `best_of`
+            other than 1 (one choice per request; more would multiply the output the TPM
+            reservation counted); `lora` (a per-request adapter would change the model after
+            the allow-list check); `stream_options` not an object.
+    """
+    bounds = []
+    for name in OUTPUT_BOUNDS:
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not _positive(value):
+            raise UnprocessableError(f"{name} must be a positive integer")
+        bounds.append(value)
+    limit = max(bounds) if bounds else None
+    for name in ("n", "best_of"):
+        if body.get(name) is not None and body[name] != 1:
+            raise UnprocessableError(f"{name} must be 1: one choice per request is supported")
+    if "lora" in body:
+        raise UnprocessableError("lora: per-request adapters are not accepted by the gateway")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise UnprocessableError("stream_options must be an object")
