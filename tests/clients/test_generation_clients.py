@@ -178,6 +178,7 @@ def test_unknown_models_and_routes_are_openai_not_found_errors(gw: Gateway) -> N
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("nope")
     assert client.models.retrieve("llama3.2:latest").id == "llama3.2:latest"
+    assert client.models.retrieve("LLAMA3.2").id == "llama3.2:latest"  # as the allow-list matches
     response = httpx.post(f"{gw.url}/v1/nope", headers=gw.headers(), json={})
     assert response.status_code == 404
     assert response.json()["error"]["type"] == "invalid_request_error"

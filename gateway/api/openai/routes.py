@@ -108,5 +108,8 @@ async def get_model(model: str, principal: PrincipalDep, pool: PoolDep) -> dict[
 
 
 def _same(catalogued: str, asked: str) -> bool:
-    """`name` and `name:latest` name the same Ollama model (reference section 2.1)."""
-    return catalogued.removesuffix(":latest") == asked.removesuffix(":latest")
+    """Whether two names are one model: `name` is `name:latest` (section 2.1), case-blind.
+
+    Case-blind as the key's allow-list is (`Principal.allows_model`).
+    """
+    return catalogued.lower().removesuffix(":latest") == asked.lower().removesuffix(":latest")
