@@ -536,11 +536,11 @@ def test_a_client_that_stops_reading_loses_its_stream_after_the_idle_timeout(
         + body
     )  # and never read
     try:
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 15  # generous: a loaded machine is slow, never wrong
         while not _generations(emulator) and time.monotonic() < deadline:
             time.sleep(0.05)
         [record] = _generations(emulator)
-        assert record.wait_ended(10)  # the upstream request was closed
+        assert record.wait_ended(30)  # the upstream request was closed
         assert record.outcome == "client_disconnect"
         assert _wait_in_flight_zero(gw) == 0
         metrics = gw.metrics_text()
