@@ -52,10 +52,14 @@ def served() -> Iterator[tuple[LoopbackServer, EmulatorState]]:
 
 @pytest.fixture
 def state(served: tuple[LoopbackServer, EmulatorState]) -> EmulatorState:
-    """The shared emulator, reset to a fast config and no records."""
+    """The module's emulator, reset to a fast config, no records and no blobs.
+
+    The emulator test modules share these three fixtures (they import them from here).
+    """
     emulator = served[1]
     emulator.config = fast_config()
     emulator.clear()
+    emulator.blobs.clear()
     return emulator
 
 

@@ -1,46 +1,20 @@
+# ruff: noqa: F811 (tests take the fixtures imported from tests.test_emulator by name)
 """What the emulator's answers say over sockets: tool calls, JSON formats, logprobs; the CLI."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import httpx
 import pytest
 import uvicorn
 
 from gateway.testing import emulator
-from gateway.testing.emulator import EmulatorState, create_emulator_app
-from gateway.testing.server import LoopbackServer
-from tests.test_emulator import CHAT, GENERATE, fast_config, ndjson, sse
+
+# The module-scoped emulator and its fixtures, shared with tests/test_emulator.py.
+from tests.test_emulator import CHAT, GENERATE, client, ndjson, served, sse, state  # noqa: F401
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[LoopbackServer, EmulatorState]]:
-    app = create_emulator_app()
-    with LoopbackServer(app) as server:
-        yield server, app.state.emulator
-
-
-@pytest.fixture
-def state(served: tuple[LoopbackServer, EmulatorState]) -> EmulatorState:
-    """The module's emulator, reset to a fast config, no records and no blobs."""
-    emulator = served[1]
-    emulator.config = fast_config()
-    emulator.clear()
-    emulator.blobs.clear()
-    return emulator
-
-
-@pytest.fixture
-async def client(
-    served: tuple[LoopbackServer, EmulatorState], state: EmulatorState
-) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=served[0].url, timeout=5) as client:
-        yield client
 
 
 WEATHER = {

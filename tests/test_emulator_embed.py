@@ -1,3 +1,4 @@
+# ruff: noqa: F811 (tests take the fixtures imported from tests.test_emulator by name)
 """The emulator's embedding routes over real sockets: `/api/embed`, `/api/embeddings`, `/v1`."""
 
 from __future__ import annotations
@@ -5,42 +6,16 @@ from __future__ import annotations
 import base64
 import math
 import struct
-from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
 
-from gateway.testing.emulator import EmulatorState, create_emulator_app
 from gateway.testing.emulator_embed import normalize, raw_vector
-from gateway.testing.server import LoopbackServer
-from tests.test_emulator import fast_config
+
+# The module-scoped emulator and its fixtures, shared with tests/test_emulator.py.
+from tests.test_emulator import client, fast_config, served, state  # noqa: F401
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[LoopbackServer, EmulatorState]]:
-    app = create_emulator_app()
-    with LoopbackServer(app) as server:
-        yield server, app.state.emulator
-
-
-@pytest.fixture
-def state(served: tuple[LoopbackServer, EmulatorState]) -> EmulatorState:
-    """The module's emulator, reset to a fast config, no records and no blobs."""
-    emulator = served[1]
-    emulator.config = fast_config()
-    emulator.clear()
-    emulator.blobs.clear()
-    return emulator
-
-
-@pytest.fixture
-async def client(
-    served: tuple[LoopbackServer, EmulatorState], state: EmulatorState
-) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=served[0].url, timeout=5) as client:
-        yield client
 
 
 EMBED = {"model": "llama3.2", "input": ["why is the sky blue", "hello"]}

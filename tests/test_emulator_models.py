@@ -1,44 +1,19 @@
+# ruff: noqa: F811 (tests take the fixtures imported from tests.test_emulator by name)
 """The emulator's model routes over real sockets: show, list, pull, push, create, copy, delete."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
 
-from gateway.testing.emulator import EmulatorState, create_emulator_app
 from gateway.testing.emulator_catalog import TEMPLATE
-from gateway.testing.server import LoopbackServer
-from tests.test_emulator import fast_config, ndjson, wait_ended
+
+# The module-scoped emulator and its fixtures, shared with tests/test_emulator.py.
+from tests.test_emulator import client, fast_config, ndjson, served, state, wait_ended  # noqa: F401
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[LoopbackServer, EmulatorState]]:
-    app = create_emulator_app()
-    with LoopbackServer(app) as server:
-        yield server, app.state.emulator
-
-
-@pytest.fixture
-def state(served: tuple[LoopbackServer, EmulatorState]) -> EmulatorState:
-    """The module's emulator, reset to a fast config, no records and no blobs."""
-    emulator = served[1]
-    emulator.config = fast_config()
-    emulator.clear()
-    emulator.blobs.clear()
-    return emulator
-
-
-@pytest.fixture
-async def client(
-    served: tuple[LoopbackServer, EmulatorState], state: EmulatorState
-) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=served[0].url, timeout=5) as client:
-        yield client
 
 
 async def names(client: httpx.AsyncClient) -> list[str]:
