@@ -1,9 +1,7 @@
-"""The stored shape of an API key: the `gateway_api_keys` table and the `KeyRecord` read from it.
+"""What the gateway knows about an API key (`KeyRecord`), read from its row in `gateway.db.tables`.
 
-The table is declared once for SQLite and PostgreSQL alike, and only `gateway.keys.store` reads
-and writes it; the rest of the gateway sees `KeyRecord` (imported from `gateway.keys.store`).
-Times are UTC: `UTCDateTime` converts on the way in and makes every value read back
-timezone-aware, because SQLite keeps no zone and returns naive datetimes.
+Only `gateway.keys.store` reads and writes the key table; the rest of the gateway sees
+`KeyRecord` (imported from `gateway.keys.store`).
 
 `create_schema` creates the table, and adds the nullable columns that a table created by an older
 gateway lacks, so a new column needs no manual migration as long as it is nullable.
@@ -12,17 +10,27 @@ gateway lacks, so a new column needs no manual migration as long as it is nullab
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Literal
 
 import anyio
-from sqlalchemy import JSON, Boolean, DateTime, Integer, String, Table, inspect, text
-from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy import Table, inspect, text
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.schema import CreateColumn
-from sqlalchemy.types import TypeDecorator
+
+from gateway.db.tables import ApiKeyRow, Base, UTCDateTime, as_utc
+
+__all__ = [
+    "ApiKeyRow",
+    "KeyRecord",
+    "KeyStatus",
+    "UTCDateTime",
+    "as_utc",
+    "create_schema",
+    "to_record",
+]
 
 KeyStatus = Literal["active", "revoked", "expired"]
 
@@ -30,98 +38,6 @@ KeyStatus = Literal["active", "revoked", "expired"]
 _SCHEMA_LOCK_ID = 0x67775F6B657973
 #: Tries of the schema change when another process changes the table at the same time.
 _SCHEMA_ATTEMPTS = 5
-
-
-def as_utc(moment: datetime | None) -> datetime:
-    """Return `moment` (default: now) as an aware UTC datetime.
-
-    Raises:
-        ValueError: if `moment` is naive, since its zone would be a guess.
-    """
-    if moment is None:
-        return datetime.now(UTC)
-    if moment.tzinfo is None or moment.utcoffset() is None:
-        raise ValueError(f"naive datetime {moment!r}: pass a timezone-aware one")
-    return moment.astimezone(UTC)
-
-
-class UTCDateTime(TypeDecorator[datetime]):
-    """`DateTime(timezone=True)` that accepts only aware datetimes and returns UTC-aware ones.
-
-    On SQLite the value is stored as UTC text with microseconds (a fixed-width format, so SQL
-    comparisons such as `last_used_at <= :cutoff` order correctly); on PostgreSQL as `timestamptz`.
-    """
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(
-        self,
-        value: datetime | None,
-        dialect: Dialect,  # noqa: ARG002 (SQLAlchemy's signature)
-    ) -> datetime | None:
-        """Convert an aware datetime to UTC before it is stored.
-
-        Raises:
-            ValueError: if `value` is naive.
-        """
-        return None if value is None else as_utc(value)
-
-    def process_result_value(
-        self,
-        value: datetime | None,
-        dialect: Dialect,  # noqa: ARG002 (SQLAlchemy's signature)
-    ) -> datetime | None:
-        """Return the stored time as an aware UTC datetime (SQLite's are naive, and UTC)."""
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
-
-
-class Base(DeclarativeBase):
-    """Declarative base whose metadata holds the key store's tables."""
-
-
-class ApiKeyRow(Base):
-    """One API key. The secret itself is never stored, only `sha256(secret)` as hex."""
-
-    __tablename__ = "gateway_api_keys"
-
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    name: Mapped[str] = mapped_column(String(200), nullable=False)
-    secret_hash: Mapped[str] = mapped_column(String(64), nullable=False)
-    # A JSON list of model names; SQL NULL (not JSON `null`) means every model.
-    models: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
-    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    # Per-key limits: NULL = the gateway's default (settings), 0 = unlimited, n > 0 = the limit.
-    rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    max_concurrent: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    # May the key use Ollama's model-management endpoints (pull, push, create, copy, delete,
-    # blobs)? NULL = no: nullable so that `create_schema` can add it to an older table, whose
-    # keys then stay ordinary keys.
-    manage_models: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
-
-    def to_record(self) -> KeyRecord:
-        """The immutable, secret-free view of this row."""
-        return KeyRecord(
-            id=self.id,
-            name=self.name,
-            models=None if self.models is None else tuple(self.models),
-            created_at=self.created_at,
-            expires_at=self.expires_at,
-            revoked_at=self.revoked_at,
-            last_used_at=self.last_used_at,
-            rpm=self.rpm,
-            tpm=self.tpm,
-            max_concurrent=self.max_concurrent,
-            manage_models=bool(self.manage_models),
-        )
 
 
 async def create_schema(engine: AsyncEngine) -> None:
@@ -244,3 +160,20 @@ class KeyRecord:
         if self.expires_at is not None and self.expires_at <= as_utc(now):
             return "expired"
         return "active"
+
+
+def to_record(row: ApiKeyRow) -> KeyRecord:
+    """The immutable, secret-free view of a key's row."""
+    return KeyRecord(
+        id=row.id,
+        name=row.name,
+        models=None if row.models is None else tuple(row.models),
+        created_at=row.created_at,
+        expires_at=row.expires_at,
+        revoked_at=row.revoked_at,
+        last_used_at=row.last_used_at,
+        rpm=row.rpm,
+        tpm=row.tpm,
+        max_concurrent=row.max_concurrent,
+        manage_models=bool(row.manage_models),
+    )

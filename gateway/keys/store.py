@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 
 from gateway.auth.apikey import KEY_PREFIX, generate_key, hash_secret, parse_key, secret_matches
-from gateway.keys.schema import ApiKeyRow, KeyRecord, KeyStatus, as_utc, create_schema
+from gateway.keys.schema import ApiKeyRow, KeyRecord, KeyStatus, as_utc, create_schema, to_record
 from gateway.keys.validation import (
     UNSET,
     InvalidKeyError,
@@ -152,7 +152,7 @@ class KeyStore:
         )
         async with self._sessions.begin() as session:
             session.add(row)
-        return row.to_record(), full_key
+        return to_record(row), full_key
 
     async def list_keys(self) -> list[KeyRecord]:
         """Return every key, oldest first, revoked and expired ones included."""
@@ -160,7 +160,7 @@ class KeyStore:
             rows = await session.scalars(
                 select(ApiKeyRow).order_by(ApiKeyRow.created_at, ApiKeyRow.id)
             )
-            return [row.to_record() for row in rows]
+            return [to_record(row) for row in rows]
 
     async def get_key(self, key_id: str) -> KeyRecord:
         """Return one key.
@@ -172,7 +172,7 @@ class KeyStore:
             row = await session.get(ApiKeyRow, key_id)
             if row is None:
                 raise KeyNotFoundError(key_id)
-            return row.to_record()
+            return to_record(row)
 
     async def revoke(self, key_id: str) -> KeyRecord:
         """Revoke a key for good. Revoking a revoked key keeps its first `revoked_at`.
@@ -194,7 +194,7 @@ class KeyStore:
             row = await session.get(ApiKeyRow, key_id)
             if row is None:
                 raise KeyNotFoundError(key_id)
-            return row.to_record()
+            return to_record(row)
 
     async def update_limits(
         self,
@@ -237,7 +237,7 @@ class KeyStore:
                 raise KeyNotFoundError(key_id)
             for field, value in changes.items():
                 setattr(row, field, value)
-        return row.to_record()
+        return to_record(row)
 
     async def rotate(self, key_id: str) -> tuple[KeyRecord, str]:
         """Give a key a new secret; the old secret stops working at once. The id stays.
@@ -265,7 +265,7 @@ class KeyStore:
                 raise KeyNotFoundError(key_id)
             if row.revoked_at is not None:
                 raise InvalidKeyError("revoked")
-            return row.to_record(), f"{KEY_PREFIX}{key_id}_{secret}"
+            return to_record(row), f"{KEY_PREFIX}{key_id}_{secret}"
 
     async def authenticate(self, presented: str, *, now: datetime | None = None) -> KeyRecord:
         """Check a presented key and return its record.
@@ -297,7 +297,7 @@ class KeyStore:
                 raise InvalidKeyError("unknown")
             if not secret_matches(secret, row.secret_hash):
                 raise InvalidKeyError("unknown")
-            record = row.to_record()
+            record = to_record(row)
         status = record.status(moment)
         if status != "active":
             raise InvalidKeyError(status)

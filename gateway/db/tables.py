@@ -1,0 +1,151 @@
+"""The gateway's tables, declared once for SQLite and PostgreSQL alike.
+
+- `gateway_api_keys` (`ApiKeyRow`): API keys, hashes only; read and written by `gateway.keys.store`.
+- `gateway_usage` (`UsageRow`): per key, model and UTC day, what the key used; added to in
+  batches by the usage sink, never rewritten.
+- `gateway_audit` (`AuditRow`): one append-only row per admin action.
+
+Times are UTC: `UTCDateTime` converts on the way in and makes every value read back
+timezone-aware, because SQLite keeps no zone and returns naive datetimes. The migrations in
+`gateway.db.migrations` create and upgrade these tables; a change here needs a migration there.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Boolean, Date, DateTime, Index, Integer, String
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+
+def as_utc(moment: datetime | None) -> datetime:
+    """Return `moment` (default: now) as an aware UTC datetime.
+
+    Raises:
+        ValueError: if `moment` is naive, since its zone would be a guess.
+    """
+    if moment is None:
+        return datetime.now(UTC)
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError(f"naive datetime {moment!r}: pass a timezone-aware one")
+    return moment.astimezone(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """`DateTime(timezone=True)` that accepts only aware datetimes and returns UTC-aware ones.
+
+    On SQLite the value is stored as UTC text with microseconds (a fixed-width format, so SQL
+    comparisons such as `last_used_at <= :cutoff` order correctly); on PostgreSQL as `timestamptz`.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(
+        self,
+        value: datetime | None,
+        dialect: Dialect,  # noqa: ARG002 (SQLAlchemy's signature)
+    ) -> datetime | None:
+        """Convert an aware datetime to UTC before it is stored.
+
+        Raises:
+            ValueError: if `value` is naive.
+        """
+        return None if value is None else as_utc(value)
+
+    def process_result_value(
+        self,
+        value: datetime | None,
+        dialect: Dialect,  # noqa: ARG002 (SQLAlchemy's signature)
+    ) -> datetime | None:
+        """Return the stored time as an aware UTC datetime (SQLite's are naive, and UTC)."""
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base whose metadata holds every gateway table."""
+
+
+class ApiKeyRow(Base):
+    """One API key. The secret itself is never stored, only `sha256(secret)` as hex."""
+
+    __tablename__ = "gateway_api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), nullable=False)
+    secret_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    # A JSON list of model names; SQL NULL (not JSON `null`) means every model.
+    models: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Per-key limits: NULL = the gateway's default (settings), 0 = unlimited, n > 0 = the limit.
+    rpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_concurrent: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # May the key use Ollama's model-management endpoints (pull, push, create, copy, delete,
+    # blobs)? NULL = no: nullable so that `create_schema` can add it to an older table, whose
+    # keys then stay ordinary keys.
+    manage_models: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    # Rotation with a grace period: the secret before the last rotation still opens the key
+    # until `previous_secret_expires_at` (both NULL when there is none).
+    previous_secret_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    previous_secret_expires_at: Mapped[datetime | None] = mapped_column(
+        UTCDateTime(), nullable=True
+    )
+
+
+class UsageRow(Base):
+    """What one key used of one model on one UTC day. Rows are only ever added to.
+
+    Durations are sums of whole microseconds, so that additions from several replicas, in any
+    order, give exactly the same total (floating-point sums would not).
+    """
+
+    __tablename__ = "gateway_usage"
+
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    errors: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    input_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    # Requests that produced a first token, and the sum of their TTFTs.
+    ttft_count: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    ttft_us_sum: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    # Sum of arrival-to-end durations of the requests that reached an upstream.
+    generation_us_sum: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+
+    __table_args__ = (Index("ix_gateway_usage_day", "day"),)
+
+
+class AuditRow(Base):
+    """One admin action: who did what to which key, when, from where. Never updated or deleted.
+
+    `changes` maps each changed field to `{"before": ..., "after": ...}`; it never holds a
+    secret or a secret's hash.
+    """
+
+    __tablename__ = "gateway_audit"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    actor: Mapped[str] = mapped_column(String(200), nullable=False)
+    action: Mapped[str] = mapped_column(String(40), nullable=False)
+    key_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    source: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    changes: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+
+    __table_args__ = (
+        Index("ix_gateway_audit_at", "at"),
+        Index("ix_gateway_audit_key_id", "key_id"),
+    )
