@@ -130,6 +130,8 @@ class KeyRecord:
     manage_models: bool = False
     """Whether the gateway relays Ollama's model-management endpoints for this key (a stored
     NULL reads as False)."""
+    rotation_grace_until: datetime | None = None
+    """Until when the secret from before the last rotation still opens the key; None if not."""
 
     def allows_model(self, model: str) -> bool:
         """Whether this key may use `model`.
@@ -176,4 +178,5 @@ def to_record(row: ApiKeyRow) -> KeyRecord:
         tpm=row.tpm,
         max_concurrent=row.max_concurrent,
         manage_models=bool(row.manage_models),
+        rotation_grace_until=row.previous_secret_expires_at,
     )

@@ -12,14 +12,21 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import and_, or_, select, update
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 
 from gateway.auth.apikey import KEY_PREFIX, generate_key, hash_secret, parse_key, secret_matches
+from gateway.keys.audit import INTERNAL, Actor, AuditEntry, add_entry, list_entries, record_changes
 from gateway.keys.schema import ApiKeyRow, KeyRecord, KeyStatus, as_utc, create_schema, to_record
 from gateway.keys.validation import (
     UNSET,
@@ -27,6 +34,8 @@ from gateway.keys.validation import (
     InvalidKeyReason,
     KeyNotFoundError,
     Unset,
+    check_expiry,
+    check_grace,
     check_limit,
     check_models,
     check_name,
@@ -35,7 +44,10 @@ from gateway.keys.validation import (
 )
 
 __all__ = [
+    "INTERNAL",
     "UNSET",
+    "Actor",
+    "AuditEntry",
     "InvalidKeyError",
     "InvalidKeyReason",
     "KeyNotFoundError",
@@ -104,6 +116,11 @@ class KeyStore:
         """Close every pooled connection (dispose of the engine)."""
         await self._engine.dispose()
 
+    @property
+    def engine(self) -> AsyncEngine:
+        """The engine the store owns (the usage sink and the migrations share it)."""
+        return self._engine
+
     async def create_key(
         self,
         name: str,
@@ -114,8 +131,9 @@ class KeyStore:
         tpm: int | None = None,
         max_concurrent: int | None = None,
         manage_models: bool = False,
+        actor: Actor = INTERNAL,
     ) -> tuple[KeyRecord, str]:
-        """Create a key.
+        """Create a key, and record the action in the audit trail (one transaction).
 
         Args:
             name: Who or what the key is for; 1 to 200 characters, need not be unique.
@@ -127,6 +145,7 @@ class KeyStore:
             max_concurrent: Requests in flight at once.
             manage_models: Whether the gateway relays Ollama's model-management endpoints
                 (pull, push, create, copy, delete, blobs) for this key; other keys get 403.
+            actor: Who creates it (`Actor.cli()`, or the admin token's subject).
 
         Returns:
             The new record, and the full key `gw_<id>_<secret>`. The key cannot be recovered
@@ -144,23 +163,77 @@ class KeyStore:
             secret_hash=hash_secret(secret),
             models=check_models(models),
             created_at=as_utc(None),
-            expires_at=None if expires_at is None else as_utc(expires_at),
+            expires_at=check_expiry(expires_at),
             rpm=check_limit("rpm", rpm),
             tpm=check_limit("tpm", tpm),
             max_concurrent=check_limit("max_concurrent", max_concurrent),
             manage_models=check_permission("manage_models", manage_models),
         )
+        record = to_record(row)
         async with self._sessions.begin() as session:
             session.add(row)
-        return to_record(row), full_key
+            add_entry(session, actor, "create", key_id, record_changes(None, record))
+        return record, full_key
 
-    async def list_keys(self) -> list[KeyRecord]:
-        """Return every key, oldest first, revoked and expired ones included."""
-        async with self._sessions() as session:
-            rows = await session.scalars(
-                select(ApiKeyRow).order_by(ApiKeyRow.created_at, ApiKeyRow.id)
+    async def list_keys(
+        self,
+        *,
+        status: KeyStatus | None = None,
+        name: str | None = None,
+        model: str | None = None,
+        after: KeyRecord | None = None,
+        limit: int | None = None,
+        now: datetime | None = None,
+    ) -> list[KeyRecord]:
+        """Return keys oldest first (revoked and expired ones included unless filtered out).
+
+        Args:
+            status: Only keys in this state as of `now`.
+            name: Only keys whose name contains this text (case-insensitive).
+            model: Only keys that may use this model (`KeyRecord.allows_model`: keys without
+                an allow-list included).
+            after: Only keys after this one in the order (the previous page's last record).
+            limit: At most this many (1 or more); None for all.
+            now: The time `status` is judged at (aware); default: now.
+
+        Raises:
+            ValueError: on a `limit` below 1 or a naive `now`.
+        """
+        if limit is not None and limit < 1:
+            raise ValueError("limit must be at least 1")
+        moment = as_utc(now)
+        query = select(ApiKeyRow).order_by(ApiKeyRow.created_at, ApiKeyRow.id)
+        if status == "revoked":
+            query = query.where(ApiKeyRow.revoked_at.is_not(None))
+        elif status == "expired":
+            query = query.where(ApiKeyRow.revoked_at.is_(None), ApiKeyRow.expires_at <= moment)
+        elif status == "active":
+            query = query.where(
+                ApiKeyRow.revoked_at.is_(None),
+                or_(ApiKeyRow.expires_at.is_(None), ApiKeyRow.expires_at > moment),
             )
-            return [to_record(row) for row in rows]
+        if name:
+            escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            query = query.where(ApiKeyRow.name.ilike(f"%{escaped}%", escape="\\"))
+        if after is not None:
+            query = query.where(
+                or_(
+                    ApiKeyRow.created_at > after.created_at,
+                    and_(ApiKeyRow.created_at == after.created_at, ApiKeyRow.id > after.id),
+                )
+            )
+        records: list[KeyRecord] = []
+        async with self._sessions() as session:
+            # The allow-list is a JSON column, so the model filter runs here, on the stream of
+            # rows, and stops reading once the page is full.
+            async for row in await session.stream_scalars(query.execution_options(yield_per=200)):
+                record = to_record(row)
+                if model is not None and not record.allows_model(model):
+                    continue
+                records.append(record)
+                if limit is not None and len(records) >= limit:
+                    break
+        return records
 
     async def get_key(self, key_id: str) -> KeyRecord:
         """Return one key.
@@ -174,8 +247,10 @@ class KeyStore:
                 raise KeyNotFoundError(key_id)
             return to_record(row)
 
-    async def revoke(self, key_id: str) -> KeyRecord:
+    async def revoke(self, key_id: str, *, actor: Actor = INTERNAL) -> KeyRecord:
         """Revoke a key for good. Revoking a revoked key keeps its first `revoked_at`.
+
+        The action is audited in the same transaction (a repeated revoke with no changes).
 
         Returns:
             The record with `revoked_at` set.
@@ -183,18 +258,77 @@ class KeyStore:
         Raises:
             KeyNotFoundError: if no key has this id.
         """
-        revoke = (
-            update(ApiKeyRow)
-            .where(ApiKeyRow.id == key_id, ApiKeyRow.revoked_at.is_(None))
-            .values(revoked_at=as_utc(None))
-            .execution_options(synchronize_session=False)
-        )
         async with self._sessions.begin() as session:
-            await session.execute(revoke)
-            row = await session.get(ApiKeyRow, key_id)
+            row = await _locked(session, key_id)
             if row is None:
                 raise KeyNotFoundError(key_id)
-            return to_record(row)
+            before = to_record(row)
+            if row.revoked_at is None:
+                row.revoked_at = as_utc(None)
+                row.previous_secret_hash = None
+                row.previous_secret_expires_at = None
+            after = to_record(row)
+            add_entry(session, actor, "revoke", key_id, record_changes(before, after))
+        return after
+
+    async def update(
+        self,
+        key_id: str,
+        *,
+        name: str | Unset = UNSET,
+        models: Sequence[str] | Unset | None = UNSET,
+        expires_at: datetime | Unset | None = UNSET,
+        rpm: int | Unset | None = UNSET,
+        tpm: int | Unset | None = UNSET,
+        max_concurrent: int | Unset | None = UNSET,
+        manage_models: bool | Unset = UNSET,
+        actor: Actor = INTERNAL,
+    ) -> KeyRecord:
+        """Change a key's fields; only what is passed changes (`UNSET`, the default, leaves one).
+
+        One transaction with its audit entry, so that `gateway keys update` and a `PATCH`
+        apply all their fields or none. Works on revoked keys too (a revoked key stays revoked).
+
+        Args:
+            key_id: The key's id.
+            name: The new name (as for `create_key`).
+            models: The new allow-list; None = every model.
+            expires_at: The new expiry (aware); None = never.
+            rpm: Requests per minute: None = back to the gateway's default, 0 = unlimited, a
+                positive integer = that limit.
+            tpm: Tokens per minute (prompt plus output), as for `rpm`.
+            max_concurrent: Requests in flight at once, as for `rpm`.
+            manage_models: True grants the model-management permission, False clears it.
+            actor: Who changes it.
+
+        Returns:
+            The record after the change (unchanged if nothing was passed).
+
+        Raises:
+            KeyNotFoundError: if no key has this id.
+            ValueError: on any invalid value (see `create_key`); nothing is changed.
+        """
+        changes: dict[str, Any] = dict(
+            limit_changes(rpm=rpm, tpm=tpm, max_concurrent=max_concurrent)
+        )
+        if not isinstance(name, Unset):
+            changes["name"] = check_name(name)
+        if not isinstance(models, Unset):
+            changes["models"] = check_models(models)
+        if not isinstance(expires_at, Unset):
+            changes["expires_at"] = check_expiry(expires_at)
+        if not isinstance(manage_models, Unset):
+            changes["manage_models"] = check_permission("manage_models", manage_models)
+        async with self._sessions.begin() as session:
+            row = await _locked(session, key_id)
+            if row is None:
+                raise KeyNotFoundError(key_id)
+            before = to_record(row)
+            for field, value in changes.items():
+                setattr(row, field, value)
+            after = to_record(row)
+            add_entry(session, actor, "update", key_id, record_changes(before, after))
+        return after
 
     async def update_limits(
         self,
@@ -204,43 +338,39 @@ class KeyStore:
         tpm: int | Unset | None = UNSET,
         max_concurrent: int | Unset | None = UNSET,
         manage_models: bool | Unset = UNSET,
+        actor: Actor = INTERNAL,
     ) -> KeyRecord:
-        """Change a key's limits and its model-management permission; only what is passed changes.
+        """`update` restricted to the limits and the permission (kept for existing callers)."""
+        return await self.update(
+            key_id,
+            rpm=rpm,
+            tpm=tpm,
+            max_concurrent=max_concurrent,
+            manage_models=manage_models,
+            actor=actor,
+        )
 
-        One transaction, so that `gateway keys update` applies all its flags or none. Works on
-        revoked keys too.
+    async def rotate(
+        self,
+        key_id: str,
+        *,
+        grace: timedelta = timedelta(0),
+        actor: Actor = INTERNAL,
+        now: datetime | None = None,
+    ) -> tuple[KeyRecord, str]:
+        """Give a key a new secret. The id stays; the action is audited (never the secrets).
+
+        With a grace period the old secret keeps working until `now + grace`, so apps can be
+        moved to the new key without an outage; then it is refused. Only one old secret is
+        kept: rotating again during a grace period ends the first old secret at once and
+        starts a new grace period for the secret just replaced.
 
         Args:
             key_id: The key's id.
-            rpm: Requests per minute: None = back to the gateway's default, 0 = unlimited, a
-                positive integer = that limit; `UNSET` (the default) leaves it as it is.
-            tpm: Tokens per minute (prompt plus output), as for `rpm`.
-            max_concurrent: Requests in flight at once, as for `rpm`.
-            manage_models: True grants the model-management permission, False clears it;
-                `UNSET` leaves it as it is.
-
-        Returns:
-            The record after the change (unchanged if nothing was passed).
-
-        Raises:
-            KeyNotFoundError: if no key has this id.
-            ValueError: on a negative (or too large) limit, or a `manage_models` that is not a
-                bool; nothing is changed.
-        """
-        changes = limit_changes(rpm=rpm, tpm=tpm, max_concurrent=max_concurrent)
-        if not isinstance(manage_models, Unset):
-            changes["manage_models"] = check_permission("manage_models", manage_models)
-        async with self._sessions.begin() as session:
-            # Row lock on PostgreSQL, so the record returned is the one this update committed.
-            row = await session.get(ApiKeyRow, key_id, with_for_update=True)
-            if row is None:
-                raise KeyNotFoundError(key_id)
-            for field, value in changes.items():
-                setattr(row, field, value)
-        return to_record(row)
-
-    async def rotate(self, key_id: str) -> tuple[KeyRecord, str]:
-        """Give a key a new secret; the old secret stops working at once. The id stays.
+            grace: How long the old secret stays valid, 0 (the default: refused at once) to 30
+                days (`check_grace`).
+            actor: Who rotates it.
+            now: The start of the grace period (aware); default: now.
 
         Returns:
             The record, and the new full key (shown once).
@@ -248,41 +378,78 @@ class KeyStore:
         Raises:
             KeyNotFoundError: if no key has this id.
             InvalidKeyError: with reason `revoked` if the key is revoked.
+            ValueError: on a negative or too long `grace`, or a naive `now`.
         """
+        grace = check_grace(grace)
+        moment = as_utc(now)
         _, secret, _ = generate_key()
-        # Conditional UPDATE first: it locks the row on PostgreSQL, so a concurrent revoke cannot
-        # slip between the check and the write; the SELECT after it tells why nothing matched.
-        rotate = (
-            update(ApiKeyRow)
-            .where(ApiKeyRow.id == key_id, ApiKeyRow.revoked_at.is_(None))
-            .values(secret_hash=hash_secret(secret))
-            .execution_options(synchronize_session=False)
-        )
         async with self._sessions.begin() as session:
-            await session.execute(rotate)
-            row = await session.get(ApiKeyRow, key_id)
+            row = await _locked(session, key_id)
             if row is None:
                 raise KeyNotFoundError(key_id)
             if row.revoked_at is not None:
                 raise InvalidKeyError("revoked")
-            return to_record(row), f"{KEY_PREFIX}{key_id}_{secret}"
+            before = to_record(row)
+            if grace:
+                row.previous_secret_hash = row.secret_hash
+                row.previous_secret_expires_at = moment + grace
+            else:
+                row.previous_secret_hash = None
+                row.previous_secret_expires_at = None
+            row.secret_hash = hash_secret(secret)
+            after = to_record(row)
+            add_entry(session, actor, "rotate", key_id, record_changes(before, after))
+        return after, f"{KEY_PREFIX}{key_id}_{secret}"
+
+    async def list_audit(
+        self,
+        *,
+        key_id: str | None = None,
+        actor: str | None = None,
+        actions: Sequence[str] | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        after_id: int | None = None,
+        limit: int = 100,
+    ) -> list[AuditEntry]:
+        """Return audit entries, oldest first; see `gateway.keys.audit.list_entries`.
+
+        Raises:
+            ValueError: on a `limit` out of range or a naive time.
+        """
+        async with self._sessions() as session:
+            return await list_entries(
+                session,
+                key_id=key_id,
+                actor=actor,
+                actions=actions,
+                since=since,
+                until=until,
+                after_id=after_id,
+                limit=limit,
+            )
 
     async def authenticate(self, presented: str, *, now: datetime | None = None) -> KeyRecord:
         """Check a presented key and return its record.
 
         The secret is checked before anything else about the key is revealed, so only a holder of
-        the right secret can learn that a key is revoked or expired.
+        the right secret can learn that a key is revoked or expired. Both the current secret and
+        the one from before a rotation are compared, every time, so timing does not tell whether
+        a key is in a grace period.
 
         Args:
             presented: The credential as sent by the client.
             now: The time to check expiry against (aware); default: now.
 
         Returns:
-            The key's record.
+            The key's record. When the old secret of a rotation opened it, `expires_at` is the
+            earlier of the key's expiry and the end of the grace period: the credential's own
+            expiry, which is what callers caching the result must honour.
 
         Raises:
-            InvalidKeyError: `malformed`, `unknown` (no such id or wrong secret), `revoked`, or
-                `expired` (at or after `expires_at`); revoked wins over expired.
+            InvalidKeyError: `malformed`, `unknown` (no such id, wrong secret, or an old secret
+                whose grace period ended), `revoked`, or `expired` (at or after `expires_at`);
+                revoked wins over expired.
             ValueError: if `now` is naive.
         """
         moment = as_utc(now)
@@ -294,10 +461,17 @@ class KeyStore:
             row = await session.get(ApiKeyRow, key_id)
             if row is None:
                 secret_matches(secret, _DUMMY_HASH)
+                secret_matches(secret, _DUMMY_HASH)
                 raise InvalidKeyError("unknown")
-            if not secret_matches(secret, row.secret_hash):
-                raise InvalidKeyError("unknown")
+            current = secret_matches(secret, row.secret_hash)
+            previous = secret_matches(secret, row.previous_secret_hash or _DUMMY_HASH)
             record = to_record(row)
+        if not current:
+            grace_until = record.rotation_grace_until
+            if not previous or grace_until is None or grace_until <= moment:
+                raise InvalidKeyError("unknown")
+            if record.expires_at is None or grace_until < record.expires_at:
+                record = replace(record, expires_at=grace_until)
         status = record.status(moment)
         if status != "active":
             raise InvalidKeyError(status)
@@ -335,6 +509,24 @@ class KeyStore:
         )
         async with self._sessions.begin() as session:
             await session.execute(touch)
+
+
+async def _locked(session: AsyncSession, key_id: str) -> ApiKeyRow | None:
+    """Lock a key's row for this transaction and read it; None if there is no such key.
+
+    A no-op UPDATE comes first: it takes PostgreSQL's row lock, and SQLite's write lock while
+    the transaction has read nothing (a transaction that reads first and writes later can fail
+    at once with "database is locked" instead of waiting). So concurrent admin actions on one
+    key apply one after the other, and each audit entry's before/after is its own.
+    """
+    lock = (
+        update(ApiKeyRow)
+        .where(ApiKeyRow.id == key_id)
+        .values(id=ApiKeyRow.id)
+        .execution_options(synchronize_session=False)
+    )
+    await session.execute(lock)
+    return await session.get(ApiKeyRow, key_id)
 
 
 def _create_private(database: str | None) -> None:

@@ -16,7 +16,7 @@ import argparse
 import enum
 import re
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Final, Literal
 
 InvalidKeyReason = Literal["malformed", "unknown", "revoked", "expired"]
@@ -26,6 +26,9 @@ MAX_LIMIT = 2**31 - 1
 """The largest per-key limit: PostgreSQL's `integer`, so both backends accept the same values."""
 _DURATION = re.compile(r"([1-9][0-9]*)([smhdw])")
 _MAX_LIFETIME = timedelta(days=36525)
+MAX_GRACE = timedelta(days=30)
+"""The longest a rotated-out secret keeps working: long enough to roll out a new key, short
+enough that a leaked old secret dies."""
 
 
 class Unset(enum.Enum):
@@ -63,6 +66,34 @@ def check_models(models: Sequence[str] | None) -> list[str] | None:
     if not models:
         raise ValueError("models must be None (all models) or a non-empty list")
     return list(dict.fromkeys(models))
+
+
+def check_expiry(expires_at: datetime | None) -> datetime | None:
+    """Return an expiry as stored: None (never) or the aware time in UTC.
+
+    Raises:
+        ValueError: on a naive datetime (its zone would be a guess) or a non-datetime.
+    """
+    if expires_at is None:
+        return None
+    if not isinstance(expires_at, datetime):
+        raise ValueError(f"expires_at must be a datetime or None, not {expires_at!r}")
+    if expires_at.tzinfo is None or expires_at.utcoffset() is None:
+        raise ValueError(f"naive datetime {expires_at!r}: pass a timezone-aware one")
+    return expires_at.astimezone(UTC)
+
+
+def check_grace(grace: timedelta) -> timedelta:
+    """Return a rotation's grace period if it is 0 to `MAX_GRACE`.
+
+    Raises:
+        ValueError: if it is negative, longer than 30 days, or not a timedelta.
+    """
+    if not isinstance(grace, timedelta):
+        raise ValueError(f"grace must be a timedelta, not {grace!r}")
+    if not timedelta(0) <= grace <= MAX_GRACE:
+        raise ValueError("the grace period must be 0 to 30 days")
+    return grace
 
 
 def check_limit(field: str, value: int | None) -> int | None:
