@@ -55,7 +55,13 @@ OLLAMA_V1_PATHS = frozenset({"/v1/generate", "/v1/chat"})
 
 
 def speaks_openai(path: str) -> bool:
-    """Whether a request path belongs to the OpenAI surface (its errors are OpenAI objects)."""
+    """Whether a request path answers errors as OpenAI error objects.
+
+    True for the OpenAI surface, and for the admin API (`/admin/`), whose clients are scripts
+    that want a `type` to branch on.
+    """
+    if path.startswith("/admin/"):
+        return True
     return path.startswith("/v1/") and path not in OLLAMA_V1_PATHS
 
 
@@ -91,8 +97,8 @@ class UnauthorizedError(GatewayError):
     status_code = 401
     outcome = "rejected_auth"
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message, headers={"WWW-Authenticate": 'Bearer realm="gateway"'})
+    def __init__(self, message: str, *, challenge: str = 'Bearer realm="gateway"') -> None:
+        super().__init__(message, headers={"WWW-Authenticate": challenge})
 
 
 class ForbiddenError(GatewayError):

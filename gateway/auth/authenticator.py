@@ -122,6 +122,15 @@ class KeyAuthenticator:
             self._entries.popitem(last=False)
         return record
 
+    def forget(self, key_id: str) -> None:
+        """Drop every cached credential of `key_id`.
+
+        So an admin change made on this replica applies to its next request at once; other
+        replicas see it within `ttl`.
+        """
+        for digest in [d for d, entry in self._entries.items() if entry.record.id == key_id]:
+            del self._entries[digest]
+
     def _touched(self, key_id: str) -> None:
         """Mark cached copies of `key_id` as used now, so the next hits skip the write."""
         now = datetime.now(UTC)
