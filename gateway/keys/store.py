@@ -181,7 +181,7 @@ class KeyStore:
         status: KeyStatus | None = None,
         name: str | None = None,
         model: str | None = None,
-        after: KeyRecord | None = None,
+        after: tuple[datetime, str] | None = None,
         limit: int | None = None,
         now: datetime | None = None,
     ) -> list[KeyRecord]:
@@ -192,7 +192,8 @@ class KeyStore:
             name: Only keys whose name contains this text (case-insensitive).
             model: Only keys that may use this model (`KeyRecord.allows_model`: keys without
                 an allow-list included).
-            after: Only keys after this one in the order (the previous page's last record).
+            after: Only keys after this `(created_at, id)` in the order (the previous page's
+                last key).
             limit: At most this many (1 or more); None for all.
             now: The time `status` is judged at (aware); default: now.
 
@@ -216,10 +217,11 @@ class KeyStore:
             escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
             query = query.where(ApiKeyRow.name.ilike(f"%{escaped}%", escape="\\"))
         if after is not None:
+            created_at, key_id = as_utc(after[0]), after[1]
             query = query.where(
                 or_(
-                    ApiKeyRow.created_at > after.created_at,
-                    and_(ApiKeyRow.created_at == after.created_at, ApiKeyRow.id > after.id),
+                    ApiKeyRow.created_at > created_at,
+                    and_(ApiKeyRow.created_at == created_at, ApiKeyRow.id > key_id),
                 )
             )
         records: list[KeyRecord] = []
