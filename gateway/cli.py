@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from gateway import __version__
+from gateway.keys import audit_cli
 from gateway.keys import cli as keys_cli
 from gateway.settings import Settings
 
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(handler=_serve)
 
     keys_cli.add_parser(commands)
+    audit_cli.add_parser(commands)
     return parser
 
 

@@ -215,7 +215,7 @@ def test_update_changes_only_the_given_limits(
     assert main(["keys", "update", key_id, "--rpm", "0"]) == 0
     out = capsys.readouterr().out
     assert out == (
-        f"Updated key {key_id} (ci); limits: rpm unlimited, tpm 1000, max concurrent 2; "
+        f"Updated key {key_id} (ci); models: all; expires: never; limits: rpm unlimited, tpm 1000, max concurrent 2; "
         "manage models: no\n"
     )
 
@@ -244,7 +244,7 @@ def test_update_without_a_limit_is_a_usage_error(
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "gateway keys update" in err
-    assert "at least one of --rpm, --tpm, --max-concurrent and --[no-]manage-models" in err
+    assert "at least one of --name, --models/--all-models, --expires-in/--no-expiry" in err
     assert _authenticate(database_url, str(created["key"])).rpm == 60
 
 
@@ -330,7 +330,7 @@ def test_update_grants_and_clears_manage_models(
 
     assert main(["keys", "update", key_id, "--manage-models"]) == 0
     assert capsys.readouterr().out == (
-        f"Updated key {key_id} (ci); limits: rpm 60, tpm default, max concurrent default; "
+        f"Updated key {key_id} (ci); models: all; expires: never; limits: rpm 60, tpm default, max concurrent default; "
         "manage models: yes\n"
     )
     granted = _authenticate(database_url, str(created["key"]))

@@ -13,15 +13,17 @@ import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from gateway.keys.audit import Actor
 from gateway.keys.store import InvalidKeyError, KeyNotFoundError, KeyRecord, KeyStore
 from gateway.keys.validation import (
     parse_duration,
+    parse_grace,
     parse_limit,
     parse_limit_or_default,
     parse_models,
@@ -52,6 +54,14 @@ def _limit(value: int | None) -> str:
     return "unlimited" if value == 0 else str(value)
 
 
+def _models(record: KeyRecord) -> str:
+    return "all" if record.models is None else ", ".join(record.models)
+
+
+def _expiry(record: KeyRecord) -> str:
+    return "never" if record.expires_at is None else _when(record.expires_at)
+
+
 def _yes_no(flag: bool) -> str:
     return "yes" if flag else "no"
 
@@ -79,6 +89,7 @@ def _record_json(record: KeyRecord, now: datetime) -> dict[str, Any]:
         "tpm": record.tpm,
         "max_concurrent": record.max_concurrent,
         "manage_models": record.manage_models,
+        "rotation_grace_until": iso(record.rotation_grace_until),
     }
 
 
@@ -110,8 +121,19 @@ def _print_table(records: list[KeyRecord], now: datetime) -> None:
         )
 
 
-def _run(settings: Settings, action: Callable[[KeyStore], Awaitable[int]]) -> int:
-    """Run one store action on a fresh store and map expected failures to exit code 1."""
+def run_store_action(
+    settings: Settings, action: Callable[[KeyStore], Awaitable[int]], *, prog: str = "gateway keys"
+) -> int:
+    """Run one store action on a fresh store and map expected failures to exit code 1.
+
+    Args:
+        settings: Where the store is (`database_url`).
+        action: The command's work; returns its exit code.
+        prog: The command's name, prefixed to error messages.
+
+    Returns:
+        The action's exit code, or 1 after printing why the store failed.
+    """
 
     async def with_store() -> int:
         store = KeyStore.from_url(settings.database_url)
@@ -124,11 +146,11 @@ def _run(settings: Settings, action: Callable[[KeyStore], Awaitable[int]]) -> in
     try:
         return asyncio.run(with_store())
     except KeyNotFoundError as exc:
-        print(f"gateway keys: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
     except (SQLAlchemyError, OSError) as exc:
         # The URL may carry a password; show it masked.
         url = make_url(settings.database_url).render_as_string(hide_password=True)
-        print(f"gateway keys: key store {url} failed: {exc}", file=sys.stderr)
+        print(f"{prog}: key store {url} failed: {exc}", file=sys.stderr)
     return 1
 
 
@@ -137,9 +159,10 @@ def _print_new_key(record: KeyRecord, key: str, *, as_json: bool, verb: str) -> 
     if as_json:
         print(json.dumps({**_record_json(record, now), "key": key}))
         return
-    models = "all" if record.models is None else ", ".join(record.models)
-    expires = "never" if record.expires_at is None else _when(record.expires_at)
-    print(f"{verb} key {record.id} ({record.name}); models: {models}; expires: {expires}")
+    print(
+        f"{verb} key {record.id} ({record.name}); models: {_models(record)}; "
+        f"expires: {_expiry(record)}"
+    )
     print(f"Limits: {_limits(record)}; manage models: {_yes_no(record.manage_models)}")
     print(key)
     print(_NOT_SHOWN_AGAIN)
@@ -157,11 +180,12 @@ def _create(args: argparse.Namespace, settings: Settings) -> int:
             tpm=args.tpm,
             max_concurrent=args.max_concurrent,
             manage_models=args.manage_models,
+            actor=Actor.cli(),
         )
         _print_new_key(record, key, as_json=args.json, verb="Created")
         return 0
 
-    return _run(settings, action)
+    return run_store_action(settings, action)
 
 
 def _list(args: argparse.Namespace, settings: Settings) -> int:
@@ -176,52 +200,64 @@ def _list(args: argparse.Namespace, settings: Settings) -> int:
             print("No API keys yet; create one with `gateway keys create --name NAME`.")
         return 0
 
-    return _run(settings, action)
+    return run_store_action(settings, action)
 
 
 def _update(args: argparse.Namespace, settings: Settings) -> int:
     # The update flags default to argparse.SUPPRESS: absent means "leave as is" (for a limit,
     # None means "default").
-    fields = (*_LIMITS, "manage_models")
+    fields = ("name", "models", *_LIMITS, "manage_models")
     changes = {field: getattr(args, field) for field in fields if hasattr(args, field)}
+    if hasattr(args, "expires_in"):
+        changes["expires_at"] = (
+            None if args.expires_in is None else datetime.now(UTC) + args.expires_in
+        )
     if not changes:
         parser: argparse.ArgumentParser = args.parser
-        parser.error("give at least one of --rpm, --tpm, --max-concurrent and --[no-]manage-models")
+        parser.error(
+            "give at least one of --name, --models/--all-models, --expires-in/--no-expiry, "
+            "--rpm, --tpm, --max-concurrent and --[no-]manage-models"
+        )
 
     async def action(store: KeyStore) -> int:
-        record = await store.update_limits(args.key_id, **changes)
+        record = await store.update(args.key_id, **changes, actor=Actor.cli())
         if args.json:
             print(json.dumps(_record_json(record, datetime.now(UTC))))
         else:
             print(
-                f"Updated key {record.id} ({record.name}); limits: {_limits(record)}; "
+                f"Updated key {record.id} ({record.name}); models: {_models(record)}; "
+                f"expires: {_expiry(record)}; limits: {_limits(record)}; "
                 f"manage models: {_yes_no(record.manage_models)}"
             )
         return 0
 
-    return _run(settings, action)
+    return run_store_action(settings, action)
 
 
 def _revoke(args: argparse.Namespace, settings: Settings) -> int:
     async def action(store: KeyStore) -> int:
-        record = await store.revoke(args.key_id)
+        record = await store.revoke(args.key_id, actor=Actor.cli())
         print(f"Revoked key {record.id} ({record.name}) at {_when(record.revoked_at)}.")
         return 0
 
-    return _run(settings, action)
+    return run_store_action(settings, action)
 
 
 def _rotate(args: argparse.Namespace, settings: Settings) -> int:
     async def action(store: KeyStore) -> int:
         try:
-            record, key = await store.rotate(args.key_id)
+            record, key = await store.rotate(args.key_id, grace=args.grace, actor=Actor.cli())
         except InvalidKeyError:
             print(f"gateway keys: key {args.key_id} is revoked; create a new one", file=sys.stderr)
             return 1
-        _print_new_key(record, key, as_json=args.json, verb="Rotated (old secret revoked)")
+        if record.rotation_grace_until is None:
+            verb = "Rotated (old secret revoked)"
+        else:
+            verb = f"Rotated (old secret works until {_when(record.rotation_grace_until)})"
+        _print_new_key(record, key, as_json=args.json, verb=verb)
         return 0
 
-    return _run(settings, action)
+    return run_store_action(settings, action)
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -269,9 +305,42 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     list_.set_defaults(handler=_list)
 
     update = commands.add_parser(
-        "update", help="change a key's limits or its model-management permission"
+        "update", help="change a key's name, models, expiry, limits or permission"
     )
     update.add_argument("key_id", metavar="ID", help="the key's id (the 12 hex characters)")
+    update.add_argument("--name", type=parse_name, default=argparse.SUPPRESS, help="a new name")
+    models = update.add_mutually_exclusive_group()
+    models.add_argument(
+        "--models",
+        type=parse_models,
+        default=argparse.SUPPRESS,
+        metavar="M1,M2",
+        help="the models the key may use from now on",
+    )
+    models.add_argument(
+        "--all-models",
+        dest="models",
+        action="store_const",
+        const=None,
+        default=argparse.SUPPRESS,
+        help="let the key use every model",
+    )
+    expiry = update.add_mutually_exclusive_group()
+    expiry.add_argument(
+        "--expires-in",
+        type=parse_duration,
+        default=argparse.SUPPRESS,
+        metavar="DURATION",
+        help="expire this long from now (90s, 15m, 12h, 30d, 2w)",
+    )
+    expiry.add_argument(
+        "--no-expiry",
+        dest="expires_in",
+        action="store_const",
+        const=None,
+        default=argparse.SUPPRESS,
+        help="never expire",
+    )
     for flag, what in _LIMIT_FLAGS:
         update.add_argument(
             flag,
@@ -296,5 +365,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
     rotate = commands.add_parser("rotate", help="give a key a new secret and print it once")
     rotate.add_argument("key_id", metavar="ID", help="the key's id (the 12 hex characters)")
+    rotate.add_argument(
+        "--grace",
+        type=parse_grace,
+        default=timedelta(0),
+        metavar="DURATION",
+        help="keep the old secret working this long (up to 30d), so apps can move to the new "
+        "one (default: refused at once)",
+    )
     rotate.add_argument("--json", action="store_true", help="print one JSON object")
     rotate.set_defaults(handler=_rotate)

@@ -165,6 +165,20 @@ def parse_duration(text: str) -> timedelta:
     return lifetime
 
 
+def parse_grace(text: str) -> timedelta:
+    """Parse a rotation's grace period: `0` or a duration up to 30 days (an argparse `type`).
+
+    Raises:
+        argparse.ArgumentTypeError: on anything else.
+    """
+    if text == "0":
+        return timedelta(0)
+    grace = parse_duration(text)
+    if grace > MAX_GRACE:
+        raise argparse.ArgumentTypeError(f"grace period {text!r} is longer than 30 days")
+    return grace
+
+
 def parse_models(text: str) -> list[str]:
     """Parse `--models a,b` into distinct, stripped names (an argparse `type`).
 
