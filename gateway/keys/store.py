@@ -84,6 +84,11 @@ class KeyStore:
         options.update(engine_options)
         return cls(create_async_engine(parsed, **options))
 
+    @property
+    def engine(self) -> AsyncEngine:
+        """The store's engine, shared with what keeps other tables in the same database (usage)."""
+        return self._engine
+
     async def create_schema(self) -> None:
         """Create the table, or add the columns an older version lacks. Idempotent.
 
