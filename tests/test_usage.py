@@ -19,8 +19,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.auth.principal import Principal
 from gateway.keys.store import KeyStore
+from gateway.metering.counting import UNKNOWN_MODEL, canonical_model, is_error
 from gateway.metering.report import UsageTotals, read_usage
-from gateway.metering.usage import UNKNOWN_MODEL, UsageSink, canonical_model, is_error
+from gateway.metering.usage import UsageSink
 from gateway.neutral import RequestSummary
 from tests.test_keystore import Database, _postgres_database
 

@@ -27,8 +27,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from gateway.keys.store import KeyStore
+from gateway.metering.counting import UNKNOWN_MODEL, canonical_model
 from gateway.metering.report import UsageReport, read_usage
-from gateway.metering.usage import UNKNOWN_MODEL, canonical_model
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
 from tests.conftest import Emulator
 from tests.test_keystore import PG_URL, _in_ci

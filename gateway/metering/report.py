@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.db.tables import ApiKeyRow, UsageRow
-from gateway.metering.usage import COLUMNS, canonical_model
+from gateway.metering.counting import COLUMNS, canonical_model
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,12 +16,8 @@ Exactness (docs/keys.md, "Usage"):
 * Memory is bounded: a request that would add a row beyond `max_rows` pending rows (the batch
   being written included) is dropped and counted in `gateway_usage_dropped_total`.
 
-What a request adds (`UsageSink.record`): requests 1; errors 1 unless it `completed` with a
-status below 400 or the client left (`client_disconnect`: the client's choice, not a failure);
-input and output tokens as the summary counts them, but only when the answer was sent (status
-below 400: an error status means the client received none of it); the TTFT when a first token
-was sent; its duration into `generation_us_sum` when an upstream request was sent. The day is
-the UTC date of the request's arrival.
+What a request adds is decided in `gateway.metering.counting`; the day is the UTC date of the
+request's arrival.
 """
 
 from __future__ import annotations
@@ -39,56 +35,22 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.db.tables import UsageRow
+from gateway.metering.counting import (
+    COLUMNS,
+    canonical_model,
+    rejection_deltas,
+    summary_deltas,
+)
 from gateway.neutral import RequestSummary
 
 logger = logging.getLogger("gateway.metering")
 
-#: The model of a request refused before its body named one (a 429 on RPM, a malformed body).
-UNKNOWN_MODEL = "-"
-#: Longest model name kept (the column's width); longer names are cut.
-MODEL_CHARS = 200
 #: Longest wait for the final flush at shutdown, seconds.
 SHUTDOWN_FLUSH_TIMEOUT = 10.0
-#: The summed columns of `gateway_usage`, in the order of a pending row's list.
-COLUMNS = (
-    "requests",
-    "errors",
-    "input_tokens",
-    "output_tokens",
-    "ttft_count",
-    "ttft_us_sum",
-    "generation_us_sum",
-)
 _DAY_SECONDS = 86_400.0
 
 RowKey = tuple[str, str, date]
 """(key id, canonical model, UTC day): the primary key of a `gateway_usage` row."""
-
-
-def canonical_model(model: str | None) -> str:
-    """The model name usage is recorded under: the allow-list's form, at most 200 characters.
-
-    Lower case, trimmed, with Ollama's default tag (`llama3.2` is `llama3.2:latest`, reference
-    section 2.1): the same rule `Principal.allows_model` compares names by, so usage rows match
-    the key's allow-list. None or blank is `UNKNOWN_MODEL`, which no canonical name equals
-    (every one has a tag).
-    """
-    name = (model or "").strip().lower()
-    if not name:
-        return UNKNOWN_MODEL
-    if ":" not in name.rsplit("/", 1)[-1]:
-        name = f"{name}:latest"
-    return name[:MODEL_CHARS]
-
-
-def is_error(outcome: str, status: int) -> bool:
-    """Whether a request counts as an error in usage: not completed with a status below 400.
-
-    A client that left (`client_disconnect`, before or during its answer) is not an error.
-    """
-    if outcome == "client_disconnect":
-        return False
-    return outcome != "completed" or status >= 400
 
 
 class UsageSink:
@@ -150,24 +112,9 @@ class UsageSink:
 
     def record(self, summary: RequestSummary) -> None:
         """Add one finished request (no I/O); a summary without a key id is ignored."""
-        if summary.key_id is None:
-            return
-        sent = summary.status < 400  # else the client got an error, none of the answer
-        ttft = summary.ttft_s if sent else None
-        self._add(
-            summary.key_id,
-            summary.requested_model,
-            self._clock() - summary.duration_s,
-            (
-                1,
-                int(is_error(summary.outcome, summary.status)),
-                summary.tokens_in if sent else 0,
-                summary.tokens_out if sent else 0,
-                0 if ttft is None else 1,
-                0 if ttft is None else round(ttft * 1e6),
-                0 if summary.queue_wait_s is None else round(summary.duration_s * 1e6),
-            ),
-        )
+        if summary.key_id is not None:
+            arrived = self._clock() - summary.duration_s
+            self._add(summary.key_id, summary.requested_model, arrived, summary_deltas(summary))
 
     def record_rejection(
         self, key_id: str, model: str | None, *, status: int, outcome: str, elapsed_s: float
@@ -181,8 +128,8 @@ class UsageSink:
             outcome: The refusal's outcome (`rate_limited`, `forbidden`, ...).
             elapsed_s: Seconds since the request arrived (to date its arrival).
         """
-        error = int(is_error(outcome, status))
-        self._add(key_id, model, self._clock() - elapsed_s, (1, error, 0, 0, 0, 0, 0))
+        arrived = self._clock() - elapsed_s
+        self._add(key_id, model, arrived, rejection_deltas(status, outcome))
 
     def _add(self, key_id: str, model: str | None, arrived: float, deltas: Sequence[int]) -> None:
         key = (key_id, canonical_model(model), self._utc_day(arrived))
