@@ -22,6 +22,7 @@ from gateway.deps import GatewayState
 from gateway.errors import register_error_handlers
 from gateway.keys.store import KeyStore
 from gateway.lifecycle import Lifecycle
+from gateway.metering.usage import open_usage
 from gateway.metrics import Metrics
 from gateway.ratelimit.limiter import KeyLimiter, build_storage, close_storage
 from gateway.relay.pipeline import Relay
@@ -44,8 +45,9 @@ def create_app(
             makes one that only the app itself can change.
 
     Returns:
-        The app. Its lifespan opens one client per upstream and the key store (creating the key
-        table if missing) and closes both on shutdown.
+        The app. Its lifespan opens one client per upstream, the key store (creating the key
+        table if missing) and the usage sink on the store's database, and closes them on
+        shutdown (the sink after writing what is pending).
     """
     settings = settings or Settings()
     lifecycle = lifecycle or Lifecycle()
@@ -58,34 +60,45 @@ def create_app(
         await store.warm_up()
         limit_storage = build_storage(settings)
         async with AsyncExitStack() as stack:
+            # Closed last, in this order: the usage sink's final flush (below) needs the store.
+            stack.push_async_callback(close_storage, limit_storage)
+            stack.push_async_callback(store.close)
             pool = await open_pool(settings, metrics, stack, upstream_transport)
+            # Left when the lifespan ends, after uvicorn finished the in-flight requests: the
+            # last summaries are in, and the sink writes them before the store closes.
+            usage = await stack.enter_async_context(
+                open_usage(
+                    store.engine,
+                    metrics.registry,
+                    enabled=settings.usage_enabled,
+                    flush_seconds=settings.usage_flush_seconds,
+                    max_rows=settings.usage_max_pending_rows,
+                )
+            )
             relay = Relay(
                 settings=settings,
                 metrics=metrics,
                 pool=pool,
                 limiter=KeyLimiter(limit_storage, settings, metrics),
                 lifecycle=lifecycle,
+                usage=usage,
             )
-            try:
-                async with anyio.create_task_group() as background:
-                    for upstream in pool.upstreams:
-                        background.start_soon(upstream.monitor.run)
-                    yield GatewayState(
-                        settings=settings,
-                        authenticator=KeyAuthenticator(
-                            store,
-                            ttl=settings.key_cache_seconds,
-                            last_used_interval=settings.last_used_interval,
-                        ),
-                        metrics=metrics,
-                        pool=pool,
-                        relay=relay,
-                        lifecycle=lifecycle,
-                    )
-                    background.cancel_scope.cancel()
-            finally:
-                await store.close()
-                await close_storage(limit_storage)
+            async with anyio.create_task_group() as background:
+                for upstream in pool.upstreams:
+                    background.start_soon(upstream.monitor.run)
+                yield GatewayState(
+                    settings=settings,
+                    authenticator=KeyAuthenticator(
+                        store,
+                        ttl=settings.key_cache_seconds,
+                        last_used_interval=settings.last_used_interval,
+                    ),
+                    metrics=metrics,
+                    pool=pool,
+                    relay=relay,
+                    lifecycle=lifecycle,
+                )
+                background.cancel_scope.cancel()
 
     app = FastAPI(
         title="LLM gateway",

@@ -161,9 +161,10 @@ class Chunk:
 class RequestSummary:
     """One finished request: its outcome and numbers, measured once (`gateway.relay.meter`).
 
-    Metrics (`gateway.metrics.Metrics.record`), the access log and, later, usage accounting and
-    trace spans all read this one record, so nothing is measured twice. No prompt text, no
-    secrets: `key` is the metrics label (the key's name, or `all`).
+    Metrics (`gateway.metrics.Metrics.record`), the access log, usage accounting
+    (`gateway.metering.usage`) and, later, trace spans all read this one record, so nothing is
+    measured twice. No prompt text, no secrets: `key` is the metrics label (the key's name, or
+    `all`), `key_id` the key's public id.
 
     Attributes:
         route: The route label (`/api/chat`, `/v1/chat/completions`, ...).
@@ -180,6 +181,9 @@ class RequestSummary:
         tokens_per_s: Decode rate, tokens per second; None if unknown.
         time_per_output_token_s: Seconds per output token after the first; None if unknown.
         prefill_tokens_per_s: Prompt tokens per second of prefill, when the upstream reports it.
+        key_id: The API key's public id (the `<id>` of `gw_<id>_<secret>`); None when unknown.
+        requested_model: The model the client named, as the key's allow-list checked it (not
+            the bounded label); None when unknown.
     """
 
     route: str
@@ -196,6 +200,8 @@ class RequestSummary:
     tokens_per_s: float | None = None
     time_per_output_token_s: float | None = None
     prefill_tokens_per_s: float | None = None
+    key_id: str | None = None
+    requested_model: str | None = None
 
     def log_fields(self) -> dict[str, Any]:
         """The fields the access log line carries (docs/operations.md), rounded."""

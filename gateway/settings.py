@@ -227,6 +227,27 @@ class Settings(BaseSettings):
         "0: read the store on every request.",
     )
 
+    # --- usage accounting (gateway.metering.usage) ---------------------------------------------
+    usage_enabled: bool = Field(
+        True,
+        description="Record each key's requests, errors, tokens and times per model and UTC day "
+        "in the database (`gateway keys usage`).",
+    )
+    usage_flush_seconds: float = Field(
+        2.0,
+        gt=0,
+        le=300,
+        description="Seconds between writes of the usage sums: at most this much usage is lost "
+        "if the process is killed (a graceful stop loses none).",
+    )
+    usage_max_pending_rows: int = Field(
+        10_000,
+        ge=1,
+        description="Most (key, model, day) rows kept in memory waiting to be written; a write "
+        "starts early at half; beyond it usage is dropped and counted "
+        "(`gateway_usage_dropped_total`).",
+    )
+
     # --- limits --------------------------------------------------------------------------------
     default_rpm: int = Field(
         0, ge=0, description="Requests per minute for keys without their own limit; 0: none."

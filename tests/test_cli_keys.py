@@ -215,7 +215,8 @@ def test_update_changes_only_the_given_limits(
     assert main(["keys", "update", key_id, "--rpm", "0"]) == 0
     out = capsys.readouterr().out
     assert out == (
-        f"Updated key {key_id} (ci); models: all; expires: never; limits: rpm unlimited, tpm 1000, max concurrent 2; "
+        f"Updated key {key_id} (ci); models: all; expires: never; "
+        "limits: rpm unlimited, tpm 1000, max concurrent 2; "
         "manage models: no\n"
     )
 
@@ -330,7 +331,8 @@ def test_update_grants_and_clears_manage_models(
 
     assert main(["keys", "update", key_id, "--manage-models"]) == 0
     assert capsys.readouterr().out == (
-        f"Updated key {key_id} (ci); models: all; expires: never; limits: rpm 60, tpm default, max concurrent default; "
+        f"Updated key {key_id} (ci); models: all; expires: never; "
+        "limits: rpm 60, tpm default, max concurrent default; "
         "manage models: yes\n"
     )
     granted = _authenticate(database_url, str(created["key"]))

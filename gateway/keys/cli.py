@@ -1,6 +1,9 @@
 # ruff: noqa: T201 (a command-line interface prints by design)
 """The `gateway keys` commands: create, list, update, revoke and rotate API keys from a shell.
 
+`gateway keys usage` (what keys used) lives in `gateway.keys.usage_cli` and runs through
+`run_store_action`.
+
 Each command opens the key store at `Settings.database_url`, creates its table if missing, does
 one thing and closes the store. A new key is printed once, to stdout, and nowhere else; listings
 never show secrets (the store has none to show). Errors go to stderr with exit code 1.
@@ -19,6 +22,7 @@ from typing import Any
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from gateway.keys import usage_cli
 from gateway.keys.audit import Actor
 from gateway.keys.store import InvalidKeyError, KeyNotFoundError, KeyRecord, KeyStore
 from gateway.keys.validation import (
@@ -261,13 +265,15 @@ def _rotate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the `keys` command and its `create`, `list`, `update`, `revoke` and `rotate` subcommands.
+    """Add the `keys` command: `create`, `list`, `update`, `revoke`, `rotate` and `usage`.
 
     Args:
         subparsers: The top-level `gateway` parser's subparsers. Each leaf parser sets
             `handler`, a `CommandHandler`.
     """
-    keys = subparsers.add_parser("keys", help="create, list, update, revoke and rotate API keys")
+    keys = subparsers.add_parser(
+        "keys", help="create, list, update, revoke and rotate API keys; show their usage"
+    )
     commands = keys.add_subparsers(title="commands", metavar="COMMAND", required=True)
 
     create = commands.add_parser("create", help="create a key and print it once")
@@ -375,3 +381,5 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     rotate.add_argument("--json", action="store_true", help="print one JSON object")
     rotate.set_defaults(handler=_rotate)
+
+    usage_cli.add_parser(commands, run_store_action)

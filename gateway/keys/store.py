@@ -96,6 +96,11 @@ class KeyStore:
         options.update(engine_options)
         return cls(create_async_engine(parsed, **options))
 
+    @property
+    def engine(self) -> AsyncEngine:
+        """The store's engine, shared with what keeps other tables in the same database (usage)."""
+        return self._engine
+
     async def create_schema(self) -> None:
         """Create the table, or add the columns an older version lacks. Idempotent.
 
@@ -115,11 +120,6 @@ class KeyStore:
     async def close(self) -> None:
         """Close every pooled connection (dispose of the engine)."""
         await self._engine.dispose()
-
-    @property
-    def engine(self) -> AsyncEngine:
-        """The engine the store owns (the usage sink and the migrations share it)."""
-        return self._engine
 
     async def create_key(
         self,

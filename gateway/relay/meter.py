@@ -41,6 +41,8 @@ class RequestMeter:
         final: The final chunk's stats, when one arrived.
         outcome: `completed`, `client_disconnect`, `upstream_error`, `timeout`, ...
         upstream: The upstream tried last (`host:port`), or None.
+        key_id: The API key's id, carried into the summary (usage accounting).
+        requested_model: The model the client named, carried into the summary.
         summary: The request's summary once `finish` ran.
     """
 
@@ -58,6 +60,8 @@ class RequestMeter:
     outcome: str | None = None
     status: int = 200
     upstream: str | None = None
+    key_id: str | None = None
+    requested_model: str | None = None
     summary: RequestSummary | None = field(default=None, repr=False)
     series: RequestSeries = field(init=False, repr=False)
 
@@ -144,6 +148,8 @@ class RequestMeter:
             tokens_per_s=None if rate is None else rate[0],
             time_per_output_token_s=None if rate is None else rate[1],
             prefill_tokens_per_s=self._reported_rate("prompt_eval_count", "prompt_eval_duration"),
+            key_id=self.key_id,
+            requested_model=self.requested_model,
         )
         self.metrics.record(self.series, summary)
         return summary

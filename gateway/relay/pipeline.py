@@ -9,7 +9,8 @@ reserve its expected tokens in the key's TPM -> (the response starts running:
 `gateway.relay.response`) -> choose an upstream (gateway.upstream.pool) -> its slot (bounded
 queue) -> open the exchange (retries, first-byte deadline; on failure the next upstream) ->
 stream (the codec's NDJSON or SSE), or aggregate for `stream:false` ->
-finish: metrics, TPM settled (refund or charge), slots back.
+finish: metrics and usage (the summary), TPM settled (refund or charge), slots back. A refusal
+on the way (after authentication) is recorded in usage too (`Relay.handle`).
 
 The endpoint does the checks and returns a `RelayResponse` for a `Generation`; everything from
 choosing an upstream on runs inside that response, under the one watcher for the client going
@@ -35,6 +36,7 @@ from gateway.errors import (
     UpstreamError,
 )
 from gateway.lifecycle import Lifecycle
+from gateway.metering.usage import UsageSink
 from gateway.metrics import ALL_KEYS, Metrics
 from gateway.neutral import GenerationRequest
 from gateway.ratelimit.estimate import estimate_tokens
@@ -58,6 +60,7 @@ class Relay:
     pool: UpstreamPool
     limiter: KeyLimiter
     lifecycle: Lifecycle
+    usage: UsageSink | None = None
 
     async def handle(self, request: Request, principal: Principal, endpoint: Endpoint) -> Response:
         """Check and admit one generation or embedding request; return its response.
@@ -71,9 +74,26 @@ class Relay:
         The returned `RelayResponse` does the rest when the server runs it (module docstring).
 
         Raises:
-            GatewayError: every refusal before an upstream is chosen.
+            GatewayError: every refusal before an upstream is chosen (recorded in usage).
         """
         state: dict[str, Any] = request.scope.setdefault("state", {})
+        try:
+            return await self._admit(request, principal, endpoint, state)
+        except Exception as exc:
+            if self.usage is not None:
+                arrival = state.get("arrival")
+                self.usage.record_rejection(
+                    principal.key_id,
+                    state.get("model"),
+                    status=getattr(exc, "status_code", 500),
+                    outcome=getattr(exc, "outcome", "error"),
+                    elapsed_s=0.0 if arrival is None else time.perf_counter() - arrival,
+                )
+            raise
+
+    async def _admit(
+        self, request: Request, principal: Principal, endpoint: Endpoint, state: dict[str, Any]
+    ) -> Response:
         if self.lifecycle.draining:
             raise ServiceUnavailableError(
                 "gateway is shutting down", headers={"Retry-After": "1", "Connection": "close"}
@@ -104,6 +124,8 @@ class Relay:
             model=self.pool.label(model),
             key=principal.name if self.settings.metrics_per_key else ALL_KEYS,
             arrival=state.get("arrival", time.perf_counter()),
+            key_id=principal.key_id,
+            requested_model=model,
         )
         generation = Generation(
             self, state, generation_request, headers, meter, admission, key=principal.key_id
@@ -272,7 +294,9 @@ class Generation:
         with anyio.CancelScope(shield=True):
             try:
                 await self._release(healthy, key)
-                self.state["summary"] = self.meter.finish(outcome, status)
+                summary = self.state["summary"] = self.meter.finish(outcome, status)
+                if self.relay.usage is not None:
+                    self.relay.usage.record(summary)
             finally:  # whatever failed above, the key's in-flight count and TPM are settled
                 tokens = self.meter.input_tokens + self.meter.output_tokens
                 await self.relay.limiter.release(self.admission, tokens)
