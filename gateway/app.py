@@ -44,8 +44,8 @@ def create_app(
             makes one that only the app itself can change.
 
     Returns:
-        The app. Its lifespan opens one client per upstream and the key store (creating the key
-        table if missing) and closes both on shutdown.
+        The app. Its lifespan opens one client per upstream and the key store (bringing the
+        database to this code's schema: `gateway.db.migrate`) and closes both on shutdown.
     """
     settings = settings or Settings()
     lifecycle = lifecycle or Lifecycle()
@@ -54,8 +54,12 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[GatewayState]:
         store = KeyStore.from_url(settings.database_url)
-        await store.create_schema()
-        await store.warm_up()
+        try:
+            await store.create_schema(auto_upgrade=settings.database_auto_upgrade)
+            await store.warm_up()
+        except BaseException:
+            await store.close()  # a refused database leaves no connection open
+            raise
         limit_storage = build_storage(settings)
         async with AsyncExitStack() as stack:
             pool = await open_pool(settings, metrics, stack, upstream_transport)

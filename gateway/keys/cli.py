@@ -1,8 +1,9 @@
 # ruff: noqa: T201 (a command-line interface prints by design)
 """The `gateway keys` commands: create, list, update, revoke and rotate API keys from a shell.
 
-Each command opens the key store at `Settings.database_url`, creates its table if missing, does
-one thing and closes the store. A new key is printed once, to stdout, and nowhere else; listings
+Each command opens the key store at `Settings.database_url`, brings its schema up to date
+(`gateway.db.migrate`; refused when it is newer, or behind with auto upgrade off), does one
+thing and closes the store. A new key is printed once, to stdout, and nowhere else; listings
 never show secrets (the store has none to show). Errors go to stderr with exit code 1.
 """
 
@@ -16,9 +17,10 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from gateway.db.engine import masked_url
+from gateway.db.migrate import DatabaseSchemaError
 from gateway.keys.store import InvalidKeyError, KeyNotFoundError, KeyRecord, KeyStore
 from gateway.keys.validation import (
     parse_duration,
@@ -116,7 +118,7 @@ def _run(settings: Settings, action: Callable[[KeyStore], Awaitable[int]]) -> in
     async def with_store() -> int:
         store = KeyStore.from_url(settings.database_url)
         try:
-            await store.create_schema()
+            await store.create_schema(auto_upgrade=settings.database_auto_upgrade)
             return await action(store)
         finally:
             await store.close()
@@ -125,9 +127,11 @@ def _run(settings: Settings, action: Callable[[KeyStore], Awaitable[int]]) -> in
         return asyncio.run(with_store())
     except KeyNotFoundError as exc:
         print(f"gateway keys: {exc}", file=sys.stderr)
-    except (SQLAlchemyError, OSError) as exc:
+    except DatabaseSchemaError as exc:
         # The URL may carry a password; show it masked.
-        url = make_url(settings.database_url).render_as_string(hide_password=True)
+        print(f"gateway keys: {masked_url(settings.database_url)}: {exc}", file=sys.stderr)
+    except (SQLAlchemyError, OSError) as exc:
+        url = masked_url(settings.database_url)
         print(f"gateway keys: key store {url} failed: {exc}", file=sys.stderr)
     return 1
 
