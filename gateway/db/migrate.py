@@ -12,8 +12,9 @@ a revision this code does not know: always refused, never touched), `DatabaseBeh
 (behind, and auto upgrade is off), and `DatabaseSchemaError` itself when a pre-migration key
 table lacks a NOT NULL column (nothing can fill it in for existing rows).
 
-Replicas may start at once: the check and the upgrade run in one transaction that holds a lock,
-so one replica upgrades and the others then find the database current. PostgreSQL: a
+Replicas may start at once: a database found current is used as it is; otherwise the check is
+made again, and the upgrade run, in one transaction that holds a lock, so one replica upgrades
+and the others then find the database current. PostgreSQL: a
 transaction-scoped advisory lock, with transactional DDL (a failed upgrade leaves nothing
 behind). SQLite: `BEGIN IMMEDIATE`, which takes the file's write lock first; the others wait
 for it (the driver's busy timeout), and are retried a few times if that runs out.
@@ -153,6 +154,11 @@ async def upgrade_database(engine: AsyncEngine) -> DatabaseState:
         sqlalchemy.exc.SQLAlchemyError: if the database refuses; nothing is changed on
             PostgreSQL (transactional DDL); SQLite rolls back what it can.
     """
+    # The usual case, a current database, takes no lock (on SQLite: no write lock at every
+    # start and every `gateway keys` command); whatever else is decided again under the lock.
+    state = await database_state(engine)
+    if state.status == "current":
+        return state
     return await _locked(engine, _upgrade)
 
 
