@@ -45,9 +45,9 @@ def create_app(
             makes one that only the app itself can change.
 
     Returns:
-        The app. Its lifespan opens one client per upstream, the key store (creating the key
-        table if missing) and the usage sink on the store's database, and closes them on
-        shutdown (the sink after writing what is pending).
+        The app. Its lifespan opens one client per upstream, the key store (bringing the
+        database to this code's schema: `gateway.db.migrate`) and the usage sink on the store's
+        database, and closes them on shutdown (the sink after writing what is pending).
     """
     settings = settings or Settings()
     lifecycle = lifecycle or Lifecycle()
@@ -56,8 +56,12 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[GatewayState]:
         store = KeyStore.from_url(settings.database_url)
-        await store.create_schema()
-        await store.warm_up()
+        try:
+            await store.create_schema(auto_upgrade=settings.database_auto_upgrade)
+            await store.warm_up()
+        except BaseException:
+            await store.close()  # a refused database leaves no connection open
+            raise
         limit_storage = build_storage(settings)
         async with AsyncExitStack() as stack:
             # Closed last, in this order: the usage sink's final flush (below) needs the store.

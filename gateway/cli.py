@@ -1,5 +1,5 @@
 # ruff: noqa: T201 (a command-line interface prints by design)
-"""The `gateway` command: `gateway serve` and `gateway keys create|list|revoke|rotate`.
+"""The `gateway` command: `serve`, `keys create|list|update|revoke|rotate`, `db upgrade|current`.
 
 `main(argv)` parses the arguments, builds `Settings()` once and hands both to the chosen
 subcommand's `handler`, so tests can run any command in-process.
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from gateway import __version__
+from gateway.db import cli as db_cli
 from gateway.keys import audit_cli
 from gateway.keys import cli as keys_cli
 from gateway.settings import Settings
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     keys_cli.add_parser(commands)
     audit_cli.add_parser(commands)
+    db_cli.add_parser(commands)
     return parser
 
 

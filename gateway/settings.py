@@ -213,6 +213,12 @@ class Settings(BaseSettings):
         description="SQLAlchemy async URL of the key store: SQLite (one machine) or "
         "`postgresql+asyncpg://user@host/db` (replicas share it).",
     )
+    database_auto_upgrade: bool = Field(
+        True,
+        description="Upgrade the database schema (Alembic migrations) at start-up and in every "
+        "command that opens it. Off: refuse a database that is behind until "
+        "`gateway db upgrade` is run. A database newer than the code is always refused.",
+    )
     last_used_interval: float = Field(
         60.0,
         ge=0,

@@ -6,7 +6,6 @@ tests are isolated, rerunnable, and safe next to another run using the same data
 
 from __future__ import annotations
 
-import asyncio
 import os
 import secrets
 from collections.abc import AsyncIterator
@@ -16,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import bindparam, text
+from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from gateway.auth import apikey
 from gateway.keys import store as store_module
-from gateway.keys.schema import UTCDateTime
 from gateway.keys.store import UNSET, InvalidKeyError, KeyNotFoundError, KeyRecord, KeyStore
 from gateway.keys.validation import MAX_LIMIT
 
@@ -350,19 +348,6 @@ async def test_naive_now_is_rejected(store: KeyStore) -> None:
 
 
 @pytest.mark.anyio
-async def test_create_schema_is_idempotent_and_safe_concurrently(database: Database) -> None:
-    stores = [database.open() for _ in range(4)]
-    try:
-        await asyncio.gather(*(key_store.create_schema() for key_store in stores))
-        await stores[0].create_schema()
-        record, key = await stores[1].create_key("alice")
-        assert await stores[2].authenticate(key) == record
-    finally:
-        for key_store in stores:
-            await key_store.close()
-
-
-@pytest.mark.anyio
 async def test_limits_default_to_none(store: KeyStore) -> None:
     record, key = await store.create_key("alice")
 
@@ -475,119 +460,3 @@ async def test_a_manage_models_that_is_not_a_bool_is_rejected(store: KeyStore, v
         await store.update_limits(record.id, rpm=1, manage_models=value)
 
     assert await store.list_keys() == [record]
-
-
-_OLD_TABLE = """
-CREATE TABLE gateway_api_keys (
-    id VARCHAR(32) NOT NULL,
-    name VARCHAR(200) NOT NULL,
-    secret_hash VARCHAR(64) NOT NULL,
-    models JSON,
-    created_at {timestamp} NOT NULL,
-    expires_at {timestamp},
-    revoked_at {timestamp},
-    last_used_at {timestamp},
-    PRIMARY KEY (id)
-)
-"""
-"""The table as created before per-key limits (SQLAlchemy's DDL for the old `ApiKeyRow`)."""
-
-
-@pytest.mark.anyio
-async def test_create_schema_adds_missing_columns_to_an_old_table(database: Database) -> None:
-    created_at = datetime(2020, 1, 1, tzinfo=UTC)  # before the keys created below
-    timestamp = "DATETIME" if database.url.startswith("sqlite") else "TIMESTAMP WITH TIME ZONE"
-    key_id, secret, old_key = apikey.generate_key()
-    insert = text(
-        "INSERT INTO gateway_api_keys (id, name, secret_hash, models, created_at)"
-        " VALUES (:id, :name, :secret_hash, NULL, :created_at)"
-    ).bindparams(bindparam("created_at", type_=UTCDateTime()))
-    await database.execute(
-        text(_OLD_TABLE.format(timestamp=timestamp)),
-        insert.bindparams(
-            id=key_id, name="old", secret_hash=apikey.hash_secret(secret), created_at=created_at
-        ),
-    )
-    stores = [database.open() for _ in range(3)]
-    try:
-        await asyncio.gather(*(key_store.create_schema() for key_store in stores))
-        await stores[0].create_schema()
-
-        old = await stores[0].authenticate(old_key)
-        assert (old.id, old.name, old.created_at) == (key_id, "old", created_at)
-        assert (old.rpm, old.tpm, old.max_concurrent) == (None, None, None)
-        assert old.manage_models is False
-        updated = await stores[1].update_limits(key_id, rpm=30, tpm=0, max_concurrent=1)
-        assert (updated.rpm, updated.tpm, updated.max_concurrent) == (30, 0, 1)
-        new, new_key = await stores[2].create_key("new", max_concurrent=3)
-        assert await stores[0].authenticate(new_key) == new
-        assert await stores[0].list_keys() == [updated, new]
-    finally:
-        for key_store in stores:
-            await key_store.close()
-
-
-_LIMITS_TABLE = """
-CREATE TABLE gateway_api_keys (
-    id VARCHAR(32) NOT NULL,
-    name VARCHAR(200) NOT NULL,
-    secret_hash VARCHAR(64) NOT NULL,
-    models JSON,
-    created_at {timestamp} NOT NULL,
-    expires_at {timestamp},
-    revoked_at {timestamp},
-    last_used_at {timestamp},
-    rpm INTEGER,
-    tpm INTEGER,
-    max_concurrent INTEGER,
-    PRIMARY KEY (id)
-)
-"""
-"""The table as created before the model-management permission (with the per-key limits)."""
-
-
-@pytest.mark.anyio
-async def test_create_schema_adds_manage_models_to_a_table_without_it(database: Database) -> None:
-    created_at = datetime(2020, 1, 1, tzinfo=UTC)  # before the key created below
-    timestamp = "DATETIME" if database.url.startswith("sqlite") else "TIMESTAMP WITH TIME ZONE"
-    key_id, secret, old_key = apikey.generate_key()
-    insert = text(
-        "INSERT INTO gateway_api_keys (id, name, secret_hash, models, created_at, rpm)"
-        " VALUES (:id, :name, :secret_hash, NULL, :created_at, 60)"
-    ).bindparams(bindparam("created_at", type_=UTCDateTime()))
-    await database.execute(
-        text(_LIMITS_TABLE.format(timestamp=timestamp)),
-        insert.bindparams(
-            id=key_id, name="old", secret_hash=apikey.hash_secret(secret), created_at=created_at
-        ),
-    )
-    stores = [database.open() for _ in range(3)]
-    try:
-        await asyncio.gather(*(key_store.create_schema() for key_store in stores))
-
-        old = await stores[0].authenticate(old_key)
-        assert (old.id, old.rpm, old.manage_models) == (key_id, 60, False)
-        # The added column is NULL for the existing key, and NULL reads as False.
-        assert await database.scalar(text("SELECT manage_models FROM gateway_api_keys")) is None
-        granted = await stores[1].update_limits(key_id, manage_models=True)
-        assert (granted.rpm, granted.manage_models) == (60, True)
-        assert await stores[2].authenticate(old_key) == granted
-        new, new_key = await stores[2].create_key("new", manage_models=True)
-        assert (await stores[0].authenticate(new_key)).manage_models is True
-        assert await stores[0].list_keys() == [granted, new]
-    finally:
-        for key_store in stores:
-            await key_store.close()
-
-
-@pytest.mark.anyio
-async def test_create_schema_refuses_to_add_a_not_null_column(database: Database) -> None:
-    await database.execute(text("CREATE TABLE gateway_api_keys (id VARCHAR(32) PRIMARY KEY)"))
-    key_store = database.open()
-    try:
-        with pytest.raises(
-            RuntimeError, match=r"lacks NOT NULL column\(s\) name, secret_hash, created_at"
-        ):
-            await key_store.create_schema()
-    finally:
-        await key_store.close()

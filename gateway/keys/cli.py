@@ -4,8 +4,9 @@
 `gateway keys usage` (what keys used) lives in `gateway.keys.usage_cli` and runs through
 `run_store_action`.
 
-Each command opens the key store at `Settings.database_url`, creates its table if missing, does
-one thing and closes the store. A new key is printed once, to stdout, and nowhere else; listings
+Each command opens the key store at `Settings.database_url`, brings its schema up to date
+(`gateway.db.migrate`; refused when it is newer, or behind with auto upgrade off), does one
+thing and closes the store. A new key is printed once, to stdout, and nowhere else; listings
 never show secrets (the store has none to show). Errors go to stderr with exit code 1.
 """
 
@@ -19,9 +20,10 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from gateway.db.engine import masked_url
+from gateway.db.migrate import DatabaseSchemaError
 from gateway.keys import usage_cli
 from gateway.keys.audit import Actor
 from gateway.keys.store import InvalidKeyError, KeyNotFoundError, KeyRecord, KeyStore
@@ -142,7 +144,7 @@ def run_store_action(
     async def with_store() -> int:
         store = KeyStore.from_url(settings.database_url)
         try:
-            await store.create_schema()
+            await store.create_schema(auto_upgrade=settings.database_auto_upgrade)
             return await action(store)
         finally:
             await store.close()
@@ -151,9 +153,11 @@ def run_store_action(
         return asyncio.run(with_store())
     except KeyNotFoundError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
-    except (SQLAlchemyError, OSError) as exc:
+    except DatabaseSchemaError as exc:
         # The URL may carry a password; show it masked.
-        url = make_url(settings.database_url).render_as_string(hide_password=True)
+        print(f"{prog}: {masked_url(settings.database_url)}: {exc}", file=sys.stderr)
+    except (SQLAlchemyError, OSError) as exc:
+        url = masked_url(settings.database_url)
         print(f"{prog}: key store {url} failed: {exc}", file=sys.stderr)
     return 1
 

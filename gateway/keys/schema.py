@@ -3,8 +3,8 @@
 Only `gateway.keys.store` reads and writes the key table; the rest of the gateway sees
 `KeyRecord` (imported from `gateway.keys.store`).
 
-`create_schema` creates the table, and adds the nullable columns that a table created by an older
-gateway lacks, so a new column needs no manual migration as long as it is nullable.
+The table is created and upgraded by the migrations in `gateway.db.migrations`
+(`KeyStore.create_schema`, `gateway db upgrade`).
 """
 
 from __future__ import annotations
@@ -13,14 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-import anyio
-from sqlalchemy import Table, inspect, text
-from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.schema import CreateColumn
-
-from gateway.db.tables import ApiKeyRow, Base, UTCDateTime, as_utc
+from gateway.db.tables import ApiKeyRow, UTCDateTime, as_utc
 
 __all__ = [
     "ApiKeyRow",
@@ -28,81 +21,10 @@ __all__ = [
     "KeyStatus",
     "UTCDateTime",
     "as_utc",
-    "create_schema",
     "to_record",
 ]
 
 KeyStatus = Literal["active", "revoked", "expired"]
-
-# PostgreSQL advisory lock id that serialises `create_schema` across processes ("gw_keys").
-_SCHEMA_LOCK_ID = 0x67775F6B657973
-#: Tries of the schema change when another process changes the table at the same time.
-_SCHEMA_ATTEMPTS = 5
-
-
-async def create_schema(engine: AsyncEngine) -> None:
-    """Create the key table if it is missing, and add the columns an older gateway did not have.
-
-    `create_all` creates a missing table but never alters an existing one, so the columns it
-    lacks are then added with `ALTER TABLE ... ADD COLUMN` (SQLite and PostgreSQL). Existing rows
-    get NULL there, which is why only nullable columns qualify. Safe when replicas start at once:
-    on PostgreSQL an advisory lock serialises the check-then-change; if another process still
-    wins the race (SQLite), the change is retried until the table is seen complete.
-
-    Raises:
-        sqlalchemy.exc.DBAPIError: if the table cannot be created or completed.
-        RuntimeError: if the table exists but lacks a NOT NULL column (that needs a hand-written
-            migration, since existing rows have no value for it).
-    """
-    # Another process may be changing the table at the same moment (SQLite has no advisory
-    # lock): its change makes ours fail, so look again, a few times, until the table is complete.
-    for attempt in range(_SCHEMA_ATTEMPTS):
-        try:
-            async with engine.begin() as conn:
-                if conn.dialect.name == "postgresql":
-                    lock = text("SELECT pg_advisory_xact_lock(:lock_id)")
-                    await conn.execute(lock, {"lock_id": _SCHEMA_LOCK_ID})
-                await conn.run_sync(Base.metadata.create_all)
-                await conn.run_sync(_add_missing_columns)
-            return
-        except DBAPIError:
-            async with engine.connect() as conn:
-                missing = await conn.run_sync(_missing_columns)
-            if not missing:
-                return
-            if attempt == _SCHEMA_ATTEMPTS - 1:
-                raise
-            await anyio.sleep(0.05 * (attempt + 1))
-
-
-def _missing_columns(conn: Connection) -> list[str]:
-    """Names of the declared columns the database's key table lacks; all of them without a table."""
-    table = _key_table()
-    inspector = inspect(conn)
-    if not inspector.has_table(table.name):
-        return [column.name for column in table.columns]
-    present = {column["name"] for column in inspector.get_columns(table.name)}
-    return [column.name for column in table.columns if column.name not in present]
-
-
-def _add_missing_columns(conn: Connection) -> None:
-    """Add the existing key table's missing columns (see `create_schema`)."""
-    table = _key_table()
-    missing = [table.columns[name] for name in _missing_columns(conn)]
-    required = [column.name for column in missing if not column.nullable]
-    if required:
-        raise RuntimeError(
-            f"table {table.name} lacks NOT NULL column(s) {', '.join(required)}: migrate it by hand"
-        )
-    quoted_table = conn.dialect.identifier_preparer.format_table(table)
-    for column in missing:
-        # Identifiers come from our own metadata, quoted by the dialect; nothing user-supplied.
-        definition = CreateColumn(column).compile(dialect=conn.dialect)
-        conn.execute(text(f"ALTER TABLE {quoted_table} ADD COLUMN {definition}"))
-
-
-def _key_table() -> Table:
-    return Base.metadata.tables[ApiKeyRow.__tablename__]
 
 
 def _canonical_model(model: str) -> str:

@@ -4,30 +4,25 @@ The same code runs on SQLite (one machine) and PostgreSQL (shared by replicas). 
 `sha256(secret)` is stored; a full key exists in memory once, when it is created or rotated, and is
 never logged. Errors: `KeyNotFoundError` (admin operation on an unknown id) and `InvalidKeyError`
 (a presented key cannot be used), both defined with the rules for field values in
-`gateway.keys.validation`. The table lives in `gateway.keys.schema`.
+`gateway.keys.validation`. The table lives in `gateway.db.tables`, its record in
+`gateway.keys.schema`; `create_schema` runs the migrations (`gateway.db.migrate`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, or_, select, update
-from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import (
-    AsyncEngine,
-    AsyncSession,
-    async_sessionmaker,
-    create_async_engine,
-)
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gateway.auth.apikey import KEY_PREFIX, generate_key, hash_secret, parse_key, secret_matches
+from gateway.db.engine import open_engine
+from gateway.db.migrate import DatabaseState, prepare_database
 from gateway.keys.audit import INTERNAL, Actor, AuditEntry, add_entry, list_entries, record_changes
-from gateway.keys.schema import ApiKeyRow, KeyRecord, KeyStatus, as_utc, create_schema, to_record
+from gateway.keys.schema import ApiKeyRow, KeyRecord, KeyStatus, as_utc, to_record
 from gateway.keys.validation import (
     UNSET,
     InvalidKeyError,
@@ -64,8 +59,9 @@ _DUMMY_HASH = hash_secret("gateway-dummy-secret")
 class KeyStore:
     """API keys in a SQL database, reached through one `AsyncEngine`.
 
-    Build it with `KeyStore.from_url(settings.database_url)`, call `create_schema()` once at
-    startup, and `close()` at shutdown.
+    Build it with `KeyStore.from_url(settings.database_url)`, call
+    `create_schema(auto_upgrade=settings.database_auto_upgrade)` once at startup, and `close()`
+    at shutdown.
     """
 
     def __init__(self, engine: AsyncEngine) -> None:
@@ -74,43 +70,43 @@ class KeyStore:
 
     @classmethod
     def from_url(cls, url: str, **engine_options: Any) -> KeyStore:
-        """Open a store on an SQLAlchemy async URL.
+        """Open a store on an SQLAlchemy async URL (`gateway.db.engine.open_engine`).
 
         Args:
             url: For example `sqlite+aiosqlite:///./gateway.db` or
                 `postgresql+asyncpg://gateway@db/gateway`.
-            **engine_options: Extra `create_async_engine` arguments; they replace the defaults
-                (PostgreSQL: `pool_pre_ping`, so connections dropped by a failover are replaced;
-                SQLite: a 30 s wait for the file lock, as the CLI and the server may write at once).
+            **engine_options: Extra `create_async_engine` arguments; they replace the defaults.
 
         Returns:
             A store owning a new engine; `close()` disposes of it.
         """
-        parsed = make_url(url)
-        options: dict[str, Any] = {}
-        if parsed.get_backend_name() == "postgresql":
-            options["pool_pre_ping"] = True
-        elif parsed.get_backend_name() == "sqlite":
-            options["connect_args"] = {"timeout": 30.0}
-            _create_private(parsed.database)
-        options.update(engine_options)
-        return cls(create_async_engine(parsed, **options))
+        return cls(open_engine(url, **engine_options))
 
     @property
     def engine(self) -> AsyncEngine:
         """The store's engine, shared with what keeps other tables in the same database (usage)."""
         return self._engine
 
-    async def create_schema(self) -> None:
-        """Create the table, or add the columns an older version lacks. Idempotent.
+    async def create_schema(self, *, auto_upgrade: bool = True) -> DatabaseState:
+        """Bring the database to this code's schema with its migrations (`prepare_database`).
 
-        Safe when replicas start at once; see `gateway.keys.schema.create_schema`.
+        Safe when replicas start at once; a database made before migrations is adopted with its
+        keys intact.
+
+        Args:
+            auto_upgrade: Upgrade a database that is behind (`Settings.database_auto_upgrade`);
+                when False, refuse it.
+
+        Returns:
+            The database's state before any upgrade.
 
         Raises:
-            sqlalchemy.exc.DBAPIError: if the table cannot be created or completed.
-            RuntimeError: if an existing table lacks a NOT NULL column.
+            gateway.db.migrate.DatabaseNewerError: if the database is newer than this code.
+            gateway.db.migrate.DatabaseBehindError: if it is behind and `auto_upgrade` is off.
+            gateway.db.migrate.DatabaseSchemaError: if an old key table cannot be adopted.
+            sqlalchemy.exc.SQLAlchemyError: if the database refuses.
         """
-        await create_schema(self._engine)
+        return await prepare_database(self._engine, auto_upgrade=auto_upgrade)
 
     async def warm_up(self) -> None:
         """Open a pooled connection and compile the lookup, so the first request is not slower."""
@@ -529,17 +525,3 @@ async def _locked(session: AsyncSession, key_id: str) -> ApiKeyRow | None:
     )
     await session.execute(lock)
     return await session.get(ApiKeyRow, key_id)
-
-
-def _create_private(database: str | None) -> None:
-    """Create an SQLite database file readable by its owner only (mode 0600), if it is missing.
-
-    SQLite would create it with the umask's mode (usually 0644: every local user could read the
-    key hashes and names). Its journal and WAL files take the database file's mode, so they are
-    private too. An existing file is left as it is: its owner chose its mode. A `file:` URI
-    database is left to SQLite (and the umask): create it beforehand with the mode you want.
-    """
-    if not database or database == ":memory:" or database.startswith("file:"):
-        return
-    with contextlib.suppress(FileExistsError, FileNotFoundError):
-        os.close(os.open(database, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
