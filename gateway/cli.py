@@ -1,5 +1,5 @@
 # ruff: noqa: T201 (a command-line interface prints by design)
-"""The `gateway` command: `gateway serve` and `gateway keys create|list|revoke|rotate`.
+"""The `gateway` command: `gateway serve`, `gateway keys create|list|...`, `gateway admin token`.
 
 `main(argv)` parses the arguments, builds `Settings()` once and hands both to the chosen
 subcommand's `handler`, so tests can run any command in-process.
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from gateway import __version__
+from gateway.admin import cli as admin_cli
 from gateway.keys import cli as keys_cli
 from gateway.settings import Settings
 
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(handler=_serve)
 
     keys_cli.add_parser(commands)
+    admin_cli.add_parser(commands)
     return parser
 
 
