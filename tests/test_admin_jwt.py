@@ -283,6 +283,7 @@ def _attacks(idp: IdentityProvider, attacker: IdentityProvider) -> dict[str, tup
         "two segments": ("eyJhbGciOiJIUzI1NiJ9.e30", "malformed token"),
         "bad JSON header": (b64url(b'{"alg":') + ".e30.c2ln", "malformed token"),
         "header not an object": (b64url(b"[1]") + ".e30.c2ln", "malformed token"),
+        "deeply nested JSON header": (b64url(b"[" * 6000) + ".e30.c2ln", "malformed token"),
         "bad JSON payload": (
             b64url(b'{"alg":"HS256"}') + "." + b64url(b"{x") + ".c2ln",
             "malformed token",
@@ -371,6 +372,7 @@ ATTACK_NAMES = [
     "two segments",
     "bad JSON header",
     "header not an object",
+    "deeply nested JSON header",
     "bad JSON payload",
     "jku at the attacker's JWKS, attacker's kid",
     "jku at the attacker's JWKS, the IdP's kid",
@@ -708,3 +710,40 @@ async def test_jku_is_never_fetched(
             )
             assert (await _refused(verifier, token)).message == "unknown signing key"
     assert hits == []
+
+
+@pytest.mark.anyio
+async def test_a_jwks_file_is_read_again_for_a_new_kid(tmp_path: Path) -> None:
+    idp = IdentityProvider()
+    old = idp.add_key("ES256")
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps(idp.jwks()))
+    clock = FakeClock()
+    verifier = AdminTokenVerifier.from_settings(_settings(idp, admin_jwks_file=path), clock=clock)
+    assert verifier is not None
+    assert (await verifier.verify(idp.token(old, [READ_ROLE]))).scopes == {"read"}
+
+    new = idp.add_key("RS256")
+    path.write_text(json.dumps(idp.jwks()))
+    token = idp.token(new, [ADMIN_ROLE])
+    assert (await _refused(verifier, token)).message == "unknown signing key"  # read at start
+    clock.advance(MIN_REFRESH_SECONDS)
+    assert (await verifier.verify(token)).scopes == {"admin", "read"}
+
+
+@pytest.mark.anyio
+async def test_an_oversized_jwks_is_refused_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    idp = IdentityProvider()
+    kid = idp.add_key("ES256")
+
+    async def huge(_request: Request) -> JSONResponse:
+        return JSONResponse(idp.jwks() | {"padding": "x" * 300_000})
+
+    with LoopbackServer(Starlette(routes=[Route("/certs", huge)])) as server:
+        verifier = _url_verifier(idp, f"{server.url}/certs", FakeClock())
+        try:
+            error = await _refused(verifier, idp.token(kid, [ADMIN_ROLE]))
+        finally:
+            await verifier.aclose()
+    assert error.message == "signing keys unavailable"
+    assert "larger than 262144 bytes" in caplog.text

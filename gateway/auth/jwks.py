@@ -139,7 +139,9 @@ class JwksCache:
 
         async def load() -> bytes:
             with anyio.fail_after(FETCH_TIMEOUT):
-                async with http.stream("GET", url, timeout=FETCH_TIMEOUT) as response:
+                async with http.stream(
+                    "GET", url, timeout=FETCH_TIMEOUT, follow_redirects=False
+                ) as response:
                     if response.status_code != 200:
                         raise JwksError(f"status {response.status_code}")
                     body = bytearray()
