@@ -101,8 +101,8 @@ def _is_time(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _parse(token: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The unverified header and claims, after the checks that need no key."""
+def _parse(token: str) -> dict[str, Any]:
+    """The unverified header, after the checks of the header and claims that need no key."""
     if len(token) > MAX_TOKEN_CHARS:
         raise AdminAuthError(401, "token too large")
     if not _SHAPE.fullmatch(token):
@@ -120,7 +120,7 @@ def _parse(token: str) -> tuple[dict[str, Any], dict[str, Any]]:
         raise AdminAuthError(401, "token lacks exp")
     if not all(_is_time(claims[name]) for name in ("exp", "nbf", "iat") if name in claims):
         raise AdminAuthError(401, "malformed token")
-    return header, claims
+    return header
 
 
 def _fits(key: Mapping[str, Any], alg: str) -> bool:
@@ -234,7 +234,7 @@ class AdminTokenVerifier:
                 `token expired`, `wrong audience`, `unknown signing key`, ...); 403 `token
                 grants no admin scope` for a valid token that maps to no scope.
         """
-        header, _ = _parse(token)
+        header = _parse(token)
         alg = header["alg"]
         if alg == "HS256" and self._hmac is not None:
             claims = self._decode(token, self._hmac, alg, ISSUER, AUDIENCE)
