@@ -1,5 +1,5 @@
 # ruff: noqa: T201 (a command-line interface prints by design)
-"""The `gateway` command: `serve`, `keys create|list|update|revoke|rotate`, `db upgrade|current`.
+"""The `gateway` command: `serve`, `keys ...`, `audit`, `db upgrade|current`, `admin token`.
 
 `main(argv)` parses the arguments, builds `Settings()` once and hands both to the chosen
 subcommand's `handler`, so tests can run any command in-process.
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from gateway import __version__
+from gateway.admin import cli as admin_cli
 from gateway.db import cli as db_cli
 from gateway.keys import audit_cli
 from gateway.keys import cli as keys_cli
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     keys_cli.add_parser(commands)
     audit_cli.add_parser(commands)
     db_cli.add_parser(commands)
+    admin_cli.add_parser(commands)
     return parser
 
 

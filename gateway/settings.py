@@ -11,6 +11,7 @@ import ipaddress
 import json
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, HttpUrl, SecretStr, field_validator, model_validator
@@ -69,6 +70,9 @@ class Settings(BaseSettings):
         env_file=".env",
         env_ignore_empty=True,
         extra="ignore",
+        # A refused value is never echoed: it may be a secret (GATEWAY_ADMIN_JWT_SECRET, a
+        # password in GATEWAY_DATABASE_URL); messages name the variable instead.
+        hide_input_in_errors=True,
     )
 
     # --- serving -------------------------------------------------------------------------------
@@ -315,6 +319,117 @@ class Settings(BaseSettings):
         True,
         description="Label token counters with the key's name. Turn off for fleets with many keys.",
     )
+
+    # --- admin API authentication (gateway.auth.jwt; docs/admin.md) ----------------------------
+    admin_jwt_secret: SecretStr | None = Field(
+        None,
+        description="Shared secret (32 bytes or more, random) that signs the HS256 admin tokens "
+        "`gateway admin token` mints. Unset, and no JWKS: the admin API is off.",
+    )
+    admin_jwks_url: HttpUrl | None = Field(
+        None,
+        description="URL of the identity provider's JWKS (https; http only on loopback): "
+        "RS/ES-signed admin tokens are verified against its keys.",
+    )
+    admin_jwks_file: Path | None = Field(
+        None, description="A JWKS file instead of GATEWAY_ADMIN_JWKS_URL (re-read as it is cached)."
+    )
+    admin_jwks_cache_seconds: float = Field(
+        300.0, ge=1, le=86400, description="Seconds the JWKS is used before it is fetched again."
+    )
+    admin_jwt_algorithms: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["RS256", "ES256"],
+        description="Algorithms accepted from the identity provider (comma-separated or JSON): "
+        "RS256, RS384, RS512, ES256, ES384, ES512. HS256 is accepted only with the secret.",
+    )
+    admin_jwt_issuer: str | None = Field(
+        None, description="The `iss` identity-provider tokens must carry (required with a JWKS)."
+    )
+    admin_jwt_audience: str | None = Field(
+        None, description="The `aud` identity-provider tokens must carry (required with a JWKS)."
+    )
+    admin_jwt_scope_claim: str = Field(
+        "scope",
+        min_length=1,
+        description="Claim (dotted path, e.g. `realm_access.roles`) whose values grant scopes: "
+        "a string is split on spaces, a list used as is.",
+    )
+    admin_jwt_admin_values: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Values of the scope claim (groups, roles) that grant the `admin` scope.",
+    )
+    admin_jwt_read_values: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Values of the scope claim (groups, roles) that grant the `read` scope.",
+    )
+    admin_jwt_leeway_seconds: float = Field(
+        30.0, ge=0, le=300, description="Clock skew allowed on a token's exp, nbf and iat."
+    )
+
+    @field_validator(
+        "admin_jwt_algorithms", "admin_jwt_admin_values", "admin_jwt_read_values", mode="before"
+    )
+    @classmethod
+    def _parse_admin_lists(cls, value: object) -> object:
+        """Read a JSON list or a comma-separated string."""
+        if not isinstance(value, str):
+            return value
+        if value.strip().startswith("["):
+            return json.loads(value)  # ValueError -> ValidationError
+        return [entry.strip() for entry in value.split(",") if entry.strip()]
+
+    @field_validator("admin_jwt_secret")
+    @classmethod
+    def _check_admin_jwt_secret(cls, secret: SecretStr | None) -> SecretStr | None:
+        """Refuse a secret an attacker could guess: short, placeholder or low-variety text.
+
+        The message never repeats the value (it may be a real secret with a typo).
+        """
+        if secret is None:
+            return None
+        value = secret.get_secret_value()
+        letters = re.sub(r"[^a-z0-9]", "", value.lower())
+        # Six letters or more, so a random secret contains one by chance at most once in 10^7.
+        placeholders = ("change", "secret", "example", "replace", "xxxxxx", "password")
+        problem = None
+        if len(value.encode()) < 32:
+            problem = "it is shorter than 32 bytes"
+        elif any(word in letters for word in placeholders):
+            problem = "it looks like a placeholder"
+        elif len(set(value)) < 12:
+            problem = "it repeats too few distinct characters"
+        if problem:
+            raise ValueError(
+                f"GATEWAY_ADMIN_JWT_SECRET is too weak ({problem}); generate one with: "
+                'python -c "import secrets; print(secrets.token_urlsafe(48))"'
+            )
+        return secret
+
+    @model_validator(mode="after")
+    def _check_admin_jwks(self) -> Settings:
+        """Known algorithms; a JWKS needs one source, an issuer, an audience and a scope map."""
+        allowed = {"RS256", "RS384", "RS512", "ES256", "ES384", "ES512"}
+        if not self.admin_jwt_algorithms or not set(self.admin_jwt_algorithms) <= allowed:
+            raise ValueError(f"GATEWAY_ADMIN_JWT_ALGORITHMS must be some of {sorted(allowed)}")
+        if self.admin_jwks_url is None and self.admin_jwks_file is None:
+            return self
+        if self.admin_jwks_url is not None and self.admin_jwks_file is not None:
+            raise ValueError("set GATEWAY_ADMIN_JWKS_URL or GATEWAY_ADMIN_JWKS_FILE, not both")
+        url = self.admin_jwks_url
+        loopback = url is not None and url.host in {"localhost", "127.0.0.1", "[::1]", "::1"}
+        if url is not None and url.scheme != "https" and not (url.scheme == "http" and loopback):
+            raise ValueError("GATEWAY_ADMIN_JWKS_URL must be https (http only on loopback)")
+        if not self.admin_jwt_issuer or not self.admin_jwt_audience:
+            raise ValueError(
+                "a JWKS needs GATEWAY_ADMIN_JWT_ISSUER and GATEWAY_ADMIN_JWT_AUDIENCE: without "
+                "them any token the identity provider signs, for any app, would be accepted"
+            )
+        if not (self.admin_jwt_admin_values or self.admin_jwt_read_values):
+            raise ValueError(
+                "a JWKS needs GATEWAY_ADMIN_JWT_ADMIN_VALUES or GATEWAY_ADMIN_JWT_READ_VALUES "
+                "(the groups or roles that grant a scope)"
+            )
+        return self
 
     @field_validator("cors_origins", mode="before")
     @classmethod

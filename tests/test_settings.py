@@ -30,6 +30,8 @@ def test_env_example_lists_every_setting_with_its_default():
             assert value == "", name
         elif isinstance(default, bool):
             assert value == str(default).lower(), name
+        elif isinstance(default, list):
+            assert value in (json.dumps(default), ",".join(default)), name
         else:
             assert str(default).rstrip("/") == value.rstrip("/") or float(value) == default, name
 

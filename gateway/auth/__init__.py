@@ -1,1 +1,1 @@
-"""API keys: the principal, key format and hashing, and the request dependency."""
+"""Authentication: API keys (principal, format, hashing, the request dependency) and admin JWTs."""

@@ -1,0 +1,1 @@
+"""The admin surface: the `/admin/v1` API and the `gateway admin` commands."""

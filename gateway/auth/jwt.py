@@ -1,0 +1,338 @@
+"""Admin authentication: verify the JWTs that open `/admin/v1`, and mint the gateway's own.
+
+The only module that imports python-jose (STYLE 7), so a switch to another JWT library is one
+file. Two kinds of token are accepted, and the token's header picks exactly one of them:
+- `HS256`, signed with `GATEWAY_ADMIN_JWT_SECRET`, as `mint_token` (`gateway admin token`)
+  makes them: `iss` and `aud` fixed by the gateway (`ISSUER`, `AUDIENCE`), a `scope` claim of
+  `admin` or `read`, at most `MAX_TTL` long;
+- `RS*`/`ES*` from an identity provider, verified against its JWKS (`gateway.auth.jwks`) with the
+  configured issuer and audience, the scopes mapped from a claim holding groups or roles.
+
+Every check that can be made on the raw text comes first (size, shape, header), then the header's
+`alg` is matched against the allow-list of the key type (never the token's choice), then jose
+verifies with exactly that one algorithm and that one key, requiring `exp`, `iss`, `aud` and
+`sub`. `jku`, `x5u`, `jwk` and `x5c` headers are never read; `crit` is refused (RFC 7515 4.1.11:
+extensions the gateway does not understand). Error messages never contain the token.
+
+`AdminIdentity`, `AdminAuthError` and `Scope` live in `gateway.auth.identity` (no jose there) and
+are re-exported here, so callers need only this module.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import secrets
+import time
+from collections.abc import Callable, Collection, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, Self
+
+import httpx
+from jose import ExpiredSignatureError, JWTError, jwk, jwt
+from jose.backends.base import Key
+from jose.exceptions import JWKError, JWTClaimsError
+
+from gateway.auth.identity import SCOPES, AdminAuthError, AdminIdentity, Scope
+from gateway.auth.jwks import FETCH_TIMEOUT, JwksCache
+from gateway.settings import Settings
+
+__all__ = [
+    *("AUDIENCE", "ISSUER", "MAX_TTL", "SCOPES", "AdminAuthError", "AdminIdentity"),
+    *("AdminTokenVerifier", "Scope", "mint_token"),
+]
+
+ISSUER = "llm-gateway"
+"""The `iss` of the tokens the gateway mints (and requires of HS256 tokens)."""
+AUDIENCE = "llm-gateway-admin"
+"""The `aud` of the tokens the gateway mints: admin tokens of no other system are accepted."""
+MAX_TTL = timedelta(hours=24)
+"""Longest lifetime of an HS256 token: a leaked one cannot be revoked (only the secret can be
+changed, which logs every admin out), so its harm is bounded by its lifetime."""
+MAX_TOKEN_CHARS = 8 * 1024
+"""Longest token accepted, checked before any decoding (IdP tokens with many groups: ~4 KiB)."""
+MAX_SUBJECT_CHARS = 200
+_SHAPE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+_KEY_TYPES = {"RS": "RSA", "ES": "EC"}
+_CURVES = {"ES256": "P-256", "ES384": "P-384", "ES512": "P-521"}
+
+
+def _clean(text: str) -> str:
+    """`text` without control or bidi characters, at most `MAX_SUBJECT_CHARS` long."""
+    return _CONTROL.sub("", text)[:MAX_SUBJECT_CHARS].strip()
+
+
+def mint_token(
+    secret: str, *, subject: str, scope: Scope, ttl: timedelta, now: datetime | None = None
+) -> str:
+    """Mint an HS256 admin token that `AdminTokenVerifier` accepts with the same secret.
+
+    Args:
+        secret: `GATEWAY_ADMIN_JWT_SECRET` (the settings have refused weak ones).
+        subject: Who the token is for; the audit trail records it.
+        scope: `admin` or `read`.
+        ttl: Lifetime, more than 0 and at most `MAX_TTL`.
+        now: Issue time (default: now); `iat` and `nbf`.
+
+    Returns:
+        The compact JWT: claims `iss`, `aud`, `sub`, `scope`, `iat`, `nbf`, `exp`, `jti`.
+
+    Raises:
+        ValueError: on an unknown scope, a lifetime out of bounds, or a subject that is blank,
+            longer than 200 characters or holds control characters.
+    """
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be admin or read, not {scope!r}")
+    if not timedelta(0) < ttl <= MAX_TTL:
+        raise ValueError("an admin token lives more than 0 s and at most 24 hours")
+    if not subject or _clean(subject) != subject:
+        raise ValueError(f"subject must be 1 to {MAX_SUBJECT_CHARS} printable characters")
+    issued = int((now or datetime.now(UTC)).timestamp())
+    claims = {
+        **{"iss": ISSUER, "aud": AUDIENCE, "sub": subject, "scope": scope},
+        **{"iat": issued, "nbf": issued, "exp": issued + int(ttl.total_seconds())},
+        "jti": secrets.token_urlsafe(16),
+    }
+    return jwt.encode(claims, secret, algorithm="HS256")
+
+
+def _is_time(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _parse(token: str) -> dict[str, Any]:
+    """The unverified header, after the checks of the header and claims that need no key."""
+    if len(token) > MAX_TOKEN_CHARS:
+        raise AdminAuthError(401, "token too large")
+    if not _SHAPE.fullmatch(token):
+        raise AdminAuthError(401, "malformed token")
+    try:
+        header = jwt.get_unverified_header(token)
+        claims = jwt.get_unverified_claims(token)
+    except (JWTError, ValueError, TypeError):
+        raise AdminAuthError(401, "malformed token") from None
+    if not isinstance(header.get("alg"), str) or not isinstance(claims, dict):
+        raise AdminAuthError(401, "malformed token")
+    if "crit" in header:
+        raise AdminAuthError(401, "token uses an unsupported critical header")
+    if "exp" not in claims:
+        raise AdminAuthError(401, "token lacks exp")
+    if not all(_is_time(claims[name]) for name in ("exp", "nbf", "iat") if name in claims):
+        raise AdminAuthError(401, "malformed token")
+    return header
+
+
+def _fits(key: Mapping[str, Any], alg: str) -> bool:
+    """Whether a JWKS key may verify `alg`: matching key type, curve, and `alg` if it names one."""
+    if key.get("kty") != _KEY_TYPES.get(alg[:2]) or key.get("alg", alg) != alg:
+        return False
+    return alg not in _CURVES or key.get("crv") == _CURVES[alg]
+
+
+class AdminTokenVerifier:
+    """Verifies admin tokens; build it with `from_settings`.
+
+    Args:
+        secret: The HS256 secret, or None (HS256 tokens refused).
+        jwks: The identity provider's keys, or None (RS/ES tokens refused).
+        algorithms: Algorithms accepted with JWKS keys.
+        issuer: The `iss` JWKS tokens must carry.
+        audience: The `aud` JWKS tokens must carry.
+        scope_claim: Dotted path of the claim whose values grant scopes.
+        admin_values: Claim values that grant `admin`.
+        read_values: Claim values that grant `read`.
+        leeway: Seconds of clock skew allowed on `exp`, `nbf` and `iat`.
+        http: A client the verifier created and closes in `aclose`.
+    """
+
+    def __init__(
+        self,
+        *,
+        secret: str | None,
+        jwks: JwksCache | None,
+        algorithms: Collection[str] = ("RS256", "ES256"),
+        issuer: str | None = None,
+        audience: str | None = None,
+        scope_claim: str = "scope",
+        admin_values: Collection[str] = (),
+        read_values: Collection[str] = (),
+        leeway: float = 30.0,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._hmac: Key | None = None if secret is None else jwk.construct(secret, "HS256")
+        self._jwks = jwks
+        self._algorithms = frozenset(alg for alg in algorithms if alg[:2] in _KEY_TYPES)
+        self._issuer = issuer
+        self._audience = audience
+        self._scope_path = scope_claim.split(".")
+        self._admin_values = frozenset(admin_values)
+        self._read_values = frozenset(read_values)
+        self._leeway = leeway
+        self._owned_http = http
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        http: httpx.AsyncClient | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> Self | None:
+        """Build the verifier the settings describe, or None when the admin API is off.
+
+        Args:
+            settings: The `GATEWAY_ADMIN_JWT*` and `GATEWAY_ADMIN_JWKS*` settings.
+            http: Client for fetching a JWKS URL; default: one of the verifier's own (closed by
+                `aclose`). A JWKS URL is first fetched on first use, so a provider that is down
+                at start does not stop the gateway.
+            clock: Monotonic seconds for the JWKS refresh policy (tests step their own).
+
+        Raises:
+            gateway.auth.jwks.JwksError: if `GATEWAY_ADMIN_JWKS_FILE` cannot be read or holds
+                no JWKS.
+        """
+        secret = settings.admin_jwt_secret
+        jwks: JwksCache | None = None
+        owned: httpx.AsyncClient | None = None
+        cache_seconds = settings.admin_jwks_cache_seconds
+        if settings.admin_jwks_file is not None:
+            jwks = JwksCache.from_file(
+                settings.admin_jwks_file, cache_seconds=cache_seconds, clock=clock
+            )
+        elif settings.admin_jwks_url is not None:
+            if http is None:
+                http = owned = httpx.AsyncClient(timeout=FETCH_TIMEOUT)
+            jwks = JwksCache.from_url(
+                str(settings.admin_jwks_url), http, cache_seconds=cache_seconds, clock=clock
+            )
+        if secret is None and jwks is None:
+            return None
+        return cls(
+            secret=None if secret is None else secret.get_secret_value(),
+            jwks=jwks,
+            algorithms=settings.admin_jwt_algorithms,
+            issuer=settings.admin_jwt_issuer,
+            audience=settings.admin_jwt_audience,
+            scope_claim=settings.admin_jwt_scope_claim,
+            admin_values=settings.admin_jwt_admin_values,
+            read_values=settings.admin_jwt_read_values,
+            leeway=settings.admin_jwt_leeway_seconds,
+            http=owned,
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP client the verifier created (not one passed in)."""
+        if self._owned_http is not None:
+            await self._owned_http.aclose()
+
+    async def verify(self, token: str) -> AdminIdentity:
+        """Verify an admin token (the text after `Bearer `).
+
+        Raises:
+            AdminAuthError: 401 for any token that is not valid (the message says why:
+                `token expired`, `wrong audience`, `unknown signing key`, ...); 403 `token
+                grants no admin scope` for a valid token that maps to no scope.
+        """
+        header = _parse(token)
+        alg = header["alg"]
+        if alg == "HS256" and self._hmac is not None:
+            claims = self._decode(token, self._hmac, alg, ISSUER, AUDIENCE)
+            if claims["exp"] - time.time() > MAX_TTL.total_seconds() + self._leeway:
+                raise AdminAuthError(401, "token lifetime exceeds 24 hours")
+            scope = claims.get("scope")
+            values = scope.split() if isinstance(scope, str) else []
+            return self._identity(claims, SCOPES.intersection(values))
+        if alg in self._algorithms and self._jwks is not None:
+            key = await self._signing_key(self._jwks, header, alg)
+            claims = self._decode(token, key, alg, self._issuer, self._audience)
+            return self._identity(claims, self._mapped_scopes(claims))
+        raise AdminAuthError(401, "algorithm not allowed")
+
+    async def _signing_key(self, jwks: JwksCache, header: Mapping[str, Any], alg: str) -> Key:
+        kid = header.get("kid")
+        if not isinstance(kid, str) or not kid:
+            raise AdminAuthError(401, "token names no signing key (kid)")
+        found = await jwks.key(kid)
+        if found is None:
+            message = "unknown signing key" if jwks.loaded else "signing keys unavailable"
+            raise AdminAuthError(401, message)
+        if not _fits(found, alg):
+            raise AdminAuthError(401, "algorithm not allowed for this signing key")
+        try:
+            return jwk.construct(dict(found), alg)
+        except (JWKError, ValueError, TypeError):
+            raise AdminAuthError(401, "unknown signing key") from None
+
+    def _decode(
+        self, token: str, key: Key, alg: str, issuer: str | None, audience: str | None
+    ) -> dict[str, Any]:
+        """Verify signature and claims with jose, with one algorithm and one key."""
+        # jose's other `require_*` options fail with the JWTError of a bad signature, so the
+        # presence of `aud` and `sub` is checked below (`iss` fails jose's issuer check).
+        options = {"require_exp": True, "verify_at_hash": False, "leeway": self._leeway}
+        try:
+            claims = jwt.decode(
+                token, key, algorithms=[alg], options=options, issuer=issuer, audience=audience
+            )
+        except ExpiredSignatureError:
+            raise AdminAuthError(401, "token expired") from None
+        except JWTClaimsError:
+            # Raised only after the signature held, so the claims may be read to say why.
+            raise self._claims_error(jwt.get_unverified_claims(token), issuer, audience) from None
+        except JWTError:
+            raise AdminAuthError(401, "token signature invalid") from None
+        except (TypeError, ValueError, OverflowError):  # a claim jose cannot compare
+            raise AdminAuthError(401, "malformed token") from None
+        if "aud" not in claims:  # jose checks `aud` only when present
+            raise AdminAuthError(401, "wrong audience")
+        if claims.get("iat", 0) > time.time() + self._leeway:
+            raise AdminAuthError(401, "token not yet valid (issued in the future)")
+        return claims
+
+    def _claims_error(
+        self, claims: Mapping[str, Any], issuer: str | None, audience: str | None
+    ) -> AdminAuthError:
+        audiences = claims.get("aud")
+        audiences = [audiences] if isinstance(audiences, str) else audiences
+        if claims.get("nbf", 0) > time.time() + self._leeway:
+            return AdminAuthError(401, "token not yet valid")
+        if claims.get("iss") != issuer:
+            return AdminAuthError(401, "wrong issuer")
+        if not isinstance(audiences, list) or audience not in audiences:
+            return AdminAuthError(401, "wrong audience")
+        if not isinstance(claims.get("sub"), str):
+            return AdminAuthError(401, "token lacks sub")
+        return AdminAuthError(401, "token claims invalid")
+
+    def _mapped_scopes(self, claims: Mapping[str, Any]) -> frozenset[Scope]:
+        """Scopes granted by the configured claim's values (a space-separated string or a list)."""
+        value: Any = claims
+        for part in self._scope_path:
+            value = value.get(part) if isinstance(value, Mapping) else None
+        values = set(value.split() if isinstance(value, str) else [])
+        if isinstance(value, list):
+            values = {entry for entry in value if isinstance(entry, str)}
+        granted: set[Scope] = set()
+        if values & self._admin_values:
+            granted.add("admin")
+        if values & self._read_values:
+            granted.add("read")
+        return frozenset(granted)
+
+    @staticmethod
+    def _identity(claims: Mapping[str, Any], scopes: frozenset[Scope]) -> AdminIdentity:
+        subject = _clean(claims["sub"]) if isinstance(claims.get("sub"), str) else ""
+        if not subject:
+            raise AdminAuthError(401, "token lacks sub")
+        if not scopes:
+            raise AdminAuthError(403, "token grants no admin scope")
+        if "admin" in scopes:
+            scopes = SCOPES
+        jti, iss = claims.get("jti"), claims.get("iss")
+        return AdminIdentity(
+            subject=subject,
+            scopes=scopes,
+            issuer=iss if isinstance(iss, str) else None,
+            token_id=_clean(jti) if isinstance(jti, str) else None,
+        )
