@@ -11,12 +11,14 @@ from fastapi import FastAPI
 
 from gateway import __version__
 from gateway.access import AccessMiddleware, UnexpectedErrorMiddleware
+from gateway.admin.routes import router as admin_router
 from gateway.api.health import router as health_router
 from gateway.api.ollama import manage, models
 from gateway.api.ollama.routes import generation_routes as ollama_routes
 from gateway.api.openai.routes import generation_routes as openai_routes
 from gateway.api.openai.routes import router as openai_router
 from gateway.auth.authenticator import KeyAuthenticator
+from gateway.auth.jwt import AdminTokenVerifier
 from gateway.cors import GatewayCORSMiddleware
 from gateway.deps import GatewayState
 from gateway.errors import register_error_handlers
@@ -79,6 +81,9 @@ def create_app(
                     max_rows=settings.usage_max_pending_rows,
                 )
             )
+            admin_verifier = AdminTokenVerifier.from_settings(settings)
+            if admin_verifier is not None:
+                stack.push_async_callback(admin_verifier.aclose)
             relay = Relay(
                 settings=settings,
                 metrics=metrics,
@@ -101,6 +106,8 @@ def create_app(
                     pool=pool,
                     relay=relay,
                     lifecycle=lifecycle,
+                    keys=store,
+                    admin_verifier=admin_verifier,
                 )
                 background.cancel_scope.cancel()
 
@@ -119,6 +126,7 @@ def create_app(
     for router in (models.public_router, models.router, manage.router):
         app.include_router(router)
     app.include_router(health_router)
+    app.include_router(admin_router)
     app.add_route("/metrics", metrics.endpoint, methods=["GET"], include_in_schema=False)
     # Added innermost first. AccessMiddleware stamps and logs every request, the preflights the
     # CORS layer answers included; that layer adds its headers to every response inside it:

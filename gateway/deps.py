@@ -11,6 +11,8 @@ from typing import Annotated, TypedDict
 from fastapi import Depends, Request
 
 from gateway.auth.authenticator import KeyAuthenticator
+from gateway.auth.jwt import AdminTokenVerifier
+from gateway.keys.store import KeyStore
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import Metrics
 from gateway.relay.pipeline import Relay
@@ -27,6 +29,8 @@ class GatewayState(TypedDict):
     pool: UpstreamPool
     relay: Relay
     lifecycle: Lifecycle
+    keys: KeyStore
+    admin_verifier: AdminTokenVerifier | None
 
 
 async def get_settings(request: Request) -> Settings:
@@ -39,6 +43,12 @@ async def get_authenticator(request: Request) -> KeyAuthenticator:
     """Return the key authenticator (the key store behind its cache)."""
     authenticator: KeyAuthenticator = request.state.authenticator
     return authenticator
+
+
+async def get_keys(request: Request) -> KeyStore:
+    """Return the key store (the admin API's; app requests go through the authenticator)."""
+    keys: KeyStore = request.state.keys
+    return keys
 
 
 async def get_metrics(request: Request) -> Metrics:
@@ -68,6 +78,7 @@ async def get_pool(request: Request) -> UpstreamPool:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 AuthenticatorDep = Annotated[KeyAuthenticator, Depends(get_authenticator)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+KeysDep = Annotated[KeyStore, Depends(get_keys)]
 RelayDep = Annotated[Relay, Depends(get_relay)]
 PoolDep = Annotated[UpstreamPool, Depends(get_pool)]
 LifecycleDep = Annotated[Lifecycle, Depends(get_lifecycle)]

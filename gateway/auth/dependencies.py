@@ -59,11 +59,20 @@ async def require_principal(request: Request, authenticator: AuthenticatorDep) -
         record = await authenticator.authenticate(key)
     except InvalidKeyError as exc:
         logger.info("rejected API key: %s", exc.reason)
+        if exc.reason == "malformed" and _looks_like_jwt(key):
+            raise UnauthorizedError(
+                "admin tokens cannot open the generation routes: use an API key"
+            ) from exc
         raise UnauthorizedError(str(exc)) from exc
     principal = Principal.from_record(record)  # every field, the permission included
     request.state.principal = principal  # the error handlers label refusals with it
     request.scope.setdefault("state", {})["key_id"] = record.id
     return principal
+
+
+def _looks_like_jwt(credential: str) -> bool:
+    """A compact JWS (RFC 7515 section 7.1): three base64url parts, the header a JSON object."""
+    return credential.startswith("eyJ") and credential.count(".") == 2
 
 
 PrincipalDep = Annotated[Principal, Depends(require_principal)]
