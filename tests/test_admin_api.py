@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway.auth.jwt import mint_token
 
+from gateway.auth.jwt import mint_token
 from tests.conftest import Gateway
 
 SECRET = "k7Qy2mVn8RwT4pZs6XbJ3cLd9FhGa5Ue1NoKi0Mt"
