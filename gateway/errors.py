@@ -24,9 +24,9 @@ Every upstream error says whose fault it is (`blame`, see `Blame`): the circuit 
 retries act on that (docs/operations.md, "Whose fault is a failure").
 
 Bodies follow the client's surface: Ollama's `{"error": "..."}` on `/api/*`, `/v1/generate`,
-`/v1/chat` and everything outside `/v1/` (reference section 4.1), and OpenAI's
+`/v1/chat` and everything outside `/v1/` and `/admin/` (reference section 4.1), and OpenAI's
 `{"error": {"message", "type", "param", "code"}}` on every other `/v1/` path, unknown ones
-included, so the OpenAI SDKs raise their typed exceptions. A failure after the first streamed
+included, so the OpenAI SDKs raise their typed exceptions, and on the admin API (`/admin/`). A failure after the first streamed
 byte cannot change the status any more; the relay turns it into one final error chunk in the
 client's format instead (reference section 4.3).
 """

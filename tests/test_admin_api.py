@@ -227,9 +227,7 @@ def test_a_patch_changes_only_what_it_sends_and_refuses_bad_values(admin: Admin)
     assert (cleared["expires_at"], cleared["rpm"], cleared["name"]) == (None, None, "app")
 
 
-def test_a_read_token_reads_but_cannot_change(
-    admin: Admin, request: pytest.FixtureRequest
-) -> None:
+def test_a_read_token_reads_but_cannot_change(admin: Admin, request: pytest.FixtureRequest) -> None:
     key_id = admin.ok("POST", "/keys", json={"name": "app"})["key"]["id"]
     reader = Admin(admin.gateway, _token("read", subject="auditor"))
     request.addfinalizer(reader.close)
@@ -314,3 +312,16 @@ def test_missing_or_doubled_credentials_are_refused(admin: Admin) -> None:
 
     assert [r.status_code for r in (missing, basic, doubled)] == [401, 401, 401]
     assert "missing admin token" in missing.json()["error"]["message"]
+
+
+def test_a_body_not_sent_as_json_is_refused(admin: Admin) -> None:
+    # A page in a browser can post a form across origins without a preflight; the API reads
+    # only JSON bodies, so such a post cannot create a key even with a token.
+    response = admin.post(
+        "/keys",
+        content=b'{"name": "from-a-form"}',
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+
+    assert response.status_code == 422
+    assert admin.ok("GET", "/keys", params={"name": "from-a-form"})["data"] == []

@@ -92,8 +92,8 @@ class ApiKeyRow(Base):
     tpm: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_concurrent: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # May the key use Ollama's model-management endpoints (pull, push, create, copy, delete,
-    # blobs)? NULL = no: nullable so that `create_schema` can add it to an older table, whose
-    # keys then stay ordinary keys.
+    # blobs)? NULL = no: nullable because tables older than the permission got it added
+    # (migration 0001 adopts them), and their keys stay ordinary keys.
     manage_models: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     # Rotation with a grace period: the secret before the last rotation still opens the key
     # until `previous_secret_expires_at` (both NULL when there is none).
