@@ -26,9 +26,9 @@ retries act on that (docs/operations.md, "Whose fault is a failure").
 Bodies follow the client's surface: Ollama's `{"error": "..."}` on `/api/*`, `/v1/generate`,
 `/v1/chat` and everything outside `/v1/` and `/admin/` (reference section 4.1), and OpenAI's
 `{"error": {"message", "type", "param", "code"}}` on every other `/v1/` path, unknown ones
-included, so the OpenAI SDKs raise their typed exceptions, and on the admin API (`/admin/`). A failure after the first streamed
-byte cannot change the status any more; the relay turns it into one final error chunk in the
-client's format instead (reference section 4.3).
+included, so the OpenAI SDKs raise their typed exceptions, and on the admin API (`/admin/`).
+A failure after the first streamed byte cannot change the status any more; the relay turns it
+into one final error chunk in the client's format instead (reference section 4.3).
 """
 
 from __future__ import annotations
