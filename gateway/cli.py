@@ -33,8 +33,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     host = settings.host if args.host is None else args.host
     port = settings.port if args.port is None else args.port
-    serve(settings, host=host, port=port)
-    return 0
+    return serve(settings, host=host, port=port)
 
 
 def build_parser() -> argparse.ArgumentParser:

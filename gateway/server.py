@@ -13,7 +13,10 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.coalesce import CoalescingHttpToolsProtocol
+from gateway.db.engine import masked_url
+from gateway.db.migrate import DatabaseSchemaError
 from gateway.door import DoorLimits
+from gateway.keys.store import KeyStore
 from gateway.lifecycle import Lifecycle
 from gateway.logs import configure_logging
 from gateway.settings import Settings, unknown_variables
@@ -90,6 +93,12 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
     # seconds; the gateway's own access log already has one line per request.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
+    try:
+        asyncio.run(prepare_schema(settings))
+    except DatabaseSchemaError as exc:
+        # One clear line instead of uvicorn's start-up traceback around the same message.
+        logger.error("%s: %s", masked_url(settings.database_url), exc)
+        return 1
     lifecycle = Lifecycle()
     limits = door_limits(settings, raise_open_files_limit())
     config = uvicorn.Config(
@@ -114,6 +123,20 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
     gc.freeze()
     DrainingServer(config, lifecycle, settings.shutdown_drain, settings.shutdown_timeout).run()
     return 0
+
+
+async def prepare_schema(settings: Settings) -> None:
+    """Bring the database to this code's schema before serving (the lifespan checks it again).
+
+    Raises:
+        gateway.db.migrate.DatabaseSchemaError: the database is newer than the code, or behind
+            with `GATEWAY_DATABASE_AUTO_UPGRADE=false`.
+    """
+    store = KeyStore.from_url(settings.database_url)
+    try:
+        await store.create_schema(auto_upgrade=settings.database_auto_upgrade)
+    finally:
+        await store.close()
 
 
 def raise_open_files_limit() -> int:
