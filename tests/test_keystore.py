@@ -282,11 +282,12 @@ def test_allows_model_without_allow_list_allows_everything() -> None:
     assert _record(None).allows_model("anything:7b")
 
 
-def test_allows_model_treats_latest_as_the_bare_name() -> None:
+def test_allows_model_treats_latest_as_the_bare_name_and_ignores_case() -> None:
+    # The same rule as the principal that requests are checked with (gateway.model_names).
     assert _record(("llama3:latest",)).allows_model("llama3")
     assert _record(("llama3",)).allows_model("llama3:latest")
     assert not _record(("llama3",)).allows_model("llama3:8b")
-    assert not _record(("Llama3",)).allows_model("llama3")
+    assert _record(("Llama3",)).allows_model("llama3")
     assert not _record(()).allows_model("llama3")
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gateway.model_names import canonical_model
+
 if TYPE_CHECKING:
     from gateway.keys.store import KeyRecord
 
@@ -57,11 +59,5 @@ class Principal:
         """Return True when this key may use `model`; `name` and `name:latest` are the same."""
         if self.models is None:
             return True
-        wanted = _canonical(model)
-        return any(_canonical(allowed) == wanted for allowed in self.models)
-
-
-def _canonical(model: str) -> str:
-    """Ollama's tag defaults to `latest` (reference section 2.1); names match case-insensitively."""
-    model = model.strip().lower()
-    return model if ":" in model.rsplit("/", 1)[-1] else f"{model}:latest"
+        wanted = canonical_model(model)
+        return any(canonical_model(allowed) == wanted for allowed in self.models)

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Literal
 
 from gateway.db.tables import ApiKeyRow, UTCDateTime, as_utc
+from gateway.model_names import canonical_model
 
 __all__ = [
     "ApiKeyRow",
@@ -25,11 +26,6 @@ __all__ = [
 ]
 
 KeyStatus = Literal["active", "revoked", "expired"]
-
-
-def _canonical_model(model: str) -> str:
-    """Ollama treats `name` and `name:latest` as the same model."""
-    return model.removesuffix(":latest")
 
 
 @dataclass(frozen=True)
@@ -62,13 +58,14 @@ class KeyRecord:
             model: The model name from the request, for example `llama3.2:1b`.
 
         Returns:
-            True when the key has no allow-list (None), or the name is on it. Names compare
-            exactly, except that `name` and `name:latest` are the same model.
+            True when the key has no allow-list (None), or the name is on it. Names compare as
+            `gateway.model_names.canonical_model` puts them: case-insensitively, and `name`
+            is `name:latest` (the rule `Principal.allows_model` applies to requests).
         """
         if self.models is None:
             return True
-        wanted = _canonical_model(model)
-        return any(_canonical_model(allowed) == wanted for allowed in self.models)
+        wanted = canonical_model(model)
+        return any(canonical_model(allowed) == wanted for allowed in self.models)
 
     def status(self, now: datetime | None = None) -> KeyStatus:
         """The key's state as of `now` (aware; default: now).

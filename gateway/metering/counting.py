@@ -11,6 +11,7 @@ after authentication (`rejection_deltas`) adds the request and, unless its clien
 
 from __future__ import annotations
 
+from gateway.model_names import canonical_model as canonical
 from gateway.neutral import RequestSummary
 
 #: The model of a request refused before its body named one (a 429 on RPM, a malformed body).
@@ -37,12 +38,8 @@ def canonical_model(model: str | None) -> str:
     the key's allow-list. None or blank is `UNKNOWN_MODEL`, which no canonical name equals
     (every one has a tag).
     """
-    name = (model or "").strip().lower()
-    if not name:
-        return UNKNOWN_MODEL
-    if ":" not in name.rsplit("/", 1)[-1]:
-        name = f"{name}:latest"
-    return name[:MODEL_CHARS]
+    name = canonical(model or "")
+    return name[:MODEL_CHARS] if name else UNKNOWN_MODEL
 
 
 def is_error(outcome: str, status: int) -> bool:
