@@ -16,26 +16,19 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, or_, select, update
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
-from gateway.auth.apikey import KEY_PREFIX, generate_key, hash_secret, parse_key, secret_matches
+from gateway.auth.apikey import hash_secret, parse_key, secret_matches
 from gateway.db.engine import open_engine
 from gateway.db.migrate import DatabaseState, prepare_database
-from gateway.keys.audit import INTERNAL, Actor, AuditEntry, add_entry, list_entries, record_changes
+from gateway.keys.audit import INTERNAL, Actor, AuditEntry, list_entries
+from gateway.keys.changes import KeyChanges
 from gateway.keys.schema import ApiKeyRow, KeyRecord, KeyStatus, as_utc, to_record
 from gateway.keys.validation import (
     UNSET,
     InvalidKeyError,
     InvalidKeyReason,
     KeyNotFoundError,
-    Unset,
-    check_expiry,
-    check_grace,
-    check_limit,
-    check_models,
-    check_name,
-    check_permission,
-    limit_changes,
 )
 
 __all__ = [
@@ -56,10 +49,11 @@ __all__ = [
 _DUMMY_HASH = hash_secret("gateway-dummy-secret")
 
 
-class KeyStore:
+class KeyStore(KeyChanges):
     """API keys in a SQL database, reached through one `AsyncEngine`.
 
-    Build it with `KeyStore.from_url(settings.database_url)`, call
+    Reads and authentication are here; the changes (create, update, revoke, rotate, each with
+    its audit entry) come from `gateway.keys.changes.KeyChanges`. Build it with `KeyStore.from_url(settings.database_url)`, call
     `create_schema(auto_upgrade=settings.database_auto_upgrade)` once at startup, and `close()`
     at shutdown.
     """
@@ -116,60 +110,6 @@ class KeyStore:
     async def close(self) -> None:
         """Close every pooled connection (dispose of the engine)."""
         await self._engine.dispose()
-
-    async def create_key(
-        self,
-        name: str,
-        *,
-        models: Sequence[str] | None = None,
-        expires_at: datetime | None = None,
-        rpm: int | None = None,
-        tpm: int | None = None,
-        max_concurrent: int | None = None,
-        manage_models: bool = False,
-        actor: Actor = INTERNAL,
-    ) -> tuple[KeyRecord, str]:
-        """Create a key, and record the action in the audit trail (one transaction).
-
-        Args:
-            name: Who or what the key is for; 1 to 200 characters, need not be unique.
-            models: The models the key may use; None for all of them.
-            expires_at: When the key stops working (timezone-aware); None for never.
-            rpm: Requests per minute. For this and the two limits below: None = the gateway's
-                default from settings, 0 = unlimited, a positive integer = that limit.
-            tpm: Tokens per minute, prompt plus output tokens.
-            max_concurrent: Requests in flight at once.
-            manage_models: Whether the gateway relays Ollama's model-management endpoints
-                (pull, push, create, copy, delete, blobs) for this key; other keys get 403.
-            actor: Who creates it (`Actor.cli()`, or the admin token's subject).
-
-        Returns:
-            The new record, and the full key `gw_<id>_<secret>`. The key cannot be recovered
-            later: only its hash is stored.
-
-        Raises:
-            ValueError: on an empty or too long name, an empty `models` list (use None for all
-                models), a naive `expires_at`, a negative (or too large) limit, or a
-                `manage_models` that is not a bool.
-        """
-        key_id, secret, full_key = generate_key()
-        row = ApiKeyRow(
-            id=key_id,
-            name=check_name(name),
-            secret_hash=hash_secret(secret),
-            models=check_models(models),
-            created_at=as_utc(None),
-            expires_at=check_expiry(expires_at),
-            rpm=check_limit("rpm", rpm),
-            tpm=check_limit("tpm", tpm),
-            max_concurrent=check_limit("max_concurrent", max_concurrent),
-            manage_models=check_permission("manage_models", manage_models),
-        )
-        record = to_record(row)
-        async with self._sessions.begin() as session:
-            session.add(row)
-            add_entry(session, actor, "create", key_id, record_changes(None, record))
-        return record, full_key
 
     async def list_keys(
         self,
@@ -244,160 +184,6 @@ class KeyStore:
             if row is None:
                 raise KeyNotFoundError(key_id)
             return to_record(row)
-
-    async def revoke(self, key_id: str, *, actor: Actor = INTERNAL) -> KeyRecord:
-        """Revoke a key for good. Revoking a revoked key keeps its first `revoked_at`.
-
-        The action is audited in the same transaction (a repeated revoke with no changes).
-
-        Returns:
-            The record with `revoked_at` set.
-
-        Raises:
-            KeyNotFoundError: if no key has this id.
-        """
-        async with self._sessions.begin() as session:
-            row = await _locked(session, key_id)
-            if row is None:
-                raise KeyNotFoundError(key_id)
-            before = to_record(row)
-            if row.revoked_at is None:
-                row.revoked_at = as_utc(None)
-                row.previous_secret_hash = None
-                row.previous_secret_expires_at = None
-            after = to_record(row)
-            add_entry(session, actor, "revoke", key_id, record_changes(before, after))
-        return after
-
-    async def update(
-        self,
-        key_id: str,
-        *,
-        name: str | Unset = UNSET,
-        models: Sequence[str] | Unset | None = UNSET,
-        expires_at: datetime | Unset | None = UNSET,
-        rpm: int | Unset | None = UNSET,
-        tpm: int | Unset | None = UNSET,
-        max_concurrent: int | Unset | None = UNSET,
-        manage_models: bool | Unset = UNSET,
-        actor: Actor = INTERNAL,
-    ) -> KeyRecord:
-        """Change a key's fields; only what is passed changes (`UNSET`, the default, leaves one).
-
-        One transaction with its audit entry, so that `gateway keys update` and a `PATCH`
-        apply all their fields or none. Works on revoked keys too (a revoked key stays revoked).
-
-        Args:
-            key_id: The key's id.
-            name: The new name (as for `create_key`).
-            models: The new allow-list; None = every model.
-            expires_at: The new expiry (aware); None = never.
-            rpm: Requests per minute: None = back to the gateway's default, 0 = unlimited, a
-                positive integer = that limit.
-            tpm: Tokens per minute (prompt plus output), as for `rpm`.
-            max_concurrent: Requests in flight at once, as for `rpm`.
-            manage_models: True grants the model-management permission, False clears it.
-            actor: Who changes it.
-
-        Returns:
-            The record after the change (unchanged if nothing was passed).
-
-        Raises:
-            KeyNotFoundError: if no key has this id.
-            ValueError: on any invalid value (see `create_key`); nothing is changed.
-        """
-        changes: dict[str, Any] = dict(
-            limit_changes(rpm=rpm, tpm=tpm, max_concurrent=max_concurrent)
-        )
-        if not isinstance(name, Unset):
-            changes["name"] = check_name(name)
-        if not isinstance(models, Unset):
-            changes["models"] = check_models(models)
-        if not isinstance(expires_at, Unset):
-            changes["expires_at"] = check_expiry(expires_at)
-        if not isinstance(manage_models, Unset):
-            changes["manage_models"] = check_permission("manage_models", manage_models)
-        async with self._sessions.begin() as session:
-            row = await _locked(session, key_id)
-            if row is None:
-                raise KeyNotFoundError(key_id)
-            before = to_record(row)
-            for field, value in changes.items():
-                setattr(row, field, value)
-            after = to_record(row)
-            add_entry(session, actor, "update", key_id, record_changes(before, after))
-        return after
-
-    async def update_limits(
-        self,
-        key_id: str,
-        *,
-        rpm: int | Unset | None = UNSET,
-        tpm: int | Unset | None = UNSET,
-        max_concurrent: int | Unset | None = UNSET,
-        manage_models: bool | Unset = UNSET,
-        actor: Actor = INTERNAL,
-    ) -> KeyRecord:
-        """`update` restricted to the limits and the permission (kept for existing callers)."""
-        return await self.update(
-            key_id,
-            rpm=rpm,
-            tpm=tpm,
-            max_concurrent=max_concurrent,
-            manage_models=manage_models,
-            actor=actor,
-        )
-
-    async def rotate(
-        self,
-        key_id: str,
-        *,
-        grace: timedelta = timedelta(0),
-        actor: Actor = INTERNAL,
-        now: datetime | None = None,
-    ) -> tuple[KeyRecord, str]:
-        """Give a key a new secret. The id stays; the action is audited (never the secrets).
-
-        With a grace period the old secret keeps working until `now + grace`, so apps can be
-        moved to the new key without an outage; then it is refused. Only one old secret is
-        kept: rotating again during a grace period ends the first old secret at once and
-        starts a new grace period for the secret just replaced.
-
-        Args:
-            key_id: The key's id.
-            grace: How long the old secret stays valid, 0 (the default: refused at once) to 30
-                days (`check_grace`).
-            actor: Who rotates it.
-            now: The start of the grace period (aware); default: now.
-
-        Returns:
-            The record, and the new full key (shown once).
-
-        Raises:
-            KeyNotFoundError: if no key has this id.
-            InvalidKeyError: with reason `revoked` if the key is revoked.
-            ValueError: on a negative or too long `grace`, or a naive `now`.
-        """
-        grace = check_grace(grace)
-        moment = as_utc(now)
-        _, secret, _ = generate_key()
-        async with self._sessions.begin() as session:
-            row = await _locked(session, key_id)
-            if row is None:
-                raise KeyNotFoundError(key_id)
-            if row.revoked_at is not None:
-                raise InvalidKeyError("revoked")
-            before = to_record(row)
-            if grace:
-                row.previous_secret_hash = row.secret_hash
-                row.previous_secret_expires_at = moment + grace
-            else:
-                row.previous_secret_hash = None
-                row.previous_secret_expires_at = None
-            row.secret_hash = hash_secret(secret)
-            after = to_record(row)
-            add_entry(session, actor, "rotate", key_id, record_changes(before, after))
-        return after, f"{KEY_PREFIX}{key_id}_{secret}"
 
     async def list_audit(
         self,
@@ -507,21 +293,3 @@ class KeyStore:
         )
         async with self._sessions.begin() as session:
             await session.execute(touch)
-
-
-async def _locked(session: AsyncSession, key_id: str) -> ApiKeyRow | None:
-    """Lock a key's row for this transaction and read it; None if there is no such key.
-
-    A no-op UPDATE comes first: it takes PostgreSQL's row lock, and SQLite's write lock while
-    the transaction has read nothing (a transaction that reads first and writes later can fail
-    at once with "database is locked" instead of waiting). So concurrent admin actions on one
-    key apply one after the other, and each audit entry's before/after is its own.
-    """
-    lock = (
-        update(ApiKeyRow)
-        .where(ApiKeyRow.id == key_id)
-        .values(id=ApiKeyRow.id)
-        .execution_options(synchronize_session=False)
-    )
-    await session.execute(lock)
-    return await session.get(ApiKeyRow, key_id)
