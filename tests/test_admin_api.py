@@ -227,9 +227,7 @@ def test_a_patch_changes_only_what_it_sends_and_refuses_bad_values(admin: Admin)
     assert (cleared["expires_at"], cleared["rpm"], cleared["name"]) == (None, None, "app")
 
 
-def test_a_read_token_reads_but_cannot_change(
-    admin: Admin, request: pytest.FixtureRequest
-) -> None:
+def test_a_read_token_reads_but_cannot_change(admin: Admin, request: pytest.FixtureRequest) -> None:
     key_id = admin.ok("POST", "/keys", json={"name": "app"})["key"]["id"]
     reader = Admin(admin.gateway, _token("read", subject="auditor"))
     request.addfinalizer(reader.close)
