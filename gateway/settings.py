@@ -337,6 +337,14 @@ class Settings(BaseSettings):
     admin_jwks_cache_seconds: float = Field(
         300.0, ge=1, le=86400, description="Seconds the JWKS is used before it is fetched again."
     )
+    admin_jwks_min_refresh_seconds: float = Field(
+        30.0,
+        ge=1,
+        le=3600,
+        description="Fewest seconds between two JWKS loads, whatever asks for one (an unknown "
+        "`kid`, the cache expiring, a failed load): bounds what made-up kids can make the "
+        "gateway fetch.",
+    )
     admin_jwt_algorithms: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["RS256", "ES256"],
         description="Algorithms accepted from the identity provider (comma-separated or JSON): "

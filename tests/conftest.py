@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
 
 from gateway.app import create_app
 from gateway.keys.store import KeyStore
@@ -17,11 +23,57 @@ from gateway.settings import Settings
 from gateway.testing.emulator import EmulatorConfig, EmulatorState, create_emulator_app
 from gateway.testing.server import LoopbackServer
 
+PG_URL = os.environ.get(
+    "GATEWAY_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
+)
+"""The PostgreSQL server the `postgres` tests use (a superuser: they make roles and schemas)."""
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in {"", "0", "false", "no"}
+
 
 @pytest.fixture
 def anyio_backend() -> str:
     """Run `@pytest.mark.anyio` tests on asyncio only (the gateway's event loop)."""
     return "asyncio"
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL URL whose role sees only a schema of its own (its default search_path).
+
+    For tests that start `gateway serve` processes, which cannot be handed an engine option: the
+    role's own search_path isolates them. Dropped with everything in it afterwards.
+    """
+    name = f"gw_test_{secrets.token_hex(6)}"
+
+    async def run(*statements: str) -> None:
+        admin = create_async_engine(PG_URL, poolclass=NullPool, connect_args={"timeout": 5})
+        try:
+            async with admin.begin() as conn:
+                for statement in statements:
+                    await conn.execute(text(statement))
+        finally:
+            await admin.dispose()
+
+    try:
+        asyncio.run(
+            run(
+                f'CREATE ROLE "{name}" LOGIN',
+                f'CREATE SCHEMA "{name}" AUTHORIZATION "{name}"',
+                f'ALTER ROLE "{name}" SET search_path = "{name}"',
+            )
+        )
+    except (OSError, SQLAlchemyError) as exc:
+        message = f"PostgreSQL at {PG_URL} is not reachable: {exc!r}"
+        if _in_ci():
+            pytest.fail(message)
+        pytest.skip(message)
+    try:
+        yield PG_URL.replace("postgres@", f"{name}@", 1)
+    finally:
+        asyncio.run(run(f'DROP SCHEMA "{name}" CASCADE', f'DROP ROLE "{name}"'))
 
 
 # --- gateway + emulator over real loopback sockets ------------------------------------------

@@ -611,6 +611,29 @@ async def test_random_kids_fetch_the_jwks_at_most_once_per_interval(
 
 
 @pytest.mark.anyio
+async def test_the_minimum_refresh_interval_is_a_setting(
+    served_idp: tuple[IdentityProvider, str],
+) -> None:
+    idp, url = served_idp
+    clock = FakeClock()
+    old = next(iter(idp.keys))
+    settings = _settings(idp, admin_jwks_url=url, admin_jwks_min_refresh_seconds=5)
+    async with httpx.AsyncClient() as http:
+        verifier = AdminTokenVerifier.from_settings(settings, http=http, clock=clock)
+        assert verifier is not None
+        await verifier.verify(idp.token(old, [ADMIN_ROLE]))
+        new = idp.add_key("RS256")
+        clock.advance(4)
+        assert (await _refused(verifier, idp.token(new, [ADMIN_ROLE]))).message == (
+            "unknown signing key"
+        )
+        assert idp.fetches == 1
+        clock.advance(1)  # 5 s after the last load, not the default 30
+        assert (await verifier.verify(idp.token(new, [ADMIN_ROLE]))).subject
+        assert idp.fetches == 2
+
+
+@pytest.mark.anyio
 async def test_concurrent_unknown_kids_share_one_fetch(
     served_idp: tuple[IdentityProvider, str],
 ) -> None:

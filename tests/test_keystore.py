@@ -6,7 +6,6 @@ tests are isolated, rerunnable, and safe next to another run using the same data
 
 from __future__ import annotations
 
-import os
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -24,15 +23,9 @@ from gateway.auth import apikey
 from gateway.keys import store as store_module
 from gateway.keys.store import UNSET, InvalidKeyError, KeyNotFoundError, KeyRecord, KeyStore
 from gateway.keys.validation import MAX_LIMIT
+from tests.conftest import PG_URL, _in_ci
 
-PG_URL = os.environ.get(
-    "GATEWAY_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
-)
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() not in {"", "0", "false", "no"}
 
 
 @dataclass

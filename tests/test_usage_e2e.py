@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,17 +20,12 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import text
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import create_async_engine
-from sqlalchemy.pool import NullPool
 
 from gateway.keys.store import KeyStore
 from gateway.metering.counting import UNKNOWN_MODEL, canonical_model
 from gateway.metering.report import UsageReport, read_usage
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
 from tests.conftest import Emulator
-from tests.test_keystore import PG_URL, _in_ci
 
 MODELS = ("llama3.2", "qwen2.5:7b")
 #: The gateway's own timeouts and breaker kept out of the way of the injected faults.
@@ -278,39 +272,6 @@ def test_sigterm_mid_load_loses_nothing_acknowledged(emulator: Emulator, tmp_pat
     [(requests, errors, _, output, _)] = [v for k, v in rows.items() if k[0] == cut["id"]]
     assert (requests, errors) == (len(endless), len(endless))
     assert output >= sum(seen.output for seen in ended)
-
-
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """A PostgreSQL URL whose role sees only a schema of its own (its default search_path)."""
-    name = f"gw_test_{secrets.token_hex(6)}"
-
-    async def run(*statements: str) -> None:
-        admin = create_async_engine(PG_URL, poolclass=NullPool, connect_args={"timeout": 5})
-        try:
-            async with admin.begin() as conn:
-                for statement in statements:
-                    await conn.execute(text(statement))
-        finally:
-            await admin.dispose()
-
-    try:
-        asyncio.run(
-            run(
-                f'CREATE ROLE "{name}" LOGIN',
-                f'CREATE SCHEMA "{name}" AUTHORIZATION "{name}"',
-                f'ALTER ROLE "{name}" SET search_path = "{name}"',
-            )
-        )
-    except (OSError, SQLAlchemyError) as exc:
-        message = f"PostgreSQL at {PG_URL} is not reachable: {exc!r}"
-        if _in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
-    try:
-        yield PG_URL.replace("postgres@", f"{name}@", 1)
-    finally:
-        asyncio.run(run(f'DROP SCHEMA "{name}" CASCADE', f'DROP ROLE "{name}"'))
 
 
 @pytest.mark.postgres

@@ -8,7 +8,8 @@ Refresh policy, one rule for a file and a URL alike:
 - the keys are used for `cache_seconds`, then loaded again on the next lookup;
 - a `kid` the cache does not hold triggers a reload, so a key the provider has just rotated in
   works at once;
-- but at most one load (successful or not) starts per `MIN_REFRESH_SECONDS`, so tokens with
+- but at most one load (successful or not) starts per `min_refresh_seconds`
+  (`GATEWAY_ADMIN_JWKS_MIN_REFRESH_SECONDS`, default `MIN_REFRESH_SECONDS`), so tokens with
   random kids cannot turn the gateway into a JWKS hammer, and a provider that is down is not
   asked again on every request;
 - concurrent lookups share one load (single flight);
@@ -34,8 +35,7 @@ JWK = Mapping[str, Any]
 """One public key as the JWKS publishes it: `kty`, `kid`, and `n`/`e` or `crv`/`x`/`y`."""
 
 MIN_REFRESH_SECONDS = 30.0
-"""Fewest seconds between two loads; also how long a rotated-out key may still be accepted
-after the provider has removed it, when the cache has just been loaded."""
+"""Default fewest seconds between two loads (`GATEWAY_ADMIN_JWKS_MIN_REFRESH_SECONDS`)."""
 FETCH_TIMEOUT = 5.0
 """Seconds one JWKS fetch may take from connecting to the last byte."""
 MAX_JWKS_BYTES = 256 * 1024
@@ -84,6 +84,7 @@ class JwksCache:
             errors) on failure.
         source: What to name in logs (the URL or path).
         cache_seconds: How long loaded keys are used before the next lookup loads again.
+        min_refresh_seconds: Fewest seconds between two loads, whatever triggers them.
         clock: Monotonic seconds; tests pass their own to step through the refresh policy.
         keys: Keys already loaded (by `from_file`), counted as loaded now.
     """
@@ -94,12 +95,14 @@ class JwksCache:
         *,
         source: str,
         cache_seconds: float,
+        min_refresh_seconds: float = MIN_REFRESH_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         keys: dict[str, JWK] | None = None,
     ) -> None:
         self._load = load
         self._source = source
         self._cache_seconds = cache_seconds
+        self._min_refresh_seconds = min_refresh_seconds
         self._clock = clock
         self._keys: dict[str, JWK] = keys or {}
         self._loaded_at = clock() if keys is not None else None
@@ -109,7 +112,12 @@ class JwksCache:
 
     @classmethod
     def from_file(
-        cls, path: Path, *, cache_seconds: float, clock: Callable[[], float] = time.monotonic
+        cls,
+        path: Path,
+        *,
+        cache_seconds: float,
+        min_refresh_seconds: float = MIN_REFRESH_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> JwksCache:
         """Load a JWKS file now (a broken file stops start-up) and re-read it as it expires.
 
@@ -124,7 +132,14 @@ class JwksCache:
         async def load() -> bytes:
             return await anyio.Path(path).read_bytes()
 
-        return cls(load, source=str(path), cache_seconds=cache_seconds, clock=clock, keys=keys)
+        return cls(
+            load,
+            source=str(path),
+            cache_seconds=cache_seconds,
+            min_refresh_seconds=min_refresh_seconds,
+            clock=clock,
+            keys=keys,
+        )
 
     @classmethod
     def from_url(
@@ -133,6 +148,7 @@ class JwksCache:
         http: httpx.AsyncClient,
         *,
         cache_seconds: float,
+        min_refresh_seconds: float = MIN_REFRESH_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> JwksCache:
         """Fetch the JWKS from `url` with `http` on first use (never at construction)."""
@@ -151,7 +167,13 @@ class JwksCache:
                             raise JwksError(f"larger than {MAX_JWKS_BYTES} bytes")
                     return bytes(body)
 
-        return cls(load, source=url, cache_seconds=cache_seconds, clock=clock)
+        return cls(
+            load,
+            source=url,
+            cache_seconds=cache_seconds,
+            min_refresh_seconds=min_refresh_seconds,
+            clock=clock,
+        )
 
     @property
     def loaded(self) -> bool:
@@ -167,7 +189,9 @@ class JwksCache:
         """
         now = self._clock()
         stale = self._loaded_at is None or now - self._loaded_at >= self._cache_seconds
-        allowed = self._attempted_at is None or now - self._attempted_at >= MIN_REFRESH_SECONDS
+        allowed = (
+            self._attempted_at is None or now - self._attempted_at >= self._min_refresh_seconds
+        )
         if (stale or kid not in self._keys) and allowed:
             await self._refresh(self._attempts)
         return self._keys.get(kid)
@@ -188,7 +212,7 @@ class JwksCache:
                     type(exc).__name__,
                     exc,
                     len(self._keys),
-                    MIN_REFRESH_SECONDS,
+                    self._min_refresh_seconds,
                 )
                 return
             self._keys = keys

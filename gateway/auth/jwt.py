@@ -196,15 +196,23 @@ class AdminTokenVerifier:
         jwks: JwksCache | None = None
         owned: httpx.AsyncClient | None = None
         cache_seconds = settings.admin_jwks_cache_seconds
+        min_refresh = settings.admin_jwks_min_refresh_seconds
         if settings.admin_jwks_file is not None:
             jwks = JwksCache.from_file(
-                settings.admin_jwks_file, cache_seconds=cache_seconds, clock=clock
+                settings.admin_jwks_file,
+                cache_seconds=cache_seconds,
+                min_refresh_seconds=min_refresh,
+                clock=clock,
             )
         elif settings.admin_jwks_url is not None:
             if http is None:
                 http = owned = httpx.AsyncClient(timeout=FETCH_TIMEOUT)
             jwks = JwksCache.from_url(
-                str(settings.admin_jwks_url), http, cache_seconds=cache_seconds, clock=clock
+                str(settings.admin_jwks_url),
+                http,
+                cache_seconds=cache_seconds,
+                min_refresh_seconds=min_refresh,
+                clock=clock,
             )
         if secret is None and jwks is None:
             return None
