@@ -53,7 +53,8 @@ class KeyStore(KeyChanges):
     """API keys in a SQL database, reached through one `AsyncEngine`.
 
     Reads and authentication are here; the changes (create, update, revoke, rotate, each with
-    its audit entry) come from `gateway.keys.changes.KeyChanges`. Build it with `KeyStore.from_url(settings.database_url)`, call
+    its audit entry) come from `gateway.keys.changes.KeyChanges`. Build it with
+    `KeyStore.from_url(settings.database_url)`, call
     `create_schema(auto_upgrade=settings.database_auto_upgrade)` once at startup, and `close()`
     at shutdown.
     """
