@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 
 from gateway import __version__
 from gateway.admin.auth import AdminDep, ReaderDep, get_verifier
+from gateway.admin.body import BoundedBodyRoute
 from gateway.admin.schemas import (
     MAX_PAGE,
     Audit,
@@ -39,7 +40,12 @@ from gateway.keys.schema import KeyStatus
 from gateway.keys.store import InvalidKeyError, KeyNotFoundError, KeyStore
 from gateway.metering.report import read_usage
 
-router = APIRouter(prefix="/admin/v1", dependencies=[Depends(get_verifier)], tags=["admin"])
+router = APIRouter(
+    prefix="/admin/v1",
+    dependencies=[Depends(get_verifier)],
+    tags=["admin"],
+    route_class=BoundedBodyRoute,  # bodies read within a limit, before the token is checked
+)
 
 PageSize = Annotated[int, Query(ge=1, le=MAX_PAGE)]
 #: The usage window when none is given (as `gateway keys usage`), and the longest one.

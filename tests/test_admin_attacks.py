@@ -1,0 +1,86 @@
+"""Attacks on the admin API over a real loopback gateway, each one a finding of the review of
+issue 13 that was fixed: what an anonymous client, an app key holder or a `read` token could do.
+
+The JWT attack set proper is in tests/test_admin_jwt.py and tests/test_admin_api.py; here are
+the attacks that got through before their fix, so each test failed then.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import Gateway
+from tests.test_admin_api import SECRET, Admin, _token
+
+
+@pytest.fixture
+def admin_gateway(make_gateway: Callable[..., Gateway]) -> Gateway:
+    return make_gateway(admin_jwt_secret=SECRET)
+
+
+@pytest.fixture
+def admin(admin_gateway: Gateway) -> Iterator[Admin]:
+    client = Admin(admin_gateway, _token())
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def reader(admin_gateway: Gateway) -> Iterator[Admin]:
+    client = Admin(admin_gateway, _token("read", "bob@example.com"))
+    yield client
+    client.close()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _forge(claims: dict[str, Any], secret: str = "not-the-secret") -> str:  # noqa: S107
+    """An HS256 token with any claims (signed with `secret`, by default not the gateway's)."""
+    header = _b64(b'{"alg":"HS256"}')
+    signing_input = f"{header}.{_b64(json.dumps(claims).encode())}"
+    signature = hmac.new(secret.encode(), signing_input.encode(), hashlib.sha256).digest()
+    return f"{signing_input}.{_b64(signature)}"
+
+
+# --- an anonymous client -----------------------------------------------------------------------
+
+
+def test_an_anonymous_body_is_not_read_past_the_admin_body_limit(admin_gateway: Gateway) -> None:
+    # FastAPI reads a route's body before its dependencies run, so before the token is checked:
+    # without a limit, anyone could make the gateway buffer gigabytes (it held 1.3 GB of RSS
+    # for one 400 MB post) and only then answer 401.
+    def body() -> Iterator[bytes]:
+        yield b'{"name": "'
+        for _ in range(64):  # 64 MiB, chunked: no Content-Length to refuse it by
+            yield b"a" * (1024 * 1024)
+        yield b'"}'
+
+    response = httpx.post(
+        f"{admin_gateway.url}/admin/v1/keys",
+        content=body(),
+        headers={"Content-Type": "application/json"},
+        timeout=60,
+    )
+    # A declared length is refused before a byte of the body is read (only the head is sent).
+    host, port = admin_gateway.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(
+            b"POST /admin/v1/keys HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000000000000\r\n\r\n"
+        )
+        declared = sock.recv(4096)
+
+    assert response.status_code == 413, response.text
+    assert declared.startswith(b"HTTP/1.1 413 "), declared
+    assert response.json()["error"]["message"].startswith("request body is larger than")
