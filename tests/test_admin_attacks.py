@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import socket
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -84,3 +85,20 @@ def test_an_anonymous_body_is_not_read_past_the_admin_body_limit(admin_gateway: 
     assert response.status_code == 413, response.text
     assert declared.startswith(b"HTTP/1.1 413 "), declared
     assert response.json()["error"]["message"].startswith("request body is larger than")
+
+
+def test_an_unsigned_token_with_a_huge_integer_time_is_a_401_not_a_500(
+    admin_gateway: Gateway,
+) -> None:
+    # `math.isfinite(10**400)` raises OverflowError: before the fix, anyone got a 500 (and a
+    # traceback in the log) with a token that needs no signature to reach that check.
+    now = int(time.time())
+    base = {"iss": "llm-gateway", "aud": "llm-gateway-admin", "sub": "x", "scope": "admin"}
+    for name in ("exp", "nbf", "iat"):
+        claims = {**base, "iat": now, "nbf": now, "exp": now + 60, name: 10**400}
+        response = httpx.get(
+            f"{admin_gateway.url}/admin/v1/keys",
+            headers={"Authorization": f"Bearer {_forge(claims)}"},
+        )
+        assert response.status_code == 401, (name, response.text)
+        assert response.json()["error"]["message"] == "malformed token"

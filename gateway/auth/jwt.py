@@ -97,8 +97,15 @@ def mint_token(
     return jwt.encode(claims, secret, algorithm="HS256")
 
 
+#: Latest time claim accepted (year 9999): an integer beyond it is no time, and one beyond a
+#: float's range would make `math.isfinite` (and every later comparison with a float) raise.
+_MAX_TIME = 253_402_300_799
+
+
 def _is_time(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value) if isinstance(value, float) else abs(value) <= _MAX_TIME
 
 
 def _parse(token: str) -> dict[str, Any]:
