@@ -113,6 +113,11 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
         # uvicorn cancels what is left a little after the app ended its streams itself.
         timeout_graceful_shutdown=int(settings.shutdown_timeout) + 2,
         server_header=False,
+        # The client's address is the gateway's to judge (`gateway.access.client_address`,
+        # GATEWAY_TRUSTED_PROXIES). uvicorn's own proxy headers, on by default and trusting
+        # 127.0.0.1, would let any client arriving over loopback (a sidecar, a TCP proxy)
+        # set the address the access log and the audit trail record.
+        proxy_headers=False,
         # Annotated int, but only handed to `loop.call_later`: a float works.
         timeout_keep_alive=settings.keepalive_timeout,  # type: ignore[arg-type]
     )

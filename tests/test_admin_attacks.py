@@ -14,12 +14,14 @@ import json
 import socket
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import Gateway
+from gateway.testing.stack import gateway_process
+from tests.conftest import Emulator, Gateway
 from tests.test_admin_api import SECRET, Admin, _token
 
 
@@ -102,3 +104,26 @@ def test_an_unsigned_token_with_a_huge_integer_time_is_a_401_not_a_500(
         )
         assert response.status_code == 401, (name, response.text)
         assert response.json()["error"]["message"] == "malformed token"
+
+
+def test_x_forwarded_for_does_not_write_the_audit_source_without_trusted_proxies(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    # `gateway serve` runs uvicorn, whose proxy headers default to on and trust 127.0.0.1:
+    # before the fix, any client reaching the gateway over loopback (a sidecar, a TCP proxy)
+    # wrote the address it liked into the audit trail and the access log, although
+    # GATEWAY_TRUSTED_PROXIES was empty.
+    env = {"GATEWAY_UPSTREAM_URL": emulator.url, "GATEWAY_ADMIN_JWT_SECRET": SECRET}
+    with gateway_process(tmp_path, env) as gateway:
+        admin = httpx.Client(
+            base_url=f"{gateway.url}/admin/v1",
+            headers={"Authorization": f"Bearer {_token()}", "X-Forwarded-For": "203.0.113.9"},
+        )
+        with admin:
+            created = admin.post("/keys", json={"name": "spoofed"})
+            assert created.status_code == 201, created.text
+            entries = admin.get("/audit").json()["data"]
+        log = gateway.log_tail(200)
+
+    assert [entry["source"] for entry in entries] == ["127.0.0.1"]
+    assert "203.0.113.9" not in log

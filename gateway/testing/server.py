@@ -57,6 +57,7 @@ class LoopbackServer:
             loop="asyncio",
             http=http,
             ws="none",
+            proxy_headers=False,  # as `gateway serve`: GATEWAY_TRUSTED_PROXIES decides alone
             timeout_graceful_shutdown=shutdown_timeout,
         )
         self._server = uvicorn.Server(config)
