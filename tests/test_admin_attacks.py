@@ -127,3 +127,44 @@ def test_x_forwarded_for_does_not_write_the_audit_source_without_trusted_proxies
 
     assert [entry["source"] for entry in entries] == ["127.0.0.1"]
     assert "203.0.113.9" not in log
+
+
+# --- a read token ------------------------------------------------------------------------------
+
+
+def _cursor(value: object) -> str:
+    return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
+
+
+@pytest.mark.parametrize(
+    ("path", "params"),
+    [
+        # Times whose conversion to UTC leaves datetime's range (OverflowError).
+        ("/audit", {"since": "0001-01-01T00:00:00+14:00"}),
+        ("/audit", {"until": "9999-12-31T23:59:59-14:00"}),
+        ("/keys", {"cursor": _cursor(["0001-01-01T00:00:00+14:00", "a"])}),
+        ("/keys", {"cursor": _cursor(["9999-12-31T23:59:59-14:00", "a"])}),
+        ("/usage", {"until": "0001-01-01"}),  # the default window starts before year 1
+        # An audit cursor beyond SQLite's and PostgreSQL's 64-bit integers.
+        ("/audit", {"cursor": "9" * 30}),
+    ],
+)
+def test_out_of_range_queries_are_a_422_not_a_500(
+    reader: Admin, path: str, params: dict[str, str]
+) -> None:
+    response = reader.get(path, params=params)
+
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_an_audit_page_of_the_largest_size_is_served(admin: Admin, reader: Admin) -> None:
+    # The route asks the store for one entry more than the page to know whether another
+    # follows; at the largest page size that was one more than the store allowed: a 500.
+    admin.ok("POST", "/keys", json={"name": "one"})
+
+    page = reader.ok("GET", "/audit", params={"limit": 1000})
+
+    # The fixture's key (created by the gateway's own code) and this one.
+    assert [entry["action"] for entry in page["data"]] == ["create", "create"]
+    assert page["next_cursor"] is None

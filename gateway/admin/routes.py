@@ -190,7 +190,10 @@ async def _usage(
 ) -> dict[str, Any]:
     """Read usage in a window: by default the last 30 days, at most `MAX_USAGE_DAYS` long."""
     until = until or datetime.now(UTC).date()
-    since = since or until - timedelta(days=DEFAULT_USAGE_DAYS - 1)
+    try:
+        since = since or until - timedelta(days=DEFAULT_USAGE_DAYS - 1)
+    except OverflowError:  # a default window that would start before year 1
+        raise UnprocessableError("until is too early: give since as well") from None
     if since > until:
         raise UnprocessableError("since must not be after until")
     if (until - since).days >= MAX_USAGE_DAYS:
@@ -219,7 +222,8 @@ async def list_audit(
     """The audit trail, oldest first, filtered by key, actor, action and time."""
     if action is not None and not set(action) <= set(ACTIONS):
         raise UnprocessableError(f"action must be one of {', '.join(ACTIONS)}")
-    if cursor is not None and not cursor.isdigit():
+    # ASCII digits (`isdigit` alone takes other scripts' digits), within a 64-bit id.
+    if cursor is not None and not (cursor.isascii() and cursor.isdigit() and int(cursor) < 2**63):
         raise UnprocessableError("invalid cursor")
     entries = await store.list_audit(
         key_id=key_id,
@@ -248,10 +252,19 @@ async def openapi(_: ReaderDep) -> JSONResponse:
 
 
 def _aware(moment: datetime | None) -> datetime | None:
-    """A time from a query string; one without a zone is taken as UTC (and said so in docs)."""
-    if moment is None or moment.tzinfo is not None:
-        return moment
-    return moment.replace(tzinfo=UTC)
+    """A time from a query string, in UTC; one without a zone is taken as UTC (docs say so).
+
+    Raises:
+        UnprocessableError: if the time in UTC is outside years 1 to 9999.
+    """
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:
+        raise UnprocessableError("time out of range") from None
 
 
 def _encode(value: Any) -> str:
@@ -270,6 +283,7 @@ def _key_cursor(cursor: str) -> tuple[datetime, str]:
         moment = datetime.fromisoformat(created_at)
         if not isinstance(key_id, str) or moment.tzinfo is None:
             raise ValueError(cursor)
-    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        moment = moment.astimezone(UTC)  # OverflowError out of range: no cursor made that
+    except (ValueError, TypeError, OverflowError, binascii.Error, UnicodeDecodeError):
         raise UnprocessableError("invalid cursor") from None
     return moment, key_id

@@ -162,13 +162,14 @@ async def list_entries(
         since: Only entries at or after this time (aware).
         until: Only entries before this time (aware).
         after_id: Only entries with a larger id (the previous page's last id).
-        limit: At most this many, 1 to `MAX_PAGE`.
+        limit: At most this many, 1 to `MAX_PAGE + 1` (one more than a page: how a caller
+            tells whether another page follows).
 
     Raises:
         ValueError: on a `limit` out of range or a naive time.
     """
-    if not 1 <= limit <= MAX_PAGE:
-        raise ValueError(f"limit must be 1 to {MAX_PAGE}")
+    if not 1 <= limit <= MAX_PAGE + 1:
+        raise ValueError(f"limit must be 1 to {MAX_PAGE + 1}")
     query = select(AuditRow).order_by(AuditRow.id).limit(limit)
     if key_id is not None:
         query = query.where(AuditRow.key_id == key_id)
