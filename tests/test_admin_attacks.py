@@ -168,3 +168,38 @@ def test_an_audit_page_of_the_largest_size_is_served(admin: Admin, reader: Admin
     # The fixture's key (created by the gateway's own code) and this one.
     assert [entry["action"] for entry in page["data"]] == ["create", "create"]
     assert page["next_cursor"] is None
+
+
+# --- an admin token: what it writes is later printed to operators ------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # A name or model printed raw by `gateway keys list` in an operator's terminal: ANSI
+        # escapes recolour or erase it, a newline forges a row, a bidi override reorders it.
+        {"name": "ok\x1b[2K\x1b[1Gadmin-key  all  0  0  0  yes"},
+        {"name": "ok\nforged-row"},
+        {"name": "ok\u202eeliah"},
+        {"name": "a", "models": ["llama3.2\x1b[8m"]},
+        # Bounds: 1,000 names of at most 200 characters (the usage table's model column).
+        {"name": "a", "models": [""]},
+        {"name": "a", "models": ["m" * 201]},
+        {"name": "a", "models": [f"m{i}" for i in range(1001)]},
+        # An expiry whose conversion to UTC leaves datetime's range: a 500 before.
+        {"name": "a", "expires_at": "9999-12-31T23:59:59-14:00"},
+        {"name": "a", "expires_at": "0001-01-01T00:00:00+14:00"},
+    ],
+)
+def test_names_models_and_expiries_that_would_corrupt_output_are_refused(
+    admin: Admin, body: dict[str, Any]
+) -> None:
+    created = admin.post("/keys", json=body)
+    key_id = admin.gateway.key_id
+    patched = admin.patch(f"/keys/{key_id}", json={k: v for k, v in body.items() if k != "name"})
+    if "name" in body and len(body) == 1:
+        patched = admin.patch(f"/keys/{key_id}", json=body)
+
+    assert created.status_code == 422, created.text
+    assert patched.status_code == 422, patched.text
+    assert [key["id"] for key in admin.ok("GET", "/keys")["data"]] == [key_id]

@@ -70,8 +70,9 @@ class KeyChanges:
             later: only its hash is stored.
 
         Raises:
-            ValueError: on an empty or too long name, an empty `models` list (use None for all
-                models), a naive `expires_at`, a negative (or too large) limit, or a
+            ValueError: on an empty, too long or unprintable name (`check_name`), an empty,
+                too long or unprintable `models` list (`check_models`; None for all models),
+                a naive or out-of-range `expires_at`, a negative (or too large) limit, or a
                 `manage_models` that is not a bool.
         """
         key_id, secret, full_key = generate_key()

@@ -22,6 +22,10 @@ from typing import Final, Literal
 InvalidKeyReason = Literal["malformed", "unknown", "revoked", "expired"]
 
 MAX_NAME_LENGTH = 200
+MAX_MODEL_LENGTH = 200
+"""The longest model name in an allow-list: the usage table's model column."""
+MAX_MODELS = 1000
+"""Most names in one allow-list (far above any real deployment's catalogue)."""
 MAX_LIMIT = 2**31 - 1
 """The largest per-key limit: PostgreSQL's `integer`, so both backends accept the same values."""
 _DURATION = re.compile(r"([1-9][0-9]*)([smhdw])")
@@ -44,11 +48,18 @@ UNSET: Final = Unset.UNSET
 def check_name(name: str) -> str:
     """Return `name` if it is a valid key name.
 
+    Names are printed as they are by `gateway keys list` and other commands, in an operator's
+    terminal, and an admin API token can set them: a control character (an ANSI escape, a
+    newline), a bidi override or other invisible format character could forge or hide output.
+
     Raises:
-        ValueError: if it is blank or longer than 200 characters.
+        ValueError: if it is blank, longer than 200 characters, or holds a character that is not
+            printable (`str.isprintable`; the space is).
     """
     if not name.strip() or len(name) > MAX_NAME_LENGTH:
         raise ValueError(f"key name must be 1 to {MAX_NAME_LENGTH} characters")
+    if not name.isprintable():
+        raise ValueError("key name must not hold control or invisible formatting characters")
     return name
 
 
@@ -56,8 +67,10 @@ def check_models(models: Sequence[str] | None) -> list[str] | None:
     """Return the allow-list as stored: None (every model), or the distinct names in order.
 
     Raises:
-        ValueError: on a bare string (a sequence of characters, almost surely a mistake) or an
-            empty list (which would allow nothing; None allows everything).
+        ValueError: on a bare string (a sequence of characters, almost surely a mistake), an
+            empty list (which would allow nothing; None allows everything), more than
+            `MAX_MODELS` names, or a name that is not a string, is blank, longer than
+            `MAX_MODEL_LENGTH` or not printable (as for `check_name`: names are printed).
     """
     if isinstance(models, str):
         raise ValueError("models must be a sequence of names, not a string")
@@ -65,6 +78,13 @@ def check_models(models: Sequence[str] | None) -> list[str] | None:
         return None
     if not models:
         raise ValueError("models must be None (all models) or a non-empty list")
+    if len(models) > MAX_MODELS:
+        raise ValueError(f"an allow-list holds at most {MAX_MODELS} models")
+    for model in models:
+        if not isinstance(model, str) or not model.strip() or len(model) > MAX_MODEL_LENGTH:
+            raise ValueError(f"each model name must be 1 to {MAX_MODEL_LENGTH} characters")
+        if not model.isprintable():
+            raise ValueError("model names must not hold control or invisible characters")
     return list(dict.fromkeys(models))
 
 
@@ -80,7 +100,10 @@ def check_expiry(expires_at: datetime | None) -> datetime | None:
         raise ValueError(f"expires_at must be a datetime or None, not {expires_at!r}")
     if expires_at.tzinfo is None or expires_at.utcoffset() is None:
         raise ValueError(f"naive datetime {expires_at!r}: pass a timezone-aware one")
-    return expires_at.astimezone(UTC)
+    try:
+        return expires_at.astimezone(UTC)
+    except OverflowError:  # year 9999 at -14:00 is year 10000 in UTC
+        raise ValueError("expires_at is out of range in UTC (years 1 to 9999)") from None
 
 
 def check_grace(grace: timedelta) -> timedelta:
