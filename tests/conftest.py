@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +186,78 @@ def metric_value(text: str, name: str, **labels: str) -> float:
         if all(f'{k}="{v}"' in label_text for k, v in labels.items()):
             total += float(value)
     return total
+
+
+# --- the key store on both backends ----------------------------------------------------
+
+
+@dataclass
+class Database:
+    """Where a test's stores connect: a URL plus extra engine options."""
+
+    url: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def open(self) -> KeyStore:
+        return KeyStore.from_url(self.url, **self.options)
+
+    async def execute(self, *statements: Any) -> None:
+        """Run raw SQL outside any KeyStore, in one transaction."""
+        engine = create_async_engine(self.url, poolclass=NullPool, **self.options)
+        try:
+            async with engine.begin() as conn:
+                for statement in statements:
+                    await conn.execute(statement)
+        finally:
+            await engine.dispose()
+
+    async def scalar(self, statement: Any) -> Any:
+        """Run one raw SQL query outside any KeyStore and return its first value."""
+        engine = create_async_engine(self.url, poolclass=NullPool, **self.options)
+        try:
+            async with engine.connect() as conn:
+                return await conn.scalar(statement)
+        finally:
+            await engine.dispose()
+
+
+async def _postgres_database() -> AsyncIterator[Database]:
+    schema = f"gw_test_{secrets.token_hex(6)}"
+    admin = create_async_engine(PG_URL, poolclass=NullPool, connect_args={"timeout": 5})
+    try:
+        async with admin.begin() as conn:
+            await conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    except (OSError, SQLAlchemyError) as exc:
+        await admin.dispose()
+        message = f"PostgreSQL at {PG_URL} is not reachable: {exc!r}"
+        if _in_ci():
+            pytest.fail(f"{message} (CI is set, so this is a failure, not a skip)")
+        pytest.skip(f"{message}; start it or set GATEWAY_TEST_POSTGRES_URL")
+    try:
+        yield Database(
+            PG_URL, {"connect_args": {"timeout": 5, "server_settings": {"search_path": schema}}}
+        )
+    finally:
+        async with admin.begin() as conn:
+            await conn.execute(text(f'DROP TABLE IF EXISTS "{schema}".gateway_api_keys'))
+            await conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        await admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
+    if request.param == "sqlite":
+        yield Database(f"sqlite+aiosqlite:///{tmp_path / 'keys.db'}")
+    else:
+        async for database in _postgres_database():
+            yield database
+
+
+@pytest.fixture
+async def store(database: Database) -> AsyncIterator[KeyStore]:
+    key_store = database.open()
+    try:
+        await key_store.create_schema()
+        yield key_store
+    finally:
+        await key_store.close()

@@ -13,7 +13,7 @@ import hmac
 import json
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +22,9 @@ import pytest
 
 from gateway.testing.stack import gateway_process
 from tests.conftest import Emulator, Gateway
-from tests.test_admin_api import SECRET, Admin, _token
+from tests.test_admin_api import SECRET, Admin, _token, admin, admin_gateway
 
-
-@pytest.fixture
-def admin_gateway(make_gateway: Callable[..., Gateway]) -> Gateway:
-    return make_gateway(admin_jwt_secret=SECRET)
-
-
-@pytest.fixture
-def admin(admin_gateway: Gateway) -> Iterator[Admin]:
-    client = Admin(admin_gateway, _token())
-    yield client
-    client.close()
+__all__ = ["admin", "admin_gateway"]  # fixtures, imported so pytest finds them here
 
 
 @pytest.fixture

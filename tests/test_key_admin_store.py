@@ -16,9 +16,8 @@ from sqlalchemy import text
 
 from gateway.keys.audit import Actor
 from gateway.keys.store import InvalidKeyError, KeyNotFoundError, KeyStore
-from tests.test_keystore import T0, Database, database, store
-
-__all__ = ["database", "store"]  # fixtures, imported so pytest finds them here
+from tests.conftest import Database
+from tests.test_keystore import T0
 
 ALICE = Actor("alice@example.com", "192.0.2.7")
 

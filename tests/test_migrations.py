@@ -1,4 +1,4 @@
-# ruff: noqa: F811 (tests take the `database` fixture imported from tests.test_keystore by name)
+
 """The schema migrations (gateway.db.migrate) on SQLite files and the PostgreSQL server.
 
 Databases made by earlier releases are rebuilt here from their frozen DDL, so that an upgrade is
@@ -44,7 +44,7 @@ from gateway.db.migrate import (
 from gateway.db.migrations import VERSION_TABLE
 from gateway.db.tables import Base, UTCDateTime
 from gateway.settings import Settings
-from tests.test_keystore import PG_URL, Database, _in_ci, database  # noqa: F401
+from tests.conftest import PG_URL, Database, _in_ci
 
 HEAD = "0002"
 CREATED = datetime(2020, 1, 1, tzinfo=UTC)

@@ -6,7 +6,6 @@ back with `read_usage`. PostgreSQL tests run in a schema of their own (`tests.te
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -23,7 +22,6 @@ from gateway.metering.counting import UNKNOWN_MODEL, canonical_model, is_error
 from gateway.metering.report import UsageTotals, read_usage
 from gateway.metering.usage import UsageSink
 from gateway.neutral import RequestSummary
-from tests.test_keystore import Database, _postgres_database
 
 #: 2030-01-02 00:00:05 UTC: five seconds into a UTC day.
 NOW = datetime(2030, 1, 2, 0, 0, 5, tzinfo=UTC).timestamp()
@@ -45,25 +43,6 @@ SUMMARY = RequestSummary(
     key_id="k1",
     requested_model="llama3.2",
 )
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
-    if request.param == "sqlite":
-        yield Database(f"sqlite+aiosqlite:///{tmp_path / 'usage.db'}")
-    else:
-        async for database in _postgres_database():
-            yield database
-
-
-@pytest.fixture
-async def store(database: Database) -> AsyncIterator[KeyStore]:
-    key_store = database.open()
-    try:
-        await key_store.create_schema()
-        yield key_store
-    finally:
-        await key_store.close()
 
 
 def _sink(store: KeyStore, **options: Any) -> UsageSink:
