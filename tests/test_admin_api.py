@@ -256,6 +256,10 @@ def test_openapi_lists_the_admin_routes_to_admin_tokens_only(admin: Admin) -> No
         document["paths"]
     )
     assert not any(path.startswith("/api/") for path in document["paths"])
+    assert document["security"] == [{"adminToken": []}]
+    create = document["paths"]["/admin/v1/keys"]["post"]["responses"]
+    assert "ErrorBody" in create["422"]["content"]["application/json"]["schema"]["$ref"]
+    assert {"401", "403"} <= set(create)
     assert anonymous.status_code == 401
     assert anonymous.headers["www-authenticate"].startswith("Bearer")
 

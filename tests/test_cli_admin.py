@@ -46,11 +46,11 @@ async def test_token_prints_only_a_token_the_gateway_accepts(
     assert out == token + "\n"
     assert token.count(".") == 2
     identity = await _verify(token)
-    assert identity.subject == "cli:alice"
+    assert identity.subject == "token:alice"
     assert identity.scopes == {"admin", "read"}
     claims = _claims(token)
     assert claims["exp"] - claims["iat"] == 15 * 60  # the default ttl
-    assert "cli:alice" in err
+    assert "token:alice" in err
     assert "scope admin" in err
     assert secret not in out + err
 

@@ -169,7 +169,8 @@ async def test_every_change_is_audited_with_before_and_after_but_no_secret(
         "rpm": {"before": 5, "after": 7},
     }
     assert entries[2].changes is not None
-    assert set(entries[2].changes) == {"rotation_grace_until"}
+    assert set(entries[2].changes) == {"rotation_grace_until", "secret"}
+    assert entries[2].changes["secret"] == {"before": "not recorded", "after": "not recorded"}
     assert entries[3].changes is not None
     assert entries[3].changes["revoked_at"]["before"] is None
     # Nothing of the secret or its hash is anywhere in the trail.

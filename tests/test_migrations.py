@@ -1,4 +1,3 @@
-
 """The schema migrations (gateway.db.migrate) on SQLite files and the PostgreSQL server.
 
 Databases made by earlier releases are rebuilt here from their frozen DDL, so that an upgrade is

@@ -123,6 +123,10 @@ async def test_an_error_status_counts_no_tokens_and_a_rejection_only_the_request
         ("k1", UNKNOWN_MODEL, DAY): (2, 1, 0, 0, 0, 0, 0),
         ("k1", "other:latest", DAY): (1, 1, 0, 0, 0, 0, 0),
     }
+    await sink.flush()
+    # `-` selects the requests refused before naming a model (it is no model name to canonize).
+    unnamed = await read_usage(store.engine, model=UNKNOWN_MODEL)
+    assert [(row.model, row.totals.requests) for row in unnamed.rows] == [(UNKNOWN_MODEL, 2)]
 
 
 @pytest.mark.anyio

@@ -84,7 +84,10 @@ def _scope_checker(scope: Scope) -> object:
             identity.require(scope)
         except AdminAuthError as exc:
             _log_refusal(request, exc.message)
-            raise ForbiddenError(f"this action needs a token with the {scope} scope") from None
+            raise ForbiddenError(
+                f"this action needs a token with the {scope} scope",
+                headers={"WWW-Authenticate": exc.www_authenticate},
+            ) from None
         settings = request.state.settings
         return Actor(
             identity.subject, client_address(request.scope, settings.trusted_proxy_networks)

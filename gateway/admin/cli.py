@@ -52,7 +52,7 @@ def _token(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
         return 1
-    subject = args.subject or f"cli:{_os_user()}"
+    subject = args.subject or f"token:{_os_user()}"
     now = datetime.now(UTC)
     token = mint_token(
         settings.admin_jwt_secret.get_secret_value(),
@@ -96,6 +96,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--subject",
         type=_subject,
         metavar="NAME",
-        help="who the token is for, recorded in the audit trail (default: cli:<os user>)",
+        help="who the token is for, recorded in the audit trail (default: token:<os user>)",
     )
     token.set_defaults(handler=_token)

@@ -26,6 +26,7 @@ from gateway.admin.schemas import (
     MAX_PAGE,
     Audit,
     AuditPage,
+    ErrorBody,
     Key,
     KeyCreate,
     KeyPage,
@@ -40,8 +41,18 @@ from gateway.keys.schema import KeyStatus
 from gateway.keys.store import InvalidKeyError, KeyNotFoundError, KeyStore
 from gateway.metering.report import read_usage
 
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text}
+    for status, text in (
+        (401, "No valid admin token"),
+        (403, "The token lacks the scope"),
+        (404, "No such key"),
+        (422, "Invalid body, query or cursor"),
+    )
+}
 router = APIRouter(
     prefix="/admin/v1",
+    responses=_ERRORS,
     dependencies=[Depends(get_verifier)],
     tags=["admin"],
     route_class=BoundedBodyRoute,  # bodies read within a limit, before the token is checked
@@ -248,6 +259,10 @@ async def openapi(_: ReaderDep) -> JSONResponse:
         routes=router.routes,
         description="Keys, usage and audit of an LLM gateway (docs/admin.md).",
     )
+    document.setdefault("components", {})["securitySchemes"] = {
+        "adminToken": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}
+    }
+    document["security"] = [{"adminToken": []}]
     return JSONResponse(document)
 
 

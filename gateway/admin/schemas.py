@@ -116,6 +116,21 @@ class KeyPage(BaseModel):
     next_cursor: str | None
 
 
+class ErrorDetail(BaseModel):
+    """What went wrong, as OpenAI's error object carries it."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """Every admin API error: `{"error": {"message", "type", "param", "code"}}`."""
+
+    error: ErrorDetail
+
+
 class Audit(BaseModel):
     """One audit entry (`gateway.keys.audit.AuditEntry`)."""
 

@@ -91,7 +91,8 @@ class AuditEntry:
         """The entry as a JSON object (the CLI's `--json` and the admin API)."""
         return {
             "id": self.id,
-            "at": self.at.isoformat(),
+            # As the admin API's JSON writes UTC times, so the two listings are the same.
+            "at": self.at.isoformat().replace("+00:00", "Z"),
             "actor": self.actor,
             "action": self.action,
             "key_id": self.key_id,

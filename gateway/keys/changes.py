@@ -245,7 +245,10 @@ class KeyChanges:
                 row.previous_secret_expires_at = None
             row.secret_hash = hash_secret(secret)
             after = to_record(row)
-            add_entry(session, actor, "rotate", key_id, record_changes(before, after))
+            changes = record_changes(before, after)
+            # The secret changed; the trail says so, never what it was or is.
+            changes["secret"] = {"before": "not recorded", "after": "not recorded"}
+            add_entry(session, actor, "rotate", key_id, changes)
         return after, f"{KEY_PREFIX}{key_id}_{secret}"
 
 

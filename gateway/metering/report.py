@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.db.tables import ApiKeyRow, UsageRow
-from gateway.metering.counting import COLUMNS, canonical_model
+from gateway.metering.counting import COLUMNS, UNKNOWN_MODEL, canonical_model
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +124,9 @@ async def read_usage(
     if key_id is not None:
         query = query.where(UsageRow.key_id == key_id)
     if model is not None:
-        query = query.where(UsageRow.model == canonical_model(model))
+        # `-` (the requests refused before naming a model) is a row name, not a model name.
+        wanted = model if model == UNKNOWN_MODEL else canonical_model(model)
+        query = query.where(UsageRow.model == wanted)
     if since is not None:
         query = query.where(UsageRow.day >= since)
     if until is not None:
