@@ -12,6 +12,9 @@ each in its own `gateway.testing` module, in the order data flows through them:
   (pull, push, create progress), over the model facts of `emulator_catalog`;
 * `emulator_content`: what an answer says (tokens, a JSON `format`, a tool call, logprobs);
 * `emulator_engine`: the timing and fault engine both faces run on, via `emulator_dialect`;
+* `emulator_capacity`: a server of known capacity: `parallel` slots per model and a FIFO queue
+  (`max_queue`, then 503 busy), a per-token time that grows with the batch (`batch_slowdown`),
+  and a model's cold load (`cold_load`), so a benchmark can be checked against a known truth;
 * `emulator_wire`: Go-style JSON, error texts and timestamps; `emulator_state`: config, records.
 
 Fidelity items (reference §11 "Emulator"):
@@ -29,7 +32,11 @@ Fidelity items (reference §11 "Emulator"):
   management whose pulls, copies, creates and deletes `/api/tags` reflects (§6.7).
 
 Run it with `python -m gateway.testing.emulator --port 11434`, or in-process with
-`gateway.testing.server.LoopbackServer(create_emulator_app(config))`.
+`gateway.testing.server.LoopbackServer(create_emulator_app(config))`. A server of known capacity:
+`--parallel 4 --batch-slowdown 0.1 --max-queue 16 --load-duration 2 --ttft 0.2 --inter-token 0.02`
+runs 4 generations per model at once with a gap of 0.02 * (1 + 0.1 * (b - 1)) s per token, queues
+16 more, and makes each model's first request wait 2 s for its load; `--llamacpp-timings` adds
+llama.cpp server's `timings` on `/v1`. See `gateway.testing.emulator_capacity` for the truth.
 """
 
 from __future__ import annotations
@@ -72,6 +79,7 @@ __all__ = [
     "ReceivedRequest",
     "create_emulator_app",
     "main",
+    "parse_args",
 ]
 
 
@@ -120,14 +128,17 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the emulator under uvicorn until interrupted.
+def parse_args(argv: Sequence[str] | None = None) -> tuple[EmulatorConfig, argparse.Namespace]:
+    """Read the command line into the knobs, and the server options (`host`, `port`, ...).
 
     Args:
         argv: Command-line arguments without the program name; `sys.argv[1:]` when None.
 
     Returns:
-        The process exit status.
+        The config, and every parsed option.
+
+    Raises:
+        SystemExit: On `--help` or an invalid option (argparse).
     """
     defaults = EmulatorConfig()
     parser = argparse.ArgumentParser(
@@ -163,6 +174,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--registry", default=None, help="comma-separated models /api/pull can fetch (default: any)"
     )
+    capacity = parser.add_argument_group(
+        "capacity", "a server of known capacity (gateway.testing.emulator_capacity)"
+    )
+    capacity.add_argument(
+        "--parallel",
+        type=int,
+        default=defaults.parallel,
+        help="generations per model at once, the rest queue FIFO (0: unlimited, the default)",
+    )
+    capacity.add_argument(
+        "--batch-slowdown",
+        type=float,
+        default=defaults.batch_slowdown,
+        metavar="K",
+        help="per-token gap = inter-token * (1 + K * (b - 1)), b = the model's running "
+        "generations (default: %(default)s)",
+    )
+    capacity.add_argument(
+        "--max-queue",
+        type=int,
+        default=defaults.max_queue,
+        help="requests that may wait for a slot; more get 503 busy (default: unbounded)",
+    )
+    capacity.add_argument(
+        "--load-duration",
+        type=float,
+        default=defaults.cold_load,
+        metavar="SECONDS",
+        help="cold load of a model's first request after start or keep_alive 0, reported as "
+        "load_duration; /api/ps lists only loaded models (default: 0, all loaded)",
+    )
+    capacity.add_argument(
+        "--llamacpp-timings",
+        action="store_true",
+        help="add llama.cpp server's `timings` to the last /v1 chunk and stream: false body",
+    )
     parser.add_argument("--http", choices=["h11", "httptools"], default="httptools")
     levels = ["debug", "info", "warning", "error"]
     parser.add_argument("--log-level", default="info", choices=levels)
@@ -185,7 +232,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         tool_call=args.tool_call,
         tool_arguments=args.tool_arguments,
         registry=None if args.registry is None else [n for n in args.registry.split(",") if n],
+        parallel=args.parallel,
+        batch_slowdown=args.batch_slowdown,
+        max_queue=args.max_queue,
+        cold_load=args.load_duration,
+        llamacpp_timings=args.llamacpp_timings,
     )
+    return config, args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the emulator under uvicorn until interrupted.
+
+    Args:
+        argv: Command-line arguments without the program name; `sys.argv[1:]` when None.
+
+    Returns:
+        The process exit status.
+    """
+    config, args = parse_args(argv)
     uvicorn.run(
         create_emulator_app(config),
         host=args.host,

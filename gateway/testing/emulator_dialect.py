@@ -78,6 +78,24 @@ class Summary:
         )
         return {name: getattr(self, name) for name in names if getattr(self, name)}
 
+    def llamacpp_timings(self) -> dict[str, float]:
+        """The same counts as llama.cpp server's `timings` object: milliseconds and rates.
+
+        `prompt_*` is the prefill (`prompt_eval_*`), `predicted_*` the decode (`eval_*`); a
+        rate or per-token time over zero is 0.0 (llama.cpp would print inf or nan).
+        """
+        timings: dict[str, float] = {}
+        for side, count, nanos in (
+            ("prompt", self.prompt_eval_count, self.prompt_eval_duration),
+            ("predicted", self.eval_count, self.eval_duration),
+        ):
+            ms = nanos / 1e6
+            timings[f"{side}_n"] = count
+            timings[f"{side}_ms"] = ms
+            timings[f"{side}_per_token_ms"] = ms / count if count else 0.0
+            timings[f"{side}_per_second"] = 1e3 * count / ms if ms else 0.0
+        return timings
+
 
 class Dialect(Protocol):
     """How one endpoint family renders what the engine produces."""

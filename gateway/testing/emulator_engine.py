@@ -1,8 +1,10 @@
 """The Ollama emulator's timing and fault engine, shared by its native and OpenAI faces.
 
 Owns how one generation runs once a request is valid: picking the answer (a fault before any
-byte, an unknown model, a load, or a generation), sending its chunks on schedule as a raw ASGI
-app, playing mid-stream faults, noticing a client disconnect (§5) and measuring what the final
+byte, an unknown model, a full queue, a load or unload, or a generation), sending its chunks on
+schedule as a raw ASGI app (against a running deadline, so a constant batch has no drift; the
+capacity model of `gateway.testing.emulator_capacity` decides the waits and gaps), playing
+mid-stream faults, noticing a client disconnect (§5) and measuring what the final
 chunk reports. What the chunks say is planned by `gateway.testing.emulator_content`, how they
 look is the `Dialect`'s business (`gateway.testing.emulator_dialect`). `Endpoint` lets routes
 return raw ASGI apps, `refusal` gives other routes the same faults before the first byte, and
@@ -19,6 +21,7 @@ import anyio
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.testing.emulator_capacity import AfterLoad, Capacity, Seat
 from gateway.testing.emulator_catalog import resolve
 from gateway.testing.emulator_content import PLAIN, Shape, plan
 from gateway.testing.emulator_dialect import Dialect, Event, Piece, Summary
@@ -69,21 +72,49 @@ def answer(
     config: EmulatorConfig,
     record: ReceivedRequest,
     *,
+    capacity: Capacity,
     model: str,
     stream: bool,
     limit: int | None,
     loaded: dict[str, Any] | None = None,
+    unload: bool = False,
     shape: Shape = PLAIN,
 ) -> ASGIApp:
-    """Pick the answer once a body is valid: a fault before any byte, 404, load, or a generation."""
+    """Pick the answer once a body is valid: a fault before any byte, 404, busy, load, generation.
+
+    Args:
+        dialect: How the face renders the answer.
+        config: The request's config snapshot.
+        record: The request's record.
+        capacity: The models' slots and loads; a generation is admitted here, at arrival.
+        model: The model as asked.
+        stream: Stream the answer, or send one `stream: false` body.
+        limit: `num_predict` / `max_tokens`, or None.
+        loaded: The answer of the load/unload shortcut (§2.5), or None for a generation.
+        unload: `keep_alive: 0`: unload now (the shortcut) or once the generation ends.
+        shape: What the answer says besides plain tokens.
+
+    Returns:
+        The ASGI app that sends the answer; a full queue (`max_queue`) gets 503 and the busy text.
+    """
     refused = refusal(config, record, model)
     if refused is not None:
         return json_response(refused[0], dialect.error_body(*refused))
     if resolve(model, config.models) is None:
         return json_response(404, dialect.error_body(404, f"model '{model}' not found"))
     if loaded is not None:
-        return json_response(200, loaded)
-    return _Generation(dialect, config, record, stream=stream, pieces=plan(config, limit, shape))
+        runner = capacity.runner(model)
+        if unload:
+            runner.unload()
+            return json_response(200, loaded)
+        return AfterLoad(runner.load(config.cold_load), json_response(200, loaded))
+    seat = capacity.seat(model, config)
+    if seat is None:
+        return json_response(503, dialect.error_body(503, _BUSY))
+    pieces = plan(config, limit, shape)
+    return _Generation(
+        dialect, config, record, stream=stream, pieces=pieces, seat=seat, unload=unload
+    )
 
 
 async def run_cancellable(
@@ -137,7 +168,11 @@ class _Generation:
         *,
         stream: bool,
         pieces: tuple[list[Piece], str],
+        seat: Seat,
+        unload: bool,
     ) -> None:
+        self._seat = seat
+        self._unload = unload
         self._dialect = dialect
         self._config = config
         self._record = record
@@ -148,28 +183,35 @@ class _Generation:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # noqa: ARG002
         self._send = send
-        await run_cancellable(self._record, receive, self._produce)
+        try:
+            await run_cancellable(self._record, receive, self._produce)
+        finally:  # ended, failed or left: the slot (or queue place) goes to the next in line
+            self._seat.leave(unload=self._unload)
 
     async def _produce(self) -> Outcome:
-        config, record = self._config, self._record
+        config, record, seat = self._config, self._record, self._seat
         if config.fault == "hang_before":
             await anyio.sleep_forever()
+        await seat.take(record.started_at)
         cut = config.fault_after if config.fault in _MIDSTREAM else None
         sent: list[Piece] = []
         emitted = 0
         first_at: float | None = None
+        # One running deadline: each gap is added to the last one's due time, not slept from
+        # the wake-up, so a constant batch gives exact gaps and late wake-ups do not add up.
+        deadline = seat.prefill_start + config.ttft
         for piece in self._pieces:
             if cut is not None and piece.counted and record.tokens_sent >= cut:
                 break
-            # Schedule against the arrival time, so sleeps do not accumulate drift.
-            await _sleep_until(record.started_at + config.ttft + len(sent) * config.inter_token)
+            await _sleep_until(deadline)
             first_at = first_at or time.monotonic()
             if self._stream and not piece.silent:
                 await self._emit(self._dialect.chunk(piece, emitted))
                 emitted += 1
             sent.append(piece)
             record.tokens_sent += piece.counted
-        await _sleep_until(record.started_at + config.ttft + len(sent) * config.inter_token)
+            deadline += seat.gap()
+        await _sleep_until(deadline)
         if cut is not None:
             return await self._fault(sent)
         summary = self._summarize(first_at, sent)
@@ -210,15 +252,15 @@ class _Generation:
     def _summarize(self, first_at: float | None, sent: list[Piece]) -> Summary:
         now = time.monotonic()
         first = now if first_at is None else first_at
-        ttft = _ns(first - self._record.started_at)
-        load = min(self._config.load_duration_ns, ttft)
+        prefill = _ns(first - self._seat.prefill_start)  # the queue wait and the load excluded
+        warm = min(self._config.load_duration_ns, prefill)
         return Summary(
             done_reason=self._done_reason,
             prompt_eval_count=self._config.prompt_eval_count,
             eval_count=sum(piece.counted for piece in sent),
             total_duration=_ns(now - self._record.started_at),
-            load_duration=load,
-            prompt_eval_duration=ttft - load,
+            load_duration=_ns(self._seat.load_seconds) + warm,
+            prompt_eval_duration=prefill - warm,
             eval_duration=_ns(now - first),
             tool_called=any(piece.tool_call for piece in sent),
         )

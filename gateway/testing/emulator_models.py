@@ -68,12 +68,14 @@ async def _tags(request: Request) -> ASGIApp:
 
 
 async def _ps(request: Request) -> ASGIApp:
-    _, config, _ = request_context(request)
+    """`GET /api/ps` (§6.4): the loaded models; all of them unless `cold_load` is set."""
+    state, config, _ = request_context(request)
     expires = format_local_time(time.time() + 300)  # the default keep_alive, 5m
+    loaded = [name for name in config.models if state.capacity.runner(name).loaded(config)]
     models = [
         {**entry, "expires_at": expires, "size_vram": entry["size"]}
         | {"context_length": config.context_length}
-        for entry in map(listing, config.models)
+        for entry in map(listing, loaded)
     ]
     return json_response(200, {"models": models})
 

@@ -153,8 +153,8 @@ async def _native(request: Request, *, chat: bool) -> ASGIApp:
     context = body.get("raw") is not True
     dialect = _NativeDialect(model, chat=chat, context=context, logprobs=logprobs)
     loaded = None
+    unload = body.get("keep_alive") in (0, "0", "0s")  # the model unloads once this ends
     if not body.get("messages" if chat else "prompt"):
-        unload = body.get("keep_alive") in (0, "0", "0s")
         loaded = dialect.loaded("unload" if unload else "load")
     tools = body.get("tools") if chat else None  # /api/generate has no tools (§2.1)
     call = choose_tool_call(tools, config, f"{state.next_id()}") if tools else None
@@ -162,10 +162,12 @@ async def _native(request: Request, *, chat: bool) -> ASGIApp:
         dialect,
         config,
         record,
+        capacity=state.capacity,
         model=model,
         stream=body.get("stream") is not False,
         limit=limit if isinstance(limit, int) else None,
         loaded=loaded,
+        unload=unload,
         shape=Shape(document=document, tool_call=call),
     )
 

@@ -1,7 +1,8 @@
 """The OpenAI-compatible face of the Ollama emulator: `/v1` wire shapes and generation routes.
 
 Owns how the emulator speaks reference §7 in its current (>= v0.32.6) shape: the chunk, finish,
-usage and error objects of `/v1/chat/completions` and `/v1/completions`, tool calls (streamed as
+usage and error objects of `/v1/chat/completions` and `/v1/completions` (with llama.cpp server's
+`timings` when `llamacpp_timings` is set), tool calls (streamed as
 `delta.tool_calls` fragments whose `arguments` JSON string arrives in pieces, as OpenAI and
 vLLM send it; `finish_reason: "tool_calls"`), `logprobs.content`, and the routes that serve
 them. Which request fields matter is `gateway.testing.emulator_openai_request`'s business; what
@@ -100,7 +101,9 @@ class _OpenAIDialect:
     _object = ""
     _id_prefix = ""
 
-    def __init__(self, ask: OpenAIAsk, *, number: int, created: int, omit_usage: bool) -> None:
+    def __init__(
+        self, ask: OpenAIAsk, *, number: int, created: int, omit_usage: bool, timings: bool = False
+    ) -> None:
         self._model = ask.model
         # Ollama draws `rand.Intn(999)`, so ids collide; a counter keeps tests deterministic.
         self._id = f"{self._id_prefix}-{number % 999}"
@@ -108,6 +111,7 @@ class _OpenAIDialect:
         self._omit_usage = omit_usage
         self._stream_usage = ask.include_usage and not omit_usage
         self._logprobs = ask.logprobs
+        self._timings = timings  # llama.cpp server's `timings` on the last chunk and the body
 
     def _logprobs_of(self, pieces: list[Piece]) -> dict[str, Any]:
         """`{"logprobs": {"content": [...]}}` for the pieces' tokens, when asked (§7.1)."""
@@ -143,7 +147,16 @@ class _OpenAIDialect:
     def _with_usage(self, body: dict[str, Any], summary: Summary | None) -> dict[str, Any]:
         if not self._omit_usage:
             body["usage"] = _usage(summary)
+        if self._timings and summary is not None:
+            body["timings"] = summary.llamacpp_timings()
         return body
+
+    def _ending(self, finish: Event, summary: Summary) -> list[Event]:
+        """The finish chunk, the usage chunk when asked, `[DONE]`; `timings` on the last chunk."""
+        chunks = [finish, *self._usage_chunk(summary)]
+        if self._timings and isinstance(last := chunks[-1], dict):
+            chunks[-1] = {**last, "timings": summary.llamacpp_timings()}
+        return [*chunks, "[DONE]"]
 
 
 class ChatCompletionDialect(_OpenAIDialect):
@@ -178,7 +191,7 @@ class ChatCompletionDialect(_OpenAIDialect):
     def finish(self, summary: Summary) -> list[Event]:
         """Render the separate `delta: {}` finish chunk, the optional usage chunk, `[DONE]`."""
         choice = {"index": 0, "delta": {}, "finish_reason": _finish_reason(summary)}
-        return [self._envelope([choice]), *self._usage_chunk(summary), "[DONE]"]
+        return self._ending(self._envelope([choice]), summary)
 
     def midstream_error(self, message: str) -> list[Event]:  # noqa: ARG002 - Ollama drops it
         """Render a mid-stream error the way Ollama's middleware does (reference §4.4).
@@ -233,8 +246,7 @@ class CompletionDialect(_OpenAIDialect):
 
     def finish(self, summary: Summary) -> list[Event]:
         """Render the empty-text finish chunk, the optional usage chunk, `[DONE]`."""
-        finish = self._text_chunk("", summary.done_reason)
-        return [finish, *self._usage_chunk(summary), "[DONE]"]
+        return self._ending(self._text_chunk("", summary.done_reason), summary)
 
     def midstream_error(self, message: str) -> list[Event]:  # noqa: ARG002 - Ollama drops it
         """Render a mid-stream error as an empty-text chunk with no `[DONE]` (reference §4.4)."""
@@ -263,7 +275,8 @@ async def _openai(request: Request, *, chat: bool) -> ASGIApp:
         return json_response(400, error_object(400, "model is required"))
     kind = ChatCompletionDialect if chat else CompletionDialect
     number, created = state.next_id(), int(time.time())
-    dialect = kind(parsed, number=number, created=created, omit_usage=config.omit_usage)
+    omit, timings = config.omit_usage, config.llamacpp_timings
+    dialect = kind(parsed, number=number, created=created, omit_usage=omit, timings=timings)
     try:
         document = json_document(parsed.format, config.tokens)
     except ValueError as exc:
@@ -273,6 +286,7 @@ async def _openai(request: Request, *, chat: bool) -> ASGIApp:
         dialect,
         config,
         record,
+        capacity=state.capacity,
         model=parsed.model,
         stream=parsed.stream,
         limit=parsed.max_tokens,

@@ -2,8 +2,9 @@
 
 Owns `EmulatorConfig` (the knobs tests change between requests), `ReceivedRequest` (one request as
 the emulator saw it), `EmulatorState` (both, shared between the server and test threads, plus
-what the model management routes changed: installed models and uploaded blobs), the fault and
-outcome vocabularies, and how a handler finds its request's record and config snapshot.
+what the model management routes changed: installed models and uploaded blobs; and the models'
+slots and loads, `Capacity`), the fault and outcome vocabularies, and how a handler finds its
+request's record and config snapshot.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from gateway.testing.emulator_capacity import Capacity
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -41,9 +44,17 @@ class EmulatorConfig:
     """The emulator's knobs. Mutable: tests change them between requests.
 
     Each request takes a snapshot when it arrives, so a change never affects one in flight.
-    `ttft` covers load plus prefill; the reported durations are measured from the real delays
-    (`load_duration` is `load_duration_ns` capped at the measured TTFT, `prompt_eval_duration`
-    the rest of it, `eval_duration` from the first chunk to the final one).
+    A generation's time line is: a cold load (`cold_load`, only for a model's first request
+    after start or unload), a wait for a slot (`parallel`, FIFO), prefill (`ttft`), then one
+    gap per token (`inter_token`, stretched by `batch_slowdown` while other generations of the
+    model run), so TTFT = load + queue wait + `ttft`. The defaults (`parallel` 0, `cold_load`
+    0, `batch_slowdown` 0) leave only `ttft` and `inter_token`. The reported durations are
+    measured from the real delays: `load_duration` is the cold load waited plus
+    `load_duration_ns` (capped at the measured prefill, which it is carved from, as a warm
+    runner's lookup); `prompt_eval_duration` the rest of the prefill (the queue wait is in no
+    counter but `total_duration`, as in Ollama); `eval_duration` from the first chunk to the
+    final one, the decode time actually spent; `total_duration` from arrival to the end.
+    Capacity semantics live in `gateway.testing.emulator_capacity`; embeddings ignore them.
 
     Attributes:
         models: Installed model names; any other model gets 404 (§4.2).
@@ -81,6 +92,20 @@ class EmulatorConfig:
             schema (each property gets a fixed value of its type).
         registry: The models `/api/pull` (and `/api/create` from a missing model) can fetch;
             None lets every name be pulled. Others fail mid-stream (§6.7).
+        parallel: Generations a model runs at once, like `OLLAMA_NUM_PARALLEL`; the rest wait
+            in a FIFO queue. 0 is unlimited.
+        batch_slowdown: k in the per-token gap `inter_token * (1 + k * (b - 1))`, where b is
+            the model's generations holding a slot (in prefill or decode) as a token goes out,
+            like a GPU whose step time grows with the batch. 0 keeps `inter_token` flat.
+        max_queue: Requests that may wait for a slot, like `OLLAMA_MAX_QUEUE`; one more is
+            answered 503 with Ollama's busy text at once. None is unbounded.
+        cold_load: Seconds a model's first generation after start, or after an unload
+            (`keep_alive: 0`), waits for the load, reported in its `load_duration` and part of
+            its TTFT; requests arriving during the load wait for the same load. `/api/ps` then
+            lists only loaded models. 0 (the default) means every model is loaded at start.
+        llamacpp_timings: On `/v1`, add llama.cpp server's `timings` object (`prompt_n`,
+            `prompt_ms`, ..., `predicted_per_second`) to the last chunk before `[DONE]` and
+            to the `stream: false` body.
     """
 
     models: list[str] = field(default_factory=lambda: ["llama3.2:latest", "qwen2.5:7b"])
@@ -104,6 +129,11 @@ class EmulatorConfig:
     tool_call: bool = False
     tool_arguments: dict[str, Any] | None = None
     registry: list[str] | None = None
+    parallel: int = 0
+    batch_slowdown: float = 0.0
+    max_queue: int | None = None
+    cold_load: float = 0.0
+    llamacpp_timings: bool = False
 
 
 @dataclass(eq=False)
@@ -158,13 +188,15 @@ class EmulatorState:
 
     The model management routes (§6.7) edit `config.models`, the emulator's model store, by
     replacing the list, so a request's config snapshot never changes under it. `blobs` holds
-    the digests uploaded with `POST /api/blobs/:digest`.
+    the digests uploaded with `POST /api/blobs/:digest`. `capacity` holds each model's slots,
+    queue and load (`gateway.testing.emulator_capacity`); only the server's event loop uses it.
     """
 
     def __init__(self, config: EmulatorConfig) -> None:
         self.config = config
         self.booted_at = time.time()
         self.blobs: set[str] = set()
+        self.capacity = Capacity()
         self._modified: dict[str, float] = {}
         self._arrived = threading.Condition()
         self._records: list[ReceivedRequest] = []
