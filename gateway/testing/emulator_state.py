@@ -58,8 +58,10 @@ class EmulatorConfig:
 
     Attributes:
         models: Installed model names; any other model gets 404 (§4.2).
-        ttft: Seconds from arrival to the first chunk, and to the headers (§1).
-        inter_token: Seconds between chunks.
+        ttft: Seconds of prefill: from the slot (arrival, without a load or queue wait) to
+            the first chunk, and to the headers (§1).
+        inter_token: Seconds between chunks for a generation running alone (see
+            `batch_slowdown`).
         tokens: Content tokens per answer (`"tok0 "`, `"tok1 "`, ...). A JSON `format` answer
             is cut into this many pieces; a tool call arrives after this many tokens.
         thinking_tokens: Thinking-only chunks sent before the content (§2.3).
@@ -82,7 +84,8 @@ class EmulatorConfig:
         origin_gate: 403 with an empty body for a disallowed `Origin` (§6.8).
         omit_usage: Never send `usage` on `/v1`, like servers without `include_usage`.
         prompt_eval_count: Reported prompt tokens (0 is omitted, §9.2).
-        load_duration_ns: Reported `load_duration` (0 is omitted).
+        load_duration_ns: The warm part of `load_duration`, carved from the prefill (0 is
+            omitted); a cold load (`cold_load`) adds to it.
         embedding_dimensions: Length of the embedding vectors (§6.6, §7.4).
         context_length: The loaded context (`/api/ps`); an embedding input of more words
             is truncated, or refused with `truncate: false` (§6.6).
