@@ -181,6 +181,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[EmulatorConfig, argpa
         "--parallel",
         type=int,
         default=defaults.parallel,
+        metavar="N",
         help="generations per model at once, the rest queue FIFO (0: unlimited, the default)",
     )
     capacity.add_argument(
@@ -195,6 +196,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[EmulatorConfig, argpa
         "--max-queue",
         type=int,
         default=defaults.max_queue,
+        metavar="N",
         help="requests that may wait for a slot; more get 503 busy (default: unbounded)",
     )
     capacity.add_argument(
