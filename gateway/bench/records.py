@@ -16,6 +16,7 @@ client's own count of content chunks, and the record says so (`Source`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Literal
 
 Source = Literal["ollama", "openai.usage", "llamacpp.timings", "client"]
@@ -95,7 +96,7 @@ class RequestRecord:
     def inter_token_latencies(self) -> tuple[float, ...]:
         """Gaps between successive content chunks, seconds (client clock)."""
         times = self.chunk_times
-        return tuple(later - earlier for earlier, later in zip(times, times[1:], strict=False))
+        return tuple(later - earlier for earlier, later in pairwise(times))
 
     @property
     def decode_rate(self) -> tuple[float, Source] | None:
