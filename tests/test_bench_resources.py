@@ -182,6 +182,7 @@ async def test_monitor_origin_is_the_runs_start(emulator: Any) -> None:
     rows = await monitor.stop()
     assert rows
     assert all(10.0 <= row["t"] < 20.0 for row in rows)
+    assert await monitor.stop() == rows  # idempotent: no sample on a closed client
 
 
 async def test_monitor_goes_on_without_gpu_or_ps() -> None:
@@ -284,7 +285,16 @@ async def test_monitor_through_the_gateway_sees_in_flight_queue_and_waits(
     body = {"model": "llama3.2", "prompt": "hi", "stream": False}
     async with httpx.AsyncClient(base_url=gw.url, headers=gw.headers(), timeout=30) as client:
         answers = await asyncio.gather(*(client.post("/api/generate", json=body) for _ in range(4)))
-    assert [a.status_code for a in answers] == [200] * 4
+        assert [a.status_code for a in answers] == [200] * 4
+        # The gateway records a request just after its last byte: wait for the records, so the
+        # last sample (taken by stop) has all four.
+        for _ in range(100):
+            totals = parse_totals((await client.get("/metrics")).text)
+            if totals.get("gateway_requests_total") == 4 and not totals.get(
+                "gateway_requests_in_flight"
+            ):
+                break
+            await asyncio.sleep(0.05)
     rows = await monitor.stop()
     gateway = [row for row in rows if row["source"] == "gateway"]
     assert len(gateway) >= 3
@@ -296,6 +306,7 @@ async def test_monitor_through_the_gateway_sees_in_flight_queue_and_waits(
     assert max(row["in_flight"] for row in gateway) >= 2
     assert max(row["queue_length"] for row in gateway) >= 1
     assert max(row["slots_in_use"] for row in gateway) == 1
+    assert gateway[0]["in_flight"] == 0
     assert gateway[-1]["in_flight"] == 0
     assert [row for row in rows if row["source"] == "ps"]  # /api/ps through the gateway, keyed
     assert monitor.notes == [

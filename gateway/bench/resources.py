@@ -264,12 +264,13 @@ class ResourceMonitor:
         """Stop sampling, take a last sample, close everything.
 
         Returns:
-            The timeline rows, in time order. Safe to call once after `start()`.
+            The timeline rows, in time order. A second call only returns them again.
         """
-        if self._task is not None:
-            self._task.cancel()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
             await self.sample()
         await self._client.aclose()
         if self._gpu is not None:
