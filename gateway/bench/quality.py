@@ -1,0 +1,236 @@
+"""The quality probe: a small fixed question set with short, unambiguous answers, and its score.
+
+Owns `QUESTIONS` (the set `builtin-12`), `is_correct` (the scoring rule) and `probe_quality`
+(asks every question and scores the answers). The probe does not rank models; it catches the
+quantization that broke a model (a 2-bit build that no longer knows 7 + 5) in the same table as
+its speed. The questions are asked one at a time with greedy sampling (temperature 0, a fixed
+seed, a short `max_tokens`), non-streaming, so the answers are repeatable.
+
+Scoring rule (`is_correct`): both the answer and each accepted form of the expected answer are
+normalised (`normalise`: Unicode NFKC, case-folded, a `<think>...</think>` block dropped,
+thousands separators between digits removed, every other character that is neither a letter, a
+digit nor a decimal point between digits turned into a space, spaces collapsed). The answer is
+correct when it contains an accepted form as a whole word: not preceded or followed by a letter
+or a digit, nor by a decimal part, so `4` is not found in `14`, `40` or `4.5`, and `au` not in
+`aus`. Chinese has no spaces between words, so an accepted form in CJK script is matched as a
+plain substring, and each CJK character of the answer counts as a word boundary for the other
+forms (`7` in `三加四等于7`). An answer that names several candidates is counted correct when one
+of them is right: the probe is a smoke test of a model's knowledge, not a test of its reasoning.
+
+Changing a question or an accepted form changes the set's name (`builtin-12` -> `builtin-13`),
+so scores are only compared between runs of the same set.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+
+QUESTION_SET = "builtin-12"
+
+_EN = "Answer with only the answer, in as few words as possible.\nQuestion: {}\nAnswer:"
+_ZH = "只用最简短的答案回答，不要解释。\n问题：{}\n答案："  # noqa: RUF001 - Chinese punctuation
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """One question of the set.
+
+    Attributes:
+        id: Stable id, e.g. `arith-add`.
+        prompt: The full prompt sent (the instruction to answer briefly included).
+        answers: The accepted forms of the answer; the first is the one reported as expected.
+    """
+
+    id: str
+    prompt: str
+    answers: tuple[str, ...]
+
+
+QUESTIONS: tuple[Question, ...] = (
+    Question("arith-add", _EN.format("What is 7 + 5?"), ("12", "twelve")),
+    Question("arith-mul", _EN.format("What is 9 times 8?"), ("72", "seventy-two")),
+    Question("arith-sub", _EN.format("What is 100 minus 37?"), ("63", "sixty-three")),
+    Question("capital-france", _EN.format("What is the capital of France?"), ("Paris",)),
+    Question("capital-japan", _EN.format("What is the capital of Japan?"), ("Tokyo",)),
+    Question("capital-australia", _EN.format("What is the capital of Australia?"), ("Canberra",)),
+    Question(
+        "unit-cm", _EN.format("How many centimetres are in one metre?"), ("100", "one hundred")
+    ),
+    Question("unit-minutes", _EN.format("How many minutes are in one hour?"), ("60", "sixty")),
+    Question(
+        "unit-grams", _EN.format("How many grams are in one kilogram?"), ("1000", "one thousand")
+    ),
+    Question("symbol-gold", _EN.format("What is the chemical symbol for gold?"), ("Au",)),
+    Question("zh-capital", _ZH.format("中国的首都是哪个城市？"), ("北京", "Beijing")),  # noqa: RUF001
+    Question("zh-arith", _ZH.format("三加四等于几？"), ("7", "七")),  # noqa: RUF001
+)
+
+_THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
+_SEPARATORS = re.compile(r"(?!(?<=\d)\.(?=\d))[^\w]|_")
+_SPACES = re.compile(r"\s+")
+_CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
+
+
+def normalise(text: str) -> str:
+    """Normalise an answer or an expected form for comparison (the module docstring's rule)."""
+    text = _THINK.sub(" ", unicodedata.normalize("NFKC", text).casefold())
+    text = _SEPARATORS.sub(" ", _THOUSANDS.sub("", text))
+    return _SPACES.sub(" ", text).strip()
+
+
+def is_correct(answer: str, accepted: Sequence[str]) -> bool:
+    """Tell whether an answer contains one of the accepted forms (the module docstring's rule).
+
+    Args:
+        answer: The model's answer text.
+        accepted: The accepted forms of the expected answer.
+    """
+    said = normalise(answer)
+    # Each CJK character is a word of its own for a Latin or digit form: `7` in `等于7`.
+    spaced = _CJK.sub(r" \g<0> ", said)
+    for form in map(normalise, accepted):
+        if not form:
+            continue
+        if _CJK.search(form):
+            if form in said:
+                return True
+        elif re.search(rf"(?<![^\W_])(?<!\d\.){re.escape(form)}(?![^\W_]|\.\d)", spaced):
+            return True
+    return False
+
+
+async def ask(
+    client: httpx.AsyncClient,
+    api: Literal["ollama", "openai"],
+    model: str,
+    prompt: str,
+    *,
+    seed: int = 1234,
+    max_tokens: int = 32,
+) -> str:
+    """Ask one question, non-streaming, greedy (temperature 0).
+
+    Ollama: `POST /api/generate` with `stream: false` and `options` `temperature`, `seed`,
+    `num_predict`; its `response`. OpenAI: `POST /v1/chat/completions` with `temperature`,
+    `seed`, `max_tokens`; `choices[0].message.content`.
+
+    Args:
+        client: A client whose `base_url` is the target (with the key in its headers).
+        api: The target's API.
+        model: The model.
+        prompt: The question's prompt.
+        seed: The sampling seed.
+        max_tokens: The most tokens to generate.
+
+    Returns:
+        The answer text.
+
+    Raises:
+        httpx.HTTPError: Unreachable, timed out, or an error status.
+        ValueError: The answer is not the API's JSON shape.
+    """
+    if api == "ollama":
+        options = {"temperature": 0.0, "seed": seed, "num_predict": max_tokens}
+        body: dict[str, Any] = {"model": model, "prompt": prompt, "stream": False}
+        response = await client.post("/api/generate", json=body | {"options": options})
+    else:
+        body = {"model": model, "messages": [{"role": "user", "content": prompt}]}
+        body |= {"temperature": 0.0, "seed": seed, "max_tokens": max_tokens, "stream": False}
+        response = await client.post("/v1/chat/completions", json=body)
+    response.raise_for_status()
+    data = response.json()
+    try:
+        text = data["response"] if api == "ollama" else data["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise ValueError(f"no answer text in the {api} response") from exc
+    if not isinstance(text, str):
+        raise ValueError(f"the {api} answer text is not a string")
+    return text
+
+
+def _failure(exc: Exception) -> str:
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"HTTP {exc.response.status_code}: {exc.response.text[:200]}"
+    return f"{type(exc).__name__}: {exc}"[:200]
+
+
+async def probe_quality(
+    url: str,
+    model: str,
+    *,
+    api: Literal["ollama", "openai"] = "ollama",
+    key: str | None = None,
+    seed: int = 1234,
+    max_tokens: int = 32,
+    request_timeout: float = 120.0,
+    questions: Sequence[Question] = QUESTIONS,
+    question_set: str = QUESTION_SET,
+    notes: list[str] | None = None,
+) -> dict[str, Any]:
+    """Ask every question of the set, one at a time, and score the answers.
+
+    A question whose request fails (error status, timeout, no answer text) is counted as wrong
+    with its error recorded, and one note summarises the failures.
+
+    Args:
+        url: The target's base URL (the upstream, or the gateway).
+        model: The model.
+        api: The target's API (`ollama`: `/api/generate`; `openai`: `/v1/chat/completions`).
+        key: Sent as `Authorization: Bearer` (never stored in the result).
+        seed: The sampling seed.
+        max_tokens: The most tokens per answer.
+        request_timeout: Seconds allowed per question (the first may include the model's load).
+        questions: The set; `QUESTIONS` by default.
+        question_set: The set's name, reported as `set`.
+        notes: When given, the failure note is appended to it.
+
+    Returns:
+        The run's `quality` object: `{"score": correct / total (None for an empty set),
+        "correct", "total", "errors", "set", "answers": [{"id", "expected", "answer",
+        "correct", "error"}, ...]}` (`answer` None when the request failed).
+    """
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    answers: list[dict[str, Any]] = []
+    async with httpx.AsyncClient(
+        base_url=url.rstrip("/"), headers=headers, timeout=httpx.Timeout(request_timeout)
+    ) as client:
+        for question in questions:
+            text: str | None = None
+            error: str | None = None
+            try:
+                text = await ask(
+                    client, api, model, question.prompt, seed=seed, max_tokens=max_tokens
+                )
+            except (httpx.HTTPError, ValueError) as exc:
+                error = _failure(exc)
+            answers.append(
+                {
+                    "id": question.id,
+                    "expected": question.answers[0],
+                    "answer": text,
+                    "correct": text is not None and is_correct(text, question.answers),
+                    "error": error,
+                }
+            )
+    correct = sum(answer["correct"] for answer in answers)
+    errors = [answer for answer in answers if answer["error"] is not None]
+    if errors and notes is not None:
+        notes.append(
+            f"quality probe of {model}: {len(errors)} of {len(answers)} questions failed "
+            f"(first: {errors[0]['error']}), counted as wrong"
+        )
+    return {
+        "score": correct / len(answers) if answers else None,
+        "correct": correct,
+        "total": len(answers),
+        "errors": len(errors),
+        "set": question_set,
+        "answers": answers,
+    }
