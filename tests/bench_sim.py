@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from gateway.bench.records import RequestRecord
-from gateway.bench.shapes import Measurement
+from gateway.bench.shapes import Measure, Measurement
 
 QUEUE_FULL = "HTTP 503: upstream is at capacity and its queue is full"
 
@@ -130,3 +130,20 @@ def _refused(arrival: float) -> RequestRecord:
         output_source="client",
         model="sim",
     )
+
+
+# The hand-computed server: 4 slots, 8 tokens an answer, t(b) = 1/64 * (1 + (b - 1) / 4) s per
+# token: t(1) = 4/256, t(2) = 5/256, t(3) = 6/256, t(4) = 7/256 (exact in binary). With 4 or
+# more clients every batch is full, so answers come in waves of 4 every 8 * 7/256 = 7/32 s.
+HAND = SimulatedServer(slots=4, base=1 / 64, k=1 / 4, tokens=8)
+WAVE = 8 * 7 / 256
+WINDOW = 10 * WAVE  # 2.1875 s: exactly 10 waves
+
+
+def closed(server: SimulatedServer, duration: float) -> Measure:
+    """The driver at one concurrency on `server`, each run `duration` simulated seconds."""
+
+    async def measure(level: float) -> Measurement:
+        return server.closed_loop(int(level), duration)
+
+    return measure
