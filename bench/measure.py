@@ -1,15 +1,15 @@
 """One measured run: spawn the load generator(s) against a target, read what everything cost.
 
 Owns `measure` (one target at one concurrency: latency, throughput, the proxy's CPU per request,
-the upstream's and the load generator's CPU share), `idle_stream_memory` (the gateway's RSS per
-open idle stream) and `percentile`. The load generator is `python -m bench.load` in one or more
-processes of its own; their JSON reports are merged here.
+the upstream's and the load generator's CPU share) and `idle_stream_memory` (the gateway's RSS
+per open idle stream). The load generator is `python -m bench.load` in one or more processes of
+its own; their JSON reports are merged here. Percentiles are `gateway.bench.stats.percentile`,
+the one definition `gateway bench` uses too.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 import time
@@ -19,16 +19,7 @@ from typing import Any
 
 from bench.procstat import cpu_seconds, load_average, rss_kib
 from bench.servers import Target
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The `q`-th percentile (0-100) with linear interpolation; None without values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low, high = math.floor(rank), math.ceil(rank)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+from gateway.bench.stats import percentile
 
 
 @dataclass(frozen=True)
