@@ -1,0 +1,129 @@
+"""The saved run document: its schema name, loading and checking a file, reading its values.
+
+The runner writes one JSON document per `gateway bench run` (the contract's schema
+`gateway-bench/1`): `schema`, `created`, `command`, `fingerprint`, `parameters`, `notes` and
+`models`, each model entry with its `points` (`gateway.bench.shapes`), `knee`, `slo_limit`,
+`stopped`, `policy`, `size`, `quality`, `resources`. `compare`, `report` and `plots` read it
+through `load_run`, which checks only the structure they rely on (so a file from a newer or
+foreign tool fails with one clear sentence instead of a KeyError deep in a table), and through
+the small readers here, which treat every value as optional: a run that measured no goodput or
+no quality still renders, with "-" in its place.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "gateway-bench/1"
+#: A run document larger than this is no run of ours (a sweep of 50 points with 5 repeats is
+#: well under 10 MB); refusing it keeps a mistaken path from exhausting memory.
+MAX_BYTES = 200 * 1024 * 1024
+
+
+class RunFileError(ValueError):
+    """A run file that cannot be read or is not a `gateway-bench/1` document."""
+
+
+def load_run(path: str | Path) -> dict[str, Any]:
+    """Read and check one run document.
+
+    Args:
+        path: The JSON file written by `gateway bench run`.
+
+    Returns:
+        The document, as parsed.
+
+    Raises:
+        RunFileError: The file is missing, unreadable, too large, not JSON, or not a
+            `gateway-bench/1` document (the message names the file and the problem).
+    """
+    name = str(path)
+    try:
+        size = Path(path).stat().st_size
+        if size > MAX_BYTES:
+            raise RunFileError(f"{name}: {size} bytes is too large for a run document")
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RunFileError(f"{name}: cannot read ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise RunFileError(f"{name}: not UTF-8 text, so no run document") from exc
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RunFileError(
+            f"{name}: not JSON (line {exc.lineno} column {exc.colno}: {exc.msg})"
+        ) from exc
+    problem = check_run(doc)
+    if problem is not None:
+        raise RunFileError(f"{name}: {problem}")
+    return dict(doc)
+
+
+def check_run(doc: object) -> str | None:
+    """What makes `doc` no `gateway-bench/1` run document, or None when it is one.
+
+    Checks the structure the readers index into: the schema name, `models` as a list of
+    objects with a string `model` and a list `points` of objects with a numeric `level` and an
+    object `summary`. Everything else is optional.
+    """
+    if not isinstance(doc, dict):
+        return "not a run document (a JSON object was expected)"
+    schema = doc.get("schema")
+    if schema != SCHEMA:
+        return f"schema {schema!r} is not {SCHEMA!r}"
+    models = doc.get("models")
+    if not isinstance(models, list):
+        return "no 'models' list"
+    for index, entry in enumerate(models):
+        where = f"models[{index}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("model"), str):
+            return f"{where} has no model name"
+        points = entry.get("points")
+        if not isinstance(points, list):
+            return f"{where} has no 'points' list"
+        for number, point in enumerate(points):
+            if not isinstance(point, dict) or not isinstance(point.get("summary"), dict):
+                return f"{where}.points[{number}] has no summary"
+            level = point.get("level")
+            if isinstance(level, bool) or not isinstance(level, int | float):
+                return f"{where}.points[{number}] has no numeric level"
+    for key in ("fingerprint", "parameters"):
+        if key in doc and not isinstance(doc[key], dict):
+            return f"'{key}' is not an object"
+    return None
+
+
+def models(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The document's model entries, in the order measured."""
+    return list(doc.get("models") or [])
+
+
+def points(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A model entry's points sorted by level (the runner sorts them; old files may not)."""
+    return sorted(entry.get("points") or [], key=lambda p: p["level"])
+
+
+def stat(point: Mapping[str, Any], key: str, which: str = "median") -> float | None:
+    """One statistic over repeats of a summary key, or None when not measured.
+
+    Args:
+        point: A point object (`summary` as `stats.point_summary` builds it).
+        key: `ttft_seconds.p50`, `output_tokens_per_second`, ...
+        which: `median`, `min`, `max` or `spread`.
+    """
+    entry = (point.get("summary") or {}).get(key)
+    value = entry.get(which) if isinstance(entry, Mapping) else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def nested(mapping: Mapping[str, Any] | None, *keys: str) -> Any:
+    """`mapping[k1][k2]...`, or None as soon as a level is missing or not an object."""
+    value: Any = mapping
+    for key in keys:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
