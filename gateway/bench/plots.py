@@ -1,0 +1,186 @@
+"""PNG plots of a saved run: throughput and latency against load per model, the matrix as bars.
+
+matplotlib is optional (the extra `llm-gateway[bench]`) and imported only when a plot is drawn,
+so `gateway bench` starts fast and works without it. The figures are drawn on the Agg canvas
+directly (`matplotlib.figure.Figure` with `FigureCanvasAgg`), never through `pyplot`: pyplot
+keeps global figure state and picks a GUI backend when it finds a display, neither of which a
+command writing files wants.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gateway.bench.document import models, nested, points, stat
+from gateway.bench.tables import safe
+
+INSTALL_HINT = "pip install 'llm-gateway[bench]'"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class PlotsUnavailable(RuntimeError):
+    """matplotlib is not installed."""
+
+
+def _figure_classes() -> tuple[Any, Any]:
+    """`(Figure, FigureCanvasAgg)`, imported now.
+
+    Raises:
+        PlotsUnavailable: matplotlib is not installed.
+    """
+    try:
+        figure = importlib.import_module("matplotlib.figure")
+        agg = importlib.import_module("matplotlib.backends.backend_agg")
+    except ImportError as exc:
+        raise PlotsUnavailable(f"matplotlib is not installed: {INSTALL_HINT}") from exc
+    return figure.Figure, agg.FigureCanvasAgg
+
+
+def slug(name: str) -> str:
+    """A file-name part for a model name: only letters, digits, `.`, `_`, `-` (no `/`, no `..`)."""
+    text = _UNSAFE.sub("_", name).strip("._") or "model"
+    return text[:80]
+
+
+def _label(name: object) -> str:
+    # matplotlib reads $...$ as mathtext: a "$" in a model name would fail the plot.
+    return safe(name, 80).replace("$", r"\$")
+
+
+def plot_run(doc: Mapping[str, Any], outdir: str | Path) -> list[Path]:
+    """Draw the run's plots into `outdir` (created when missing).
+
+    Per model, `<model>-throughput.png` (output tok/s against the level) and
+    `<model>-latency.png` (TTFT p50 and p99, TPOT p50 in ms, log scale), each with the knee
+    marked; with more than one model also `matrix.png` (bars of TTFT p50, decode tok/s, knee
+    and quality per model). A model without points gets no plot.
+
+    Returns:
+        The files written, in that order.
+
+    Raises:
+        PlotsUnavailable: matplotlib is not installed.
+        OSError: `outdir` cannot be created or written.
+    """
+    figure_class, canvas_class = _figure_classes()
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    used: set[str] = set()
+
+    def save(figure: Any, name: str) -> None:
+        canvas_class(figure)
+        path = out / name
+        figure.savefig(path, dpi=100)
+        written.append(path)
+
+    for entry in models(doc):
+        ordered = points(entry)
+        if not ordered:
+            continue
+        base = slug(entry["model"])
+        # Two names can share a slug ("a/b" and "a_b"); a number keeps both plots.
+        name, n = base, 2
+        while name in used:
+            name, n = f"{base}-{n}", n + 1
+        used.add(name)
+        knee = nested(entry, "knee", "level")
+        save(
+            _throughput(figure_class(figsize=(7, 4.5)), entry["model"], ordered, knee),
+            f"{name}-throughput.png",
+        )
+        save(
+            _latency(figure_class(figsize=(7, 4.5)), entry["model"], ordered, knee),
+            f"{name}-latency.png",
+        )
+    if len(models(doc)) > 1:
+        save(_matrix(figure_class(figsize=(11, 7)), models(doc)), "matrix.png")
+    return written
+
+
+def _xlabel(ordered: Sequence[Mapping[str, Any]]) -> str:
+    return "requests/s" if ordered[0].get("shape") == "rate" else "concurrent requests"
+
+
+def _mark_knee(axes: Any, knee: object) -> None:
+    if isinstance(knee, int | float):
+        axes.axvline(knee, color="tab:red", linestyle=":", label=f"knee {knee:g}")
+
+
+def _series(
+    ordered: Sequence[Mapping[str, Any]], key: str, scale: float = 1.0
+) -> tuple[list[float], list[float]]:
+    pairs = [(float(p["level"]), stat(p, key)) for p in ordered]
+    present = [(x, y * scale) for x, y in pairs if y is not None]
+    return [x for x, _ in present], [y for _, y in present]
+
+
+def _throughput(figure: Any, model: str, ordered: Sequence[Mapping[str, Any]], knee: object) -> Any:
+    axes = figure.add_subplot()
+    xs, ys = _series(ordered, "output_tokens_per_second")
+    axes.plot(xs, ys, marker="o", label="output tok/s (median)")
+    _mark_knee(axes, knee)
+    axes.set_xlabel(_xlabel(ordered))
+    axes.set_ylabel("output tokens/s")
+    axes.set_title(f"{_label(model)}: throughput")
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def _latency(figure: Any, model: str, ordered: Sequence[Mapping[str, Any]], knee: object) -> Any:
+    axes = figure.add_subplot()
+    drawn: list[float] = []
+    for key, label, style in (
+        ("ttft_seconds.p50", "TTFT p50", "-"),
+        ("ttft_seconds.p99", "TTFT p99", "--"),
+        ("tpot_seconds.p50", "TPOT p50", "-."),
+    ):
+        xs, ys = _series(ordered, key, 1000.0)
+        if ys:
+            axes.plot(xs, ys, style, marker="o", label=label)
+            drawn.extend(ys)
+    _mark_knee(axes, knee)
+    if drawn and min(drawn) > 0:
+        axes.set_yscale("log")  # TTFT and TPOT differ by orders of magnitude
+    axes.set_xlabel(_xlabel(ordered))
+    axes.set_ylabel("ms")
+    axes.set_title(f"{_label(model)}: latency")
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def _matrix(figure: Any, entries: Sequence[Mapping[str, Any]]) -> Any:
+    names = [_label(entry["model"]) for entry in entries]
+    firsts = [points(entry)[:1] for entry in entries]
+    panels = (
+        (
+            "TTFT p50 (ms), lowest level",
+            [stat(f[0], "ttft_seconds.p50") if f else None for f in firsts],
+            1000.0,
+        ),
+        (
+            "decode p50 (tok/s), lowest level",
+            [stat(f[0], "decode_tokens_per_second.p50") if f else None for f in firsts],
+            1.0,
+        ),
+        ("knee (level)", [nested(e, "knee", "level") for e in entries], 1.0),
+        ("quality score (%)", [nested(e, "quality", "score") for e in entries], 100.0),
+    )
+    for index, (title, values, scale) in enumerate(panels, start=1):
+        axes = figure.add_subplot(2, 2, index)
+        # A missing value is a bar of 0 height: the model keeps its place on the axis.
+        heights = [v * scale if isinstance(v, int | float) else 0.0 for v in values]
+        axes.bar(range(len(names)), heights, color="tab:blue")
+        axes.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+        axes.set_title(title, fontsize=10)
+        axes.grid(True, axis="y", alpha=0.3)
+    figure.tight_layout()
+    return figure

@@ -1,0 +1,116 @@
+"""Text tables for the benchmark's reports: cells, terminal layout, GitHub-flavoured Markdown.
+
+Owns the rules every report shares: a missing value is "-"; numbers keep three or four
+significant digits; text that came from the server or a file (model names, error examples,
+reasons, notes) is escaped so that no control character reaches the terminal (an ANSI escape
+in a model name could rewrite the screen) and, in Markdown, no character changes the table's
+structure. Columns are aligned by display width, so Chinese text (two columns per character)
+lines up too.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from gateway.bench.stats import escape_error
+
+MISSING = "-"
+#: The longest a free-text cell (error example, reason) may be in a table.
+TEXT_LIMIT = 200
+#: Characters Markdown gives a meaning inside a table cell or inline text.
+_MARKDOWN = frozenset("\\`*_[]<>|#")
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """A table column: its title (with the unit, "TTFT p50 (ms)") and alignment."""
+
+    title: str
+    align: Literal["left", "right"] = "right"
+
+
+def safe(text: object, limit: int = TEXT_LIMIT) -> str:
+    """`text` as printable, one-line text: control characters escaped, cut to `limit` with `…`."""
+    return escape_error(str(text), limit)
+
+
+def number(value: float | None, scale: float = 1.0) -> str:
+    """`value` x `scale` with 3-4 significant digits ("1234", "12.3", "1.23", "0.0123"), or "-"."""
+    if value is None:
+        return MISSING
+    scaled = value * scale
+    size = abs(scaled)
+    if size >= 100:
+        return f"{scaled:.0f}"
+    if size >= 10:
+        return f"{scaled:.1f}"
+    if size == 0:
+        return "0"
+    if size >= 1:
+        return f"{scaled:.2f}"
+    return f"{scaled:.3g}"
+
+
+def percent(fraction: float | None, digits: int = 1) -> str:
+    """A fraction as a percentage ("12.5%"), or "-"."""
+    return MISSING if fraction is None else f"{fraction * 100:.{digits}f}%"
+
+
+def level(value: float | None) -> str:
+    """A load level: a concurrency as an integer, a rate with its decimals; or "-"."""
+    if value is None:
+        return MISSING
+    return f"{value:g}"
+
+
+def width(text: str) -> int:
+    """Columns `text` takes in a terminal: East Asian wide and full-width characters take two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _pad(text: str, size: int, align: str) -> str:
+    fill = " " * (size - width(text))
+    return text + fill if align == "left" else fill + text
+
+
+def text_table(columns: Sequence[Column], rows: Sequence[Sequence[str]]) -> str:
+    """An aligned terminal table: titles, a rule, one line per row (cells already escaped).
+
+    Raises:
+        ValueError: A row whose length is not the number of columns.
+    """
+    _check(columns, rows)
+    sizes = [max([width(c.title), *(width(r[i]) for r in rows)]) for i, c in enumerate(columns)]
+    lines = ["  ".join(_pad(c.title, s, c.align) for c, s in zip(columns, sizes, strict=True))]
+    lines.append("  ".join("-" * s for s in sizes))
+    for row in rows:
+        cells = zip(row, columns, sizes, strict=True)
+        lines.append("  ".join(_pad(cell, s, c.align) for cell, c, s in cells).rstrip())
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def markdown_text(text: str) -> str:
+    """Escape Markdown's structural characters (a backslash before each, as GFM allows)."""
+    return "".join("\\" + c if c in _MARKDOWN else c for c in text)
+
+
+def markdown_table(columns: Sequence[Column], rows: Sequence[Sequence[str]]) -> str:
+    """A GFM table (titles, an alignment row, one line per row); cells get `markdown_text`.
+
+    Raises:
+        ValueError: A row whose length is not the number of columns.
+    """
+    _check(columns, rows)
+    lines = ["| " + " | ".join(markdown_text(c.title) for c in columns) + " |"]
+    lines.append("|" + "|".join(":---" if c.align == "left" else "---:" for c in columns) + "|")
+    lines.extend("| " + " | ".join(markdown_text(cell) for cell in row) + " |" for row in rows)
+    return "\n".join(lines)
+
+
+def _check(columns: Sequence[Column], rows: Sequence[Sequence[str]]) -> None:
+    for row in rows:
+        if len(row) != len(columns):
+            raise ValueError(f"a row of {len(row)} cells in a table of {len(columns)} columns")
