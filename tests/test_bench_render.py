@@ -1,0 +1,257 @@
+"""`gateway.bench.report`, `tables` and `plots`: what a saved run looks like in each format."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import re
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from gateway.bench import plots
+from gateway.bench.compare import compare
+from gateway.bench.plots import PlotsUnavailable, plot_run, slug
+from gateway.bench.report import (
+    CSV_COLUMNS,
+    add_arguments,
+    main_report,
+    render_comparison,
+    render_csv,
+    render_json,
+    render_markdown,
+    render_matrix,
+    render_table,
+)
+from gateway.bench.tables import Column, number, text_table, width
+from tests.bench_docs import model_entry, run_doc
+
+HOSTILE = "evil\x1b[2J\x1b]0;owned\x07|name\u202e\x9b31m"
+
+
+def _printable(text: str) -> bool:
+    """No control or format character but the newline (no ANSI escape, no bidi override)."""
+    return all(c == "\n" or c.isprintable() for c in text)
+
+
+def test_numbers_keep_a_few_digits_and_missing_is_a_dash() -> None:
+    assert [number(v) for v in (1234.56, 12.345, 1.2345, 0.012345, 0.0)] == [
+        "1235",
+        "12.3",
+        "1.23",
+        "0.0123",
+        "0",
+    ]
+    assert number(0.0504, 1000.0) == "50.4"
+    assert number(None) == "-"
+
+
+def test_the_table_has_units_in_its_headers_and_the_findings_under_it() -> None:
+    out = render_table(run_doc())
+    for title in ("TTFT p50 (ms)", "TPOT p50 (ms)", "decode p50 (tok/s)", "output (tok/s)"):
+        assert title in out
+    assert "req/s" in out
+    assert "errors (%)" in out
+    assert "knee: 4 (throughput grew" in out
+    assert "SLO limit: 4 (met up to 4, missed at 8)" in out
+    assert "policy: Allow 4 requests at once (the knee)" in out
+    assert "quality: 92% (11/12) on builtin-12" in out
+    assert "cold load: 1.80 s load, 2100 ms TTFT" in out
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("concurrency"))
+    rule = lines[lines.index(header) + 1]
+    # Every row of the table is as wide as its rule: the columns line up.
+    rows = lines[lines.index(header) + 2 : lines.index(header) + 6]
+    assert all(len(row) <= len(rule) for row in rows)
+    assert [row.split()[0] for row in rows] == ["1", "2", "4", "8"]
+
+
+def test_values_not_measured_print_a_dash() -> None:
+    entry = model_entry(slo=None, quality=None)
+    entry["size"] = {"disk_bytes": None, "loaded_bytes": None, "vram_bytes": None}
+    out = render_table(run_doc([entry], slo=None))
+    row = next(line for line in out.splitlines() if line.lstrip().startswith("1 "))
+    # goodput and the SLO column are unmeasured without an SLO.
+    assert row.split()[-2:] == ["0", "-"]
+    assert "goodput" in out
+    assert "size: - GB on disk, - GB resident, - GB on GPU" in out
+    assert "quality" not in out.split("SLO")[-1]
+
+
+def test_server_text_reaches_the_terminal_without_control_characters() -> None:
+    entry = model_entry(HOSTILE, errors=1, error_text="boom\x1b[31m red\r\nsecond line")
+    doc = run_doc([entry, model_entry("other")])
+    doc["notes"] = ["note with \x1b[0m reset"]
+    for render in (render_table, render_markdown, render_csv, render_json):
+        out = render(doc)
+        assert _printable(out), render.__name__
+        assert "\x1b" not in out
+    table = render_table(doc)
+    assert "error example: boom\\x1b[31m red\\r\\nsecond line" in table
+    assert "model evil\\x1b[2J" in table
+
+
+def test_markdown_tables_are_valid_gfm() -> None:
+    doc = run_doc([model_entry("a|b"), model_entry("c")])
+    out = render_markdown(doc)
+    blocks = [b for b in out.split("\n\n") if b.startswith("|")]
+    assert len(blocks) == 3  # the matrix, then one table per model
+    for block in blocks:
+        lines = block.splitlines()
+        cells = [len(re.findall(r"(?<!\\)\|", line)) for line in lines]
+        assert len(set(cells)) == 1, block  # the same number of cells on every line
+        assert re.fullmatch(r"\|(:?---:?\|)+", lines[1])
+    assert "## a\\|b" in out
+    assert "| a\\|b |" in out
+
+
+def test_csv_has_one_row_per_model_and_point_in_stable_columns() -> None:
+    doc = run_doc([model_entry("=HYPERLINK(1)"), model_entry("b", slo=None)])
+    rows = list(csv.reader(io.StringIO(render_csv(doc))))
+    assert tuple(rows[0]) == CSV_COLUMNS
+    assert len(rows) == 1 + 2 * 4
+    records = [dict(zip(CSV_COLUMNS, row, strict=True)) for row in rows[1:]]
+    assert records[0]["model"] == "'=HYPERLINK(1)"  # a formula kept as text
+    assert records[0]["level"] == "1"
+    assert float(records[0]["ttft_p50_ms"]) == pytest.approx(50, rel=0.05)
+    assert float(records[0]["output_tok_s"]) > 0
+    assert records[0]["slo_met"] == "true"
+    assert records[4]["goodput_req_s"] == ""  # no SLO: no goodput
+    assert records[4]["slo_met"] == ""
+    assert records[0]["requests"] == "15"
+
+
+def test_json_round_trips_and_is_ascii() -> None:
+    doc = run_doc([model_entry("通义千问")])
+    out = render_json(doc)
+    assert out.isascii()
+    assert json.loads(out) == doc
+
+
+def test_the_matrix_has_one_line_per_model() -> None:
+    small = model_entry("small")
+    small["size"] = {
+        "disk_bytes": 1_000_000_000,
+        "loaded_bytes": 2_000_000_000,
+        "vram_bytes": 1_000_000_000,
+    }
+    doc = run_doc([small, model_entry("large", slowdown=2.0, quality=None)])
+    out = render_matrix(doc)
+    lines = out.splitlines()
+    assert lines[0].split("  ")[0] == "model"
+    assert "goodput at SLO limit (req/s)" in lines[0]
+    assert lines[2].split()[:5] == ["small", "1.00", "2.00", "1.00", "(50%)"]
+    assert lines[3].split()[-1] == "-"  # no quality probe
+    assert lines[2].split()[-2:] == ["92%", "(11/12)"]
+    assert out in render_table(doc)
+
+
+def test_wide_characters_are_aligned_by_display_width() -> None:
+    assert width("通义") == 4
+    table = text_table([Column("model", "left"), Column("n")], [["通义", "1"], ["ab", "22"]])
+    first, second = table.splitlines()[2:]
+    assert width(first) == width(second)
+
+
+def test_a_comparison_renders_its_rows_and_its_refusal() -> None:
+    base = run_doc()
+    slow = run_doc(slowdown=1.2, seed=2)
+    out = render_comparison(compare(base, slow))
+    assert "verdict: regression" in out
+    assert re.search(
+        r"TTFT p50 \(ms\)\s+\S+ \(\S+-\S+\)\s+\S+ \(\S+-\S+\)\s+\+\d+\.\d%\s+worse", out
+    )
+    assert "knee (level)" in out
+    other = run_doc(digests={"llama3.2:1b": f"sha256:{HOSTILE}"})
+    refused = render_comparison(compare(base, other))
+    assert refused.startswith("refused: the runs are not comparable:")
+    assert _printable(refused)
+
+
+def _cli(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="gateway bench report")
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+@pytest.mark.parametrize("fmt", ["table", "md", "csv", "json"])
+def test_the_command_prints_each_format(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fmt: str
+) -> None:
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run_doc()))
+    assert main_report(_cli(str(path), "--format", fmt)) == 0
+    out = capsys.readouterr().out
+    assert "llama3.2:1b" in out
+
+
+def test_the_command_exits_2_on_a_bad_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "run.json"
+    path.write_text('{"schema": "other"}')
+    assert main_report(_cli(str(path))) == 2
+    err = capsys.readouterr().err
+    assert "schema 'other' is not 'gateway-bench/1'" in err
+    assert "Traceback" not in err
+
+
+def test_without_matplotlib_the_plots_say_how_to_install_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def missing(name: str) -> ModuleType:
+        raise ImportError(f"No module named {name!r}")
+
+    monkeypatch.setattr(plots.importlib, "import_module", missing)
+    with pytest.raises(PlotsUnavailable, match=r"pip install 'llm-gateway\[bench\]'"):
+        plot_run(run_doc(), tmp_path)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run_doc()))
+    assert main_report(_cli(str(path), "--plots", str(tmp_path / "plots"))) == 1
+    captured = capsys.readouterr()
+    assert "model llama3.2:1b" in captured.out  # the report is printed all the same
+    assert "llm-gateway[bench]" in captured.err
+
+
+def test_model_names_become_safe_file_names() -> None:
+    assert slug("library/llama3.2:1b") == "library_llama3.2_1b"
+    assert slug("../../etc/passwd") == "etc_passwd"
+    assert slug("..") == "model"
+
+
+def _png(path: Path) -> bool:
+    return path.stat().st_size > 1000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plots_are_written_per_model_and_as_a_matrix(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    # "a/b" and "a_b" share a slug; "$" would be mathtext to matplotlib.
+    doc = run_doc([model_entry("a/b"), model_entry("a_b", slowdown=1.5), model_entry("x$y$")])
+    written = plot_run(doc, tmp_path / "out")
+    names = [p.name for p in written]
+    assert names == [
+        "a_b-throughput.png",
+        "a_b-latency.png",
+        "a_b-2-throughput.png",
+        "a_b-2-latency.png",
+        "x_y-throughput.png",
+        "x_y-latency.png",
+        "matrix.png",
+    ]
+    assert all(_png(path) for path in written)
+
+
+def test_a_single_model_has_no_matrix_and_the_command_writes_the_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run_doc(repeat=1)))
+    assert main_report(_cli(str(path), "--plots", str(tmp_path / "plots"))) == 0
+    files = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert files == ["llama3.2_1b-latency.png", "llama3.2_1b-throughput.png"]
+    assert all(_png(tmp_path / "plots" / name) for name in files)
+    assert "plot: " in capsys.readouterr().err
