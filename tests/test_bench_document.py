@@ -68,3 +68,9 @@ def test_values_are_optional_when_read() -> None:
     assert nested({"a": None}, "a", "b") is None
     assert [p["level"] for p in points({"points": [{"level": 4}, {"level": 1}]})] == [1, 4]
     assert check_run(run_doc()) is None
+
+
+def test_nan_and_infinity_read_as_unknown() -> None:
+    point = {"summary": {"a": {"median": float("nan")}, "b": {"median": float("inf")}}}
+    assert stat(point, "a") is None
+    assert stat(point, "b") is None

@@ -255,3 +255,13 @@ def test_a_single_model_has_no_matrix_and_the_command_writes_the_plots(
     assert files == ["llama3.2_1b-latency.png", "llama3.2_1b-throughput.png"]
     assert all(_png(tmp_path / "plots" / name) for name in files)
     assert "plot: " in capsys.readouterr().err
+
+
+def test_error_examples_are_listed_once_and_at_most_five() -> None:
+    entry = model_entry(errors=1, error_text="HTTP 503: busy")
+    out = render_table(run_doc([entry]))
+    assert out.count("error example: HTTP 503: busy") == 1
+    for index, point in enumerate(entry["points"]):
+        point["repeats"][0]["error_examples"] = [f"failure {index}-{n}" for n in range(5)]
+    out = render_table(run_doc([entry]))
+    assert out.count("error example: ") == 5

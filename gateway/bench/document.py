@@ -13,6 +13,7 @@ no quality still renders, with "-" in its place.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -113,10 +114,16 @@ def stat(point: Mapping[str, Any], key: str, which: str = "median") -> float | N
         point: A point object (`summary` as `stats.point_summary` builds it).
         key: `ttft_seconds.p50`, `output_tokens_per_second`, ...
         which: `median`, `min`, `max` or `spread`.
+
+    Returns:
+        The value as a float; None when missing, not a number, NaN or infinite.
     """
     entry = (point.get("summary") or {}).get(key)
     value = entry.get(which) if isinstance(entry, Mapping) else None
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    # Python's json reads NaN and Infinity; no statistic of ours is either, so they are unknown.
+    return float(value) if math.isfinite(value) else None
 
 
 def nested(mapping: Mapping[str, Any] | None, *keys: str) -> Any:

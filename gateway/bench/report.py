@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from gateway.bench.compare import Comparison, Metric, Span
 
 _MS = 1000.0
+_ERROR_EXAMPLES = 5
 _GB = 1e-9
 #: (summary key, column title, scale) of the point table, in order.
 _POINT_VALUES = (
@@ -138,11 +139,14 @@ def facts(entry: Mapping[str, Any]) -> list[str]:
     quality = entry.get("quality")
     if isinstance(quality, Mapping):
         lines.append(f"quality: {_quality(quality)} on {safe(quality.get('set'))}")
+    examples: list[str] = []
     for repeat in (p for point in points(entry) for p in point.get("repeats") or []):
         for example in repeat.get("error_examples") or []:
             line = f"error example: {safe(example)}"
-            if line not in lines:
-                lines.append(line)
+            # Every repeat keeps its own examples; a few distinct ones tell the story.
+            if line not in examples and len(examples) < _ERROR_EXAMPLES:
+                examples.append(line)
+    lines += examples
     lines += [f"note: {safe(n, 500)}" for n in nested(entry, "resources", "notes") or []]
     return lines
 
