@@ -244,12 +244,19 @@ def test_the_json_form_is_valid_json_without_infinities(
 ) -> None:
     base_doc = run_doc()
     new_doc = copy.deepcopy(base_doc)
-    # goodput from 0 to something: an infinite relative change, which JSON cannot hold.
+    # goodput from 0 to something: an infinite relative change, which JSON cannot hold; and
+    # an infinite noise from a median of 0 between repeats that differ.
     new_doc["models"][0]["points"][3]["summary"]["goodput_requests_per_second"] = {
         "median": 1.0,
         "min": 1.0,
         "max": 1.0,
         "spread": 0.0,
+    }
+    base_doc["models"][0]["points"][3]["summary"]["error_rate"] = {
+        "median": 0.0,
+        "min": 0.0,
+        "max": 0.01,
+        "spread": None,
     }
     base, new = _save(tmp_path / "b.json", base_doc), _save(tmp_path / "n.json", new_doc)
     assert main_compare(_cli(base, new, "--json")) == 0
@@ -259,3 +266,5 @@ def test_the_json_form_is_valid_json_without_infinities(
     assert goodput[-1]["verdict"] == "better"
     assert goodput[-1]["change"] is None
     assert out["rows"][0]["label"] == "TTFT p50 (ms)"
+    errors = [r for r in out["rows"] if r["metric"] == "error_rate"]
+    assert errors[-1]["noise"] is None

@@ -153,14 +153,13 @@ class Comparison:
         return EXIT_CODES[self.verdict]
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready form (`--json`); infinite changes become None, as JSON has no inf."""
+        """A JSON-ready form (`--json`); an infinite change or noise is None (JSON has no inf)."""
         rows = []
         for row in self.rows:
             item = asdict(row)
             item["metric"] = row.metric.key
             item["label"] = row.metric.label
-            if row.change is not None and not math.isfinite(row.change):
-                item["change"] = None
+            item["change"], item["noise"] = _finite(row.change), _finite(row.noise)
             rows.append(item)
         return {
             "verdict": self.verdict,
@@ -170,6 +169,10 @@ class Comparison:
             "regressions": [r for r in rows if r["verdict"] == "worse"],
             "rows": rows,
         }
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
 
 
 def judge(metric: Metric, base: Span | None, new: Span | None, threshold: float) -> Row:
@@ -215,7 +218,7 @@ def point_span(point: Mapping[str, Any], key: str) -> Span | None:
 def model_span(entry: Mapping[str, Any], key: str) -> Span | None:
     """The knee level or the quality score of a model entry (a single value), or None."""
     value = nested(entry, "knee", "level") if key == "knee" else nested(entry, "quality", "score")
-    if not isinstance(value, int | float) or isinstance(value, bool):
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
         return None
     return Span(float(value), float(value), float(value))
 
@@ -375,7 +378,7 @@ def main_compare(args: argparse.Namespace) -> int:
         return 2
     result = compare(base, new, threshold=args.threshold, allow_mismatch=args.allow_mismatch)
     if args.json:
-        print(json.dumps(result.as_dict(), indent=2, ensure_ascii=True))
+        print(json.dumps(result.as_dict(), indent=2, ensure_ascii=True, allow_nan=False))
     else:
         print(render_comparison(result))
     return result.exit_code
