@@ -265,3 +265,19 @@ def test_error_examples_are_listed_once_and_at_most_five() -> None:
         point["repeats"][0]["error_examples"] = [f"failure {index}-{n}" for n in range(5)]
     out = render_table(run_doc([entry]))
     assert out.count("error example: ") == 5
+
+
+def test_a_hand_edited_file_with_wrong_types_still_renders() -> None:
+    entry = model_entry(quality=None)
+    entry["knee"] = {"level": "four", "reason": "\x1b[1mbold"}
+    entry["cold_load"] = {"load_seconds": "slow", "ttft_seconds": None}
+    entry["size"] = {"disk_bytes": "big", "loaded_bytes": 0, "vram_bytes": 5}
+    entry["quality"] = {"score": "good", "correct": "x", "total": 12}
+    doc = run_doc([entry, model_entry("b")])
+    doc["parameters"]["repeat"] = "\x1b[2J"
+    for render in (render_table, render_markdown, render_csv, render_json):
+        assert _printable(render(doc))
+    out = render_table(doc)
+    assert "knee: - (\\x1b[1mbold)" in out
+    assert "cold load: - s load, - ms TTFT" in out
+    assert "repeat -," in out

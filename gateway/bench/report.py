@@ -26,6 +26,7 @@ from gateway.bench.plots import PlotsUnavailable, plot_run
 from gateway.bench.tables import (
     MISSING,
     Column,
+    count,
     level,
     markdown_table,
     markdown_text,
@@ -78,10 +79,6 @@ def _repeat_sum(point: Mapping[str, Any], key: str) -> int | None:
     return sum(counts) if counts else None
 
 
-def _count(value: int | None) -> str:
-    return MISSING if value is None else str(value)
-
-
 def _slo(point: Mapping[str, Any]) -> str:
     met = point.get("slo_met")
     return MISSING if met is None else ("met" if met else "missed")
@@ -98,8 +95,8 @@ def point_table(entry: Mapping[str, Any]) -> tuple[list[Column], list[list[str]]
     columns.append(Column("SLO", "left"))
     rows = []
     for point in ordered:
-        row = [level(point["level"]), _count(len(point.get("repeats") or []) or None)]
-        row += [_count(_repeat_sum(point, "requests")), _count(_repeat_sum(point, "errors"))]
+        row = [level(point["level"]), count(len(point.get("repeats") or []) or None)]
+        row += [count(_repeat_sum(point, "requests")), count(_repeat_sum(point, "errors"))]
         row += [number(stat(point, key), scale) for key, _, scale in _POINT_VALUES]
         row.append(percent(stat(point, "output_tokens_per_second", "spread")))
         row += [number(stat(point, "requests_per_second"))]
@@ -110,7 +107,7 @@ def point_table(entry: Mapping[str, Any]) -> tuple[list[Column], list[list[str]]
 
 
 def _gb(value: object) -> str:
-    return number(float(value), _GB) if isinstance(value, int | float) else MISSING
+    return number(value, _GB)
 
 
 def facts(entry: Mapping[str, Any]) -> list[str]:
@@ -152,10 +149,10 @@ def facts(entry: Mapping[str, Any]) -> list[str]:
 
 
 def _quality(quality: Mapping[str, Any]) -> str:
-    score = quality.get("score")
-    if not isinstance(score, int | float):
+    score = percent(quality.get("score"), 0)
+    if score == MISSING:
         return MISSING
-    return f"{percent(score, 0)} ({_count(quality.get('correct'))}/{_count(quality.get('total'))})"
+    return f"{score} ({count(quality.get('correct'))}/{count(quality.get('total'))})"
 
 
 def header(doc: Mapping[str, Any]) -> list[str]:
@@ -166,8 +163,8 @@ def header(doc: Mapping[str, Any]) -> list[str]:
     lines = [
         f"run {safe(doc.get('created', MISSING))}: {safe(parameters.get('target', MISSING))}"
         f" ({safe(parameters.get('api', MISSING))}{through})",
-        f"shape {safe(parameters.get('shape', MISSING))}, repeat {parameters.get('repeat', 1)},"
-        f" workload {safe(workload.get('name', MISSING))} ({workload.get('prompts', MISSING)}"
+        f"shape {safe(parameters.get('shape', MISSING))}, repeat {count(parameters.get('repeat'))},"
+        f" workload {safe(workload.get('name', MISSING))} ({count(workload.get('prompts'))}"
         f" prompts), SLO {safe(parameters.get('slo') or MISSING)}",
     ]
     return lines + [f"note: {safe(note, 500)}" for note in doc.get("notes") or []]
@@ -244,10 +241,10 @@ def render_json(doc: Mapping[str, Any]) -> str:
 
 def _on_gpu(size: Mapping[str, Any]) -> str:
     vram, loaded = size.get("vram_bytes"), size.get("loaded_bytes")
-    if not isinstance(vram, int | float):
-        return MISSING
-    share = f" ({percent(vram / loaded, 0)})" if isinstance(loaded, int | float) and loaded else ""
-    return _gb(vram) + share
+    shown = _gb(vram)
+    if isinstance(vram, int | float) and isinstance(loaded, int | float) and loaded > 0:
+        shown += f" ({percent(vram / loaded, 0)})"  # the share: < 100% is a partial offload
+    return shown
 
 
 def render_matrix(doc: Mapping[str, Any], *, markdown: bool = False) -> str:

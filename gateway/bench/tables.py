@@ -10,6 +10,7 @@ lines up too.
 
 from __future__ import annotations
 
+import math
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,11 +38,22 @@ def safe(text: object, limit: int = TEXT_LIMIT) -> str:
     return escape_error(str(text), limit)
 
 
-def number(value: float | None, scale: float = 1.0) -> str:
-    """`value` x `scale` with 3-4 significant digits ("1234", "12.3", "1.23", "0.0123"), or "-"."""
-    if value is None:
+def _real(value: object) -> float | None:
+    # A run file is input: a value of the wrong type or NaN is as good as missing.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def number(value: object, scale: float = 1.0) -> str:
+    """`value` x `scale` with 3-4 significant digits ("1234", "12.3", "1.23", "0.0123").
+
+    Anything but a finite number (None, a string from a hand-edited file) is "-".
+    """
+    real = _real(value)
+    if real is None:
         return MISSING
-    scaled = value * scale
+    scaled = real * scale
     size = abs(scaled)
     if size >= 100:
         return f"{scaled:.0f}"
@@ -54,16 +66,21 @@ def number(value: float | None, scale: float = 1.0) -> str:
     return f"{scaled:.3g}"
 
 
-def percent(fraction: float | None, digits: int = 1) -> str:
-    """A fraction as a percentage ("12.5%"), or "-"."""
-    return MISSING if fraction is None else f"{fraction * 100:.{digits}f}%"
+def percent(fraction: object, digits: int = 1) -> str:
+    """A fraction as a percentage ("12.5%"); "-" for anything but a finite number."""
+    real = _real(fraction)
+    return MISSING if real is None else f"{real * 100:.{digits}f}%"
 
 
-def level(value: float | None) -> str:
-    """A load level: a concurrency as an integer, a rate with its decimals; or "-"."""
-    if value is None:
-        return MISSING
-    return f"{value:g}"
+def level(value: object) -> str:
+    """A load level: a concurrency as an integer, a rate with its decimals; else "-"."""
+    real = _real(value)
+    return MISSING if real is None else f"{real:g}"
+
+
+def count(value: object) -> str:
+    """A whole count ("12"); "-" for anything else."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else MISSING
 
 
 def width(text: str) -> int:
