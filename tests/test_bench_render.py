@@ -275,6 +275,8 @@ def test_a_hand_edited_file_with_wrong_types_still_renders() -> None:
     entry["quality"] = {"score": "good", "correct": "x", "total": 12}
     doc = run_doc([entry, model_entry("b")])
     doc["parameters"]["repeat"] = "\x1b[2J"
+    doc["notes"] = "not a list"
+    entry["points"][0]["repeats"].append("not a repeat")
     for render in (render_table, render_markdown, render_csv, render_json):
         assert _printable(render(doc))
     out = render_table(doc)

@@ -106,6 +106,10 @@ def point_table(entry: Mapping[str, Any]) -> tuple[list[Column], list[list[str]]
     return columns, rows
 
 
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _gb(value: object) -> str:
     return number(value, _GB)
 
@@ -137,14 +141,14 @@ def facts(entry: Mapping[str, Any]) -> list[str]:
     if isinstance(quality, Mapping):
         lines.append(f"quality: {_quality(quality)} on {safe(quality.get('set'))}")
     examples: list[str] = []
-    for repeat in (p for point in points(entry) for p in point.get("repeats") or []):
-        for example in repeat.get("error_examples") or []:
+    for repeat in (r for point in points(entry) for r in _list(point.get("repeats"))):
+        for example in _list(repeat.get("error_examples") if isinstance(repeat, Mapping) else []):
             line = f"error example: {safe(example)}"
             # Every repeat keeps its own examples; a few distinct ones tell the story.
             if line not in examples and len(examples) < _ERROR_EXAMPLES:
                 examples.append(line)
     lines += examples
-    lines += [f"note: {safe(n, 500)}" for n in nested(entry, "resources", "notes") or []]
+    lines += [f"note: {safe(n, 500)}" for n in _list(nested(entry, "resources", "notes"))]
     return lines
 
 
@@ -167,7 +171,7 @@ def header(doc: Mapping[str, Any]) -> list[str]:
         f" workload {safe(workload.get('name', MISSING))} ({count(workload.get('prompts'))}"
         f" prompts), SLO {safe(parameters.get('slo') or MISSING)}",
     ]
-    return lines + [f"note: {safe(note, 500)}" for note in doc.get("notes") or []]
+    return lines + [f"note: {safe(note, 500)}" for note in _list(doc.get("notes"))]
 
 
 def render_table(doc: Mapping[str, Any]) -> str:
@@ -336,7 +340,13 @@ RENDERERS: dict[str, Callable[[Mapping[str, Any]], str]] = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of `gateway bench report`."""
     parser.add_argument("run", metavar="RUN", help="a run document (JSON) from gateway bench run")
-    parser.add_argument("--format", choices=sorted(RENDERERS), default="table")
+    parser.add_argument(
+        "--format",
+        choices=sorted(RENDERERS),
+        default="table",
+        help="table (terminal, default), md (GitHub Markdown), csv (one row per model and"
+        " point), json (the document)",
+    )
     parser.add_argument("--plots", metavar="DIR", type=Path, help="also write PNG plots to DIR")
 
 
