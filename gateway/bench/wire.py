@@ -131,9 +131,7 @@ class Connection(asyncio.Protocol):
             self.transport.close()
 
 
-async def connect(
-    host: str, port: int, *, tls: bool = False, timeout: float = 10.0
-) -> Connection:
+async def connect(host: str, port: int, *, tls: bool = False, timeout: float = 10.0) -> Connection:
     """Open a `Connection` to `host:port` (over TLS with the system's trust store if `tls`).
 
     Raises:
