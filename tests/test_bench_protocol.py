@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -170,7 +171,7 @@ def read(api: str, body: bytes, *pieces_at: tuple[int, float]) -> AnswerReader:
     reader = AnswerReader(api)  # type: ignore[arg-type]
     cuts = [0, *(cut for cut, _ in pieces_at), len(body)]
     times = [0.5, *(at for _, at in pieces_at)]
-    for (low, high), at in zip(zip(cuts, cuts[1:], strict=False), times, strict=True):
+    for (low, high), at in zip(itertools.pairwise(cuts), times, strict=True):
         reader.feed(body[low:high], at)
     reader.close(9.0)
     return reader
@@ -239,7 +240,8 @@ def test_ollama_final_chunk_without_counters_falls_back_to_the_client_count():
     record = read("ollama", b"".join(ndjson_parts(lines))).record(0.0, 1.0, 200)
     assert record.ok
     assert (record.output_tokens, record.output_source) == (2, "client")
-    assert record.prompt_tokens is None and record.prompt_source is None
+    assert record.prompt_tokens is None
+    assert record.prompt_source is None
     assert record.timing_source is None
 
 
@@ -329,15 +331,18 @@ def test_a_stream_without_a_final_chunk_is_not_ok():
     record = read("openai", b"".join(sse_parts(events))).record(0.0, 1.0, 200)
     assert not record.ok
     assert record.error == "answer ended without a final chunk"
-    assert record.output_tokens == 3 and record.output_source == "client"
+    assert record.output_tokens == 3
+    assert record.output_source == "client"
 
 
 def test_malformed_lines_are_errors_escaped():
     body = b'{"response": "a", "done": false}\nnot json \x1b[31m\n'
     record = read("ollama", body).record(0.0, 1.0, 200)
     assert not record.ok
-    assert record.error is not None and record.error.startswith("answer line is not JSON")
-    assert "\x1b" not in record.error and "\\x1b" in record.error
+    assert record.error is not None
+    assert record.error.startswith("answer line is not JSON")
+    assert "\x1b" not in record.error
+    assert "\\x1b" in record.error
 
 
 def test_failed_status_takes_the_error_text_from_the_body():
@@ -357,12 +362,14 @@ def test_failed_status_takes_the_error_text_from_the_body():
 def test_error_texts_are_escaped_and_cut():
     long_body = b'{"error": "' + b"x" * 5000 + b'\\n"}'
     text = error_text(long_body)
-    assert len(text) == 200 and text.endswith("…")
+    assert len(text) == 200
+    assert text.endswith("…")
     assert error_text(b"plain\ntext") == "plain\\ntext"
     reader = AnswerReader("ollama")
     reader.feed_error(b"y" * 5000)
     record = reader.record(0.0, 1.0, 500)
-    assert record.error is not None and len(record.error) <= 210
+    assert record.error is not None
+    assert len(record.error) <= 210
 
 
 def test_client_failure_wins_and_no_status_means_no_answer():
@@ -379,4 +386,5 @@ def test_a_runaway_line_is_refused():
     for _ in range(3):
         reader.feed(b"x" * (600 * 1024), 1.0)
     reader.close(2.0)
-    assert reader.error is not None and "longer than" in reader.error
+    assert reader.error is not None
+    assert "longer than" in reader.error

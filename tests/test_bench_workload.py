@@ -29,7 +29,9 @@ def test_prompt_needs_exactly_one_of_text_and_messages():
 
 def test_prompt_converts_between_text_and_messages():
     assert Prompt("p", text="hi").as_messages() == [{"role": "user", "content": "hi"}]
-    chat = Prompt("c", messages=({"role": "system", "content": "s"}, {"role": "user", "content": "u"}))
+    chat = Prompt(
+        "c", messages=({"role": "system", "content": "s"}, {"role": "user", "content": "u"})
+    )
     assert chat.as_text() == "s\nu"
 
 
@@ -60,8 +62,12 @@ def test_builtin_suite_has_short_and_long_prompts_in_both_languages():
 
 @pytest.mark.parametrize(
     ("spec", "field", "value"),
-    [("builtin:short", "size", "short"), ("builtin:long", "size", "long"),
-     ("builtin:en", "language", "en"), ("builtin:zh", "language", "zh")],
+    [
+        ("builtin:short", "size", "short"),
+        ("builtin:long", "size", "long"),
+        ("builtin:en", "language", "en"),
+        ("builtin:zh", "language", "zh"),
+    ],
 )
 def test_builtin_selectors_pick_a_size_or_language(spec, field, value):
     workload = load_workload(spec, SAMPLING)

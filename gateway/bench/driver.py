@@ -10,7 +10,12 @@ connection (`gateway.bench.wire`), reopened after an error or a close; each answ
 Warm-up: the first `warmup` requests of a run are flagged and left out of the statistics; the
 measured window starts when the last of them ended (closed loop), so the counted requests meet
 a server whose queue is already in its steady state, or at the first counted arrival (open
-loop, where the schedule, not the answers, sets the load).
+loop, where the schedule, not the answers, sets the load). A counted request already being
+served when the window opens brings tokens made before it, and `stats.summarize` counts a
+request's tokens by its end: a warm-up of at least one request per worker, in whole batches of
+the server's parallel slots when they are known, leaves no such request, and counted requests
+in whole batches keep the last batch full; otherwise the edge error is at most one batch of
+answers over the window (duration mode has the mirror error at its end, so none on average).
 """
 
 from __future__ import annotations
