@@ -6,8 +6,9 @@ core would be measuring itself, not the server. It runs on uvloop. Its default c
 minimal keep-alive HTTP/1.1 client on an asyncio protocol with httptools (llhttp, C) parsing
 the answer (`gateway.bench.wire`, shared with `gateway bench`). `--client httpx`
 (httpx.AsyncClient, the gateway's own upstream client), `--client httpx-aiohttp` (httpx over
-aiohttp's transport, package httpx-aiohttp) and `--client aiohttp` (aiohttp.ClientSession) measure the alternatives side by side: each report
-carries the generator's own CPU seconds, so CPU per chunk compares the clients
+aiohttp's transport, package httpx-aiohttp) and `--client aiohttp` (aiohttp.ClientSession)
+measure the alternatives side by side: each report carries the generator's own CPU seconds,
+so CPU per chunk compares the clients
 (docs/performance.md). httpx costs about four times the raw client's CPU per chunk.
 
 Each stream measures TTFT (request sent -> first line carrying non-empty text) and counts the
