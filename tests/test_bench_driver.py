@@ -211,6 +211,17 @@ async def test_connection_refused_gives_failed_records_and_a_clear_check_error()
         await check_target(target, MODEL)
 
 
+async def test_https_speaks_tls_and_a_plain_server_is_a_clear_error(emulator):
+    # No TLS server here: the handshake against the plain emulator must fail cleanly.
+    port = emulator.url.rsplit(":", 1)[1]
+    target = Target(f"https://127.0.0.1:{port}", "ollama")
+    with pytest.raises(BenchError, match=f"cannot reach https://127.0.0.1:{port}: "):
+        await check_target(target, MODEL)
+    run = await run_concurrency(target, WORKLOAD, MODEL, 1, requests=1)
+    assert run.records[0].status is None
+    assert "SSL" in (run.records[0].error or "")
+
+
 # --- the checks before a run ---------------------------------------------------------------
 
 
