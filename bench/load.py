@@ -4,10 +4,11 @@ The benchmark spawns `python -m bench.load` once per target and concurrency leve
 generator's CPU time is its own and is reported next to its results: a generator near 100 % of a
 core would be measuring itself, not the server. It runs on uvloop. Its default client is a
 minimal keep-alive HTTP/1.1 client on an asyncio protocol with httptools (llhttp, C) parsing
-the answer (`bench.stream`). `--client httpx` (httpx.AsyncClient, the gateway's own upstream
-client), `--client httpx-aiohttp` (httpx over aiohttp's transport, package httpx-aiohttp) and
-`--client aiohttp` (aiohttp.ClientSession) measure the alternatives side by side: each report
-carries the generator's own CPU seconds, so CPU per chunk compares the clients
+the answer (`gateway.bench.wire`, shared with `gateway bench`). `--client httpx`
+(httpx.AsyncClient, the gateway's own upstream client), `--client httpx-aiohttp` (httpx over
+aiohttp's transport, package httpx-aiohttp) and `--client aiohttp` (aiohttp.ClientSession)
+measure the alternatives side by side: each report carries the generator's own CPU seconds,
+so CPU per chunk compares the clients
 (docs/performance.md). httpx costs about four times the raw client's CPU per chunk.
 
 Each stream measures TTFT (request sent -> first line carrying non-empty text) and counts the
@@ -37,7 +38,8 @@ from urllib.parse import urlsplit
 import httpx
 import uvloop
 
-from bench.stream import Connection, Reader, Spec
+from bench.stream import Reader, Spec
+from gateway.bench.wire import Connection, connect
 
 _EXAMPLES = 5  # error texts kept for the report
 
@@ -165,10 +167,7 @@ class Worker:
             return answer.status_code
         if self.connection is None or not self.connection.reusable:
             self.close()
-            loop = asyncio.get_running_loop()
-            _, self.connection = await loop.create_connection(
-                Connection, self.spec.host, self.spec.port
-            )
+            self.connection = await connect(self.spec.host, self.spec.port)
         connection = self.connection
 
         def status_sink(piece: bytes) -> None:

@@ -1,10 +1,10 @@
 """One streamed request on the wire: what to send, how to read the answer, a lean HTTP client.
 
-Owns `Spec` (the request, encoded once), `Reader` (reads an NDJSON or SSE answer as it arrives:
-chunks, tokens, time of the first text, the end) and `Connection`, a keep-alive HTTP/1.1 client
-on an asyncio protocol with httptools (llhttp, C) parsing the answer. It exists because the load
-generator must not be the bottleneck: on the benchmark machine httpx's streaming read costs
-about four times as much CPU per chunk (`python -m bench.load --client httpx` to compare).
+Owns `Spec` (the request, encoded once) and `Reader` (reads an NDJSON or SSE answer as it
+arrives: chunks, tokens, time of the first text, the end). The HTTP client, `Connection` (a
+keep-alive HTTP/1.1 client on an asyncio protocol with httptools parsing the answer), lives in
+`gateway.bench.wire` and is re-exported here: `gateway bench` and this benchmark share one load
+generator, so a speed-up or a fix of the client reaches both.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
 
-import httptools
+from gateway.bench.wire import Connection, request_bytes
+
+__all__ = ["Connection", "Reader", "Spec", "line_text"]
 
 
 @dataclass(frozen=True)
@@ -43,10 +44,7 @@ class Spec:
 
     def request_bytes(self) -> bytes:
         """The whole HTTP/1.1 request, built once and sent as is on every stream."""
-        head = [f"POST {self.path} HTTP/1.1", f"Host: {self.host}:{self.port}"]
-        head += [f"{name}: {value}" for name, value in self.headers.items()]
-        head.append(f"Content-Length: {len(self.body)}")
-        return ("\r\n".join(head) + "\r\n\r\n").encode() + self.body
+        return request_bytes("POST", self.host, self.port, self.path, self.body, self.headers)
 
 
 def line_text(line: bytes, sse: bool) -> str:
@@ -108,57 +106,3 @@ class Reader:
         if self.in_window(now):
             self.window_chunks += count
             self.window_tokens += tokens
-
-
-class Connection(asyncio.Protocol):
-    """One keep-alive HTTP/1.1 connection carrying one request at a time (httptools parser)."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.parser: httptools.HttpResponseParser | None = None
-        self.waiter: asyncio.Future[None] | None = None
-        self.sink: Callable[[bytes], None] = lambda _: None
-        self.status = 0
-        self.reusable = True
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # noqa: D102
-        self.transport = cast(asyncio.Transport, transport)  # TCP; uvloop's is no subclass
-
-    def data_received(self, data: bytes) -> None:  # noqa: D102
-        try:
-            if self.parser is not None:
-                self.parser.feed_data(data)
-        except (httptools.HttpParserError, ValueError) as exc:
-            self.reusable = False
-            self._finish(exc)
-
-    def connection_lost(self, exc: Exception | None) -> None:  # noqa: D102
-        self.reusable = False
-        self._finish(exc or ConnectionResetError("connection closed by the server"))
-
-    def on_headers_complete(self) -> None:  # noqa: D102 - httptools callbacks
-        assert self.parser is not None  # noqa: S101
-        self.status = self.parser.get_status_code()
-
-    def on_body(self, body: bytes) -> None:  # noqa: D102
-        self.sink(body)
-
-    def on_message_complete(self) -> None:  # noqa: D102
-        assert self.parser is not None  # noqa: S101
-        self.reusable = self.reusable and self.parser.should_keep_alive()
-        self._finish(None)
-
-    def _finish(self, exc: BaseException | None) -> None:
-        waiter, self.waiter = self.waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None) if exc is None else waiter.set_exception(exc)
-
-    async def send(self, request: bytes, sink: Callable[[bytes], None]) -> int:
-        """Send `request`, feed its body to `sink` as it arrives; return the status."""
-        assert self.transport is not None  # noqa: S101
-        self.parser = httptools.HttpResponseParser(self)
-        self.sink = sink
-        self.waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(request)
-        await self.waiter
-        return self.status

@@ -1,0 +1,71 @@
+"""One worker's exchange with the target: a keep-alive connection, one request, one record.
+
+Owns `Client`: it holds one `gateway.bench.wire.Connection`, reopens it after an error or a
+close, sends a request built once, feeds the answer to a `gateway.bench.protocol.AnswerReader`
+with the client's clock, and returns the `RequestRecord`. Whatever the target does (refuse,
+fail, hang past `Target.timeout`) becomes a failed record, never an exception, so a closed
+loop keeps its shape when the server misbehaves.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httptools
+
+from gateway.bench import wire
+from gateway.bench.protocol import AnswerReader, Target
+from gateway.bench.records import RequestRecord
+
+#: Seconds to open a connection.
+CONNECT_TIMEOUT = 10.0
+
+
+class Client:
+    """One worker's keep-alive connection to the target, reopened when it is lost."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.connection: wire.Connection | None = None
+
+    async def exchange(
+        self, request: bytes, model: str, prompt_id: str, warmup: bool
+    ) -> RequestRecord:
+        """Send one request and read its answer into a record; never raises for the target."""
+        target, reader = self.target, AnswerReader(self.target.api)
+        clock = time.perf_counter
+        start = clock()
+        connection = self.connection
+        failure: str | None = None
+        try:
+            if connection is None or not connection.reusable:
+                self.close()
+                connection = self.connection = await wire.connect(
+                    target.host, target.port, tls=target.tls, timeout=CONNECT_TIMEOUT
+                )
+                start = clock()
+            live = connection
+
+            def sink(piece: bytes) -> None:
+                if live.status == 200:
+                    reader.feed(piece, clock())
+                else:
+                    reader.feed_error(piece)
+
+            await connection.send(request, sink, timeout=target.timeout)
+        except TimeoutError:
+            failure = f"no end of answer within {target.timeout:g} s"
+        except (OSError, httptools.HttpParserError) as exc:
+            failure = f"{type(exc).__name__}: {exc}"
+        end = clock()
+        reader.close(end)
+        status = connection.status or None if connection is not None else None
+        if connection is None or not connection.reusable:
+            self.close()
+        return reader.record(start, end, status, model, prompt_id, warmup, failure=failure)
+
+    def close(self) -> None:
+        """Drop the connection."""
+        connection, self.connection = self.connection, None
+        if connection is not None:
+            connection.close()

@@ -1,0 +1,163 @@
+"""The checks before a run: can the target be reached, does it take the key, has it the model.
+
+Owns `BenchError` (re-exported by `gateway.bench.driver`, where the runner imports it from),
+`check_target` (reachability, auth, the model, whether our gateway is in front, what the server
+says about itself) and `cold_load` (an Ollama model's load time, measured by unloading it
+first). Every failure is one clear sentence for the operator; none shows the key.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httptools
+
+from gateway.bench import wire
+from gateway.bench.exchange import Client
+from gateway.bench.protocol import Target, build_request, error_text
+from gateway.bench.stats import escape_error
+from gateway.bench.workload import Prompt, Sampling
+
+#: Seconds to connect and to answer one check.
+CHECK_TIMEOUT = 10.0
+
+
+class BenchError(RuntimeError):
+    """The target cannot be benchmarked: unreachable, the key refused, the model unknown."""
+
+
+async def _ask(
+    target: Target, method: str, path: str, body: dict[str, Any] | None = None
+) -> tuple[int, bytes]:
+    """One small request to the target; connection failures become a `BenchError`."""
+    where = target.safe_url
+    data = b"" if body is None else json.dumps(body).encode()
+    try:
+        return await wire.fetch(
+            target.host,
+            target.port,
+            method,
+            target.base_path + path,
+            body=data,
+            headers=target.headers(json_body=body is not None),
+            tls=target.tls,
+            timeout=CHECK_TIMEOUT,
+        )
+    except ConnectionRefusedError:
+        raise BenchError(f"cannot reach {where}: connection refused") from None
+    except TimeoutError:
+        raise BenchError(f"cannot reach {where}: no answer within {CHECK_TIMEOUT:g} s") from None
+    except (OSError, httptools.HttpParserError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise BenchError(f"cannot reach {where}: {escape_error(reason)}") from None
+
+
+def _json(target: Target, path: str, status: int, body: bytes) -> Any:
+    """The JSON answer of a check, or a `BenchError` naming the refusal or the bad answer."""
+    if status in {401, 403}:
+        raise BenchError(
+            f"the target refused the key ({status}): set GATEWAY_BENCH_API_KEY or --key-file"
+        )
+    if status != 200:
+        raise BenchError(f"{target.safe_url}{path} answered HTTP {status}: {error_text(body)}")
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise BenchError(f"{target.safe_url}{path} answered something that is not JSON") from None
+
+
+def _same_model(listed: str, model: str) -> bool:
+    """Ollama names without a tag mean `:latest`, and match case-insensitively."""
+
+    def full(name: str) -> str:
+        return (name if ":" in name else f"{name}:latest").lower()
+
+    return full(listed) == full(model)
+
+
+def _unknown(model: str, names: list[str]) -> BenchError:
+    shown = ", ".join(escape_error(n, 60) for n in names[:10]) or "none"
+    return BenchError(f"the target has no model {model!r} (it lists: {shown})")
+
+
+async def check_target(target: Target, model: str) -> dict[str, Any]:
+    """Check the target before a run: reachable, the key accepted, the model present.
+
+    Returns:
+        `{"through_gateway": bool, "server": {...}}`: through_gateway when `GET /metrics`
+        answers with a `gateway_` metric family (our gateway); `server` for Ollama holds
+        `api`, `version` (`/api/version`), `model`, `digest` (`/api/tags`) and
+        `quantization_level`, `parameter_size`, `family`, `format` (`/api/show` details), for
+        OpenAI `api`, `id` and `owned_by` (`/v1/models`). Unknown values are None.
+
+    Raises:
+        BenchError: connection refused or failed, the key refused (401/403), the model not
+            listed (or 404 from `/api/show`), an answer that is not JSON.
+    """
+    status, body = await _ask(target, "GET", "/metrics")
+    text = body.decode("utf-8", "replace") if status == 200 else ""
+    through = any(
+        line.startswith(("gateway_", "# TYPE gateway_", "# HELP gateway_"))
+        for line in text.splitlines()
+    )
+    if target.api == "openai":
+        listing = _json(target, "/v1/models", *await _ask(target, "GET", "/v1/models"))
+        entries = [e for e in (listing or {}).get("data") or [] if isinstance(e, dict)]
+        entry = next((e for e in entries if e.get("id") == model), None)
+        if entry is None:
+            raise _unknown(model, [str(e.get("id")) for e in entries])
+        server = {"api": "openai", "id": entry.get("id"), "owned_by": entry.get("owned_by")}
+        return {"through_gateway": through, "server": server}
+    tags = _json(target, "/api/tags", *await _ask(target, "GET", "/api/tags"))
+    models = [m for m in (tags or {}).get("models") or [] if isinstance(m, dict)]
+    tag = next(
+        (m for m in models if _same_model(str(m.get("name") or m.get("model")), model)), None
+    )
+    if tag is None:
+        raise _unknown(model, [str(m.get("name") or m.get("model")) for m in models])
+    status, body = await _ask(target, "GET", "/api/version")
+    version = json.loads(body).get("version") if status == 200 else None
+    show = _json(target, "/api/show", *await _ask(target, "POST", "/api/show", {"model": model}))
+    details = (show or {}).get("details") or {}
+    server = {
+        "api": "ollama",
+        "version": version,
+        "model": tag.get("name") or tag.get("model"),
+        "digest": tag.get("digest"),
+        **{k: details.get(k) for k in ("quantization_level", "parameter_size", "family", "format")},
+    }
+    return {"through_gateway": through, "server": server}
+
+
+async def cold_load(target: Target, model: str) -> dict[str, Any] | None:
+    """Ollama only: unload the model, ask once, report the load (None on the OpenAI api).
+
+    The unload is `/api/generate` with `keep_alive: 0` and no prompt; the request after it
+    pays the load.
+
+    Returns:
+        `{"load_seconds"` (the server's `load_duration`), `"ttft_seconds"` (client clock),
+        `"ok"`, `"error"}`, or None for `api="openai"` (no portable unload or load counter).
+
+    Raises:
+        BenchError: the target is unreachable, refuses the key or the unload.
+    """
+    if target.api != "ollama":
+        return None
+    unload = {"model": model, "keep_alive": 0}
+    _json(target, "/api/generate", *await _ask(target, "POST", "/api/generate", unload))
+    prompt, sampling = Prompt("cold-load", text="Hello"), Sampling(max_tokens=8)
+    path, body = build_request(target, model, prompt, sampling)
+    request = wire.request_bytes("POST", target.host, target.port, path, body, target.headers())
+    client = Client(target)
+    try:
+        record = await client.exchange(request, model, prompt.id, warmup=False)
+    finally:
+        client.close()
+    return {
+        "load_seconds": record.load_seconds,
+        "ttft_seconds": record.ttft,
+        "ok": record.ok,
+        "error": record.error,
+    }

@@ -1,0 +1,306 @@
+"""The sans-IO reader of a streamed answer: bytes in (with the client's clock), a record out.
+
+Owns `Api` (the two dialects), `AnswerReader` and `error_text`. The reader splits NDJSON lines
+(Ollama) or SSE events (OpenAI), notes the time of the first content chunk and of every content
+chunk, the end (`done: true`, `data: [DONE]`), an error line, and the server's own counters,
+which arrive with the last chunk (so every line is parsed; for SSE only the `data:` lines are).
+Counter precedence: Ollama's final chunk; on `/v1` OpenAI `usage` for counts and llama.cpp
+`timings` for durations (and for counts when there is no `usage`); the client's own chunk count
+only when the server reports nothing. It never reads a socket or a clock, so every byte split
+of an answer can be tested directly.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from gateway.bench.records import RequestRecord, Source
+from gateway.bench.stats import escape_error
+
+Api = Literal["ollama", "openai"]
+"""`ollama`: the native `/api/chat`, `/api/generate`; `openai`: `/v1/chat/completions`, ..."""
+
+#: An answer line longer than this is refused (a runaway body must not eat the generator).
+MAX_LINE = 1 << 20
+#: Bytes of a failed answer's body kept for its error text.
+ERROR_BODY = 1024
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _seconds(value: Any, scale: float) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return None
+    return value * scale
+
+
+def error_text(body: bytes) -> str:
+    """The error message in a failed answer's body (`{"error": "..."}`, `{"error": {"message"}}`).
+
+    Falls back to the body's text; either way escaped and cut short (`stats.escape_error`).
+    """
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return escape_error(text)
+    if isinstance(data, dict) and "error" in data:
+        error = data["error"]
+        if isinstance(error, dict):
+            error = error.get("message", error)
+        return escape_error(str(error))
+    return escape_error(text)
+
+
+class AnswerReader:
+    """Reads one streamed answer as its bytes arrive; sans-IO (the caller supplies the clock).
+
+    Feed the body of a 200 answer with `feed`, a failed answer's body with `feed_error`, then
+    call `close` once the body ended and `record` to get the `RequestRecord`.
+
+    Attributes:
+        first_token: Client seconds of the first chunk with non-empty content or thinking.
+        chunk_times: Client seconds of every such chunk.
+        done: The final chunk arrived (`done: true`; `data: [DONE]`).
+        error: The first error the answer carried (error line or event, a line that is not
+            JSON), escaped, or None.
+    """
+
+    def __init__(self, api: Api) -> None:
+        self.api: Api = api
+        self.first_token: float | None = None
+        self.chunk_times: list[float] = []
+        self.done = False
+        self.error: str | None = None
+        self._sse = api == "openai"
+        self._buffer = b""
+        self._data: list[bytes] = []  # the `data:` lines of the SSE event being read
+        self._event = b""  # the SSE event's `event:` field
+        self._error_body = bytearray()
+        self._counts: dict[str, tuple[int | None, int | None, Source]] = {}
+        self._durations: tuple[float | None, float | None, float | None, Source] | None = None
+
+    # --- bytes -------------------------------------------------------------------------------
+
+    def feed(self, data: bytes, now: float) -> None:
+        """Take the next piece of a 200 answer's (de-chunked) body, received at `now`."""
+        if b"\n" not in data:
+            self._buffer += data
+            if len(self._buffer) > MAX_LINE:
+                self._fail(f"answer line longer than {MAX_LINE} bytes")
+                self._buffer = b""
+            return
+        *lines, self._buffer = (self._buffer + data).split(b"\n")
+        for line in lines:
+            self._line(line, now)
+        if len(self._buffer) > MAX_LINE:
+            self._fail(f"answer line longer than {MAX_LINE} bytes")
+            self._buffer = b""
+
+    def feed_error(self, data: bytes) -> None:
+        """Take a piece of a failed (non-200) answer's body; its start becomes the error text."""
+        room = ERROR_BODY - len(self._error_body)
+        if room > 0:
+            self._error_body += data[:room]
+
+    def close(self, now: float) -> None:
+        """The body ended at `now`: read a last line that had no newline, end the SSE event."""
+        if self._buffer:
+            line, self._buffer = self._buffer, b""
+            self._line(line, now)
+        if self._data:
+            self._dispatch(now)
+
+    def _line(self, line: bytes, now: float) -> None:
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if not self._sse:
+            if line.strip():
+                self._ndjson(line, now)
+            return
+        if not line:  # a blank line ends an SSE event
+            if self._data:
+                self._dispatch(now)
+            return
+        if line.startswith(b"data:"):
+            value = line[5:]
+            self._data.append(value[1:] if value.startswith(b" ") else value)
+        elif line.startswith(b"event:"):
+            self._event = line[6:].strip()
+        # `id:`, `retry:` and `:` comments carry nothing a benchmark needs
+
+    def _fail(self, text: str) -> None:
+        if self.error is None:
+            self.error = escape_error(text)
+
+    def _chunk(self, now: float) -> None:
+        if self.first_token is None:
+            self.first_token = now
+        self.chunk_times.append(now)
+
+    # --- Ollama NDJSON -----------------------------------------------------------------------
+
+    def _ndjson(self, line: bytes, now: float) -> None:
+        try:
+            data = json.loads(line)
+        except ValueError:
+            self._fail(f"answer line is not JSON: {line[:80].decode('utf-8', 'replace')}")
+            return
+        if not isinstance(data, dict):
+            self._fail("answer line is not a JSON object")
+            return
+        if "error" in data:
+            self._fail(str(data["error"]))
+            return
+        message = data.get("message")
+        text = data.get("response") or data.get("thinking")
+        if not text and isinstance(message, dict):
+            text = message.get("content") or message.get("thinking")
+        if text:
+            self._chunk(now)
+        if data.get("done") is True:
+            self.done = True
+            self._counts["ollama"] = (
+                _int(data.get("eval_count")),
+                _int(data.get("prompt_eval_count")),
+                "ollama",
+            )
+            self._durations = (
+                _seconds(data.get("eval_duration"), 1e-9),
+                _seconds(data.get("prompt_eval_duration"), 1e-9),
+                _seconds(data.get("load_duration"), 1e-9),
+                "ollama",
+            )
+
+    # --- OpenAI SSE --------------------------------------------------------------------------
+
+    def _dispatch(self, now: float) -> None:
+        payload = b"\n".join(self._data)
+        event, self._data, self._event = self._event, [], b""
+        if payload.strip() == b"[DONE]":
+            self.done = True
+            return
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            self._fail(f"event data is not JSON: {payload[:80].decode('utf-8', 'replace')}")
+            return
+        if not isinstance(data, dict):
+            self._fail("event data is not a JSON object")
+            return
+        if event == b"error" or "error" in data:
+            error = data.get("error", data)
+            if isinstance(error, dict):
+                error = error.get("message", error)
+            self._fail(str(error))
+            return
+        choices = data.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            choice = choices[0]
+            delta = choice.get("delta")
+            text = choice.get("text")
+            if not text and isinstance(delta, dict):
+                text = (
+                    delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content")
+                )
+            if text:
+                self._chunk(now)
+        usage = data.get("usage")
+        # /v1/completions puts zero usage on every chunk: only the choices-less usage chunk,
+        # or a non-zero one, carries the real counts.
+        if isinstance(usage, dict) and (not choices or _int(usage.get("completion_tokens"))):
+            self._counts["openai.usage"] = (
+                _int(usage.get("completion_tokens")),
+                _int(usage.get("prompt_tokens")),
+                "openai.usage",
+            )
+        timings = data.get("timings")
+        if isinstance(timings, dict):
+            self._counts["llamacpp.timings"] = (
+                _int(timings.get("predicted_n")),
+                _int(timings.get("prompt_n")),
+                "llamacpp.timings",
+            )
+            self._durations = (
+                _seconds(timings.get("predicted_ms"), 1e-3),
+                _seconds(timings.get("prompt_ms"), 1e-3),
+                None,
+                "llamacpp.timings",
+            )
+
+    # --- the record --------------------------------------------------------------------------
+
+    def _counted(self) -> tuple[int | None, Source, int | None, Source | None]:
+        output: tuple[int | None, Source] = (len(self.chunk_times), "client")
+        prompt: tuple[int | None, Source | None] = (None, None)
+        for source in ("llamacpp.timings", "openai.usage", "ollama"):  # later ones win
+            if source in self._counts:
+                out, pro, name = self._counts[source]
+                if out is not None:
+                    output = (out, name)
+                if pro is not None:
+                    prompt = (pro, name)
+        return output[0], output[1], prompt[0], prompt[1]
+
+    def record(
+        self,
+        start: float,
+        end: float,
+        status: int | None,
+        model: str = "",
+        prompt_id: str = "",
+        warmup: bool = False,
+        *,
+        failure: str | None = None,
+    ) -> RequestRecord:
+        """The request as read: ok when status 200, a final chunk arrived and no error did.
+
+        Args:
+            start: Client seconds the request was sent.
+            end: Client seconds the answer ended (or failed).
+            status: The HTTP status, None when no status line arrived.
+            model: The model the request named.
+            prompt_id: The workload prompt's id.
+            warmup: Sent during warm-up.
+            failure: Why the exchange failed on the client's side (an exception, a timeout),
+                or None; it takes precedence over what the body said.
+        """
+        error = self.error
+        if status is not None and status != 200:
+            error = f"HTTP {status}: {error_text(bytes(self._error_body))}".rstrip(": ")
+        if failure is not None:
+            error = escape_error(failure)
+        if error is None and status == 200 and not self.done:
+            error = "answer ended without a final chunk"
+        if error is None and status is None:
+            error = "no answer"
+        output, output_source, prompt, prompt_source = self._counted()
+        decode = prefill = load = None
+        timing_source: Source | None = None
+        if self._durations is not None:
+            decode, prefill, load, timing_source = self._durations
+            if decode is None and prefill is None and load is None:
+                timing_source = None
+        return RequestRecord(
+            start=start,
+            end=end,
+            ok=error is None,
+            status=status,
+            error=error,
+            first_token=self.first_token,
+            chunk_times=tuple(self.chunk_times),
+            output_tokens=output,
+            output_source=output_source,
+            prompt_tokens=prompt,
+            prompt_source=prompt_source,
+            decode_seconds=decode,
+            prefill_seconds=prefill,
+            load_seconds=load,
+            timing_source=timing_source,
+            model=model,
+            prompt_id=prompt_id,
+            warmup=warmup,
+        )
