@@ -97,32 +97,26 @@ def warm_up(load: Load) -> None:
 
 
 # --- our side -------------------------------------------------------------------------------
-# COORDINATOR: finish this adapter once `gateway bench run` exists. It must apply the same load:
-# the workload file (flag name below is a guess: `--workload`), no warm-up inside the run
-# (`--warmup 0`, guessed), one repeat, `/v1/chat/completions` for `--api openai` with messages.
-def run_gateway_bench(load: Load, workdir: Path) -> Measures | None:
+def run_gateway_bench(load: Load, workdir: Path) -> Measures:
     """Run `gateway bench run` on `load` and read the contract's run document.
 
     Returns:
         The measures from `models[0].points[0].summary` (`ttft_seconds.p50` and
-        `output_tokens_per_second` medians) and the first repeat's counts; None when
-        `gateway bench` is not available yet.
+        `output_tokens_per_second` medians) and the first repeat's counts.
 
     Raises:
         RuntimeError: The command exited non-zero (its log is named in the message).
     """
     output = workdir / "gateway-bench.json"
-    argv = [sys.executable, "-m", "gateway", "bench", "run", "--url", load.url]
+    argv = [sys.executable, "-m", "gateway", "bench", "run", "--target", load.url]
     argv += ["--api", "openai", "--model", load.model, "--concurrency", str(load.concurrency)]
     argv += ["--requests", str(load.requests), "--max-tokens", str(load.max_tokens)]
     argv += ["--workload", str(load.workload), "--warmup", "0", "--repeat", "1"]
-    argv += ["--format", "json", "--output", str(output)]
+    argv += ["--no-gpu", "--quiet", "--format", "json", "--out", str(output)]
     log = workdir / "gateway-bench.log"
     with log.open("wb") as out:
         done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False)  # noqa: S603
     if done.returncode != 0:
-        if b"invalid choice: 'bench'" in log.read_bytes():
-            return None
         raise RuntimeError(f"gateway bench exited {done.returncode}; see {log}")
     point = json.loads(output.read_text())["models"][0]["points"][0]
     summary, repeat = point["summary"], point["repeats"][0]
@@ -234,8 +228,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         peer = read_guidellm(run_guidellm(args.guidellm, load, workdir))
         print("gateway bench ...", file=sys.stderr)
         ours = run_gateway_bench(load, workdir)
-        if ours is None:
-            print("gateway bench run is not available yet: our side is empty", file=sys.stderr)
     lines, status = table(peer, ours, args.tolerance)
     print(f"{model} @{load.concurrency}, {load.requests} requests, max_tokens {load.max_tokens}")
     print("\n".join(lines))

@@ -55,7 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
     audit_cli.add_parser(commands)
     db_cli.add_parser(commands)
     admin_cli.add_parser(commands)
+    _add_bench(commands)
     return parser
+
+
+def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    # Imported here so that `gateway serve` does not load the benchmark.
+    from gateway.bench import cli as bench_cli
+
+    bench_cli.add_parser(commands)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,6 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         SystemExit: from argparse, on `--help`, `--version` or a usage error (code 2).
     """
     args = build_parser().parse_args(argv)
+    bench = getattr(args, "bench_handler", None)
+    if bench is not None:
+        # A benchmark may run on a machine that serves nothing: no gateway settings needed.
+        return int(bench(args))
     try:
         settings = Settings()
     except ValidationError as exc:

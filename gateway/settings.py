@@ -512,8 +512,16 @@ class Settings(BaseSettings):
         return [one]
 
 
-#: `GATEWAY_*` variables that are not settings: the scripts' and the test suite's own.
-NOT_SETTINGS = frozenset({"GATEWAY_WHEEL_CACHE", "GATEWAY_TEST_POSTGRES_URL"})
+#: `GATEWAY_*` variables that are not settings: the scripts', the test suite's and
+#: `gateway bench`'s own (docs/benchmarking.md).
+NOT_SETTINGS = frozenset(
+    {
+        "GATEWAY_WHEEL_CACHE",
+        "GATEWAY_TEST_POSTGRES_URL",
+        "GATEWAY_BENCH_API_KEY",
+        "GATEWAY_BENCH_TARGET",
+    }
+)
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:

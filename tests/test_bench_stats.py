@@ -89,19 +89,27 @@ def test_distribution_has_every_statistic_and_extra_percentiles() -> None:
     assert all(v is None for k, v in empty.items() if k != "count")
 
 
+def test_tokens_made_before_the_window_do_not_count() -> None:
+    # Started during the warm-up: 2 of its 4 chunks arrived before the window opened at 0 s.
+    straddling = _ok(-2.0, (-1.0, -0.5, 0.5, 1.0), tokens=8)
+    repeat = summarize([straddling], 0.0, 2.0)
+    assert repeat["completed"] == 1
+    assert repeat["output_tokens_per_second"] == pytest.approx(2.0)  # 8 x 2/4 tokens / 2 s
+
+
 def test_summarize_counts_throughput_in_the_window_and_leaves_out_warmup() -> None:
     records = [
         _ok(-1.0, (-0.5, 0.0), warmup=True),  # warm-up: nowhere
         _ok(0.0, (1.0, 2.0, 3.0, 4.0)),  # 4 tokens, in the window
         _ok(1.0, (1.5, 2.0, 3.0), tokens=6),  # 6 tokens (server), 3 chunks, in the window
-        _ok(8.0, (9.0, 11.0)),  # ends after the window: distributions only
+        _ok(8.0, (9.0, 11.0)),  # ends after the window: its token at 9 s counts, not the one at 11
         _failed(5.0, "HTTP 503: queue full"),
     ]
     repeat = summarize(records, 0.0, 10.0)
     assert (repeat["requests"], repeat["completed"], repeat["errors"]) == (4, 2, 1)
     assert repeat["window_seconds"] == 10.0
     assert repeat["requests_per_second"] == pytest.approx(0.2)  # 2 completed / 10 s
-    assert repeat["output_tokens_per_second"] == pytest.approx(1.0)  # (4 + 6) tokens / 10 s
+    assert repeat["output_tokens_per_second"] == pytest.approx(1.1)  # (4 + 6 + 1) tokens / 10 s
     assert repeat["error_rate"] == pytest.approx(0.25)
     assert repeat["goodput_requests_per_second"] is None  # no SLO: not made up
     assert repeat["error_examples"] == ["HTTP 503: queue full"]

@@ -149,8 +149,10 @@ def summarize(
 ) -> dict[str, Any]:
     """One repeat's "repeat" object (the run document's schema, docs/benchmarking.md).
 
-    Warm-up records are left out of everything. Throughput counts the successful requests that
-    ended inside `[window_start, window_end]`; the distributions take every successful request,
+    Warm-up records are left out of everything. `requests_per_second` counts the successful
+    requests that ended inside `[window_start, window_end]`; `output_tokens_per_second` the
+    output tokens made inside it (a request straddling an edge brings the share of its chunks
+    that arrived inside, `_tokens_in_window`); the distributions take every successful request,
     also one that ended after the window (its latency is as real as the others'). `error_rate`
     is failed / all requests sent.
 
@@ -207,7 +209,8 @@ def summarize(
         "errors": len(failed),
         "error_examples": examples,
         "requests_per_second": len(in_window) / window,
-        "output_tokens_per_second": sum(r.output_tokens or 0 for r in in_window) / window,
+        "output_tokens_per_second": sum(_tokens_in_window(r, window_start, window_end) for r in ok)
+        / window,
         "goodput_requests_per_second": None if good is None else good / window,
         "error_rate": len(failed) / len(measured) if measured else None,
         "metrics": metrics,
@@ -217,6 +220,22 @@ def summarize(
             "output_chunks": distribution([float(len(r.chunk_times)) for r in ok]),
         },
     }
+
+
+def _tokens_in_window(record: RequestRecord, start: float, end: float) -> float:
+    """The part of a request's output tokens made inside the window, by its chunks' times.
+
+    A request that straddles an edge of the window (started in the warm-up, or still decoding
+    when a duration ends) brings only the share of its tokens that arrived inside it, so the
+    edges bias neither a closed nor an open loop. The server's count is spread evenly over the
+    content chunks; a request without chunks counts whole when it ended inside the window.
+    """
+    tokens = record.output_tokens or 0
+    times = record.chunk_times
+    if not times:
+        return float(tokens) if start <= record.end <= end else 0.0
+    inside = sum(1 for t in times if start <= t <= end)
+    return tokens * inside / len(times)
 
 
 def across_repeats(values: Iterable[float | None]) -> dict[str, float | None]:

@@ -8,6 +8,7 @@ grace period), so nothing is left behind even when the caller is interrupted.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -181,6 +182,77 @@ def model_server(workdir: Path, *, n_ctx: int = 2048) -> ManagedProcess:
         "--port",
         str(port),
     ]
+    return ManagedProcess(
+        "model server",
+        argv,
+        f"http://127.0.0.1:{port}",
+        f"http://127.0.0.1:{port}/v1/models",
+        log_path=workdir / "model-server.log",
+        start_timeout=180.0,
+    )
+
+
+#: Alias of the 8-bit build `quantized_copy` makes, for the two-model matrix.
+Q8_ALIAS = "gemma3-270m-q8_0"
+_Q8_0 = 7  # llama.h LLAMA_FTYPE_MOSTLY_Q8_0
+
+
+def quantized_copy(directory: Path) -> Path:
+    """An 8-bit (Q8_0) build of the Gemma 3 270M GGUF, made once into `directory`.
+
+    llama.cpp's own quantizer, through llama-cpp-python's bindings, with `allow_requantize`
+    (the source is already 4-bit Q4_K_M; the copy is a real second build of the model with
+    another size and speed, which is what a quantization matrix compares). Runs in a child
+    process so the caller never loads llama.cpp; about 2 seconds.
+
+    Raises:
+        RuntimeError: the quantizer failed (its exit status and output in the message).
+    """
+    target = directory / "gemma3-270m-q8_0.gguf"
+    if target.exists():
+        return target
+    directory.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    script = (
+        "import ctypes, sys, llama_cpp\n"
+        "p = llama_cpp.llama_model_quantize_default_params()\n"
+        f"p.ftype = {_Q8_0}\n"
+        "p.allow_requantize = True\n"
+        "sys.exit(llama_cpp.llama_model_quantize("
+        "sys.argv[1].encode(), sys.argv[2].encode(), ctypes.byref(p)))\n"
+    )
+    done = subprocess.run(  # noqa: S603 - our own interpreter and script
+        [sys.executable, "-c", script, model_path(), str(partial)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    if done.returncode != 0 or not partial.exists():
+        raise RuntimeError(f"quantizing to Q8_0 failed ({done.returncode}): {done.stderr[-500:]}")
+    partial.replace(target)
+    return target
+
+
+def matrix_model_server(workdir: Path, *, n_ctx: int = 2048) -> ManagedProcess:
+    """llama-cpp-python's server with two builds of Gemma 3 270M: Q4_K_M and Q8_0.
+
+    Aliases `MODEL_ALIAS` (4-bit, as shipped) and `Q8_ALIAS` (8-bit, `quantized_copy`); the
+    server loads the one a request names (one at a time, swapping on demand).
+    """
+    port = free_port()
+    common = {"chat_format": "gemma", "n_ctx": n_ctx}
+    config = {
+        "host": "127.0.0.1",
+        "port": port,
+        "models": [
+            {"model": model_path(), "model_alias": MODEL_ALIAS, **common},
+            {"model": str(quantized_copy(workdir / "models")), "model_alias": Q8_ALIAS, **common},
+        ],
+    }
+    config_path = workdir / "model-server.json"
+    config_path.write_text(json.dumps(config), encoding="utf-8")
+    argv = [sys.executable, "-m", "llama_cpp.server", "--config_file", str(config_path)]
     return ManagedProcess(
         "model server",
         argv,

@@ -1,0 +1,409 @@
+# ruff: noqa: T201 (a command prints its report)
+"""`gateway bench run|compare|report`: the measuring method on the command line.
+
+`run` loads a target (an Ollama or OpenAI-compatible server directly, or the gateway with a key)
+with a fixed workload in one load shape, prints a line per measured point, saves the run
+document as JSON (the baseline a later `compare` reads) and prints the report. `compare` and
+`report` read saved runs (`gateway.bench.compare`, `gateway.bench.report`). Every option is in
+docs/benchmarking.md.
+
+The key is never an argument (a command line is visible to every user of the machine and lands
+in shell history): it comes from `GATEWAY_BENCH_API_KEY` or `--key-file`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gateway.bench import compare, plots, report
+from gateway.bench.driver import BenchError
+from gateway.bench.protocol import Api, Target
+from gateway.bench.runner import Mode, Plan, run_benchmark
+from gateway.bench.shapes import Shape, ShapeOptions
+from gateway.bench.slo import parse_slo
+from gateway.bench.workload import Sampling, WorkloadError, load_workload
+
+KEY_ENV = "GATEWAY_BENCH_API_KEY"
+TARGET_ENV = "GATEWAY_BENCH_TARGET"
+DEFAULT_TARGET = "http://127.0.0.1:11434"
+
+
+def _levels(text: str) -> tuple[float, ...]:
+    try:
+        levels = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"levels are numbers separated by commas: {text!r}"
+        ) from None
+    if not levels or any(level <= 0 for level in levels):
+        raise argparse.ArgumentTypeError(f"levels must be positive: {text!r}")
+    return levels
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
+    return int(text)
+
+
+def _fraction(text: str) -> float:
+    """`0.05` or `5%`."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a fraction or percentage: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    run = commands.add_parser(
+        "run",
+        help="load a server or the gateway and measure TTFT, tokens/s, the knee",
+        description="Measure a model server (or the gateway in front of it) with a fixed "
+        f"workload. The key comes from ${KEY_ENV} or --key-file, never from an argument.",
+    )
+    where = run.add_argument_group("target")
+    where.add_argument(
+        "--target",
+        default=os.environ.get(TARGET_ENV, DEFAULT_TARGET),
+        help=f"base URL of the server or gateway (default: ${TARGET_ENV} or {DEFAULT_TARGET})",
+    )
+    where.add_argument(
+        "--api",
+        choices=("auto", "ollama", "openai"),
+        default="auto",
+        help="the API to speak: auto tries Ollama's /api/version, then /v1/models",
+    )
+    where.add_argument(
+        "--endpoint",
+        choices=("chat", "generate"),
+        default="chat",
+        help="chat (/api/chat, /v1/chat/completions) or generate (/api/generate, "
+        "/v1/completions); default chat",
+    )
+    where.add_argument("--key-file", type=Path, help=f"file holding the key (else ${KEY_ENV})")
+    where.add_argument(
+        "--model",
+        "--models",
+        dest="models",
+        action="append",
+        required=True,
+        help="model to measure; comma-separated or repeated for a matrix",
+    )
+    where.add_argument(
+        "--timeout", type=_positive, default=300.0, help="seconds allowed per request"
+    )
+
+    work = run.add_argument_group("workload")
+    work.add_argument(
+        "--workload",
+        default="builtin",
+        help="builtin, builtin:short, builtin:long, builtin:en, builtin:zh, or a JSONL file",
+    )
+    work.add_argument("--max-tokens", type=_count, default=128, help="tokens per answer")
+    work.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
+    work.add_argument("--seed", type=int, default=1234, help="sampling seed")
+
+    load = run.add_argument_group("load shape (default: --concurrency 1)")
+    shape = load.add_mutually_exclusive_group()
+    shape.add_argument(
+        "--concurrency",
+        type=_levels,
+        help="requests in flight: one level, or a sweep (1,2,4,8)",
+    )
+    shape.add_argument(
+        "--rate", type=_levels, help="Poisson arrivals, requests/s: one rate or a sweep"
+    )
+    shape.add_argument("--knee", action="store_true", help="search the knee (and the SLO limit)")
+    load.add_argument(
+        "--max-concurrency",
+        type=_count,
+        default=64,
+        help="knee search: the highest concurrency (default 64)",
+    )
+    load.add_argument(
+        "--max-rate",
+        type=_positive,
+        help="knee search over request rates up to this rate (requests/s), from --rate-start",
+    )
+    load.add_argument(
+        "--rate-start", type=_positive, default=0.5, help="rate knee search: the lowest rate"
+    )
+    span = load.add_mutually_exclusive_group()
+    span.add_argument("--duration", type=_positive, help="seconds per run (default 30)")
+    span.add_argument("--requests", type=_count, help="requests per run instead of a duration")
+    load.add_argument(
+        "--warmup",
+        type=_count,
+        help="requests before each run, not counted (default: one per concurrent slot)",
+    )
+    load.add_argument("--repeat", type=_count, default=1, help="runs per point (median, spread)")
+    load.add_argument("--slo", help="e.g. 'ttft_p99<=2s,tpot_p50<=100ms' (judges points)")
+    load.add_argument(
+        "--knee-gain",
+        type=_fraction,
+        default=0.10,
+        help="throughput growth per doubling below which it is flat (default 10%%)",
+    )
+    load.add_argument(
+        "--max-in-flight",
+        type=_count,
+        default=256,
+        help="rate shapes: the most requests in flight; arrivals past it fail",
+    )
+    load.add_argument(
+        "--arrival-seed", type=int, default=1234, help="rate shapes: seed of the arrivals"
+    )
+
+    more = run.add_argument_group("also measure")
+    more.add_argument("--cold-load", action="store_true", help="the model's cold load first")
+    more.add_argument("--quality", action="store_true", help="the quality probe (builtin-12)")
+    more.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
+    more.add_argument(
+        "--sample-interval", type=_positive, default=1.0, help="seconds between resource samples"
+    )
+
+    policy = run.add_argument_group("policy")
+    policy.add_argument(
+        "--queue-wait", type=float, default=2.0, help="target queue wait, seconds (default 2)"
+    )
+    policy.add_argument(
+        "--replicas", type=_count, default=1, help="gateway processes sharing the upstream"
+    )
+    policy.add_argument(
+        "--upstream-url", help="name this upstream's GATEWAY_UPSTREAMS entry in the policy"
+    )
+
+    out = run.add_argument_group("output")
+    out.add_argument(
+        "--out", type=Path, help="run document path (default bench-results/run-<time>.json)"
+    )
+    out.add_argument("--no-save", action="store_true", help="do not save the run document")
+    out.add_argument(
+        "--format",
+        choices=("table", "md", "csv", "json"),
+        default="table",
+        help="the report on stdout",
+    )
+    out.add_argument("--plots", type=Path, help="write PNG plots into this directory")
+    out.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    run.set_defaults(bench_handler=_run)
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `bench` command with `run`, `compare` and `report`.
+
+    Each leaf sets `bench_handler(args) -> int`; `gateway.cli.main` calls it without loading
+    the gateway's settings (a benchmark may run on a machine that serves nothing).
+    """
+    bench = subparsers.add_parser(
+        "bench",
+        help="measure a model server or the gateway: TTFT, tokens/s, the knee, regressions",
+    )
+    commands = bench.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    _add_run(commands)
+    cmp = commands.add_parser(
+        "compare",
+        help="compare two saved runs; exit 1 on a regression, 2 on mismatched setups",
+    )
+    compare.add_arguments(cmp)
+    cmp.set_defaults(bench_handler=compare.main_compare)
+    rep = commands.add_parser("report", help="print a saved run as a table, Markdown, CSV, JSON")
+    report.add_arguments(rep)
+    rep.set_defaults(bench_handler=report.main_report)
+
+
+def read_key(key_file: Path | None) -> str | None:
+    """The key from `--key-file` (first line, stripped) or `GATEWAY_BENCH_API_KEY`.
+
+    Raises:
+        BenchError: the file cannot be read or is empty.
+    """
+    if key_file is not None:
+        try:
+            text = key_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise BenchError(f"cannot read --key-file {key_file}: {exc.strerror}") from None
+        if not text:
+            raise BenchError(f"--key-file {key_file} is empty")
+        return text.splitlines()[0].strip()
+    return os.environ.get(KEY_ENV) or None
+
+
+async def detect_api(url: str, key: str | None, wait: float = 10.0) -> Api:
+    """Ollama when `GET /api/version` answers with a version, else OpenAI when `/v1/models` does.
+
+    Raises:
+        BenchError: neither answers (unreachable, or not a model server).
+    """
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=wait) as c:
+        try:
+            answer = await c.get("/api/version")
+            if answer.status_code == 200 and "version" in answer.json():
+                return "ollama"
+        except httpx.TransportError as exc:
+            raise BenchError(f"cannot reach {url}: {type(exc).__name__}") from None
+        except ValueError:
+            pass
+        try:
+            answer = await c.get("/v1/models")
+        except httpx.TransportError as exc:
+            raise BenchError(f"cannot reach {url}: {type(exc).__name__}") from None
+    if answer.status_code in (401, 403):
+        raise BenchError(
+            f"the target refused the key ({answer.status_code}): set {KEY_ENV} or --key-file"
+        )
+    if answer.status_code == 200:
+        return "openai"
+    raise BenchError(
+        f"{url} answers neither /api/version (Ollama) nor /v1/models (OpenAI): "
+        f"HTTP {answer.status_code}; pass --api"
+    )
+
+
+def _plan(args: argparse.Namespace, target: Target) -> Plan:
+    models = tuple(m.strip() for group in args.models for m in group.split(",") if m.strip())
+    sampling = Sampling(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens)
+    workload = load_workload(args.workload, sampling)
+    mode: Mode
+    shape: Shape
+    levels: tuple[float, ...]
+    if args.knee:
+        mode = "knee"
+        if args.max_rate is not None:
+            shape, levels = "rate", (args.rate_start, args.max_rate)
+        else:
+            shape, levels = "concurrency", (1.0, float(args.max_concurrency))
+    elif args.rate is not None:
+        shape, levels = "rate", args.rate
+        mode = "fixed" if len(levels) == 1 else "sweep"
+    else:
+        shape, levels = "concurrency", args.concurrency or (1.0,)
+        mode = "fixed" if len(levels) == 1 else "sweep"
+    options = ShapeOptions(
+        repeat=max(1, args.repeat),
+        slo=None if args.slo is None else parse_slo(args.slo),
+        knee_gain=args.knee_gain,
+    )
+    return Plan(
+        target=target,
+        models=models,
+        workload=workload,
+        mode=mode,
+        shape=shape,
+        levels=tuple(levels),
+        duration=None if args.requests is not None else (args.duration or 30.0),
+        requests=args.requests,
+        warmup=args.warmup,
+        options=options,
+        cold_load=args.cold_load,
+        quality=args.quality,
+        gpu=not args.no_gpu,
+        sample_interval=args.sample_interval,
+        max_in_flight=args.max_in_flight,
+        rate_seed=args.arrival_seed,
+        target_queue_wait=args.queue_wait,
+        replicas=args.replicas,
+        upstream_url=args.upstream_url,
+    )
+
+
+def _say(quiet: bool) -> Any:
+    if quiet:
+        return None
+    tty = sys.stderr.isatty()
+
+    def say(text: str) -> None:
+        if text.startswith("\r") and not text.endswith("\n") and not tty:
+            return  # an in-place update only makes sense on a terminal
+        sys.stderr.write(text if text.startswith("\r") or text.endswith("\n") else text + "\n")
+        sys.stderr.flush()
+
+    return say
+
+
+def _save(doc: dict[str, Any], path: Path | None) -> Path:
+    if path is None:
+        stamp = doc["created"].replace(":", "").replace("-", "")
+        path = Path("bench-results") / f"run-{stamp}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def _run(args: argparse.Namespace) -> int:
+    """`gateway bench run`: 0 when requests succeeded, 1 when none did or the target failed."""
+    say = _say(args.quiet)
+    try:
+        key = read_key(args.key_file)
+        api: Api = args.api
+        if args.api == "auto":
+            api = asyncio.run(detect_api(args.target, key))
+        target = Target(
+            url=args.target, api=api, key=key, chat=args.endpoint == "chat", timeout=args.timeout
+        )
+        plan = _plan(args, target)
+    except (BenchError, WorkloadError, ValueError) as exc:
+        print(f"gateway bench: {exc}", file=sys.stderr)
+        return 2 if not isinstance(exc, BenchError) else 1
+    try:
+        doc = asyncio.run(run_benchmark(plan, say=say))
+    except BenchError as exc:
+        print(f"gateway bench: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("gateway bench: interrupted; nothing saved", file=sys.stderr)
+        return 130
+    if not args.no_save:
+        path = _save(doc, args.out)
+        if say is not None:
+            say(f"saved {path}")
+    sys.stdout.write(report.RENDERERS[args.format](doc))
+    if args.plots is not None:
+        try:
+            for written in plots.plot_run(doc, args.plots):
+                if say is not None:
+                    say(f"plot {written}")
+        except (plots.PlotsUnavailable, OSError) as exc:
+            print(f"gateway bench: no plots: {exc}", file=sys.stderr)
+    completed = sum(
+        (repeat.get("requests", 0) - repeat.get("errors", 0))
+        for entry in doc["models"]
+        for point in entry["points"]
+        for repeat in point["repeats"]
+    )
+    if completed == 0:
+        print("gateway bench: no request succeeded", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run `gateway bench ...` on its own (tests; `gateway.cli` is the usual entry)."""
+    parser = argparse.ArgumentParser(prog="gateway")
+    add_parser(parser.add_subparsers(required=True))
+    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    handler = args.bench_handler
+    return int(handler(args))

@@ -1,0 +1,158 @@
+"""`gateway bench run|compare|report` end to end over loopback: the emulator, a real gateway.
+
+Each run is tiny (a few requests of a few tokens); what is checked is the job's behaviour: the
+run document saved and its sources, the key's handling, the errors a user meets first
+(unreachable target, refused key, bad workload), and the three commands working together.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.bench.cli import KEY_ENV, main
+from gateway.testing.stack import free_port
+from tests.conftest import Emulator, Gateway
+
+FAST = {"ttft": 0.01, "inter_token": 0.002, "tokens": 6}
+
+
+def _fast(emulator: Emulator) -> str:
+    for name, value in FAST.items():
+        setattr(emulator.config, name, value)
+    return emulator.config.models[0]
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[int, dict | None]:
+    out = tmp_path / "run.json"
+    code = main(["run", *args, "--no-gpu", "--out", str(out)])
+    return code, json.loads(out.read_text()) if out.exists() else None
+
+
+def test_sweep_against_ollama_saves_the_run_with_server_counts(emulator, tmp_path, capsys):
+    model = _fast(emulator)
+    code, doc = _run(
+        tmp_path, "--target", emulator.url, "--model", model, "--concurrency", "1,2",
+        "--requests", "6", "--warmup", "1",
+    )  # fmt: skip
+    assert code == 0
+    assert doc is not None
+    assert doc["schema"] == "gateway-bench/1"
+    assert doc["parameters"]["api"] == "ollama"
+    assert doc["parameters"]["through_gateway"] is False
+    (entry,) = doc["models"]
+    assert [p["level"] for p in entry["points"]] == [1, 2]
+    repeat = entry["points"][1]["repeats"][0]
+    assert repeat["requests"] == 6
+    assert repeat["errors"] == 0
+    assert repeat["sources"]["output_tokens"] == "ollama"
+    assert repeat["metrics"]["output_tokens"]["p50"] == FAST["tokens"]
+    assert entry["size"]["disk_bytes"] is not None  # /api/tags
+    printed = capsys.readouterr()
+    assert model in printed.out
+    assert "TTFT" in printed.out
+
+
+def test_openai_api_counts_come_from_usage(emulator, tmp_path):
+    model = _fast(emulator)
+    code, doc = _run(
+        tmp_path, "--target", emulator.url, "--api", "openai", "--model", model,
+        "--requests", "3", "--warmup", "0",
+    )  # fmt: skip
+    assert code == 0
+    assert doc is not None
+    repeat = doc["models"][0]["points"][0]["repeats"][0]
+    assert repeat["sources"]["output_tokens"] == "openai.usage"
+    assert repeat["metrics"]["output_tokens"]["p50"] == FAST["tokens"]
+
+
+def test_through_the_gateway_the_key_comes_from_the_environment(
+    gateway: Gateway, emulator, tmp_path, monkeypatch
+):
+    model = _fast(emulator)
+    monkeypatch.setenv(KEY_ENV, gateway.key)
+    code, doc = _run(tmp_path, "--target", gateway.url, "--model", model, "--requests", "3")
+    assert code == 0
+    assert doc is not None
+    assert doc["parameters"]["through_gateway"] is True
+    assert doc["fingerprint"]["gateway"]["through"] is True
+    saved = (tmp_path / "run.json").read_text()
+    assert gateway.key not in saved
+    rows = [r for r in doc["models"][0]["resources"]["timeline"] if r["source"] == "gateway"]
+    assert rows, "the gateway's /metrics is sampled on the timeline"
+
+
+def test_a_refused_key_is_named_and_not_echoed(gateway: Gateway, emulator, tmp_path, capsys):
+    model = _fast(emulator)
+    key_file = tmp_path / "key"
+    key_file.write_text("gw_wrong_key_that_must_not_be_printed\n")
+    code, doc = _run(
+        tmp_path, "--target", gateway.url, "--model", model, "--requests", "1",
+        "--key-file", str(key_file),
+    )  # fmt: skip
+    assert code == 1
+    assert doc is None
+    err = capsys.readouterr().err
+    assert "401" in err
+    assert KEY_ENV in err
+    assert "gw_wrong_key" not in err
+
+
+def test_an_unreachable_target_is_a_clear_error(tmp_path, capsys):
+    url = f"http://127.0.0.1:{free_port()}"
+    code, doc = _run(tmp_path, "--target", url, "--model", "m", "--requests", "1")
+    assert code == 1
+    assert doc is None
+    assert "cannot reach" in capsys.readouterr().err
+
+
+def test_an_unknown_model_is_a_clear_error(emulator, tmp_path, capsys):
+    _fast(emulator)
+    code, _ = _run(tmp_path, "--target", emulator.url, "--model", "nope:1b", "--requests", "1")
+    assert code == 1
+    assert "nope:1b" in capsys.readouterr().err
+
+
+def test_a_bad_workload_line_is_named(emulator, tmp_path, capsys):
+    model = _fast(emulator)
+    workload = tmp_path / "prompts.jsonl"
+    workload.write_text('{"prompt": "fine"}\n{"prompt": \n')
+    code, _ = _run(
+        tmp_path, "--target", emulator.url, "--model", model, "--requests", "1",
+        "--workload", str(workload),
+    )  # fmt: skip
+    assert code == 2
+    assert f"{workload}:2" in capsys.readouterr().err
+
+
+def test_compare_and_report_read_saved_runs(emulator, tmp_path, capsys):
+    model = _fast(emulator)
+    code, doc = _run(
+        tmp_path, "--target", emulator.url, "--model", model, "--requests", "4", "--repeat", "2",
+    )  # fmt: skip
+    assert code == 0
+    assert doc is not None
+    run = str(tmp_path / "run.json")
+    capsys.readouterr()
+    assert main(["compare", run, run]) == 0
+    assert main(["report", run, "--format", "csv"]) == 0
+    csv_text = capsys.readouterr().out
+    assert model in csv_text
+
+
+@pytest.mark.timeout(120)
+def test_the_installed_command_runs_a_benchmark(emulator, tmp_path):
+    model = _fast(emulator)
+    out = tmp_path / "run.json"
+    done = subprocess.run(  # noqa: S603 - our own interpreter
+        [sys.executable, "-m", "gateway", "bench", "run", "--target", emulator.url,
+         "--model", model, "--requests", "2", "--no-gpu", "--out", str(out), "--format", "md"],
+        capture_output=True, text=True, timeout=100, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert out.exists()
+    assert "|" in done.stdout  # a Markdown table
