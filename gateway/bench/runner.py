@@ -229,7 +229,8 @@ async def _size(plan: Plan, model: str) -> dict[str, int | None]:
     async with httpx.AsyncClient(
         base_url=plan.target.url.rstrip("/"), headers=headers, timeout=10.0
     ) as client:
-        size["disk_bytes"] = await disk_size(client, model)
+        # 0 is no size: a gateway lists an OpenAI upstream's models with size 0 (unknown).
+        size["disk_bytes"] = await disk_size(client, model) or None
         memory = await loaded_memory(client, model)
     if memory is not None:
         size["loaded_bytes"] = memory["size_bytes"]
