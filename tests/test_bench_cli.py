@@ -156,3 +156,12 @@ def test_the_installed_command_runs_a_benchmark(emulator, tmp_path):
     assert done.returncode == 0, done.stderr
     assert out.exists()
     assert "|" in done.stdout  # a Markdown table
+
+
+def test_answers_without_tokens_are_noted(emulator, tmp_path):
+    model = _fast(emulator)
+    emulator.config.tokens = 0  # like llama-cpp-python cutting a running answer short
+    code, doc = _run(tmp_path, "--target", emulator.url, "--model", model, "--requests", "2")
+    assert code == 0
+    assert doc is not None
+    assert any("no output token" in note for note in doc["notes"])

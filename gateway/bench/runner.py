@@ -238,6 +238,26 @@ async def _size(plan: Plan, model: str) -> dict[str, int | None]:
     return size
 
 
+def _note_empty_answers(model: str, points: Sequence[dict[str, Any]], notes: list[str]) -> None:
+    """Say so when completed answers carried no token: the numbers then measure no decoding.
+
+    llama-cpp-python's server, for one, ends the running answer empty when another request
+    arrives (`--interrupt_requests`, on by default), and reports it as a normal end.
+    """
+    levels = [
+        point["level"]
+        for point in points
+        if any(r["metrics"]["output_tokens"].get("min") == 0 for r in point["repeats"])
+    ]
+    if levels:
+        shown = ", ".join(f"{level:g}" for level in levels)
+        notes.append(
+            f"{model}: some answers ended with no output token at level {shown}: a server that"
+            " cuts a running answer short when another arrives (llama-cpp-python: start it"
+            " with --interrupt_requests false)?"
+        )
+
+
 async def run_model(plan: Plan, model: str, say: Say, notes: list[str]) -> dict[str, Any]:
     """Benchmark one model: the run document's model entry (see the module docstring).
 
@@ -279,6 +299,7 @@ async def run_model(plan: Plan, model: str, say: Say, notes: list[str]) -> dict[
     finally:
         timeline = await monitor.stop()
     entry.update(result.as_dict())
+    _note_empty_answers(model, result.points, notes)
     entry["size"] = await _size(plan, model)
     entry["resources"] = {"timeline": timeline, "notes": list(monitor.notes)}
     for note in monitor.notes:

@@ -238,13 +238,17 @@ def matrix_model_server(workdir: Path, *, n_ctx: int = 2048) -> ManagedProcess:
     """llama-cpp-python's server with two builds of Gemma 3 270M: Q4_K_M and Q8_0.
 
     Aliases `MODEL_ALIAS` (4-bit, as shipped) and `Q8_ALIAS` (8-bit, `quantized_copy`); the
-    server loads the one a request names (one at a time, swapping on demand).
+    server loads the one a request names (one at a time, swapping on demand) and runs one
+    generation at a time, queueing the rest.
     """
     port = free_port()
     common = {"chat_format": "gemma", "n_ctx": n_ctx}
     config = {
         "host": "127.0.0.1",
         "port": port,
+        # Queue concurrent requests instead of cutting the running one short (the default cuts
+        # it: an empty answer for every request but the last), as a benchmark must see.
+        "interrupt_requests": False,
         "models": [
             {"model": model_path(), "model_alias": MODEL_ALIAS, **common},
             {"model": str(quantized_copy(workdir / "models")), "model_alias": Q8_ALIAS, **common},
