@@ -302,8 +302,10 @@ def _plan(args: argparse.Namespace, target: Target) -> Plan:
     else:
         shape, levels = "concurrency", args.concurrency or (1.0,)
         mode = "fixed" if len(levels) == 1 else "sweep"
+    if shape == "concurrency" and all(level == int(level) for level in levels):
+        levels = tuple(int(level) for level in levels)  # "concurrency 4", not "4.0"
     options = ShapeOptions(
-        repeat=max(1, args.repeat),
+        repeat=args.repeat,
         slo=None if args.slo is None else parse_slo(args.slo),
         knee_gain=args.knee_gain,
     )
