@@ -85,8 +85,8 @@ async def test_closed_loop_reads_both_apis(emulator, api, chat):
     assert summary["errors"] == 0
 
 
-async def test_each_worker_keeps_one_connection(emulator, monkeypatch):
-    fast(emulator)
+def count_connections(monkeypatch) -> list:
+    """Record every connection the driver opens (the list of `wire.connect` arguments)."""
     opened = []
     real = wire.connect
 
@@ -95,6 +95,12 @@ async def test_each_worker_keeps_one_connection(emulator, monkeypatch):
         return await real(*args, **kwargs)
 
     monkeypatch.setattr(wire, "connect", counting)
+    return opened
+
+
+async def test_each_worker_keeps_one_connection(emulator, monkeypatch):
+    fast(emulator)
+    opened = count_connections(monkeypatch)
     run = await run_concurrency(Target(emulator.url, "ollama"), WORKLOAD, MODEL, 3, requests=12)
     assert all(r.ok for r in run.records)
     assert len(opened) == 3
@@ -102,14 +108,7 @@ async def test_each_worker_keeps_one_connection(emulator, monkeypatch):
 
 async def test_a_dropped_connection_fails_the_request_and_is_reopened(emulator, monkeypatch):
     fast(emulator, fault="drop_midstream", fault_after=2)
-    opened = []
-    real = wire.connect
-
-    async def counting(*args, **kwargs):
-        opened.append(args)
-        return await real(*args, **kwargs)
-
-    monkeypatch.setattr(wire, "connect", counting)
+    opened = count_connections(monkeypatch)
     run = await run_concurrency(Target(emulator.url, "ollama"), WORKLOAD, MODEL, 1, requests=3)
     assert [r.ok for r in run.records] == [False] * 3
     assert all(r.status == 200 and len(r.chunk_times) == 2 for r in run.records)

