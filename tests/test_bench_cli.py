@@ -165,3 +165,30 @@ def test_answers_without_tokens_are_noted(emulator, tmp_path):
     assert code == 0
     assert doc is not None
     assert any("no output token" in note for note in doc["notes"])
+
+
+def test_a_key_the_server_echoes_is_redacted_everywhere(emulator, tmp_path, monkeypatch, capsys):
+    model = _fast(emulator)
+    key = "gw_echoed_" + "k" * 30
+    monkeypatch.setenv(KEY_ENV, key)
+    emulator.config.fault = "status_before"
+    emulator.config.fault_message = f"bad header: Bearer {key}"
+    code, doc = _run(tmp_path, "--target", emulator.url, "--model", model, "--requests", "2")
+    assert code == 1  # no request succeeded
+    saved = (tmp_path / "run.json").read_text()
+    printed = capsys.readouterr()
+    assert key not in saved
+    assert key not in printed.out + printed.err
+    assert "[key redacted]" in saved
+
+
+def test_a_target_with_credentials_or_a_control_character_key_is_refused(
+    emulator, tmp_path, monkeypatch, capsys
+):
+    code, _ = _run(tmp_path, "--target", "http://user:pw@127.0.0.1:1", "--model", "m")
+    assert code == 2
+    assert "user or password" in capsys.readouterr().err
+    monkeypatch.setenv(KEY_ENV, "gw_abc\x1b[2J")
+    code, _ = _run(tmp_path, "--target", emulator.url, "--model", "m")
+    assert code == 1
+    assert "control character" in capsys.readouterr().err

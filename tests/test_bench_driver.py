@@ -34,7 +34,9 @@ from gateway.bench.driver import (
     run_concurrency,
     run_rate,
 )
+from gateway.bench.exchange import Client
 from gateway.bench.protocol import Target
+from gateway.bench.records import RequestRecord
 from gateway.bench.shapes import ShapeOptions, search_knee
 from gateway.bench.stats import summarize
 from gateway.bench.workload import Sampling, Workload, load_workload
@@ -278,10 +280,38 @@ async def test_a_refused_key_is_named_but_never_shown(gateway: Gateway, emulator
     ) as caught:
         await check_target(target, MODEL)
     assert wrong not in str(caught.value)
-    run = await run_concurrency(target, WORKLOAD, MODEL, 1, requests=2)
-    assert all(r.status == 401 and not r.ok for r in run.records)
-    assert all(wrong not in (r.error or "") for r in run.records)
+    # Mid-run (a key revoked while the benchmark runs) the run stops at the first refusal.
+    with pytest.raises(BenchError, match=r"refused the key during the run \(401\)") as caught:
+        await run_concurrency(target, WORKLOAD, MODEL, 2, requests=50)
+    assert wrong not in str(caught.value)
     assert wrong not in repr(target)
+
+
+async def test_errors_back_off_and_retry_after_is_honoured(emulator):
+    fast(emulator, fault="status_before", fault_status=503)
+    target = Target(emulator.url, "ollama")
+    run = await run_concurrency(target, WORKLOAD, MODEL, 2, duration=1.0)
+    # Without backoff two workers answered at once would send hundreds in a second; with
+    # 50 ms doubling per failure each sends at most ~5 (0.05 + 0.1 + 0.2 + 0.4 + ...).
+    assert 2 <= len(run.records) <= 14
+    assert all(r.status == 503 for r in run.records)
+
+
+def test_the_pause_follows_retry_after_then_doubles():
+    client = Client(Target("http://127.0.0.1:1", "ollama"))
+    failed = RequestRecord(0, 1, False, 429, "HTTP 429", None, (), 0, "client")
+    ok = RequestRecord(0, 1, True, 200, None, 0.5, (0.5,), 1, "ollama")
+    client.retry_after = 7.0
+    assert client.pause(failed) == 7.0
+    client.retry_after = 10_000.0
+    assert client.pause(failed) == 60.0  # capped
+    client.retry_after = None
+    pauses = [client.pause(failed) for _ in range(10)]
+    assert pauses[0] == pytest.approx(0.05 * 2**2)  # the third failure in a row
+    assert pauses == sorted(pauses)
+    assert max(pauses) == 5.0
+    assert client.pause(ok) == 0.0
+    assert client.pause(failed) == pytest.approx(0.05)  # a success resets the backoff
 
 
 async def test_cold_load_reports_the_servers_load_time(emulator):

@@ -388,3 +388,29 @@ def test_a_runaway_line_is_refused():
     reader.close(2.0)
     assert reader.error is not None
     assert "longer than" in reader.error
+
+
+@pytest.mark.parametrize(
+    "counters",
+    [
+        {"eval_count": 10**400, "eval_duration": 10**400},
+        {"eval_count": -5, "eval_duration": -1},
+        {"eval_count": 3.5, "eval_duration": float("nan")},
+        {"eval_count": True, "eval_duration": float("inf")},
+    ],
+)
+def test_absurd_server_counters_count_as_unreported(counters):
+    lines = [
+        {"message": {"role": "assistant", "content": "a"}, "done": False},
+        {"message": {"role": "assistant", "content": "b"}, "done": False},
+        {"message": {"role": "assistant", "content": ""}, "done": True, **counters},
+    ]
+    body = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    reader = AnswerReader("ollama")
+    reader.feed(body, 1.0)
+    reader.close(2.0)
+    record = reader.record(0.0, 2.0, 200)
+    assert record.output_tokens == 2  # the client's count of chunks, labelled as such
+    assert record.output_source == "client"
+    assert record.decode_seconds is None
+    assert record.tpot is not None  # a finite value, never an overflow

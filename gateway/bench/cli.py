@@ -21,13 +21,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
 from gateway.bench import compare, plots, report
 from gateway.bench.driver import BenchError
 from gateway.bench.protocol import Api, Target
-from gateway.bench.runner import Mode, Plan, run_benchmark
+from gateway.bench.runner import Mode, Plan, redact, run_benchmark
 from gateway.bench.shapes import Shape, ShapeOptions
 from gateway.bench.slo import parse_slo
 from gateway.bench.workload import Sampling, WorkloadError, load_workload
@@ -234,43 +235,66 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     rep.set_defaults(bench_handler=report.main_report)
 
 
+KEY_FILE_MAX = 4096
+
+
 def read_key(key_file: Path | None) -> str | None:
     """The key from `--key-file` (first line, stripped) or `GATEWAY_BENCH_API_KEY`.
 
     Raises:
-        BenchError: the file cannot be read or is empty.
+        BenchError: the file is no regular file, cannot be read, is empty or larger than
+            4 KiB, or the key holds a control character (it would break the header line).
     """
     if key_file is not None:
         try:
-            text = key_file.read_text(encoding="utf-8").strip()
+            if not key_file.is_file():
+                raise BenchError(f"--key-file {key_file} is not a regular file")
+            with key_file.open("rb") as handle:
+                raw = handle.read(KEY_FILE_MAX + 1)
         except OSError as exc:
             raise BenchError(f"cannot read --key-file {key_file}: {exc.strerror}") from None
+        if len(raw) > KEY_FILE_MAX:
+            raise BenchError(f"--key-file {key_file} is over {KEY_FILE_MAX} bytes: no key file?")
+        try:
+            text = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            raise BenchError(f"--key-file {key_file} is not UTF-8 text") from None
         if not text:
             raise BenchError(f"--key-file {key_file} is empty")
-        return text.splitlines()[0].strip()
-    return os.environ.get(KEY_ENV) or None
+        key = text.splitlines()[0].strip()
+    else:
+        key = os.environ.get(KEY_ENV, "").strip()
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in key):
+        raise BenchError("the key holds a control character; check the key file or variable")
+    return key or None
 
 
 async def detect_api(url: str, key: str | None, wait: float = 10.0) -> Api:
     """Ollama when `GET /api/version` answers with a version, else OpenAI when `/v1/models` does.
 
+    Args:
+        url: The target's base URL.
+        key: Sent as `Authorization: Bearer` when given.
+        wait: Seconds the whole detection may take (both requests, however slowly the server
+            trickles its answers).
+
     Raises:
-        BenchError: neither answers (unreachable, or not a model server).
+        BenchError: neither answers (unreachable, too slow, or not a model server).
     """
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    async with httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=wait) as c:
-        try:
-            answer = await c.get("/api/version")
-            if answer.status_code == 200 and "version" in answer.json():
+    try:
+        async with (
+            asyncio.timeout(wait),
+            httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=wait) as client,
+        ):
+            answer = await client.get("/api/version")
+            if answer.status_code == 200 and _has_version(answer.content):
                 return "ollama"
-        except httpx.TransportError as exc:
-            raise BenchError(f"cannot reach {url}: {type(exc).__name__}") from None
-        except ValueError:
-            pass
-        try:
-            answer = await c.get("/v1/models")
-        except httpx.TransportError as exc:
-            raise BenchError(f"cannot reach {url}: {type(exc).__name__}") from None
+            answer = await client.get("/v1/models")
+    except TimeoutError:
+        raise BenchError(f"{url} did not answer within {wait:g} s") from None
+    except httpx.TransportError as exc:
+        raise BenchError(f"cannot reach {url}: {type(exc).__name__}") from None
     if answer.status_code in (401, 403):
         raise BenchError(
             f"the target refused the key ({answer.status_code}): set {KEY_ENV} or --key-file"
@@ -281,6 +305,14 @@ async def detect_api(url: str, key: str | None, wait: float = 10.0) -> Api:
         f"{url} answers neither /api/version (Ollama) nor /v1/models (OpenAI): "
         f"HTTP {answer.status_code}; pass --api"
     )
+
+
+def _has_version(body: bytes) -> bool:
+    try:
+        found = json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(found, dict) and "version" in found
 
 
 def _plan(args: argparse.Namespace, target: Target) -> Plan:
@@ -358,8 +390,15 @@ def _save(doc: dict[str, Any], path: Path | None) -> Path:
 def _run(args: argparse.Namespace) -> int:
     """`gateway bench run`: 0 when requests succeeded, 1 when none did or the target failed."""
     say = _say(args.quiet)
+    key: str | None = None
     try:
         key = read_key(args.key_file)
+        parts = urlsplit(args.target)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"--target must be an http:// or https:// URL, got {parts.scheme!r}")
+        if parts.username is not None or parts.password is not None:
+            # It would land in the saved run, the report and this process's visible argv.
+            raise ValueError(f"--target must not carry a user or password; use ${KEY_ENV}")
         api: Api = args.api
         if args.api == "auto":
             api = asyncio.run(detect_api(args.target, key))
@@ -368,12 +407,12 @@ def _run(args: argparse.Namespace) -> int:
         )
         plan = _plan(args, target)
     except (BenchError, WorkloadError, ValueError) as exc:
-        print(f"gateway bench: {exc}", file=sys.stderr)
+        print(f"gateway bench: {redact(str(exc), key)}", file=sys.stderr)
         return 2 if not isinstance(exc, BenchError) else 1
     try:
         doc = asyncio.run(run_benchmark(plan, say=say))
     except BenchError as exc:
-        print(f"gateway bench: {exc}", file=sys.stderr)
+        print(f"gateway bench: {redact(str(exc), target.key)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("gateway bench: interrupted; nothing saved", file=sys.stderr)

@@ -49,8 +49,6 @@ Progress = Callable[[int, int], None]
 """Called with (counted requests finished, counted requests planned; 0 in duration mode)."""
 
 CAP_REACHED = "in-flight cap reached"
-#: Seconds a worker pauses after a failed connection, so a dead target is no busy loop.
-RETRY_PAUSE = 0.05
 
 
 class _Requests:
@@ -84,6 +82,21 @@ def _check_amount(duration: float | None, requests: int | None, warmup: int) -> 
         raise ValueError(f"requests must be at least 1, got {requests}")
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0, got {warmup}")
+
+
+def _refused(record: RequestRecord) -> None:
+    """Stop the run when the target refuses the key mid-run (revoked, expired).
+
+    Every further request would only be refused too.
+
+    Raises:
+        BenchError: the answer's status is 401 or 403.
+    """
+    if record.status in (401, 403):
+        raise BenchError(
+            f"the target refused the key during the run ({record.status}): "
+            "was it revoked or did it expire?"
+        )
 
 
 def _measurement(records: list[RequestRecord], start: float, end: float) -> Measurement:
@@ -163,14 +176,18 @@ async def run_concurrency(
                 state["counted"] += 1
                 if progress is not None:
                     progress(state["counted"], requests or 0)
-            if record.status is None:
-                await asyncio.sleep(RETRY_PAUSE)
+            _refused(record)
+            pause = client.pause(record)
+            if pause:
+                await asyncio.sleep(pause)
 
     clients = [Client(target) for _ in range(concurrency)]
     try:
         async with asyncio.TaskGroup() as group:
             for client in clients:
                 group.create_task(work(client))
+    except* BenchError as refused:
+        raise refused.exceptions[0] from None
     finally:
         for client in clients:
             client.close()
@@ -237,9 +254,11 @@ async def run_rate(
 
     async def one(client: Client, request: bytes, prompt_id: str, warm: bool) -> None:
         try:
-            records.append(await client.exchange(request, model, prompt_id, warm))
+            record = await client.exchange(request, model, prompt_id, warm)
+            records.append(record)
         finally:
             idle.append(client)
+        _refused(record)
         if not warm:
             counted[0] += 1
             if progress is not None:
@@ -269,6 +288,8 @@ async def run_rate(
                     everyone.append(Client(target))
                     idle.append(everyone[-1])
                 group.create_task(one(idle.pop(), request, prompt_id, warm))
+    except* BenchError as refused:
+        raise refused.exceptions[0] from None
     finally:
         for client in everyone:
             client.close()

@@ -19,6 +19,11 @@ from gateway.bench.records import RequestRecord
 
 #: Seconds to open a connection.
 CONNECT_TIMEOUT = 10.0
+#: Backoff after consecutive failures: the first pause, and the longest.
+BACKOFF_FIRST = 0.05
+BACKOFF_MAX = 5.0
+#: The longest `Retry-After` honoured, seconds (a longer one is taken as this).
+RETRY_AFTER_MAX = 60.0
 
 
 class Client:
@@ -27,6 +32,26 @@ class Client:
     def __init__(self, target: Target) -> None:
         self.target = target
         self.connection: wire.Connection | None = None
+        self.failures = 0
+        self.retry_after: float | None = None
+
+    def pause(self, record: RequestRecord) -> float:
+        """Seconds this worker waits before its next request, after `record`.
+
+        0 after a success. After a failure: the server's `Retry-After` when it sent one (a 429
+        or 503, capped at `RETRY_AFTER_MAX`), else an exponential backoff from `BACKOFF_FIRST`
+        doubling per consecutive failure up to `BACKOFF_MAX`. A failing server (or a gateway
+        limiting the key) is thus never hammered: a closed loop that answered errors at once
+        would otherwise send thousands of requests a second.
+        """
+        if record.ok:
+            self.failures = 0
+            return 0.0
+        self.failures += 1
+        if self.retry_after is not None:
+            return min(self.retry_after, RETRY_AFTER_MAX)
+        backoff: float = BACKOFF_FIRST * 2.0 ** min(self.failures - 1, 16)
+        return min(backoff, BACKOFF_MAX)
 
     async def exchange(
         self, request: bytes, model: str, prompt_id: str, warmup: bool
@@ -59,6 +84,7 @@ class Client:
             failure = f"{type(exc).__name__}: {exc}"
         end = clock()
         reader.close(end)
+        self.retry_after = None if connection is None else connection.retry_after
         status = connection.status or None if connection is not None else None
         if connection is None or not connection.reusable:
             self.close()

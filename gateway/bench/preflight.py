@@ -53,7 +53,7 @@ async def _ask(
         raise BenchError(f"cannot reach {where}: {escape_error(reason)}") from None
 
 
-def _json(target: Target, path: str, status: int, body: bytes) -> Any:
+def _json(target: Target, path: str, status: int, body: bytes) -> dict[str, Any]:
     """The JSON answer of a check, or a `BenchError` naming the refusal or the bad answer."""
     if status in {401, 403}:
         raise BenchError(
@@ -61,10 +61,26 @@ def _json(target: Target, path: str, status: int, body: bytes) -> Any:
         )
     if status != 200:
         raise BenchError(f"{target.safe_url}{path} answered HTTP {status}: {error_text(body)}")
+    found = _object(body)
+    if found is None:
+        raise BenchError(f"{target.safe_url}{path} answered something that is no JSON object")
+    return found
+
+
+def _object(body: bytes) -> dict[str, Any] | None:
+    """The body as a JSON object, or None: not JSON, nested too deep, or no object."""
     try:
-        return json.loads(body)
-    except ValueError:
-        raise BenchError(f"{target.safe_url}{path} answered something that is not JSON") from None
+        found = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _text(value: object) -> str | None:
+    """A server-reported name for the fingerprint: a short escaped string, or None."""
+    if value is None or isinstance(value, dict | list):
+        return None
+    return escape_error(str(value), 120)
 
 
 def _same_model(listed: str, model: str) -> bool:
@@ -103,29 +119,34 @@ async def check_target(target: Target, model: str) -> dict[str, Any]:
     )
     if target.api == "openai":
         listing = _json(target, "/v1/models", *await _ask(target, "GET", "/v1/models"))
-        entries = [e for e in (listing or {}).get("data") or [] if isinstance(e, dict)]
+        data = listing.get("data")
+        entries = [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
         entry = next((e for e in entries if e.get("id") == model), None)
         if entry is None:
             raise _unknown(model, [str(e.get("id")) for e in entries])
-        server = {"api": "openai", "id": entry.get("id"), "owned_by": entry.get("owned_by")}
+        server = {"api": "openai", "id": model, "owned_by": _text(entry.get("owned_by"))}
         return {"through_gateway": through, "server": server}
     tags = _json(target, "/api/tags", *await _ask(target, "GET", "/api/tags"))
-    models = [m for m in (tags or {}).get("models") or [] if isinstance(m, dict)]
+    listed = tags.get("models")
+    models = [m for m in listed if isinstance(m, dict)] if isinstance(listed, list) else []
     tag = next(
         (m for m in models if _same_model(str(m.get("name") or m.get("model")), model)), None
     )
     if tag is None:
         raise _unknown(model, [str(m.get("name") or m.get("model")) for m in models])
     status, body = await _ask(target, "GET", "/api/version")
-    version = json.loads(body).get("version") if status == 200 else None
+    answer = _object(body) if status == 200 else None
+    version = None if answer is None else _text(answer.get("version"))
     show = _json(target, "/api/show", *await _ask(target, "POST", "/api/show", {"model": model}))
-    details = (show or {}).get("details") or {}
+    details = show.get("details")
+    details = details if isinstance(details, dict) else {}
+    keys = ("quantization_level", "parameter_size", "family", "format")
     server = {
         "api": "ollama",
         "version": version,
-        "model": tag.get("name") or tag.get("model"),
-        "digest": tag.get("digest"),
-        **{k: details.get(k) for k in ("quantization_level", "parameter_size", "family", "format")},
+        "model": _text(tag.get("name") or tag.get("model")),
+        "digest": _text(tag.get("digest")),
+        **{k: _text(details.get(k)) for k in keys},
     }
     return {"through_gateway": through, "server": server}
 

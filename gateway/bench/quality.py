@@ -31,6 +31,8 @@ from typing import Any, Literal
 
 import httpx
 
+from gateway.bench.stats import escape_error
+
 QUESTION_SET = "builtin-12"
 
 _EN = "Answer with only the answer, in as few words as possible.\nQuestion: {}\nAnswer:"
@@ -145,7 +147,10 @@ async def ask(
         body |= {"temperature": 0.0, "seed": seed, "max_tokens": max_tokens, "stream": False}
         response = await client.post("/v1/chat/completions", json=body)
     response.raise_for_status()
-    data = response.json()
+    try:
+        data = response.json()
+    except RecursionError:  # nested past Python's limit: no answer of any API
+        raise ValueError(f"the {api} answer is nested too deep") from None
     try:
         text = data["response"] if api == "ollama" else data["choices"][0]["message"]["content"]
     except (KeyError, IndexError, TypeError) as exc:
@@ -156,9 +161,10 @@ async def ask(
 
 
 def _failure(exc: Exception) -> str:
+    """The failure for the record: the status and the start of the body, escaped and cut."""
     if isinstance(exc, httpx.HTTPStatusError):
-        return f"HTTP {exc.response.status_code}: {exc.response.text[:200]}"
-    return f"{type(exc).__name__}: {exc}"[:200]
+        return escape_error(f"HTTP {exc.response.status_code}: {exc.response.text[:200]}")
+    return escape_error(f"{type(exc).__name__}: {exc}")
 
 
 async def probe_quality(

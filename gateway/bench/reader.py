@@ -13,6 +13,7 @@ of an answer can be tested directly.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Literal
 
 from gateway.bench.records import RequestRecord, Source
@@ -27,14 +28,24 @@ MAX_LINE = 1 << 20
 ERROR_BODY = 1024
 
 
+#: The largest token count or duration a server may report; above it the value is nonsense.
+_MAX_COUNT = 10**12
+
+
 def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A reported token count: a whole number within 0 and 10^12, else None (not reported)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_COUNT:
+        return None
+    return value
 
 
 def _seconds(value: Any, scale: float) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+    """A reported duration in seconds: finite and positive (units of `scale`), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return value * scale
+    if not 0 < value <= _MAX_COUNT * 1e9 or not math.isfinite(value):
+        return None
+    return float(value) * scale
 
 
 def error_text(body: bytes) -> str:
@@ -76,7 +87,7 @@ class AnswerReader:
         self.done = False
         self.error: str | None = None
         self._sse = api == "openai"
-        self._buffer = b""
+        self._buffer = bytearray()  # grows in place: a line trickled byte by byte stays linear
         self._data: list[bytes] = []  # the `data:` lines of the SSE event being read
         self._event = b""  # the SSE event's `event:` field
         self._error_body = bytearray()
@@ -91,14 +102,15 @@ class AnswerReader:
             self._buffer += data
             if len(self._buffer) > MAX_LINE:
                 self._fail(f"answer line longer than {MAX_LINE} bytes")
-                self._buffer = b""
+                self._buffer = bytearray()
             return
-        *lines, self._buffer = (self._buffer + data).split(b"\n")
+        *lines, rest = (bytes(self._buffer) + data).split(b"\n")
+        self._buffer = bytearray(rest)
         for line in lines:
             self._line(line, now)
         if len(self._buffer) > MAX_LINE:
             self._fail(f"answer line longer than {MAX_LINE} bytes")
-            self._buffer = b""
+            self._buffer = bytearray()
 
     def feed_error(self, data: bytes) -> None:
         """Take a piece of a failed (non-200) answer's body; its start becomes the error text."""
@@ -109,7 +121,7 @@ class AnswerReader:
     def close(self, now: float) -> None:
         """The body ended at `now`: read a last line that had no newline, end the SSE event."""
         if self._buffer:
-            line, self._buffer = self._buffer, b""
+            line, self._buffer = bytes(self._buffer), bytearray()
             self._line(line, now)
         if self._data:
             self._dispatch(now)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Callable
 from types import ModuleType
@@ -54,13 +55,44 @@ async def _models(client: httpx.AsyncClient, path: str) -> list[dict[str, Any]]:
         httpx.HTTPError: Unreachable, or an error status.
         ValueError: The answer is not `{"models": [...]}`.
     """
-    response = await client.get(path)
-    response.raise_for_status()
-    body = response.json()
+    body = await get_json(client, path)
     models = body.get("models") if isinstance(body, dict) else None
     if not isinstance(models, list):
         raise ValueError(f"{path} answered no models list")
-    return [entry for entry in models if isinstance(entry, dict)]
+    return [entry for entry in models if isinstance(entry, dict)][:MAX_MODELS]
+
+
+#: The most bytes a sampled answer may have, and the most models a sample keeps.
+MAX_ANSWER = 4 * 1024 * 1024
+MAX_MODELS = 64
+#: Seconds one sampled request may take in all, however slowly the server trickles it.
+SAMPLE_DEADLINE = 10.0
+
+
+async def get_json(client: httpx.AsyncClient, path: str) -> object:
+    """GET `path` and parse its JSON, within `SAMPLE_DEADLINE` seconds and `MAX_ANSWER` bytes.
+
+    A resource sample must never hold the run: a server that trickles an answer, sends a huge
+    one, or nests it past Python's recursion limit fails the sample, not the benchmark.
+
+    Raises:
+        httpx.HTTPError: Unreachable, or an error status.
+        ValueError: Too slow, too large, or not JSON.
+    """
+    try:
+        async with asyncio.timeout(SAMPLE_DEADLINE), client.stream("GET", path) as response:
+            response.raise_for_status()
+            body = bytearray()
+            async for piece in response.aiter_bytes():
+                body += piece
+                if len(body) > MAX_ANSWER:
+                    raise ValueError(f"{path} answered more than {MAX_ANSWER} bytes")
+    except TimeoutError:
+        raise ValueError(f"{path} took more than {SAMPLE_DEADLINE:g} s") from None
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise ValueError(f"{path} answered JSON nested too deep") from None
 
 
 def _int(value: object) -> int | None:
@@ -199,7 +231,10 @@ class ResourceMonitor:
             self._gpu = None
         if self._api != "ollama":
             self.note(f"upstream memory not sampled: the {self._api} API has no /api/ps")
-        await self.sample()
+        try:
+            await self.sample()
+        except Exception as exc:  # as in `_run`: a failed sample never fails the benchmark
+            self.note(f"resource sample failed ({type(exc).__name__}: {exc})")
         self._task = asyncio.create_task(self._run(), name="bench-resource-monitor")
 
     async def _run(self) -> None:

@@ -329,6 +329,27 @@ async def run_model(plan: Plan, model: str, say: Say, notes: list[str]) -> dict[
     return entry
 
 
+REDACTED = "[key redacted]"
+
+
+def redact(value: Any, key: str | None) -> Any:
+    """`value` (a run document or any part of one) with `key` replaced by `REDACTED`.
+
+    A server may echo the key (an error body quoting the `Authorization` header), and run
+    documents are shared (CI artefacts): the key must not travel in one. Keys of mappings are
+    redacted too; numbers and None pass through.
+    """
+    if not key:
+        return value
+    if isinstance(value, str):
+        return value.replace(key, REDACTED)
+    if isinstance(value, dict):
+        return {redact(k, key): redact(v, key) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact(v, key) for v in value]
+    return value
+
+
 async def run_benchmark(
     plan: Plan, *, say: Say | None = None, argv: Sequence[str] | None = None
 ) -> dict[str, Any]:
@@ -356,7 +377,7 @@ async def run_benchmark(
     entries = [await run_model(plan, model, speak, notes) for model in plan.models]
     through = any(entry["through_gateway"] for entry in entries)
     parameters = plan.parameters(through)
-    return {
+    doc = {
         "schema": SCHEMA,
         "created": created,
         "elapsed_seconds": round(time.perf_counter() - started, 3),
@@ -368,3 +389,5 @@ async def run_benchmark(
         "notes": notes,
         "models": entries,
     }
+    redacted: dict[str, Any] = redact(doc, plan.target.key)
+    return redacted

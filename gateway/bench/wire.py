@@ -50,6 +50,8 @@ class Connection(asyncio.Protocol):
     Attributes:
         transport: The TCP (or TLS) transport, None until connected.
         status: The status of the current (or last) answer, 0 before its status line.
+        retry_after: The answer's `Retry-After` in seconds (RFC 9110 section 10.2.3, the
+            delay-seconds form; an HTTP date is ignored), or None.
         reusable: The connection may carry another request (no error, no close, keep-alive).
     """
 
@@ -59,6 +61,7 @@ class Connection(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.sink: Sink = lambda _: None
         self.status = 0
+        self.retry_after: float | None = None
         self.reusable = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # noqa: D102
@@ -75,6 +78,10 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:  # noqa: D102
         self.reusable = False
         self._finish(exc or ConnectionResetError("connection closed by the server"))
+
+    def on_header(self, name: bytes, value: bytes) -> None:  # noqa: D102 - httptools callbacks
+        if len(name) == 11 and name.lower() == b"retry-after" and value.strip().isdigit():
+            self.retry_after = float(value.strip()[:6])  # at most 999999 s; capped by the caller
 
     def on_headers_complete(self) -> None:  # noqa: D102 - httptools callbacks
         assert self.parser is not None  # noqa: S101
@@ -112,6 +119,7 @@ class Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.sink = sink
         self.status = 0
+        self.retry_after = None
         waiter = self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(request)
         try:
