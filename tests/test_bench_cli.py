@@ -52,6 +52,11 @@ def test_sweep_against_ollama_saves_the_run_with_server_counts(emulator, tmp_pat
     assert repeat["sources"]["output_tokens"] == "ollama"
     assert repeat["metrics"]["output_tokens"]["p50"] == FAST["tokens"]
     assert entry["size"]["disk_bytes"] is not None  # /api/tags
+    built = doc["fingerprint"]["models"][model]
+    assert built["digest"] == entry["server"]["digest"]
+    assert built["digest"] is not None
+    assert built["quantization"] is not None
+    assert doc["fingerprint"]["runtime"]["version"] == emulator.config.version
     printed = capsys.readouterr()
     assert model in printed.out
     assert "TTFT" in printed.out

@@ -293,6 +293,8 @@ async def detect_api(url: str, key: str | None, wait: float = 10.0) -> Api:
             answer = await client.get("/v1/models")
     except TimeoutError:
         raise BenchError(f"{url} did not answer within {wait:g} s") from None
+    except httpx.ConnectError:
+        raise BenchError(f"cannot reach {url}: connection refused or host unreachable") from None
     except httpx.TransportError as exc:
         raise BenchError(f"cannot reach {url}: {type(exc).__name__}") from None
     if answer.status_code in (401, 403):

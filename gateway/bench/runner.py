@@ -383,7 +383,15 @@ async def run_benchmark(
         "elapsed_seconds": round(time.perf_counter() - started, 3),
         "command": list(sys.argv if argv is None else argv),
         "fingerprint": collect_fingerprint(
-            {entry["model"]: entry["server"] for entry in entries}, parameters, gpus
+            {
+                entry["model"]: {
+                    "server": entry["server"],
+                    "through_gateway": entry["through_gateway"],
+                }
+                for entry in entries
+            },
+            parameters,
+            gpus,
         ),
         "parameters": parameters,
         "notes": notes,
