@@ -178,7 +178,7 @@ def test_a_key_the_server_echoes_is_redacted_everywhere(emulator, tmp_path, monk
     monkeypatch.setenv(KEY_ENV, key)
     emulator.config.fault = "status_before"
     emulator.config.fault_message = f"bad header: Bearer {key}"
-    code, doc = _run(tmp_path, "--target", emulator.url, "--model", model, "--requests", "2")
+    code, _ = _run(tmp_path, "--target", emulator.url, "--model", model, "--requests", "2")
     assert code == 1  # no request succeeded
     saved = (tmp_path / "run.json").read_text()
     printed = capsys.readouterr()
