@@ -157,7 +157,7 @@ def _knee(entry: Mapping[str, Any], ordered: Sequence[Mapping[str, Any]]) -> flo
     # The knee is one of the levels measured; anything outside them (1e308) is not drawn.
     knee = real(nested(entry, "knee", "level"))
     levels = [float(p["level"]) for p in ordered]
-    if knee is None or not min(levels) <= knee <= max(levels):
+    if knee is None or not levels or not min(levels) <= knee <= max(levels):
         return None
     return knee
 
@@ -235,7 +235,7 @@ def _matrix(figure: Any, entries: Sequence[Mapping[str, Any]]) -> Any:
             [stat(f[0], "decode_tokens_per_second.p50") if f else None for f in firsts],
             1.0,
         ),
-        ("knee (level)", [nested(e, "knee", "level") for e in entries], 1.0),
+        ("knee (level)", [_knee(e, points(e)) for e in entries], 1.0),
         ("quality score (%)", [nested(e, "quality", "score") for e in entries], 100.0),
     )
     for index, (title, values, scale) in enumerate(panels, start=1):

@@ -214,6 +214,13 @@ def _csv_cell(value: float | None, scale: float) -> str:
     return "" if scaled is None else f"{scaled:.6g}"
 
 
+def _csv_count(value: int | None) -> str:
+    # No repeat counted: 0; an absurd sum from a hand-edited file: empty, like a missing value.
+    if value is None:
+        return "0"
+    return "" if count(value) == MISSING else str(value)
+
+
 def _csv_text(text: str) -> str:
     # A cell starting with = + - @ is a formula to a spreadsheet (CSV injection); a quote
     # before it keeps it text. Model names come from the server's catalogue.
@@ -238,8 +245,8 @@ def render_csv(doc: Mapping[str, Any]) -> str:
                     _csv_text(str(point.get("shape", ""))),
                     level(point["level"]),
                     len(sequence(point.get("repeats"))),
-                    _repeat_sum(point, "requests") or 0,
-                    _repeat_sum(point, "errors") or 0,
+                    _csv_count(_repeat_sum(point, "requests")),
+                    _csv_count(_repeat_sum(point, "errors")),
                     *(_csv_cell(stat(point, key), scale) for key, _, scale in _CSV_VALUES),
                     _csv_cell(stat(point, "output_tokens_per_second", "spread"), 100.0),
                     "" if met is None else str(bool(met)).lower(),
