@@ -225,7 +225,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     _add_run(commands)
     cmp = commands.add_parser(
         "compare",
-        help="compare two saved runs; exit 1 on a regression, 2 on mismatched setups",
+        help="compare two saved runs; exit 1 on a regression, 2 when refused (mismatched setups,"
+        " NEW lacking what BASE measured) or on a bad file",
     )
     compare.add_arguments(cmp)
     cmp.set_defaults(bench_handler=compare.main_compare)
