@@ -14,6 +14,7 @@ import pytest
 from gateway.bench.compare import (
     POINT_METRICS,
     Metric,
+    Row,
     Span,
     add_arguments,
     compare,
@@ -21,6 +22,7 @@ from gateway.bench.compare import (
     main_compare,
     parse_threshold,
 )
+from gateway.bench.report import render_comparison
 from tests.bench_docs import model_entry, run_doc
 
 LATENCY = Metric("ttft_seconds.p50", "TTFT p50 (ms)", scale=1000.0)
@@ -155,6 +157,19 @@ def test_two_single_model_runs_are_paired_whatever_their_names() -> None:
 
 
 def test_models_and_levels_in_one_run_only_are_noted_not_judged() -> None:
+    base = run_doc([model_entry("a", levels=(1, 2)), model_entry("b")])
+    new = run_doc([model_entry("a", levels=(1, 2, 4)), model_entry("b"), model_entry("c")])
+    result = compare(base, new, allow_mismatch=True)
+    assert result.notes == [
+        "model c measured only in NEW",
+        "a: level 4 (concurrency) measured only in NEW",
+    ]
+    assert {row.model for row in result.rows} == {"a", "b"}
+    assert result.refusals == []
+    assert result.verdict == "pass"
+
+
+def test_a_base_model_or_level_missing_from_new_is_refused_not_passed() -> None:
     base = run_doc([model_entry("a"), model_entry("b")])
     new = run_doc([model_entry("a", levels=(1, 2, 4)), model_entry("c")])
     result = compare(base, new, allow_mismatch=True)
@@ -164,7 +179,55 @@ def test_models_and_levels_in_one_run_only_are_noted_not_judged() -> None:
         "a: level 8 (concurrency) measured only in BASE",
     ]
     assert {row.model for row in result.rows} == {"a"}
-    assert result.verdict == "pass"
+    assert result.refusals == [
+        "model b of BASE was not measured in NEW",
+        "a: level 8 (concurrency) of BASE not in NEW",
+    ]
+    assert result.verdict == "refused"
+    assert result.exit_code == 2
+    text = render_comparison(result)
+    assert "refused: NEW cannot be judged against BASE" in text
+    assert "model b of BASE was not measured in NEW" in text
+    assert text.rstrip().endswith("verdict: refused")
+
+
+def test_a_new_run_that_measured_nothing_is_refused() -> None:
+    base = run_doc()
+    empty = copy.deepcopy(base)
+    for point in empty["models"][0]["points"]:
+        point["summary"] = {key: {"median": "NaN"} for key in point["summary"]}
+    empty["models"][0]["knee"] = None
+    empty["models"][0]["quality"] = None
+    result = compare(base, empty)
+    assert all(row.verdict == "missing" for row in result.rows)
+    assert result.verdict == "refused"
+    assert any("no value was compared" in r for r in result.refusals)
+    no_points = copy.deepcopy(base)
+    no_points["models"][0]["points"] = []
+    assert compare(base, no_points).verdict == "refused"
+    nothing = copy.deepcopy(base)
+    nothing["models"] = []
+    assert compare(base, nothing).verdict == "refused"
+
+
+def test_the_command_refuses_the_attack_gate_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    summary = {"median": 100, "min": 100, "max": 100}
+    point = {"level": 1, "shape": "concurrency", "summary": {"output_tokens_per_second": summary}}
+    base = {"schema": "gateway-bench/1", "models": [{"model": "m", "points": [point]}]}
+    missing = copy.deepcopy(base)
+    missing["models"][0]["points"][0]["summary"] = {"output_tokens_per_second": {"median": "NaN"}}
+    nopoints = {"schema": "gateway-bench/1", "models": [{"model": "m", "points": []}]}
+    base_path = _save(tmp_path / "base.json", base)
+    for name, doc in (("missing", missing), ("nopoints", nopoints)):
+        new_path = _save(tmp_path / f"{name}.json", doc)
+        assert main_compare(_cli(base_path, new_path)) == 2
+        assert "refused" in capsys.readouterr().out
+        assert main_compare(_cli(base_path, new_path, "--json")) == 2
+        out, err = capsys.readouterr()
+        assert json.loads(out)["verdict"] == "refused"
+        assert "refused:" in err
 
 
 def test_a_negative_threshold_is_refused() -> None:
@@ -268,3 +331,77 @@ def test_the_json_form_is_valid_json_without_infinities(
     assert out["rows"][0]["label"] == "TTFT p50 (ms)"
     errors = [r for r in out["rows"] if r["metric"] == "error_rate"]
     assert errors[-1]["noise"] is None
+
+
+def _hostile_docs() -> list[dict[str, Any]]:
+    base = run_doc()
+    docs = []
+    huge = copy.deepcopy(base)
+    huge["models"][0]["points"][0]["summary"]["ttft_seconds.p50"] = {
+        "median": 10**400,
+        "min": -(10**400),
+        "max": 1e308,
+    }
+    huge["models"][0]["knee"] = {"level": 10**400}
+    huge["models"][0]["quality"] = {"score": float("nan")}
+    docs.append(huge)
+    extreme = copy.deepcopy(base)
+    extreme["models"][0]["points"][0]["summary"]["ttft_seconds.p50"] = {
+        "median": 1e308,
+        "min": -1e308,
+        "max": 1e308,
+    }
+    docs.append(extreme)
+    wrong = copy.deepcopy(base)
+    wrong["fingerprint"]["models"] = [{}]
+    wrong["models"][0]["points"][0]["repeats"] = 5
+    wrong["models"][0]["size"] = [1]
+    docs.append(wrong)
+    return docs
+
+
+def test_hostile_values_neither_crash_the_comparison_nor_its_json() -> None:
+    base = run_doc()
+    for doc in _hostile_docs():
+        for left, right in ((base, doc), (doc, base), (doc, doc)):
+            result = compare(left, right, allow_mismatch=True)
+            render_comparison(result)
+            text = json.dumps(result.as_dict(), allow_nan=False)
+            assert "NaN" not in text
+            assert "Infinity" not in text
+
+
+def test_the_json_form_turns_every_non_finite_number_into_null() -> None:
+    base = run_doc()
+    result = compare(base, base)
+    result.threshold = math.inf
+    result.rows[0] = Row(
+        "m",
+        math.nan,
+        POINT_METRICS[0],
+        Span(math.inf, -math.inf, math.nan),
+        None,
+        None,
+        None,
+        "missing",
+    )
+    item = json.loads(json.dumps(result.as_dict(), allow_nan=False))
+    assert item["threshold"] is None
+    assert item["rows"][0]["level"] is None
+    assert item["rows"][0]["base"] == {"median": None, "low": None, "high": None}
+
+
+def test_the_command_exits_2_not_1_on_an_unexpected_failure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _save(tmp_path / "run.json", run_doc())
+
+    def explode(*args: object, **kwargs: object) -> None:
+        raise OverflowError("int too large to convert to float")
+
+    monkeypatch.setattr("gateway.bench.compare.compare", explode)
+    assert main_compare(_cli(path, path)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "Traceback" not in err
+    assert "OverflowError" in err

@@ -7,7 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench.document import RunFileError, check_run, load_run, nested, points, stat
+from gateway.bench import document
+from gateway.bench.document import (
+    RunFileError,
+    check_run,
+    load_run,
+    mapping,
+    models,
+    nested,
+    points,
+    real,
+    sequence,
+    stat,
+)
 from tests.bench_docs import run_doc
 
 
@@ -74,3 +86,60 @@ def test_nan_and_infinity_read_as_unknown() -> None:
     point = {"summary": {"a": {"median": float("nan")}, "b": {"median": float("inf")}}}
     assert stat(point, "a") is None
     assert stat(point, "b") is None
+
+
+_OK = (
+    '{"schema":"gateway-bench/1","models":[{"model":"m","points":[{"level":LEVEL,"summary":{}}]}]}'
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('{"schema":"gateway-bench/1","x":1' + "0" * 5000 + ',"models":[]}', "not a readable"),
+        (
+            '{"schema":"gateway-bench/1","models":[],"x":' + "[" * 100000 + "]" * 100000 + "}",
+            "nested too deeply",
+        ),
+        (_OK.replace("LEVEL", "1" + "0" * 400), "finite positive"),
+        (_OK.replace("LEVEL", "Infinity"), "finite positive"),
+        (_OK.replace("LEVEL", "NaN"), "finite positive"),
+        (_OK.replace("LEVEL", "0"), "finite positive"),
+        (_OK.replace("LEVEL", "-1"), "finite positive"),
+        (_OK.replace("LEVEL", "true"), "finite positive"),
+    ],
+)
+def test_hostile_json_is_a_run_file_error(tmp_path: Path, text: str, says: str) -> None:
+    path = tmp_path / "hostile.json"
+    path.write_text(text)
+    with pytest.raises(RunFileError, match=says):
+        load_run(path)
+
+
+def test_a_file_over_the_size_limit_is_refused_unread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(run_doc()))
+    monkeypatch.setattr(document, "MAX_BYTES", 100)
+    with pytest.raises(RunFileError, match="too large"):
+        load_run(path)
+    assert document.MAX_BYTES == 100
+    monkeypatch.undo()
+    assert document.MAX_BYTES == 64 * 1024 * 1024
+
+
+def test_the_lenient_readers_treat_huge_and_wrong_values_as_missing() -> None:
+    point = {"level": 1, "summary": {"a": {"median": 10**400}, "b": {"median": "1"}, "c": [1]}}
+    assert stat(point, "a") is None
+    assert stat(point, "b") is None
+    assert stat(point, "c") is None
+    assert stat({"level": 1, "summary": [1]}, "a") is None
+    assert real(10**400) is None
+    assert real(True) is None
+    assert real(2) == 2.0
+    assert mapping([1]) == {}
+    assert sequence(5) == []
+    entry = {"points": [{"level": 2}, {"level": float("nan")}, 7, {"level": 1}]}
+    assert [p["level"] for p in points(entry)] == [1, 2]
+    assert models({"models": [{"model": "m"}, 3]}) == [{"model": "m"}]

@@ -162,3 +162,10 @@ def test_an_empty_fingerprint_is_unknown_everywhere() -> None:
     found = mismatches({}, run_doc()["fingerprint"])
     assert "runtime kind: unknown in BASE, 'ollama' in NEW" in found
     assert mismatches({}, {}) == []
+
+
+def test_a_fingerprint_whose_models_is_no_object_counts_as_no_model() -> None:
+    good = {"models": {"m": {"digest": "d", "quantization": "Q4"}}}
+    assert mismatches({"models": [{}]}, {"models": [{}]}) == []
+    assert mismatches(good, {"models": [{}]}) == ["model 'm': only in BASE"]
+    assert mismatches([1], "x") == []

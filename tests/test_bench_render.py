@@ -9,14 +9,16 @@ import json
 import re
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
 from gateway.bench import plots
 from gateway.bench.compare import compare
-from gateway.bench.plots import PlotsUnavailable, plot_run, slug
+from gateway.bench.plots import PlotFailed, PlotsUnavailable, plot_run, slug
 from gateway.bench.report import (
     CSV_COLUMNS,
+    RENDERERS,
     add_arguments,
     main_report,
     render_comparison,
@@ -283,3 +285,123 @@ def test_a_hand_edited_file_with_wrong_types_still_renders() -> None:
     assert "knee: - (\\x1b[1mbold)" in out
     assert "cold load: - s load, - ms TTFT" in out
     assert "repeat -," in out
+
+
+def _hostile_doc() -> dict[str, Any]:
+    doc = run_doc([model_entry("a"), model_entry("b")])
+    first, second = doc["models"]
+    first["points"][0]["summary"]["ttft_seconds.p50"] = {
+        "median": 10**400,
+        "min": 1e308,
+        "max": float("inf"),
+    }
+    first["points"][0]["summary"]["output_tokens_per_second"] = {"median": 1e308}
+    first["points"][1]["repeats"] = 5
+    first["points"][2]["repeats"] = [{"requests": 10**400, "errors": True}]
+    first["size"] = [1]
+    first["knee"] = {"level": 1e308, "reason": 10**400}
+    first["quality"] = {"score": 1e307, "correct": 10**400, "total": "x"}
+    second["size"] = {"vram_bytes": 10**400, "loaded_bytes": 1}
+    second["knee"] = {"level": float("nan")}
+    second["cold_load"] = {"load_seconds": 10**400, "ttft_seconds": float("inf")}
+    doc["parameters"]["workload"] = "x"
+    doc["fingerprint"]["models"] = [{}]
+    doc["notes"] = "not a list"
+    return doc
+
+
+@pytest.mark.parametrize("fmt", ["table", "md", "csv", "json"])
+def test_hostile_values_render_in_every_format(fmt: str) -> None:
+    out = RENDERERS[fmt](_hostile_doc())
+    assert "model" in out or "a" in out
+    if fmt != "json":
+        assert "1" + "0" * 300 not in out  # no 400-digit cell
+
+
+def test_the_command_reports_a_hostile_file_and_its_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(_hostile_doc()))
+    assert main_report(_cli(str(path), "--plots", str(tmp_path / "plots"))) in (0, 1)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+
+
+def test_a_matplotlib_failure_is_a_plot_error_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("matplotlib")
+
+    def absurd(*args: object) -> None:
+        raise ValueError("arange: cannot compute length")
+
+    monkeypatch.setattr(plots, "_throughput", absurd)
+    with pytest.raises(PlotFailed, match=r"cannot draw a-throughput\.png"):
+        plot_run(run_doc([model_entry("a")]), tmp_path / "direct")
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run_doc([model_entry("a")])))
+    assert main_report(_cli(str(path), "--plots", str(tmp_path / "plots"))) == 1
+    err = capsys.readouterr().err
+    assert "no plots: cannot draw" in err
+    assert "Traceback" not in err
+    assert not [p for p in (tmp_path / "plots").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_knee_far_outside_the_levels_is_not_drawn(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    entry = model_entry("a")
+    entry["knee"] = {"level": 1e308}
+    written = plot_run(run_doc([entry, model_entry("b")]), tmp_path)
+    assert all(_png(p) for p in written)
+
+
+def test_plots_replace_a_symlink_instead_of_writing_through_it(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "plots"
+    out.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (out / "a-throughput.png").symlink_to(victim)
+    plot_run(run_doc([model_entry("a")]), out)
+    assert victim.read_text() == "keep me"
+    assert not (out / "a-throughput.png").is_symlink()
+    assert _png(out / "a-throughput.png")
+    assert sorted(p.name for p in out.iterdir()) == ["a-latency.png", "a-throughput.png"]
+
+
+def test_at_most_max_models_are_plotted_with_a_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("matplotlib")
+    monkeypatch.setattr(plots, "MAX_MODELS", 2)
+    entry = model_entry("a", levels=(1, 2), repeat=1)
+    entries = [{**entry, "model": f"m{n}"} for n in range(3)]
+    notes: list[str] = []
+    written = plot_run(run_doc(entries), tmp_path, notes=notes)
+    assert [p.name for p in written] == [
+        "m0-throughput.png",
+        "m0-latency.png",
+        "m1-throughput.png",
+        "m1-latency.png",
+        "matrix.png",
+    ]
+    assert notes == ["plots show the first 2 of 3 models"]
+
+
+def test_the_command_exits_2_on_an_unexpected_failure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run_doc()))
+
+    def explode(doc: object) -> str:
+        raise OverflowError("int too large to convert to float")
+
+    monkeypatch.setitem(RENDERERS, "table", explode)
+    assert main_report(_cli(str(path))) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "OverflowError" in err
+    assert "Traceback" not in err

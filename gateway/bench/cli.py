@@ -226,7 +226,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     _add_run(commands)
     cmp = commands.add_parser(
         "compare",
-        help="compare two saved runs; exit 1 on a regression, 2 on mismatched setups",
+        help="compare two saved runs; exit 1 on a regression, 2 when refused (mismatched setups,"
+        " NEW lacking what BASE measured) or on a bad file",
     )
     compare.add_arguments(cmp)
     cmp.set_defaults(bench_handler=compare.main_compare)
@@ -425,11 +426,14 @@ def _run(args: argparse.Namespace) -> int:
             say(f"saved {path}")
     sys.stdout.write(report.RENDERERS[args.format](doc))
     if args.plots is not None:
+        notes: list[str] = []
         try:
-            for written in plots.plot_run(doc, args.plots):
+            for written in plots.plot_run(doc, args.plots, notes=notes):
                 if say is not None:
                     say(f"plot {written}")
-        except (plots.PlotsUnavailable, OSError) as exc:
+            for note in notes:
+                print(f"gateway bench: {note}", file=sys.stderr)
+        except (plots.PlotError, OSError) as exc:
             print(f"gateway bench: no plots: {exc}", file=sys.stderr)
     completed = sum(
         (repeat.get("requests", 0) - repeat.get("errors", 0))

@@ -2,7 +2,8 @@
 
 `gateway bench compare BASE NEW` answers "did NEW get slower than BASE?" for runs of the same
 model build on the same machine and workload (`fingerprint.mismatches` refuses the others
-unless `--allow-mismatch`). Exit codes: 0 pass, 1 regression, 2 refused or a bad file.
+unless `--allow-mismatch`). Exit codes: 0 pass, 1 regression, 2 refused, a bad file or any
+other failure (a crash must never look like a regression, nor like a pass).
 
 The noise rule, per row (`judge`). `change` is relative, (NEW - BASE) / BASE of the medians
 over repeats, except for the error rate, where it is the difference in percentage points (a
@@ -18,8 +19,12 @@ relative change from 0 errors is meaningless). Then:
    up is worse, a throughput, the knee or the quality score going down is worse).
 
 A row with the value missing on either side is "missing" and never a regression. The verdict is
-"regression" when any row is "worse", "refused" when the fingerprints differ and mismatches were
-not allowed (the rows are still computed, for the curious), else "pass".
+"refused" when the fingerprints differ and mismatches were not allowed, or when NEW cannot be
+judged against BASE: a model of BASE has no counterpart in NEW, a level of BASE was not measured
+in NEW, or no row was compared at all (every row "missing", as when NEW measured nothing). A
+run that measured nothing must not pass the gate. The rows are still computed, for the curious.
+Otherwise the verdict is "regression" when any row is "worse", else "pass". What NEW measured
+beyond BASE (another model, more levels) is only noted.
 """
 
 # ruff: noqa: T201 (main_compare prints the comparison by design)
@@ -33,7 +38,16 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from gateway.bench.document import RunFileError, load_run, models, nested, points, stat
+from gateway.bench.document import (
+    RunFileError,
+    load_run,
+    mapping,
+    models,
+    nested,
+    points,
+    real,
+    stat,
+)
 from gateway.bench.fingerprint import mismatches as fingerprint_mismatches
 from gateway.bench.report import render_comparison
 from gateway.bench.tables import safe
@@ -138,6 +152,9 @@ class Comparison:
         verdict: "pass", "regression" or "refused".
         threshold: The relative change below which a row is "same".
         notes: Models or levels measured in one run only, and other things the reader must know.
+        refusals: Why NEW cannot be judged against BASE (a BASE model or level NEW lacks,
+            nothing compared); any makes the verdict "refused".
+        mismatch_allowed: The fingerprints' mismatches, if any, were allowed.
     """
 
     rows: list[Row]
@@ -146,6 +163,8 @@ class Comparison:
     verdict: Outcome
     threshold: float
     notes: list[str] = field(default_factory=list)
+    refusals: list[str] = field(default_factory=list)
+    mismatch_allowed: bool = False
 
     @property
     def exit_code(self) -> int:
@@ -153,7 +172,7 @@ class Comparison:
         return EXIT_CODES[self.verdict]
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready form (`--json`); an infinite change or noise is None (JSON has no inf)."""
+        """A JSON-ready form (`--json`); any NaN or infinity is None (JSON has neither)."""
         rows = []
         for row in self.rows:
             item = asdict(row)
@@ -161,18 +180,31 @@ class Comparison:
             item["label"] = row.metric.label
             item["change"], item["noise"] = _finite(row.change), _finite(row.noise)
             rows.append(item)
-        return {
+        result = {
             "verdict": self.verdict,
             "threshold": self.threshold,
             "mismatches": self.mismatches,
+            "refusals": self.refusals,
             "notes": self.notes,
             "regressions": [r for r in rows if r["verdict"] == "worse"],
             "rows": rows,
         }
+        return dict(_json_safe(result))
 
 
 def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
+
+
+def _json_safe(value: Any) -> Any:
+    """`value` with every non-finite float None, so `json.dumps(allow_nan=False)` succeeds."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def judge(metric: Metric, base: Span | None, new: Span | None, threshold: float) -> Row:
@@ -217,10 +249,9 @@ def point_span(point: Mapping[str, Any], key: str) -> Span | None:
 
 def model_span(entry: Mapping[str, Any], key: str) -> Span | None:
     """The knee level or the quality score of a model entry (a single value), or None."""
-    value = nested(entry, "knee", "level") if key == "knee" else nested(entry, "quality", "score")
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-        return None
-    return Span(float(value), float(value), float(value))
+    found = nested(entry, "knee", "level") if key == "knee" else nested(entry, "quality", "score")
+    value = real(found)
+    return None if value is None else Span(value, value, value)
 
 
 def compare(
@@ -242,6 +273,9 @@ def compare(
         threshold: Relative change (0.05: 5%) a row must exceed to count as a change.
         allow_mismatch: Judge even when the fingerprints differ.
 
+    A BASE model or level that NEW lacks, or nothing compared at all, makes the verdict
+    "refused" (module docstring); NEW's extra models and levels are noted only.
+
     Returns:
         The `Comparison`.
 
@@ -251,35 +285,49 @@ def compare(
     if not (math.isfinite(threshold) and threshold >= 0):
         raise ValueError(f"the threshold must be a non-negative number, got {threshold}")
     found = fingerprint_mismatches(
-        base_doc.get("fingerprint") or {}, new_doc.get("fingerprint") or {}
+        mapping(base_doc.get("fingerprint")), mapping(new_doc.get("fingerprint"))
     )
     rows: list[Row] = []
     notes: list[str] = []
-    for label, base_entry, new_entry in _pair_models(base_doc, new_doc, notes):
-        rows.extend(_compare_model(label, base_entry, new_entry, threshold, notes))
+    refusals: list[str] = []
+    for label, base_entry, new_entry in _pair_models(base_doc, new_doc, notes, refusals):
+        rows.extend(_compare_model(label, base_entry, new_entry, threshold, notes, refusals))
+    if all(row.verdict == "missing" for row in rows):
+        refusals.append(
+            "no value was compared: NEW measured nothing that BASE measured"
+            if rows
+            else "no value was compared: the runs share no model"
+        )
     regressions = [row for row in rows if row.verdict == "worse"]
     verdict: Outcome = "regression" if regressions else "pass"
-    if found and not allow_mismatch:
+    if (found and not allow_mismatch) or refusals:
         verdict = "refused"
-    return Comparison(rows, regressions, found, verdict, threshold, notes)
+    return Comparison(
+        rows, regressions, found, verdict, threshold, notes, refusals, bool(allow_mismatch)
+    )
 
 
 def _pair_models(
-    base_doc: Mapping[str, Any], new_doc: Mapping[str, Any], notes: list[str]
+    base_doc: Mapping[str, Any],
+    new_doc: Mapping[str, Any],
+    notes: list[str],
+    refusals: list[str],
 ) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     base, new = models(base_doc), models(new_doc)
     if len(base) == 1 and len(new) == 1:
-        names = base[0]["model"], new[0]["model"]
+        names = str(base[0].get("model")), str(new[0].get("model"))
         label = names[0] if names[0] == names[1] else f"{names[0]} vs {names[1]}"
         return [(label, base[0], new[0])]
-    by_name = {entry["model"]: entry for entry in new}
+    by_name = {str(entry.get("model")): entry for entry in new}
     pairs = []
     for entry in base:
-        other = by_name.pop(entry["model"], None)
+        name = str(entry.get("model"))
+        other = by_name.pop(name, None)
         if other is None:
-            notes.append(f"model {entry['model']} measured only in BASE")
+            notes.append(f"model {name} measured only in BASE")
+            refusals.append(f"model {name} of BASE was not measured in NEW")
         else:
-            pairs.append((entry["model"], entry, other))
+            pairs.append((name, entry, other))
     notes.extend(f"model {name} measured only in NEW" for name in by_name)
     return pairs
 
@@ -290,9 +338,11 @@ def _compare_model(
     new_entry: Mapping[str, Any],
     threshold: float,
     notes: list[str],
+    refusals: list[str],
 ) -> list[Row]:
     def key(point: Mapping[str, Any]) -> tuple[str, float]:
-        return str(point.get("shape", "")), float(point["level"])
+        # `points` keeps only the points with a finite level.
+        return str(point.get("shape", "")), real(point.get("level")) or 0.0
 
     base_points = {key(p): p for p in points(base_entry)}
     new_points = {key(p): p for p in points(new_entry)}
@@ -301,6 +351,8 @@ def _compare_model(
         if where not in new_points or where not in base_points:
             side = "BASE" if where in base_points else "NEW"
             notes.append(f"{label}: level {where[1]:g} ({where[0]}) measured only in {side}")
+            if side == "BASE":
+                refusals.append(f"{label}: level {where[1]:g} ({where[0]}) of BASE not in NEW")
             continue
         for metric in POINT_METRICS:
             row = judge(
@@ -368,9 +420,21 @@ def main_compare(args: argparse.Namespace) -> int:
     """Run `gateway bench compare`: print the comparison, return the exit code.
 
     Returns:
-        0 pass, 1 regression, 2 refused (fingerprint mismatch) or a file that is unreadable or
-        no run document (the message goes to stderr, without a traceback).
+        0 pass, 1 regression, 2 refused (fingerprint mismatch, NEW lacking what BASE measured,
+        nothing compared), a file that is unreadable or no run document, or any other failure
+        (one line on stderr, never a traceback: 1 must only ever mean a regression).
     """
+    try:
+        return _compare_files(args)
+    except Exception as exc:  # a hostile file must not end in a traceback, nor in exit 1
+        print(
+            f"gateway bench compare: cannot compare: {type(exc).__name__}: {safe(exc, 300)}",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def _compare_files(args: argparse.Namespace) -> int:
     try:
         base, new = load_run(args.base), load_run(args.new)
     except RunFileError as exc:
@@ -379,6 +443,9 @@ def main_compare(args: argparse.Namespace) -> int:
     result = compare(base, new, threshold=args.threshold, allow_mismatch=args.allow_mismatch)
     if args.json:
         print(json.dumps(result.as_dict(), indent=2, ensure_ascii=True, allow_nan=False))
+        # The reasons are in the JSON too; stderr tells the CI log without parsing it.
+        for reason in result.refusals:
+            print(f"gateway bench compare: refused: {safe(reason, 500)}", file=sys.stderr)
     else:
         print(render_comparison(result))
     return result.exit_code

@@ -20,8 +20,8 @@ from typing import Any
 
 SCHEMA = "gateway-bench/1"
 #: A run document larger than this is no run of ours (a sweep of 50 points with 5 repeats is
-#: well under 10 MB); refusing it keeps a mistaken path from exhausting memory.
-MAX_BYTES = 200 * 1024 * 1024
+#: well under 10 MB); refusing it keeps a mistaken path or a hostile file from exhausting memory.
+MAX_BYTES = 64 * 1024 * 1024
 
 
 class RunFileError(ValueError):
@@ -38,14 +38,18 @@ def load_run(path: str | Path) -> dict[str, Any]:
         The document, as parsed.
 
     Raises:
-        RunFileError: The file is missing, unreadable, too large, not JSON, or not a
+        RunFileError: The file is missing, unreadable, too large (`MAX_BYTES`), not JSON
+            (including a number Python will not read and nesting too deep to parse), or not a
             `gateway-bench/1` document (the message names the file and the problem).
     """
     name = str(path)
     try:
         size = Path(path).stat().st_size
         if size > MAX_BYTES:
-            raise RunFileError(f"{name}: {size} bytes is too large for a run document")
+            raise RunFileError(
+                f"{name}: {size} bytes is too large for a run document"
+                f" (the limit is {MAX_BYTES // (1024 * 1024)} MiB)"
+            )
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise RunFileError(f"{name}: cannot read ({exc.strerror or exc})") from exc
@@ -57,6 +61,11 @@ def load_run(path: str | Path) -> dict[str, Any]:
         raise RunFileError(
             f"{name}: not JSON (line {exc.lineno} column {exc.colno}: {exc.msg})"
         ) from exc
+    except RecursionError as exc:
+        raise RunFileError(f"{name}: nested too deeply to be a run document") from exc
+    except ValueError as exc:
+        # An integer beyond Python's digit limit for int(str) (4300 digits) and the like.
+        raise RunFileError(f"{name}: not a readable JSON document ({exc})") from exc
     problem = check_run(doc)
     if problem is not None:
         raise RunFileError(f"{name}: {problem}")
@@ -67,8 +76,9 @@ def check_run(doc: object) -> str | None:
     """What makes `doc` no `gateway-bench/1` run document, or None when it is one.
 
     Checks the structure the readers index into: the schema name, `models` as a list of
-    objects with a string `model` and a list `points` of objects with a numeric `level` and an
-    object `summary`. Everything else is optional.
+    objects with a string `model` and a list `points` of objects with a `level` that is a
+    finite positive number (`real`) and an object `summary`. Everything else is optional, and
+    read through the lenient readers below.
     """
     if not isinstance(doc, dict):
         return "not a run document (a JSON object was expected)"
@@ -88,23 +98,53 @@ def check_run(doc: object) -> str | None:
         for number, point in enumerate(points):
             if not isinstance(point, dict) or not isinstance(point.get("summary"), dict):
                 return f"{where}.points[{number}] has no summary"
-            level = point.get("level")
-            if isinstance(level, bool) or not isinstance(level, int | float):
-                return f"{where}.points[{number}] has no numeric level"
+            level = real(point.get("level"))
+            if level is None or level <= 0:
+                return f"{where}.points[{number}] has no numeric level (a finite positive number)"
     for key in ("fingerprint", "parameters"):
         if key in doc and not isinstance(doc[key], dict):
             return f"'{key}' is not an object"
     return None
 
 
+def real(value: object) -> float | None:
+    """`value` as a finite float, or None.
+
+    A bool, a string, NaN, an infinity or an integer too large for a float (`10**400`, which
+    JSON allows) is as good as missing.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def mapping(value: object) -> Mapping[str, Any]:
+    """`value` when it is an object, else an empty one (a hand-edited file may hold a list)."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def sequence(value: object) -> list[Any]:
+    """`value` when it is a list, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
 def models(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The document's model entries, in the order measured."""
-    return list(doc.get("models") or [])
+    """The document's model entries, in the order measured (objects only)."""
+    return [entry for entry in sequence(doc.get("models")) if isinstance(entry, dict)]
 
 
 def points(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A model entry's points sorted by level (the runner sorts them; old files may not)."""
-    return sorted(entry.get("points") or [], key=lambda p: p["level"])
+    """A model entry's points with a usable level (`real`), sorted by it.
+
+    The runner sorts them; old or hand-edited files may not.
+    """
+    found = [p for p in sequence(entry.get("points")) if isinstance(p, dict)]
+    usable = [p for p in found if real(p.get("level")) is not None]
+    return sorted(usable, key=lambda p: real(p.get("level")) or 0.0)
 
 
 def stat(point: Mapping[str, Any], key: str, which: str = "median") -> float | None:
@@ -116,14 +156,13 @@ def stat(point: Mapping[str, Any], key: str, which: str = "median") -> float | N
         which: `median`, `min`, `max` or `spread`.
 
     Returns:
-        The value as a float; None when missing, not a number, NaN or infinite.
+        The value as a float; None when missing, not a number, NaN, infinite or too large for
+        a float.
     """
-    entry = (point.get("summary") or {}).get(key)
-    value = entry.get(which) if isinstance(entry, Mapping) else None
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return None
-    # Python's json reads NaN and Infinity; no statistic of ours is either, so they are unknown.
-    return float(value) if math.isfinite(value) else None
+    entry = mapping(point.get("summary")).get(key)
+    # Python's json reads NaN, Infinity and integers beyond a float; no statistic of ours is
+    # any of them, so they are unknown.
+    return real(entry.get(which)) if isinstance(entry, Mapping) else None
 
 
 def nested(mapping: Mapping[str, Any] | None, *keys: str) -> Any:

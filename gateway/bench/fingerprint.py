@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import gateway
-from gateway.bench.document import nested
+from gateway.bench.document import mapping, nested
 
 #: The runtime kind an OpenAI-compatible server names in `/v1/models` `owned_by`.
 _OWNERS = {"llamacpp": "llama.cpp", "vllm": "vllm", "sglang": "sglang", "ollama": "ollama"}
@@ -173,25 +173,27 @@ def _gpus(fp: Mapping[str, Any], key: str) -> list[Any] | None:
     return sorted(values, key=repr)
 
 
-def mismatches(base_fp: Mapping[str, Any], new_fp: Mapping[str, Any]) -> list[str]:
+def mismatches(base_fp: object, new_fp: object) -> list[str]:
     """Name each field that differs between two fingerprints and matters for the numbers.
 
     A field unknown (None) on both sides is no mismatch (a server that never reports its
     version cannot be held against itself); unknown on one side only is one, since nothing
     shows the two are the same ("runtime version: unknown in BASE, '0.5.1' in NEW"). Models are
     matched by name; a model in one run only is a mismatch, and so is a model whose digest or
-    quantization differs.
+    quantization differs. A fingerprint (or its `models`) that is no object counts as empty.
 
     Returns:
         One sentence per mismatch, in a fixed order; `[]` when the runs are comparable. The
         values are `repr`s of what the files hold, not escaped: escape them before printing.
     """
     found: list[str] = []
+    base, new = mapping(base_fp), mapping(new_fp)
     for label, read in _FIELDS.items():
-        _differ(found, label, read(base_fp), read(new_fp))
-    base_models = nested(base_fp, "models") or {}
-    new_models = nested(new_fp, "models") or {}
-    for name in sorted(set(base_models) | set(new_models)):
+        _differ(found, label, read(base), read(new))
+    # A hand-edited `models` that is no object (a list) holds no model: as good as none.
+    base_models = mapping(nested(base, "models"))
+    new_models = mapping(nested(new, "models"))
+    for name in sorted(set(base_models) | set(new_models), key=str):
         if name not in new_models:
             found.append(f"model {name!r}: only in BASE")
         elif name not in base_models:

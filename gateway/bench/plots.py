@@ -5,25 +5,43 @@ so `gateway bench` starts fast and works without it. The figures are drawn on th
 directly (`matplotlib.figure.Figure` with `FigureCanvasAgg`), never through `pyplot`: pyplot
 keeps global figure state and picks a GUI backend when it finds a display, neither of which a
 command writing files wants.
+
+A run document is input: values matplotlib cannot draw (a knee of 1e308) end in `PlotFailed`,
+not a traceback; each PNG is written to a new temporary file in the directory and renamed over
+its name, so a symlink planted at `<model>-throughput.png` is replaced, never written through;
+at most `MAX_MODELS` models are plotted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import re
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.bench.document import models, nested, points, stat
+from gateway.bench.document import models, nested, points, real, stat
 from gateway.bench.tables import safe
 
 INSTALL_HINT = "pip install 'llm-gateway[bench]'"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+#: The most models a run's plots show (two PNGs each, and one bar each in the matrix).
+MAX_MODELS = 50
 
 
-class PlotsUnavailable(RuntimeError):
+class PlotError(RuntimeError):
+    """No plots: matplotlib is missing or could not draw the run's values."""
+
+
+class PlotsUnavailable(PlotError):
     """matplotlib is not installed."""
+
+
+class PlotFailed(PlotError):
+    """matplotlib failed on the run's values (absurd numbers from a hand-edited file)."""
 
 
 def _figure_classes() -> tuple[Any, Any]:
@@ -51,19 +69,28 @@ def _label(name: object) -> str:
     return safe(name, 80).replace("$", r"\$")
 
 
-def plot_run(doc: Mapping[str, Any], outdir: str | Path) -> list[Path]:
+def plot_run(
+    doc: Mapping[str, Any], outdir: str | Path, *, notes: list[str] | None = None
+) -> list[Path]:
     """Draw the run's plots into `outdir` (created when missing).
 
     Per model, `<model>-throughput.png` (output tok/s against the level) and
     `<model>-latency.png` (TTFT p50 and p99, TPOT p50 in ms, log scale), each with the knee
-    marked; with more than one model also `matrix.png` (bars of TTFT p50, decode tok/s, knee
-    and quality per model). A model without points gets no plot.
+    marked when it lies among the levels measured; with more than one model also `matrix.png`
+    (bars of TTFT p50, decode tok/s, knee and quality per model). A model without points gets
+    no plot; only the first `MAX_MODELS` models are drawn (a sentence in `notes` says so).
+
+    Args:
+        doc: The run document.
+        outdir: The directory of the PNGs.
+        notes: Where to append what the reader should know (models left out).
 
     Returns:
         The files written, in that order.
 
     Raises:
         PlotsUnavailable: matplotlib is not installed.
+        PlotFailed: matplotlib could not draw the values.
         OSError: `outdir` cannot be created or written.
     """
     figure_class, canvas_class = _figure_classes()
@@ -71,43 +98,76 @@ def plot_run(doc: Mapping[str, Any], outdir: str | Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     used: set[str] = set()
+    entries = models(doc)
+    if len(entries) > MAX_MODELS and notes is not None:
+        notes.append(f"plots show the first {MAX_MODELS} of {len(entries)} models")
+    entries = entries[:MAX_MODELS]
 
-    def save(figure: Any, name: str) -> None:
-        canvas_class(figure)
-        path = out / name
-        figure.savefig(path, dpi=100)
-        written.append(path)
+    def save(name: str, draw: Any, size: tuple[float, float], *args: Any) -> None:
+        try:
+            figure = draw(figure_class(figsize=size), *args)
+            canvas_class(figure)
+            _write(figure, out / name)
+        except OSError:
+            raise
+        except Exception as exc:  # matplotlib's own errors on absurd values vary by version
+            raise PlotFailed(f"cannot draw {name}: {type(exc).__name__}: {exc}") from exc
+        written.append(out / name)
 
-    for entry in models(doc):
+    for entry in entries:
         ordered = points(entry)
         if not ordered:
             continue
-        base = slug(entry["model"])
+        model = str(entry.get("model"))
+        base = slug(model)
         # Two names can share a slug ("a/b" and "a_b"); a number keeps both plots.
         name, n = base, 2
         while name in used:
             name, n = f"{base}-{n}", n + 1
         used.add(name)
-        knee = nested(entry, "knee", "level")
-        save(
-            _throughput(figure_class(figsize=(7, 4.5)), entry["model"], ordered, knee),
-            f"{name}-throughput.png",
-        )
-        save(
-            _latency(figure_class(figsize=(7, 4.5)), entry["model"], ordered, knee),
-            f"{name}-latency.png",
-        )
-    if len(models(doc)) > 1:
-        save(_matrix(figure_class(figsize=(11, 7)), models(doc)), "matrix.png")
+        knee = _knee(entry, ordered)
+        save(f"{name}-throughput.png", _throughput, (7, 4.5), model, ordered, knee)
+        save(f"{name}-latency.png", _latency, (7, 4.5), model, ordered, knee)
+    if len(entries) > 1:
+        save("matrix.png", _matrix, (11, 7), entries)
     return written
+
+
+def _write(figure: Any, path: Path) -> None:
+    """Save `figure` as PNG at `path` through a new file in the same directory and a rename.
+
+    `mkstemp` creates the file exclusively (no symlink followed); `os.replace` then replaces
+    whatever `path` is, a symlink included, instead of writing to its target.
+    """
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would hide the plot from others
+        with os.fdopen(fd, "wb") as handle:
+            figure.savefig(handle, format="png", dpi=100)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def _knee(entry: Mapping[str, Any], ordered: Sequence[Mapping[str, Any]]) -> float | None:
+    # The knee is one of the levels measured; anything outside them (1e308) is not drawn.
+    knee = real(nested(entry, "knee", "level"))
+    levels = [float(p["level"]) for p in ordered]
+    if knee is None or not levels or not min(levels) <= knee <= max(levels):
+        return None
+    return knee
 
 
 def _xlabel(ordered: Sequence[Mapping[str, Any]]) -> str:
     return "requests/s" if ordered[0].get("shape") == "rate" else "concurrent requests"
 
 
-def _mark_knee(axes: Any, knee: object) -> None:
-    if isinstance(knee, int | float):
+def _mark_knee(axes: Any, knee: float | None) -> None:
+    if knee is not None:
         axes.axvline(knee, color="tab:red", linestyle=":", label=f"knee {knee:g}")
 
 
@@ -119,7 +179,9 @@ def _series(
     return [x for x, _ in present], [y for _, y in present]
 
 
-def _throughput(figure: Any, model: str, ordered: Sequence[Mapping[str, Any]], knee: object) -> Any:
+def _throughput(
+    figure: Any, model: str, ordered: Sequence[Mapping[str, Any]], knee: float | None
+) -> Any:
     axes = figure.add_subplot()
     xs, ys = _series(ordered, "output_tokens_per_second")
     axes.plot(xs, ys, marker="o", label="output tok/s (median)")
@@ -133,7 +195,9 @@ def _throughput(figure: Any, model: str, ordered: Sequence[Mapping[str, Any]], k
     return figure
 
 
-def _latency(figure: Any, model: str, ordered: Sequence[Mapping[str, Any]], knee: object) -> Any:
+def _latency(
+    figure: Any, model: str, ordered: Sequence[Mapping[str, Any]], knee: float | None
+) -> Any:
     axes = figure.add_subplot()
     drawn: list[float] = []
     for key, label, style in (
@@ -158,7 +222,7 @@ def _latency(figure: Any, model: str, ordered: Sequence[Mapping[str, Any]], knee
 
 
 def _matrix(figure: Any, entries: Sequence[Mapping[str, Any]]) -> Any:
-    names = [_label(entry["model"]) for entry in entries]
+    names = [_label(entry.get("model")) for entry in entries]
     firsts = [points(entry)[:1] for entry in entries]
     panels = (
         (
@@ -171,16 +235,22 @@ def _matrix(figure: Any, entries: Sequence[Mapping[str, Any]]) -> Any:
             [stat(f[0], "decode_tokens_per_second.p50") if f else None for f in firsts],
             1.0,
         ),
-        ("knee (level)", [nested(e, "knee", "level") for e in entries], 1.0),
+        ("knee (level)", [_knee(e, points(e)) for e in entries], 1.0),
         ("quality score (%)", [nested(e, "quality", "score") for e in entries], 100.0),
     )
     for index, (title, values, scale) in enumerate(panels, start=1):
         axes = figure.add_subplot(2, 2, index)
         # A missing value is a bar of 0 height: the model keeps its place on the axis.
-        heights = [v * scale if isinstance(v, int | float) else 0.0 for v in values]
+        heights = [_height(v, scale) for v in values]
         axes.bar(range(len(names)), heights, color="tab:blue")
         axes.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
         axes.set_title(title, fontsize=10)
         axes.grid(True, axis="y", alpha=0.3)
     figure.tight_layout()
     return figure
+
+
+def _height(value: object, scale: float) -> float:
+    found = real(value)
+    scaled = None if found is None else real(found * scale)
+    return 0.0 if scaled is None else scaled

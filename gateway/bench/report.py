@@ -21,8 +21,18 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.bench.document import RunFileError, load_run, models, nested, points, stat
-from gateway.bench.plots import PlotsUnavailable, plot_run
+from gateway.bench.document import (
+    RunFileError,
+    load_run,
+    mapping,
+    models,
+    nested,
+    points,
+    real,
+    sequence,
+    stat,
+)
+from gateway.bench.plots import PlotError, plot_run
 from gateway.bench.tables import (
     MISSING,
     Column,
@@ -74,8 +84,8 @@ CSV_COLUMNS = (
 
 
 def _repeat_sum(point: Mapping[str, Any], key: str) -> int | None:
-    values = [r.get(key) for r in point.get("repeats") or [] if isinstance(r, Mapping)]
-    counts = [v for v in values if isinstance(v, int)]
+    values = [r.get(key) for r in sequence(point.get("repeats")) if isinstance(r, Mapping)]
+    counts = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
     return sum(counts) if counts else None
 
 
@@ -95,7 +105,7 @@ def point_table(entry: Mapping[str, Any]) -> tuple[list[Column], list[list[str]]
     columns.append(Column("SLO", "left"))
     rows = []
     for point in ordered:
-        row = [level(point["level"]), count(len(point.get("repeats") or []) or None)]
+        row = [level(point["level"]), count(len(sequence(point.get("repeats"))) or None)]
         row += [count(_repeat_sum(point, "requests")), count(_repeat_sum(point, "errors"))]
         row += [number(stat(point, key), scale) for key, _, scale in _POINT_VALUES]
         row.append(percent(stat(point, "output_tokens_per_second", "spread")))
@@ -106,8 +116,7 @@ def point_table(entry: Mapping[str, Any]) -> tuple[list[Column], list[list[str]]
     return columns, rows
 
 
-def _list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []
+_list = sequence
 
 
 def _gb(value: object) -> str:
@@ -161,8 +170,8 @@ def _quality(quality: Mapping[str, Any]) -> str:
 
 def header(doc: Mapping[str, Any]) -> list[str]:
     """The run's own lines: when, against what, with which load and workload (escaped)."""
-    parameters = doc.get("parameters") or {}
-    workload = parameters.get("workload") or {}
+    parameters = mapping(doc.get("parameters"))
+    workload = mapping(parameters.get("workload"))
     through = " through the gateway" if parameters.get("through_gateway") else ""
     lines = [
         f"run {safe(doc.get('created', MISSING))}: {safe(parameters.get('target', MISSING))}"
@@ -201,7 +210,15 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
 
 
 def _csv_cell(value: float | None, scale: float) -> str:
-    return "" if value is None else f"{value * scale:.6g}"
+    scaled = real(None if value is None else value * scale)
+    return "" if scaled is None else f"{scaled:.6g}"
+
+
+def _csv_count(value: int | None) -> str:
+    # No repeat counted: 0; an absurd sum from a hand-edited file: empty, like a missing value.
+    if value is None:
+        return "0"
+    return "" if count(value) == MISSING else str(value)
 
 
 def _csv_text(text: str) -> str:
@@ -226,10 +243,10 @@ def render_csv(doc: Mapping[str, Any]) -> str:
                 [
                     _csv_text(entry["model"]),
                     _csv_text(str(point.get("shape", ""))),
-                    f"{point['level']:g}",
-                    len(point.get("repeats") or []),
-                    _repeat_sum(point, "requests") or 0,
-                    _repeat_sum(point, "errors") or 0,
+                    level(point["level"]),
+                    len(sequence(point.get("repeats"))),
+                    _csv_count(_repeat_sum(point, "requests")),
+                    _csv_count(_repeat_sum(point, "errors")),
                     *(_csv_cell(stat(point, key), scale) for key, _, scale in _CSV_VALUES),
                     _csv_cell(stat(point, "output_tokens_per_second", "spread"), 100.0),
                     "" if met is None else str(bool(met)).lower(),
@@ -244,9 +261,9 @@ def render_json(doc: Mapping[str, Any]) -> str:
 
 
 def _on_gpu(size: Mapping[str, Any]) -> str:
-    vram, loaded = size.get("vram_bytes"), size.get("loaded_bytes")
+    vram, loaded = real(size.get("vram_bytes")), real(size.get("loaded_bytes"))
     shown = _gb(vram)
-    if isinstance(vram, int | float) and isinstance(loaded, int | float) and loaded > 0:
+    if vram is not None and loaded is not None and loaded > 0:
         shown += f" ({percent(vram / loaded, 0)})"  # the share: < 100% is a partial offload
     return shown
 
@@ -262,7 +279,7 @@ def render_matrix(doc: Mapping[str, Any], *, markdown: bool = False) -> str:
     columns += [Column("knee"), Column("goodput at SLO limit (req/s)"), Column("quality")]
     rows = []
     for entry in models(doc):
-        size = entry.get("size") or {}
+        size = mapping(entry.get("size"))
         first = points(entry)[:1]
         row = [safe(entry["model"]), _gb(size.get("disk_bytes")), _gb(size.get("loaded_bytes"))]
         row.append(_on_gpu(size))
@@ -298,10 +315,16 @@ def _change(change: float | None, absolute: bool) -> str:
 
 
 def render_comparison(comparison: Comparison) -> str:
-    """The terminal form of `compare.compare`: the rows, the notes and the verdict line."""
-    if comparison.verdict == "refused":
+    """The terminal form of `compare.compare`: the rows, the notes and the verdict line.
+
+    Refused for mismatched fingerprints: the mismatches only. Refused because NEW lacks what
+    BASE measured: the rows, then the reasons and the verdict.
+    """
+    mismatch_refused = bool(comparison.mismatches) and not comparison.mismatch_allowed
+    if comparison.verdict == "refused" and mismatch_refused:
         lines = ["refused: the runs are not comparable:"]
         lines += [f"  {safe(m, 500)}" for m in comparison.mismatches]
+        lines += [f"  {safe(r, 500)}" for r in comparison.refusals]
         lines.append("pass --allow-mismatch to compare them anyway")
         return "\n".join(lines) + "\n"
     columns = [Column("model", "left"), Column("level"), Column("metric", "left")]
@@ -322,6 +345,11 @@ def render_comparison(comparison: Comparison) -> str:
     lines += [f"mismatch (allowed): {safe(m, 500)}" for m in comparison.mismatches]
     lines += [f"note: {safe(n, 500)}" for n in comparison.notes]
     worse = len(comparison.regressions)
+    if comparison.refusals:
+        lines.append("refused: NEW cannot be judged against BASE:")
+        lines += [f"  {safe(r, 500)}" for r in comparison.refusals]
+        lines.append("verdict: refused")
+        return "\n".join(lines) + "\n"
     lines.append(
         f"verdict: {comparison.verdict} ({worse} of {len(comparison.rows)} values worse by more"
         f" than {comparison.threshold:.1%} and beyond the repeats' range)"
@@ -354,9 +382,23 @@ def main_report(args: argparse.Namespace) -> int:
     """Run `gateway bench report`: print the report, write the plots when asked.
 
     Returns:
-        0 done; 1 the plots could not be drawn (matplotlib missing, DIR not writable: the report is
-        printed, the message goes to stderr); 2 the file is unreadable or no run document.
+        0 done; 1 the plots could not be drawn (matplotlib missing, DIR not writable, values
+        matplotlib cannot draw: the report is printed, the message goes to stderr); 2 the file
+        is unreadable or no run document, or the report failed in some unexpected way (one
+        line on stderr, never a traceback).
     """
+    try:
+        return _report(args)
+    except Exception as exc:  # a hostile file must not end in a traceback
+        print(
+            f"gateway bench report: cannot report {safe(args.run, 200)}:"
+            f" {type(exc).__name__}: {safe(exc, 300)}",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def _report(args: argparse.Namespace) -> int:
     try:
         doc = load_run(args.run)
     except RunFileError as exc:
@@ -364,11 +406,14 @@ def main_report(args: argparse.Namespace) -> int:
         return 2
     sys.stdout.write(RENDERERS[args.format](doc))
     if args.plots is not None:
+        notes: list[str] = []
         try:
-            written: Sequence[Path] = plot_run(doc, args.plots)
-        except (PlotsUnavailable, OSError) as exc:
+            written: Sequence[Path] = plot_run(doc, args.plots, notes=notes)
+        except (PlotError, OSError) as exc:
             print(f"gateway bench report: no plots: {safe(exc, 500)}", file=sys.stderr)
             return 1
+        for note in notes:
+            print(f"gateway bench report: {safe(note, 500)}", file=sys.stderr)
         for path in written:
             print(f"plot: {safe(path, 500)}", file=sys.stderr)
     return 0

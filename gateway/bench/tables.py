@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from gateway.bench.document import real
 from gateway.bench.stats import escape_error
 
 MISSING = "-"
@@ -38,11 +39,14 @@ def safe(text: object, limit: int = TEXT_LIMIT) -> str:
     return escape_error(str(text), limit)
 
 
+#: The largest count shown (a hand-edited 10**400 would make one cell 400 columns wide).
+_COUNT_LIMIT = 10**18
+
+
 def _real(value: object) -> float | None:
-    # A run file is input: a value of the wrong type or NaN is as good as missing.
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
+    # A run file is input: a value of the wrong type, NaN, an infinity or an integer beyond a
+    # float is as good as missing.
+    return real(value)
 
 
 def number(value: object, scale: float = 1.0) -> str:
@@ -50,10 +54,12 @@ def number(value: object, scale: float = 1.0) -> str:
 
     Anything but a finite number (None, a string from a hand-edited file) is "-".
     """
-    real = _real(value)
-    if real is None:
+    found = _real(value)
+    if found is None:
         return MISSING
-    scaled = real * scale
+    scaled = found * scale
+    if not math.isfinite(scaled):  # 1e308 ms in seconds is no number either
+        return MISSING
     size = abs(scaled)
     if size >= 100:
         return f"{scaled:.0f}"
@@ -68,19 +74,23 @@ def number(value: object, scale: float = 1.0) -> str:
 
 def percent(fraction: object, digits: int = 1) -> str:
     """A fraction as a percentage ("12.5%"); "-" for anything but a finite number."""
-    real = _real(fraction)
-    return MISSING if real is None else f"{real * 100:.{digits}f}%"
+    found = _real(fraction)
+    if found is None or not math.isfinite(found * 100):
+        return MISSING
+    return f"{found * 100:.{digits}f}%"
 
 
 def level(value: object) -> str:
     """A load level: a concurrency as an integer, a rate with its decimals; else "-"."""
-    real = _real(value)
-    return MISSING if real is None else f"{real:g}"
+    found = _real(value)
+    return MISSING if found is None else f"{found:g}"
 
 
 def count(value: object) -> str:
-    """A whole count ("12"); "-" for anything else."""
-    return str(value) if isinstance(value, int) and not isinstance(value, bool) else MISSING
+    """A whole count ("12"); "-" for anything else (and for an absurdly large one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or abs(value) >= _COUNT_LIMIT:
+        return MISSING
+    return str(value)
 
 
 def width(text: str) -> int:
