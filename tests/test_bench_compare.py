@@ -405,3 +405,14 @@ def test_the_command_exits_2_not_1_on_an_unexpected_failure(
     assert err.count("\n") == 1
     assert "Traceback" not in err
     assert "OverflowError" in err
+
+
+def test_a_p99_measured_once_does_not_gate_but_a_p50_does():
+    from gateway.bench.compare import POINT_METRICS, Span, judge
+
+    by_key = {m.key: m for m in POINT_METRICS}
+    once_base, once_new = Span(0.052, 0.052, 0.052), Span(0.062, 0.062, 0.062)  # +19%
+    assert judge(by_key["ttft_seconds.p99"], once_base, once_new, 0.05).verdict == "noise"
+    assert judge(by_key["ttft_seconds.p50"], once_base, once_new, 0.05).verdict == "worse"
+    repeated_base, repeated_new = Span(0.052, 0.051, 0.053), Span(0.062, 0.061, 0.063)
+    assert judge(by_key["ttft_seconds.p99"], repeated_base, repeated_new, 0.05).verdict == "worse"

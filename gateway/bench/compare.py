@@ -14,7 +14,10 @@ relative change from 0 errors is meaningless). Then:
    repeat of NEW did as well as some repeat of BASE, so the repeats' own variation explains
    the change; a real change of that size moves the whole range. With one repeat a range is a
    single value, so this never applies and the threshold alone decides: with repeat=1 every
-   change beyond the threshold counts, and `--repeat 3` is how to tell noise apart.
+   change beyond the threshold counts, and `--repeat 3` is how to tell noise apart. One
+   exception: a tail percentile (p99) measured once on either side is "noise" whatever its
+   change, because the p99 of one short run moves by more than any useful threshold between
+   two runs of the same setup (it is a handful of requests); it gates only with repeats.
 3. Otherwise "better" or "worse" by the metric's direction (a latency or the error rate going
    up is worse, a throughput, the knee or the quality score going down is worse).
 
@@ -68,6 +71,7 @@ class Metric:
         higher_is_better: Throughputs, the knee, quality; latencies and errors are lower-better.
         absolute: `change` is NEW - BASE (error rate) instead of relative.
         is_level: The value is a load level (the knee), shown as one.
+        tail: A tail percentile (p99): gates only when both runs have repeats.
     """
 
     key: str
@@ -76,10 +80,11 @@ class Metric:
     higher_is_better: bool = False
     absolute: bool = False
     is_level: bool = False
+    tail: bool = False
 
 
 def _latency(key: str, label: str) -> Metric:
-    return Metric(key, f"{label} (ms)", scale=1000.0)
+    return Metric(key, f"{label} (ms)", scale=1000.0, tail=key.endswith(".p99"))
 
 
 POINT_METRICS: tuple[Metric, ...] = (
@@ -223,9 +228,10 @@ def judge(metric: Metric, base: Span | None, new: Span | None, threshold: float)
         change = (new.median - base.median) / abs(base.median)
     noise = max(_spread(base), _spread(new))
     verdict: Verdict
+    once = base.low == base.high or new.low == new.high
     if abs(change) <= threshold:
         verdict = "same"
-    elif base.overlaps(new):
+    elif base.overlaps(new) or (metric.tail and once):
         verdict = "noise"
     else:
         verdict = "better" if (change > 0) == metric.higher_is_better else "worse"
