@@ -301,10 +301,11 @@ async def run_model(plan: Plan, model: str, say: Say, notes: list[str]) -> dict[
     entry.update(result.as_dict())
     _note_empty_answers(model, result.points, notes)
     entry["size"] = await _size(plan, model)
-    entry["resources"] = {"timeline": timeline, "notes": list(monitor.notes)}
-    for note in monitor.notes:
-        if note not in notes:
-            notes.append(note)
+    # A note the run already carries (no GPU) is not repeated under each model.
+    entry["resources"] = {
+        "timeline": timeline,
+        "notes": [note for note in monitor.notes if note not in notes],
+    }
     entry["policy"] = None
     if plan.shape == "concurrency":
         entry["policy"] = recommend(
