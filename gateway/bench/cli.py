@@ -66,17 +66,6 @@ def _count(text: str) -> int:
     return int(text)
 
 
-def _fraction(text: str) -> float:
-    """`0.05` or `5%`."""
-    try:
-        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a fraction or percentage: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return value
-
-
 def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = commands.add_parser(
         "run",
@@ -163,7 +152,7 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     load.add_argument("--slo", help="e.g. 'ttft_p99<=2s,tpot_p50<=100ms' (judges points)")
     load.add_argument(
         "--knee-gain",
-        type=_fraction,
+        type=compare.parse_threshold,
         default=0.10,
         help="throughput growth per doubling below which it is flat (default 10%%)",
     )
