@@ -7,6 +7,7 @@ import json
 import httpx
 import pytest
 
+from gateway.upstream.openai import SseDecoder
 from gateway.upstream.openai_request import to_openai_request
 from tests.conftest import Emulator, Gateway, metric_value
 
@@ -109,6 +110,36 @@ def test_stream_is_translated_into_ollama_chunks_with_a_final_metrics_chunk(
     assert record.body["stream_options"] == {"include_usage": True}
     text = openai_gateway.metrics_text()
     assert metric_value(text, "gateway_output_tokens_total") == 6
+
+
+def test_durations_nest_when_the_stream_ends_right_after_its_last_token(monkeypatch):
+    """The extrapolated decode time never exceeds what the total leaves after prefill.
+
+    Seen in CI: six tokens, the first one 0.1 s after sending, then gaps of 0.2 s, and
+    [DONE] at once: 6/5 of the measured span (1.2 s) overshot the 1.1 s the total had
+    left, and `total_duration < eval_duration` broke Ollama's nesting (section 9.1).
+    """
+    clock = iter([0.1, 0.3, 0.5, 0.7, 0.9, 1.1, 1.1])
+    monkeypatch.setattr("gateway.upstream.openai.time.perf_counter", lambda: next(clock))
+    decoder = SseDecoder(started=0.0, sent=0.0)
+    events = b"".join(b'data: {"choices":[{"delta":{"content":"t"}}]}\n\n' for _ in range(6))
+    [*content, final] = decoder.feed(events + b"data: [DONE]\n\n")
+    assert len(content) == 6
+    stats = final.stats
+    assert stats.total_duration == 1_100_000_000
+    assert stats.prompt_eval_duration == 100_000_000
+    assert stats.eval_duration == 1_000_000_000  # capped: 1.2 s extrapolated
+    assert stats.prompt_eval_duration + stats.eval_duration <= stats.total_duration
+
+
+def test_eval_duration_is_the_measured_decode_rate_when_it_fits(monkeypatch):
+    """With time left after the last token, eval_count / eval_duration is the chunk rate."""
+    clock = iter([0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 3.0])
+    monkeypatch.setattr("gateway.upstream.openai.time.perf_counter", lambda: next(clock))
+    decoder = SseDecoder(started=0.0, sent=0.0)
+    events = b"".join(b'data: {"choices":[{"delta":{"content":"t"}}]}\n\n' for _ in range(6))
+    final = decoder.feed(events + b"data: [DONE]\n\n")[-1]
+    assert final.stats.eval_duration == pytest.approx(600_000_000, abs=10)  # 6 tokens at 10/s
 
 
 def test_generate_without_streaming_returns_one_ollama_object(

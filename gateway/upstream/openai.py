@@ -238,12 +238,18 @@ class SseDecoder:
             chunks.append(Chunk(tool_calls=calls))
         now = time.perf_counter()
         eval_count = trusted_count(self.usage.get("completion_tokens")) or self.chunks_with_text
+        total = now - self.started
+        prefill = (self.first_token or now) - self.sent
+        # The decode time is extrapolated from the measured rate (one gap more than was seen),
+        # so it may overshoot when the stream ends right after its last token; Ollama's
+        # durations nest (reference section 9.1), so it is capped at what remains of the total.
+        decode = min(self._eval_seconds(eval_count), max(total - prefill, 0.0))
         stats = Stats(
             prompt_eval_count=trusted_count(self.usage.get("prompt_tokens")),
             eval_count=eval_count or None,
-            total_duration=_ns(now - self.started) or None,
-            prompt_eval_duration=_ns((self.first_token or now) - self.sent) or None,
-            eval_duration=_ns(self._eval_seconds(eval_count)) or None,
+            total_duration=_ns(total) or None,
+            prompt_eval_duration=_ns(prefill) or None,
+            eval_duration=_ns(decode) or None,
         )
         reason = _FINISH_REASONS.get(self.finish_reason or "stop", "stop")
         chunks.append(Chunk(done=True, done_reason=reason, stats=stats))
