@@ -23,6 +23,51 @@ Operation = Literal["generate", "chat", "embed"]
 Surface = Literal["ollama", "openai"]
 
 
+#: Tokens seen less than this many seconds after the first one arrived with it: in the same
+#: read, or after a stall of the reader's event loop. Their spacing says nothing about the
+#: upstream's decode speed (no single stream decodes 1000 tokens/s).
+SAME_ARRIVAL_SECONDS = 0.001
+
+
+@dataclass(slots=True)
+class TokenClock:
+    """When generated tokens were seen, and the decode pace that shows.
+
+    The pace is measured after the first arrival: `(last - first) / (count - at_first)`, in
+    seconds per token. With one token per arrival that is the usual `(t_last - t_first) /
+    (n - 1)`, which leaves the first token (produced by prefill) out; tokens that came with
+    the first one (`at_first`) are left out too, so a burst at the start (a reader that
+    stalled, several SSE events in one read) cannot make the pace look near zero.
+
+    Attributes:
+        first: `time.perf_counter()` seconds when the first token was seen, or None.
+        last: Seconds when the latest token was seen, or None.
+        count: Tokens seen (chunks with text).
+        at_first: Of those, the ones seen within `SAME_ARRIVAL_SECONDS` of the first.
+    """
+
+    first: float | None = None
+    last: float | None = None
+    count: int = 0
+    at_first: int = 0
+
+    def tick(self, now: float) -> None:
+        """Record one token seen at `now` (perf-counter seconds)."""
+        if self.first is None:
+            self.first = now
+        if now - self.first < SAME_ARRIVAL_SECONDS:
+            self.at_first += 1
+        self.last = now
+        self.count += 1
+
+    def seconds_per_token(self) -> float | None:
+        """The decode pace in seconds per token, or None when no token came after the first."""
+        if self.first is None or self.last is None or self.count <= self.at_first:
+            return None
+        span = self.last - self.first
+        return span / (self.count - self.at_first) if span > 0 else None
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """One checked client request, whatever surface it came through.

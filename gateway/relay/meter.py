@@ -10,12 +10,13 @@ Sources of each number (also in `docs/metrics.md`):
 * Decode tokens/s: `eval_count / eval_duration * 1e9` when the upstream itself reports both in
   nanoseconds (Ollama, reference section 9.1); else measured here as
   `(n - 1) / (t_last - t_first)` over the times the text chunks were sent, which leaves the first
-  token (produced by prefill) out.
+  token (produced by prefill) out, and with it any chunk sent within a millisecond of the first
+  (`gateway.neutral.TokenClock`: a burst says nothing about the upstream's speed).
 * Prefill tokens/s: `prompt_eval_count / prompt_eval_duration * 1e9`, only when the upstream
   reports both (Ollama); prompt-cache hits inflate it (reference section 9.2 item 3).
 * Queue wait: arrival to the moment the upstream request is sent.
 * Time per output token: `eval_duration / max(eval_count - 1, 1)` (reference section 9.1), or
-  `(t_last - t_first) / (n - 1)` as measured.
+  `(t_last - t_first) / (n - 1)` as measured (the same burst left out).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from gateway.metrics import Metrics, RequestSeries
-from gateway.neutral import Chunk, RequestSummary, Stats
+from gateway.neutral import Chunk, RequestSummary, Stats, TokenClock
 
 
 @dataclass
@@ -35,9 +36,7 @@ class RequestMeter:
         arrival: `time.perf_counter()` seconds when the gateway received the request.
         upstream_timings: Whether the final chunk's durations come from the upstream itself.
         sent_at: perf-counter seconds when the upstream request was sent, or None.
-        first_token: perf-counter seconds of the first generated token, or None.
-        last_token: perf-counter seconds of the latest generated token, or None.
-        text_chunks: Chunks with generated text seen so far.
+        tokens: When the chunks with generated text were seen (first, last, how many).
         final: The final chunk's stats, when one arrived.
         outcome: `completed`, `client_disconnect`, `upstream_error`, `timeout`, ...
         upstream: The upstream tried last (`host:port`), or None.
@@ -53,9 +52,7 @@ class RequestMeter:
     arrival: float
     upstream_timings: bool = True
     sent_at: float | None = None
-    first_token: float | None = None
-    last_token: float | None = None
-    text_chunks: int = 0
+    tokens: TokenClock = field(default_factory=TokenClock)
     final: Stats | None = None
     outcome: str | None = None
     status: int = 200
@@ -72,18 +69,15 @@ class RequestMeter:
     def observe(self, chunk: Chunk) -> None:
         """Account for one chunk just before it goes to the client."""
         if chunk.text or chunk.thinking or chunk.tool_calls:
-            now = time.perf_counter()
-            if self.first_token is None:
-                self.first_token = now
-            self.last_token = now
-            self.text_chunks += 1
+            self.tokens.tick(time.perf_counter())
         if chunk.done:
             self.final = chunk.stats or Stats()
 
     @property
     def ttft(self) -> float | None:
         """Seconds from arrival to the first generated token, or None if none came."""
-        return None if self.first_token is None else self.first_token - self.arrival
+        first = self.tokens.first
+        return None if first is None else first - self.arrival
 
     @property
     def input_tokens(self) -> int:
@@ -93,7 +87,7 @@ class RequestMeter:
     @property
     def output_tokens(self) -> int:
         """Generated tokens: upstream's `eval_count`, else the text chunks relayed."""
-        return (self.final.eval_count if self.final else None) or self.text_chunks
+        return (self.final.eval_count if self.final else None) or self.tokens.count
 
     def decode_rate(self) -> tuple[float, float] | None:
         """Return (output tokens per second, seconds per output token), or None if unknown."""
@@ -101,12 +95,8 @@ class RequestMeter:
         if rate is not None:
             count = (self.final.eval_count if self.final else None) or 1
             return rate, count / rate / max(count - 1, 1)
-        if self.first_token is None or self.last_token is None or self.text_chunks < 2:
-            return None
-        span = self.last_token - self.first_token
-        if span <= 0:
-            return None
-        return (self.text_chunks - 1) / span, span / (self.text_chunks - 1)
+        pace = self.tokens.seconds_per_token()
+        return None if pace is None else (1 / pace, pace)
 
     def _reported_rate(self, count_field: str, duration_field: str) -> float | None:
         """`count / duration * 1e9` from the final chunk, if the upstream reported both."""

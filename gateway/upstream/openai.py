@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from gateway.neutral import Chunk, GenerationRequest, Stats, ToolCall
+from gateway.neutral import Chunk, GenerationRequest, Stats, TokenClock, ToolCall
 from gateway.upstream.dialect import (
     MAX_LINE_BYTES,
     BodyDecoder,
@@ -129,9 +129,7 @@ class SseDecoder:
         self.started = started
         self.sent = sent
         self.finished = False
-        self.first_token: float | None = None
-        self.last_token: float | None = None
-        self.chunks_with_text = 0
+        self.tokens = TokenClock()
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] = {}
         self.tool_calls: dict[int, dict[str, Any]] = {}
@@ -202,10 +200,7 @@ class SseDecoder:
         content = logprobs.get("content") if isinstance(logprobs, dict) else None
         if not isinstance(text, str) or not isinstance(thinking, str) or not (text or thinking):
             return None
-        now = time.perf_counter()
-        self.first_token = self.first_token or now
-        self.last_token = now
-        self.chunks_with_text += 1
+        self.tokens.tick(time.perf_counter())
         return Chunk(
             text=text,
             thinking=thinking,
@@ -237,9 +232,9 @@ class SseDecoder:
             ]
             chunks.append(Chunk(tool_calls=calls))
         now = time.perf_counter()
-        eval_count = trusted_count(self.usage.get("completion_tokens")) or self.chunks_with_text
+        eval_count = trusted_count(self.usage.get("completion_tokens")) or self.tokens.count
         total = now - self.started
-        prefill = (self.first_token or now) - self.sent
+        prefill = (self.tokens.first or now) - self.sent
         # The decode time is extrapolated from the measured rate (one gap more than was seen),
         # so it may overshoot when the stream ends right after its last token; Ollama's
         # durations nest (reference section 9.1), so it is capped at what remains of the total.
@@ -256,17 +251,15 @@ class SseDecoder:
         return chunks
 
     def _eval_seconds(self, eval_count: int) -> float:
-        """Decode time for `eval_count` tokens, from the measured chunk rate.
+        """Decode time for `eval_count` tokens, from the measured pace (`TokenClock`).
 
-        The first token arrives at the end of prefill, so the decode rate is measured as
-        `(chunks - 1) / (t_last - t_first)` and `eval_duration = eval_count / rate`: a client
-        computing `eval_count / eval_duration * 1e9` (reference section 9.1) then gets the
-        measured decode rate, without the upward bias of counting the first token.
+        The first token arrives at the end of prefill, so the pace is measured after it, and
+        `eval_duration = eval_count * pace`: a client computing `eval_count / eval_duration *
+        1e9` (reference section 9.1) then gets the measured decode rate, without the upward
+        bias of counting the first token.
         """
-        if self.first_token is None or self.last_token is None or self.chunks_with_text < 2:
-            return 0.0
-        span = self.last_token - self.first_token
-        return eval_count * span / (self.chunks_with_text - 1)
+        pace = self.tokens.seconds_per_token()
+        return 0.0 if pace is None else eval_count * pace
 
 
 def _embeddings(data: dict[str, Any], raw: bytes) -> Chunk:  # noqa: ARG001 - BodyDecoder's parse
