@@ -12,6 +12,8 @@ from fastapi import FastAPI
 from gateway import __version__
 from gateway.access import AccessMiddleware, UnexpectedErrorMiddleware
 from gateway.admin.routes import router as admin_router
+from gateway.api.batch.routes import ENDPOINTS as BATCH_ENDPOINTS
+from gateway.api.batch.routes import router as batch_router
 from gateway.api.health import router as health_router
 from gateway.api.ollama import manage, models
 from gateway.api.ollama.routes import generation_routes as ollama_routes
@@ -19,6 +21,8 @@ from gateway.api.openai.routes import generation_routes as openai_routes
 from gateway.api.openai.routes import router as openai_router
 from gateway.auth.authenticator import KeyAuthenticator
 from gateway.auth.jwt import AdminTokenVerifier
+from gateway.batch.runner import BatchRunner
+from gateway.batch.store import BatchStore
 from gateway.cors import GatewayCORSMiddleware
 from gateway.deps import GatewayState
 from gateway.errors import register_error_handlers
@@ -92,9 +96,15 @@ def create_app(
                 lifecycle=lifecycle,
                 usage=usage,
             )
+            batches = BatchStore(store.engine, settings.batch_storage_dir or None)
+            runner = None
+            if settings.batch_worker:
+                runner = BatchRunner(batches, store, relay, BATCH_ENDPOINTS, metrics)
             async with anyio.create_task_group() as background:
                 for upstream in pool.upstreams:
                     background.start_soon(upstream.monitor.run)
+                if runner is not None:
+                    background.start_soon(runner.run)
                 yield GatewayState(
                     settings=settings,
                     authenticator=KeyAuthenticator(
@@ -108,7 +118,11 @@ def create_app(
                     lifecycle=lifecycle,
                     keys=store,
                     admin_verifier=admin_verifier,
+                    batches=batches,
+                    batch_runner=runner,
                 )
+                if runner is not None:
+                    await runner.stop()
                 background.cancel_scope.cancel()
 
     app = FastAPI(
@@ -123,6 +137,7 @@ def create_app(
     register_error_handlers(app)
     app.router.routes.extend([*ollama_routes, *openai_routes])
     app.include_router(openai_router)
+    app.include_router(batch_router)
     for router in (models.public_router, models.router, manage.router):
         app.include_router(router)
     app.include_router(health_router)

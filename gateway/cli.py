@@ -1,5 +1,5 @@
 # ruff: noqa: T201 (a command-line interface prints by design)
-"""The `gateway` command: `serve`, `keys ...`, `audit`, `db upgrade|current`, `admin token`.
+"""The `gateway` command: `serve`, `keys`, `audit`, `db`, `admin`, `bench`, `batch`.
 
 `main(argv)` parses the arguments, builds `Settings()` once and hands both to the chosen
 subcommand's `handler`, so tests can run any command in-process.
@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     db_cli.add_parser(commands)
     admin_cli.add_parser(commands)
     _add_bench(commands)
+    _add_batch(commands)
     return parser
 
 
@@ -64,6 +65,13 @@ def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     from gateway.bench import cli as bench_cli
 
     bench_cli.add_parser(commands)
+
+
+def _add_batch(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    # Imported here so that `gateway serve` does not load the batch client.
+    from gateway.batch import cli as batch_cli
+
+    batch_cli.add_parser(commands)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -82,7 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     bench = getattr(args, "bench_handler", None)
     if bench is not None:
-        # A benchmark may run on a machine that serves nothing: no gateway settings needed.
+        # A benchmark or a batch client may run on a machine that serves nothing: no gateway
+        # settings needed.
         return int(bench(args))
     try:
         settings = Settings()

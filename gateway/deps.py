@@ -12,6 +12,8 @@ from fastapi import Depends, Request
 
 from gateway.auth.authenticator import KeyAuthenticator
 from gateway.auth.jwt import AdminTokenVerifier
+from gateway.batch.runner import BatchRunner
+from gateway.batch.store import BatchStore
 from gateway.keys.store import KeyStore
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import Metrics
@@ -31,6 +33,8 @@ class GatewayState(TypedDict):
     lifecycle: Lifecycle
     keys: KeyStore
     admin_verifier: AdminTokenVerifier | None
+    batches: BatchStore
+    batch_runner: BatchRunner | None
 
 
 async def get_settings(request: Request) -> Settings:

@@ -178,6 +178,27 @@ class Metrics:
             registry=r,
         )
         self._limit_metrics()
+        self._batch_metrics()
+
+    def _batch_metrics(self) -> None:
+        """Batch jobs (see gateway/batch)."""
+        r = self.registry
+        self.batch_lines = Counter(
+            "gateway_batch_lines",
+            "Batch line attempts by outcome: succeeded, failed (to the error file), retried, "
+            "deferred (no spare slot, or the key's own limit), preempted (by interactive "
+            "traffic), superseded (its lease was taken over).",
+            ("outcome",),
+            registry=r,
+        )
+        self.batch_queue_depth = Gauge(
+            "gateway_batch_queue_depth",
+            "Batch lines waiting to run, over every running batch (from the database).",
+            registry=r,
+        )
+        self.batch_lines_running = Gauge(
+            "gateway_batch_lines_running", "Batch lines this process runs now.", registry=r
+        )
 
     def _limit_metrics(self) -> None:
         """Rate limiting and the upstream gate (see gateway/ratelimit)."""

@@ -258,6 +258,50 @@ class Settings(BaseSettings):
         "(`gateway_usage_dropped_total`).",
     )
 
+    # --- batch jobs (gateway.batch) -----------------------------------------------------------
+    batch_worker: bool = Field(
+        True,
+        description="Run batch lines in this process; false serves the Batch API but leaves "
+        "the lines to other replicas.",
+    )
+    batch_max_concurrent: int = Field(
+        4, ge=1, le=256, description="Batch lines in flight at once in this process."
+    )
+    batch_reserved_slots: int = Field(
+        1,
+        ge=0,
+        description="Upstream slots a gated upstream (`GATEWAY_UPSTREAM_MAX_CONCURRENT`) keeps "
+        "free for interactive requests: a batch line starts only while more than this many are "
+        "free, and an interactive request that finds none free preempts a batch line.",
+    )
+    batch_max_file_bytes: int = Field(
+        100 * 1024 * 1024, ge=1024, description="Largest file `POST /v1/files` accepts, in bytes."
+    )
+    batch_max_lines: int = Field(50_000, ge=1, description="Most lines in one batch input file.")
+    batch_max_attempts: int = Field(
+        5, ge=1, le=100, description="Attempts per line before it goes to the error file."
+    )
+    batch_retry_base_seconds: float = Field(
+        1.0, gt=0, le=600, description="First retry's backoff; it doubles per attempt (jittered)."
+    )
+    batch_retry_max_seconds: float = Field(
+        60.0, gt=0, le=3600, description="Longest backoff between two attempts of a line."
+    )
+    batch_lease_seconds: float = Field(
+        30.0,
+        ge=1,
+        le=3600,
+        description="How long a claimed line is this process's; renewed while it runs. After a "
+        "crash, its lines resume elsewhere (or after a restart) this long after.",
+    )
+    batch_poll_seconds: float = Field(
+        1.0, gt=0, le=60, description="Seconds between looks for new batch work."
+    )
+    batch_storage_dir: str = Field(
+        "",
+        description="Directory for file contents; empty keeps them in the database.",
+    )
+
     # --- limits --------------------------------------------------------------------------------
     default_rpm: int = Field(
         0, ge=0, description="Requests per minute for keys without their own limit; 0: none."

@@ -4,6 +4,9 @@
 - `gateway_usage` (`UsageRow`): per key, model and UTC day, what the key used; added to in
   batches by the usage sink, never rewritten.
 - `gateway_audit` (`AuditRow`): one append-only row per admin action.
+- `gateway_files` (`FileRow`), `gateway_batches` (`BatchRow`), `gateway_batch_lines`
+  (`BatchLineRow`) and `gateway_batch_events` (`BatchEventRow`): the OpenAI Batch API's files,
+  batches, each input line's state and result, and each batch's own log (`gateway.batch`).
 
 Times are UTC: `UTCDateTime` converts on the way in and makes every value read back
 timezone-aware, because SQLite keeps no zone and returns naive datetimes. The migrations in
@@ -15,7 +18,18 @@ from __future__ import annotations
 from datetime import UTC, date, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, Date, DateTime, Index, Integer, String
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Date,
+    DateTime,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+)
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -149,3 +163,116 @@ class AuditRow(Base):
         Index("ix_gateway_audit_at", "at"),
         Index("ix_gateway_audit_key_id", "key_id"),
     )
+
+
+class FileRow(Base):
+    """One file of the Files API: a batch's input, or the output or error file it produced.
+
+    `content` holds the bytes when files live in the database (the default); with
+    `GATEWAY_BATCH_STORAGE_DIR` set it is NULL and the bytes are in that directory, named by id.
+    """
+
+    __tablename__ = "gateway_files"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    key_id: Mapped[str] = mapped_column(String(32), nullable=False)
+    filename: Mapped[str] = mapped_column(String(255), nullable=False)
+    purpose: Mapped[str] = mapped_column(String(20), nullable=False)
+    size: Mapped[int] = mapped_column("bytes", BigInteger, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    content: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+
+    __table_args__ = (Index("ix_gateway_files_key_id", "key_id", "created_at"),)
+
+
+class BatchRow(Base):
+    """One batch: its input, its state, its per-state times and, once ended, its result files.
+
+    `status` is OpenAI's (`in_progress`, `finalizing`, `completed`, `failed`, `expired`,
+    `cancelling`, `cancelled`); the line counts are not stored here but counted from
+    `gateway_batch_lines`, so they can never disagree with the lines.
+    """
+
+    __tablename__ = "gateway_batches"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    key_id: Mapped[str] = mapped_column(String(32), nullable=False)
+    endpoint: Mapped[str] = mapped_column(String(40), nullable=False)
+    input_file_id: Mapped[str] = mapped_column(String(40), nullable=False)
+    completion_window: Mapped[str] = mapped_column(String(10), nullable=False)
+    status: Mapped[str] = mapped_column(String(20), nullable=False)
+    batch_metadata: Mapped[dict[str, str] | None] = mapped_column(
+        "metadata", JSON(none_as_null=True), nullable=True
+    )
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(
+        JSON(none_as_null=True), nullable=True
+    )
+    total: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    output_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    error_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    in_progress_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    finalizing_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    failed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    expired_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    cancelling_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+    __table_args__ = (
+        Index("ix_gateway_batches_key_id", "key_id", "created_at"),
+        Index("ix_gateway_batches_status", "status"),
+    )
+
+
+class BatchLineRow(Base):
+    """One input line of a batch: its request, its state, its lease and its result.
+
+    `state` is `pending`, `running` (claimed by `lease_owner` until `lease_expires`),
+    `succeeded` or `failed`; a line ends in exactly one of the last two, and the output or the
+    error file is written from these rows, so each `custom_id` appears there once.
+    """
+
+    __tablename__ = "gateway_batch_lines"
+
+    batch_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    line_no: Mapped[int] = mapped_column(Integer, primary_key=True)
+    custom_id: Mapped[str] = mapped_column(String(512), nullable=False)
+    model: Mapped[str] = mapped_column(String(200), nullable=False)
+    body: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    state: Mapped[str] = mapped_column(String(10), nullable=False)
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    not_before: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    lease_owner: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    lease_expires: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    request_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    result: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    error_code: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+    __table_args__ = (Index("ix_gateway_batch_lines_state", "state", "batch_id"),)
+
+
+class BatchEventRow(Base):
+    """One entry of a batch's own log: an attempt that failed, a retry, a state change.
+
+    Kept apart from the access log. `message` is the gateway's or the upstream's error text
+    (bounded, never a prompt or a key).
+    """
+
+    __tablename__ = "gateway_batch_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    batch_id: Mapped[str] = mapped_column(String(40), nullable=False)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    event: Mapped[str] = mapped_column(String(20), nullable=False)
+    line_no: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    custom_id: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+    __table_args__ = (Index("ix_gateway_batch_events_batch", "batch_id", "id"),)

@@ -143,6 +143,8 @@ class Generation:
         streams: The client asked for a stream (NDJSON, SSE) rather than one object.
         key: The API key's id, given to the circuit breaker with a failure the request may
             have caused (`gateway.upstream.breaker`).
+        background: For a batch line (`gateway.relay.background`), its cancel scope: it takes
+            only a spare upstream slot, and an interactive request may cancel it for the slot.
     """
 
     def __init__(
@@ -155,8 +157,10 @@ class Generation:
         admission: Admission,
         *,
         key: str,
+        background: anyio.CancelScope | None = None,
     ) -> None:
         self.relay = relay
+        self.background = background
         self.key = key  # the API key's id: whose request an ambiguous upstream failure was
         self.state = state
         self.request = request
@@ -168,6 +172,7 @@ class Generation:
         self.upstream: Upstream | None = None
         self.exchange: Exchange | None = None
         self.holds_slot = False
+        self.holds_background = False
         self.done = False
 
     async def connect(self) -> Exchange:
@@ -202,7 +207,15 @@ class Generation:
                 meter=self.meter,
             )
             try:
-                self.holds_slot = await upstream.slots.acquire()
+                if self.background is None:
+                    self.holds_slot = await upstream.slots.acquire()
+                else:
+                    self.holds_slot = upstream.slots.try_acquire_background(
+                        self.background,
+                        relay.settings.batch_reserved_slots,
+                        relay.settings.batch_max_concurrent,
+                    )
+                    self.holds_background = True
                 await exchange.open()
                 relay.pool.answering(upstream)
             except UntranslatableRequestError as exc:
@@ -273,11 +286,30 @@ class Generation:
             if self.exchange is not None:
                 await self.exchange.aclose()
             if self.upstream is not None:
-                if self.holds_slot:
+                if self.holds_background and self.background is not None:
+                    self.upstream.slots.release_background(
+                        self.background, holds_slot=self.holds_slot
+                    )
+                elif self.holds_slot:
                     self.upstream.slots.release()
                 self.relay.pool.finished(self.upstream, healthy, key)
-        self.holds_slot = False
+        self.holds_slot = self.holds_background = False
         self.upstream = self.exchange = None
+
+    async def withdraw(self) -> None:
+        """End a request that never reached an upstream, recording nothing (shielded; once).
+
+        For a batch line that found no spare slot (`NoSpareCapacity`): it is not a request
+        the key made yet, so neither metrics nor usage hear of it; it runs again later.
+        """
+        if self.done:
+            return
+        self.done = True
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._release(None)
+            finally:
+                await self.relay.limiter.release(self.admission, 0)
 
     async def finish(self, outcome: str, status: int | None = None) -> None:
         """Release the upstream, charge tokens, record metrics (shielded); once."""

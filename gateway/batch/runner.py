@@ -1,0 +1,275 @@
+"""The batch runner: claims lines, runs them through the relay, records each result once.
+
+One runner per gateway process (`GATEWAY_BATCH_WORKER`). Each look (every
+`GATEWAY_BATCH_POLL_SECONDS`, or at once when a line ends or a batch is created) it ends the
+batches that are done, and claims as many lines as it has room for
+(`GATEWAY_BATCH_MAX_CONCURRENT`) while some upstream has a slot spare for batch work. A line's
+outcome decides what happens next:
+
+- answered (200): `succeeded`, its body kept for the output file;
+- no spare slot, preempted by an interactive request, or the key's own RPM/TPM/in-flight
+  limit: back to `pending`, not an attempt (interactive traffic and the key's limits come
+  first);
+- upstream 429 (its `Retry-After` honoured), 5xx, timeout, dropped connection: an attempt;
+  retried with jittered exponential backoff up to `GATEWAY_BATCH_MAX_ATTEMPTS`, then
+  `failed` with the last reason;
+- the request's own fault (400, 403, 404, 413, 422): `failed` at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import secrets
+from datetime import timedelta
+
+import anyio
+
+from gateway.auth.principal import Principal
+from gateway.batch.store import BatchStore, ClaimedLine
+from gateway.db.tables import as_utc
+from gateway.errors import (
+    GatewayError,
+    RateLimitedError,
+    UpstreamStatusError,
+    openai_error_body,
+    parse_retry_after,
+)
+from gateway.keys.store import KeyNotFoundError, KeyStore
+from gateway.metrics import Metrics
+from gateway.ratelimit.slots import NoSpareCapacity
+from gateway.relay.background import run_line
+from gateway.relay.pipeline import Relay
+from gateway.relay.surface import Endpoint
+
+logger = logging.getLogger("gateway.batch")
+
+#: Statuses worth another attempt: the upstream may answer next time.
+RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class BatchRunner:
+    """Runs batch lines in this process; see the module docstring.
+
+    Args:
+        store: The batch tables.
+        keys: The key store: each line runs as its batch's key is now (revoked: failed).
+        relay: The interactive pipeline's services.
+        endpoints: The Endpoint for each batch endpoint path.
+        metrics: `gateway_batch_*`.
+    """
+
+    def __init__(
+        self,
+        store: BatchStore,
+        keys: KeyStore,
+        relay: Relay,
+        endpoints: dict[str, Endpoint],
+        metrics: Metrics,
+    ) -> None:
+        self.store = store
+        self.keys = keys
+        self.relay = relay
+        self.endpoints = endpoints
+        self.metrics = metrics
+        self.settings = relay.settings
+        self.owner = f"replica-{secrets.token_hex(6)}"
+        self.running = 0
+        self._wake = anyio.Event()
+        self._stopping = False
+        self._stopped = anyio.Event()
+        self._holders: set[anyio.CancelScope] = set()  # the running lines' relay calls
+
+    def wake(self) -> None:
+        """Look for work now (a batch was created, a line ended)."""
+        self._wake.set()
+
+    def _room(self) -> bool:
+        reserve = self.settings.batch_reserved_slots
+        limit = self.settings.batch_max_concurrent
+        return any(u.slots.background_room(reserve, limit) for u in self.relay.pool.upstreams)
+
+    async def run(self) -> None:
+        """Loop until `stop` (or until cancelled, the lifespan's last resort)."""
+        lease = self.settings.batch_lease_seconds
+        try:
+            async with anyio.create_task_group() as lines:
+                lines.start_soon(self._renew_leases)
+                while not self._stopping:
+                    try:
+                        await self._look(lines, lease)
+                    except Exception:  # the database went away: try again next look
+                        logger.exception("batch runner: a look for work failed")
+                    with anyio.move_on_after(self.settings.batch_poll_seconds):
+                        await self._wake.wait()
+                    self._wake = anyio.Event()
+                # Only the relay calls are cut short: a database call cancelled halfway can
+                # leave an aiosqlite connection that never closes, so each line ends on its own,
+                # handing its line back to `pending`, and then the lease renewal stops.
+                for holder in list(self._holders):
+                    holder.cancel()
+                while self.running:
+                    await self._wake.wait()
+                    self._wake = anyio.Event()
+                lines.cancel_scope.cancel()
+        finally:
+            self._stopped.set()
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """Stop looking, hand the running lines back to `pending`, and return once done.
+
+        Waits at most `grace` seconds (a database that hangs); the caller then cancels `run`.
+        """
+        self._stopping = True
+        self.wake()
+        with anyio.move_on_after(grace):
+            await self._stopped.wait()
+
+    async def _look(self, lines: anyio.abc.TaskGroup, lease: float) -> None:
+        for batch_id in await self.store.finalize():
+            logger.info("batch %s ended", batch_id)
+        self.metrics.batch_queue_depth.set(await self.store.queue_depth())
+        room = self.settings.batch_max_concurrent - self.running
+        if room <= 0 or self.relay.lifecycle.draining or not self._room():
+            return
+        for line in await self.store.claim(self.owner, room, lease):
+            self.running += 1
+            self.metrics.batch_lines_running.set(self.running)
+            lines.start_soon(self._run, line)
+
+    async def _renew_leases(self) -> None:
+        every = self.settings.batch_lease_seconds / 3
+        while True:
+            await anyio.sleep(every)
+            try:
+                with anyio.CancelScope(shield=True):  # never cut a database call halfway
+                    await self.store.renew(self.owner, self.settings.batch_lease_seconds)
+            except Exception:
+                logger.exception("batch runner: lease renewal failed")
+
+    async def _principal(self, key_id: str) -> Principal | None:
+        try:
+            record = await self.keys.get_key(key_id)
+        except KeyNotFoundError:
+            return None
+        return Principal.from_record(record) if record.status() == "active" else None
+
+    async def _run(self, line: ClaimedLine) -> None:
+        try:
+            await self._attempt(line)
+        except anyio.get_cancelled_exc_class():  # the process is stopping: the line waits
+            with anyio.CancelScope(shield=True):
+                await self._retry_later(line, line.attempts, 0.0, None, None)
+            raise
+        except Exception:
+            logger.exception("batch %s line %d: unexpected failure", line.batch_id, line.line_no)
+            with anyio.CancelScope(shield=True):
+                await self._retry_later(line, line.attempts, 1.0, None, None)
+        finally:
+            self.running -= 1
+            self.metrics.batch_lines_running.set(self.running)
+            self.wake()
+
+    async def _retry_later(
+        self,
+        line: ClaimedLine,
+        attempts: int,
+        delay: float,
+        event: str | None,
+        error: GatewayError | None,
+    ) -> None:
+        await self.store.release_line(
+            self.owner,
+            line,
+            not_before=as_utc(None) + timedelta(seconds=delay),
+            attempts=attempts,
+            event=event,
+            status_code=None if error is None else error.status_code,
+            message=None if error is None else error.message[:500],
+        )
+
+    async def _attempt(self, line: ClaimedLine) -> None:
+        request_id = f"batch_req_{secrets.token_hex(12)}"
+        principal = await self._principal(line.key_id)
+        endpoint = self.endpoints[line.endpoint]
+        if principal is None:
+            await self._fail(line, line.attempts, request_id, 401, "the batch's API key is revoked")
+            return
+        holder = anyio.CancelScope()
+        answer = None
+        error: GatewayError | None = None
+        self._holders.add(holder)
+        if self._stopping:  # started by the last look, after `stop` cut the others short
+            holder.cancel()
+        try:
+            with holder:
+                try:
+                    answer = await run_line(
+                        self.relay,
+                        principal,
+                        endpoint,
+                        line.body,
+                        request_id=request_id,
+                        holder=holder,
+                    )
+                except (NoSpareCapacity, RateLimitedError) as exc:
+                    wait = float(exc.headers.get("Retry-After", "0") or 0)
+                    self.metrics.batch_lines.labels("deferred").inc()
+                    with anyio.CancelScope(shield=True):
+                        await self._retry_later(line, line.attempts, max(wait, 0.2), None, None)
+                    return
+                except GatewayError as exc:
+                    error = exc
+        finally:
+            self._holders.discard(holder)
+        if answer is None and error is None and self._stopping:  # this process is stopping
+            with anyio.CancelScope(shield=True):
+                await self._retry_later(line, line.attempts, 0.0, None, None)
+            return
+        if answer is None and error is None:  # preempted by an interactive request
+            self.metrics.batch_lines.labels("preempted").inc()
+            with anyio.CancelScope(shield=True):
+                await self._retry_later(line, line.attempts, 0.2, "preempted", None)
+            return
+        if answer is not None:
+            recorded = await self.store.finish_line(
+                self.owner,
+                line,
+                succeeded=True,
+                request_id=request_id,
+                status_code=answer.status,
+                result=answer.body,
+                attempts=line.attempts + 1,
+            )
+            self.metrics.batch_lines.labels("succeeded" if recorded else "superseded").inc()
+            return
+        assert error is not None  # noqa: S101
+        attempts = line.attempts + 1
+        if error.status_code in RETRYABLE and attempts < self.settings.batch_max_attempts:
+            base = self.settings.batch_retry_base_seconds * 2 ** (attempts - 1)
+            delay = min(self.settings.batch_retry_max_seconds, base) * random.uniform(0.5, 1.0)  # noqa: S311
+            # The upstream's own Retry-After, or the gateway's (503 while the circuit breaker
+            # holds every upstream out of rotation: retrying sooner only burns attempts).
+            if isinstance(error, UpstreamStatusError):
+                retry_after = error.retry_after or 0
+            else:
+                retry_after = parse_retry_after(error.headers.get("Retry-After")) or 0
+            self.metrics.batch_lines.labels("retried").inc()
+            await self._retry_later(line, attempts, max(delay, float(retry_after)), "retry", error)
+            return
+        await self._fail(line, attempts, request_id, error.status_code, error.message)
+
+    async def _fail(
+        self, line: ClaimedLine, attempts: int, request_id: str, status: int, message: str
+    ) -> None:
+        await self.store.finish_line(
+            self.owner,
+            line,
+            succeeded=False,
+            request_id=request_id,
+            status_code=status,
+            result=openai_error_body(message, status),
+            error_message=message[:500],
+            attempts=attempts,
+        )
+        self.metrics.batch_lines.labels("failed").inc()

@@ -1,0 +1,634 @@
+"""Files, batches and batch lines in the gateway's database (SQLite or PostgreSQL).
+
+Durability (docs/batch.md): a batch and all its lines are written in one transaction when it is
+created; each line then moves `pending -> running -> succeeded | failed` through conditional
+updates. A line is claimed with a lease (`lease_owner`, `lease_expires`); a result is kept only
+if the lease is still the writer's, so a line taken over from a stalled replica is recorded
+once. The output and error files are written from the line rows in the transaction that ends
+the batch: every `custom_id` is in exactly one of them, once. A line may run twice (a replica
+killed after the upstream answered and before the result was written); it is recorded once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+
+from gateway.batch.validate import InputLine, LineError
+from gateway.db.tables import BatchEventRow, BatchLineRow, BatchRow, FileRow, as_utc
+
+#: Statuses in which a batch's lines may still be claimed.
+RUNNING = ("in_progress",)
+#: Statuses a batch ends in.
+ENDED = ("completed", "failed", "expired", "cancelled")
+#: The completion windows accepted (OpenAI accepts only `24h`; shorter ones help tests).
+WINDOWS = {"24h": 86_400.0, "1h": 3_600.0}
+
+
+def new_id(prefix: str) -> str:
+    """A random public id such as `file-3f9c...` (96 bits)."""
+    return f"{prefix}{secrets.token_hex(12)}"
+
+
+def parse_window(window: str) -> float | None:
+    """The completion window in seconds (`24h`, `1h`, or `<n>s`/`<n>m` for tests), else None."""
+    if window in WINDOWS:
+        return WINDOWS[window]
+    unit = {"s": 1, "m": 60, "h": 3600}.get(window[-1:])
+    digits = window[:-1]
+    if unit is None or not digits.isdigit() or not 0 < int(digits) * unit <= 86_400:
+        return None
+    return float(int(digits) * unit)
+
+
+@dataclass(frozen=True, slots=True)
+class FileRecord:
+    """One file's metadata (OpenAI's file object)."""
+
+    id: str
+    key_id: str
+    filename: str
+    purpose: str
+    size: int
+    created_at: datetime
+
+    def as_openai(self) -> dict[str, Any]:
+        """OpenAI's file object."""
+        return {
+            "id": self.id,
+            "object": "file",
+            "bytes": self.size,
+            "created_at": int(self.created_at.timestamp()),
+            "filename": self.filename,
+            "purpose": self.purpose,
+            "status": "processed",
+            "status_details": None,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedLine:
+    """A line this process holds the lease of."""
+
+    batch_id: str
+    line_no: int
+    custom_id: str
+    model: str
+    body: bytes
+    attempts: int
+    endpoint: str
+    key_id: str
+
+
+def _file(row: FileRow) -> FileRecord:
+    return FileRecord(row.id, row.key_id, row.filename, row.purpose, row.size, row.created_at)
+
+
+def _ts(moment: datetime | None) -> int | None:
+    return None if moment is None else int(moment.timestamp())
+
+
+class BatchStore:
+    """The Batch API's storage on one `AsyncEngine` (the key store's).
+
+    Args:
+        engine: The gateway's database.
+        storage_dir: Where file contents go; None keeps them in the database.
+    """
+
+    def __init__(self, engine: AsyncEngine, storage_dir: str | None = None) -> None:
+        self._sessions = async_sessionmaker(engine, expire_on_commit=False)
+        self._dir = Path(storage_dir) if storage_dir else None
+        if self._dir is not None:
+            self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._postgres = engine.dialect.name == "postgresql"
+
+    # --- files -------------------------------------------------------------------------------
+
+    def _path(self, file_id: str) -> Path:
+        assert self._dir is not None  # noqa: S101
+        return self._dir / file_id
+
+    def _write(self, file_id: str, content: bytes) -> None:
+        path = self._path(file_id)
+        temporary = path.with_name(f".{file_id}.tmp")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(content)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+
+    def _file_row(self, key_id: str, filename: str, purpose: str, content: bytes) -> FileRow:
+        file_id = new_id("file-")
+        if self._dir is not None:
+            self._write(file_id, content)
+        return FileRow(
+            id=file_id,
+            key_id=key_id,
+            filename=filename[:255],
+            purpose=purpose,
+            size=len(content),
+            created_at=as_utc(None),
+            content=None if self._dir is not None else content,
+        )
+
+    async def create_file(
+        self, key_id: str, filename: str, purpose: str, content: bytes
+    ) -> FileRecord:
+        """Store an uploaded file for `key_id`; return its record."""
+        row = self._file_row(key_id, filename, purpose, content)
+        async with self._sessions.begin() as session:
+            session.add(row)
+        return _file(row)
+
+    async def get_file(self, key_id: str, file_id: str) -> FileRecord | None:
+        """The file, if it exists and is `key_id`'s (else None: a 404 either way)."""
+        async with self._sessions() as session:
+            row = await session.get(FileRow, file_id)
+            return None if row is None or row.key_id != key_id else _file(row)
+
+    async def file_content(self, key_id: str, file_id: str) -> bytes | None:
+        """The file's bytes, if it exists and is `key_id`'s."""
+        async with self._sessions() as session:
+            row = await session.get(FileRow, file_id)
+            if row is None or row.key_id != key_id:
+                return None
+            if row.content is not None:
+                return row.content
+        return self._path(file_id).read_bytes()
+
+    async def list_files(
+        self, key_id: str, *, purpose: str | None, limit: int, after: str | None
+    ) -> tuple[list[FileRecord], bool]:
+        """`key_id`'s files, newest first, after the file `after`; (files, has_more)."""
+        query = select(FileRow).where(FileRow.key_id == key_id)
+        if purpose:
+            query = query.where(FileRow.purpose == purpose)
+        async with self._sessions() as session:
+            if after:
+                anchor = await session.get(FileRow, after)
+                if anchor is not None and anchor.key_id == key_id:
+                    query = query.where(
+                        or_(
+                            FileRow.created_at < anchor.created_at,
+                            and_(FileRow.created_at == anchor.created_at, FileRow.id < anchor.id),
+                        )
+                    )
+            query = query.order_by(FileRow.created_at.desc(), FileRow.id.desc()).limit(limit + 1)
+            rows = (await session.scalars(query)).all()
+        return [_file(r) for r in rows[:limit]], len(rows) > limit
+
+    async def delete_file(self, key_id: str, file_id: str) -> bool:
+        """Delete `key_id`'s file; False if there is none."""
+        async with self._sessions.begin() as session:
+            row = await session.get(FileRow, file_id)
+            if row is None or row.key_id != key_id:
+                return False
+            in_db = row.content is not None
+            await session.delete(row)
+        if not in_db and self._dir is not None:
+            self._path(file_id).unlink(missing_ok=True)
+        return True
+
+    # --- batches -----------------------------------------------------------------------------
+
+    async def create_batch(
+        self,
+        key_id: str,
+        *,
+        endpoint: str,
+        input_file_id: str,
+        window: str,
+        window_seconds: float,
+        metadata: dict[str, str] | None,
+        lines: Sequence[InputLine],
+        errors: Sequence[LineError],
+    ) -> dict[str, Any]:
+        """Create a batch with its lines (one transaction); `failed` at once if `errors`."""
+        now = as_utc(None)
+        row = BatchRow(
+            id=new_id("batch_"),
+            key_id=key_id,
+            endpoint=endpoint,
+            input_file_id=input_file_id,
+            completion_window=window,
+            status="failed" if errors else "in_progress",
+            batch_metadata=metadata,
+            errors=[e.as_openai() for e in errors] or None,
+            total=0 if errors else len(lines),
+            created_at=now,
+            expires_at=now + timedelta(seconds=window_seconds),
+            in_progress_at=None if errors else now,
+            failed_at=now if errors else None,
+        )
+        async with self._sessions.begin() as session:
+            session.add(row)
+            await session.flush()
+            if not errors:
+                session.add_all(
+                    BatchLineRow(
+                        batch_id=row.id,
+                        line_no=line.line_no,
+                        custom_id=line.custom_id,
+                        model=line.model,
+                        body=line.body,
+                        state="pending",
+                        attempts=0,
+                    )
+                    for line in lines
+                )
+            session.add(
+                BatchEventRow(
+                    batch_id=row.id,
+                    at=now,
+                    event="failed" if errors else "created",
+                    message=f"{len(errors)} validation errors" if errors else f"{len(lines)} lines",
+                )
+            )
+        return await self._object(row)
+
+    async def _counts(self, batch_id: str) -> dict[str, int]:
+        async with self._sessions() as session:
+            rows = await session.execute(
+                select(BatchLineRow.state, func.count())
+                .where(BatchLineRow.batch_id == batch_id)
+                .group_by(BatchLineRow.state)
+            )
+            return {str(state): int(count) for state, count in rows.all()}
+
+    async def _object(self, row: BatchRow) -> dict[str, Any]:
+        counts = await self._counts(row.id)
+        done = counts.get("succeeded", 0)
+        failed = counts.get("failed", 0)
+        if row.status in ("cancelled", "expired"):
+            failed = row.total - done  # the lines that never ran are in the error file
+        return {
+            "id": row.id,
+            "object": "batch",
+            "endpoint": row.endpoint,
+            "errors": None if not row.errors else {"object": "list", "data": row.errors},
+            "input_file_id": row.input_file_id,
+            "completion_window": row.completion_window,
+            "status": row.status,
+            "output_file_id": row.output_file_id,
+            "error_file_id": row.error_file_id,
+            "created_at": _ts(row.created_at),
+            "in_progress_at": _ts(row.in_progress_at),
+            "expires_at": _ts(row.expires_at),
+            "finalizing_at": _ts(row.finalizing_at),
+            "completed_at": _ts(row.completed_at),
+            "failed_at": _ts(row.failed_at),
+            "expired_at": _ts(row.expired_at),
+            "cancelling_at": _ts(row.cancelling_at),
+            "cancelled_at": _ts(row.cancelled_at),
+            "request_counts": {"total": row.total, "completed": done, "failed": failed},
+            "metadata": row.batch_metadata,
+        }
+
+    async def get_batch(self, key_id: str, batch_id: str) -> dict[str, Any] | None:
+        """The batch object, if it exists and is `key_id`'s."""
+        async with self._sessions() as session:
+            row = await session.get(BatchRow, batch_id)
+        if row is None or row.key_id != key_id:
+            return None
+        return await self._object(row)
+
+    async def list_batches(
+        self, key_id: str, *, limit: int, after: str | None
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """`key_id`'s batches, newest first, after the batch `after`; (objects, has_more)."""
+        query = select(BatchRow).where(BatchRow.key_id == key_id)
+        async with self._sessions() as session:
+            if after:
+                anchor = await session.get(BatchRow, after)
+                if anchor is not None and anchor.key_id == key_id:
+                    query = query.where(
+                        or_(
+                            BatchRow.created_at < anchor.created_at,
+                            and_(BatchRow.created_at == anchor.created_at, BatchRow.id < anchor.id),
+                        )
+                    )
+            query = query.order_by(BatchRow.created_at.desc(), BatchRow.id.desc()).limit(limit + 1)
+            rows = (await session.scalars(query)).all()
+        return [await self._object(r) for r in rows[:limit]], len(rows) > limit
+
+    async def cancel(self, key_id: str, batch_id: str) -> dict[str, Any] | None:
+        """Stop claiming the batch's lines (`cancelling`); running lines finish."""
+        now = as_utc(None)
+        async with self._sessions.begin() as session:
+            row = await session.get(BatchRow, batch_id)
+            if row is None or row.key_id != key_id:
+                return None
+            if row.status == "in_progress":
+                row.status = "cancelling"
+                row.cancelling_at = now
+                session.add(BatchEventRow(batch_id=batch_id, at=now, event="cancelling"))
+        return await self._object(row)
+
+    async def events(self, key_id: str, batch_id: str, limit: int) -> list[dict[str, Any]] | None:
+        """The batch's own log, oldest first (at most `limit` entries)."""
+        async with self._sessions() as session:
+            batch = await session.get(BatchRow, batch_id)
+            if batch is None or batch.key_id != key_id:
+                return None
+            rows = await session.scalars(
+                select(BatchEventRow)
+                .where(BatchEventRow.batch_id == batch_id)
+                .order_by(BatchEventRow.id)
+                .limit(limit)
+            )
+            return [
+                {
+                    "at": _ts(r.at),
+                    "event": r.event,
+                    "line": r.line_no,
+                    "custom_id": r.custom_id,
+                    "attempt": r.attempt,
+                    "status_code": r.status_code,
+                    "message": r.message,
+                }
+                for r in rows
+            ]
+
+    # --- the runner's side -------------------------------------------------------------------
+
+    async def claim(self, owner: str, count: int, lease_seconds: float) -> list[ClaimedLine]:
+        """Lease up to `count` runnable lines: pending and due, or running with a lapsed lease.
+
+        Ordered by batch (oldest first), then model (one model loaded at a time), then line.
+        On PostgreSQL the rows are locked `FOR UPDATE SKIP LOCKED`, so replicas claiming at
+        once take different lines; SQLite has one writer at a time.
+        """
+        now = as_utc(None)
+        runnable = or_(
+            and_(
+                BatchLineRow.state == "pending",
+                or_(BatchLineRow.not_before.is_(None), BatchLineRow.not_before <= now),
+            ),
+            and_(BatchLineRow.state == "running", BatchLineRow.lease_expires < now),
+        )
+        query = (
+            select(BatchLineRow, BatchRow.endpoint, BatchRow.key_id)
+            .join(BatchRow, BatchRow.id == BatchLineRow.batch_id)
+            .where(BatchRow.status.in_(RUNNING), BatchRow.expires_at > now, runnable)
+            .order_by(BatchRow.created_at, BatchLineRow.batch_id, BatchLineRow.model)
+            .order_by(BatchLineRow.line_no)
+            .limit(count)
+        )
+        if self._postgres:
+            query = query.with_for_update(of=BatchLineRow, skip_locked=True)
+        claimed: list[ClaimedLine] = []
+        async with self._sessions.begin() as session:
+            for line, endpoint, key_id in (await session.execute(query)).all():
+                line.state = "running"
+                line.lease_owner = owner
+                line.lease_expires = now + timedelta(seconds=lease_seconds)
+                claimed.append(
+                    ClaimedLine(
+                        line.batch_id,
+                        line.line_no,
+                        line.custom_id,
+                        line.model,
+                        line.body,
+                        line.attempts,
+                        endpoint,
+                        key_id,
+                    )
+                )
+        return claimed
+
+    async def renew(self, owner: str, lease_seconds: float) -> None:
+        """Extend the leases of every line `owner` is running."""
+        expires = as_utc(None) + timedelta(seconds=lease_seconds)
+        async with self._sessions.begin() as session:
+            await session.execute(
+                update(BatchLineRow)
+                .where(BatchLineRow.lease_owner == owner, BatchLineRow.state == "running")
+                .values(lease_expires=expires)
+            )
+
+    def _mine(self, owner: str, line: ClaimedLine) -> Any:
+        return and_(
+            BatchLineRow.batch_id == line.batch_id,
+            BatchLineRow.line_no == line.line_no,
+            BatchLineRow.lease_owner == owner,
+            BatchLineRow.state == "running",
+        )
+
+    async def finish_line(
+        self,
+        owner: str,
+        line: ClaimedLine,
+        *,
+        succeeded: bool,
+        request_id: str,
+        status_code: int | None,
+        result: bytes | None,
+        error_code: str | None = None,
+        error_message: str | None = None,
+        attempts: int,
+    ) -> bool:
+        """Record a line's final result, if its lease is still `owner`'s; True if recorded."""
+        now = as_utc(None)
+        async with self._sessions.begin() as session:
+            done = await session.execute(
+                update(BatchLineRow)
+                .where(self._mine(owner, line))
+                .values(
+                    state="succeeded" if succeeded else "failed",
+                    attempts=attempts,
+                    request_id=request_id,
+                    status_code=status_code,
+                    result=result,
+                    error_code=error_code,
+                    error_message=error_message,
+                    finished_at=now,
+                    lease_owner=None,
+                    lease_expires=None,
+                )
+            )
+            recorded = bool(getattr(done, "rowcount", 0))
+            if recorded and not succeeded:
+                session.add(
+                    BatchEventRow(
+                        batch_id=line.batch_id,
+                        at=now,
+                        event="line_failed",
+                        line_no=line.line_no,
+                        custom_id=line.custom_id,
+                        attempt=attempts,
+                        status_code=status_code,
+                        message=error_message,
+                    )
+                )
+        return recorded
+
+    async def release_line(
+        self,
+        owner: str,
+        line: ClaimedLine,
+        *,
+        not_before: datetime,
+        attempts: int,
+        event: str | None = None,
+        status_code: int | None = None,
+        message: str | None = None,
+    ) -> None:
+        """Put a line back to `pending` until `not_before` (a retry, or no capacity now)."""
+        async with self._sessions.begin() as session:
+            done = await session.execute(
+                update(BatchLineRow)
+                .where(self._mine(owner, line))
+                .values(
+                    state="pending",
+                    attempts=attempts,
+                    not_before=not_before,
+                    lease_owner=None,
+                    lease_expires=None,
+                )
+            )
+            if event is not None and bool(getattr(done, "rowcount", 0)):
+                session.add(
+                    BatchEventRow(
+                        batch_id=line.batch_id,
+                        at=as_utc(None),
+                        event=event,
+                        line_no=line.line_no,
+                        custom_id=line.custom_id,
+                        attempt=attempts,
+                        status_code=status_code,
+                        message=message,
+                    )
+                )
+
+    async def queue_depth(self) -> int:
+        """Lines waiting to run, over every running batch (all replicas)."""
+        async with self._sessions() as session:
+            count = await session.scalar(
+                select(func.count())
+                .select_from(BatchLineRow)
+                .join(BatchRow, BatchRow.id == BatchLineRow.batch_id)
+                .where(BatchRow.status.in_(RUNNING), BatchLineRow.state == "pending")
+            )
+        return int(count or 0)
+
+    async def finalize(self) -> list[str]:
+        """End every batch that has no line left to run; return their ids and end states.
+
+        In progress with every line done: `completed`. Cancelling, or past its window, with
+        no line running: `cancelled` or `expired`, the lines that never ran in the error file
+        (`batch_cancelled`, `batch_expired`). Each batch ends in one transaction that also
+        writes its output and error files.
+        """
+        now = as_utc(None)
+        ended: list[str] = []
+        async with self._sessions() as session:
+            candidates = (
+                await session.scalars(
+                    select(BatchRow.id).where(BatchRow.status.in_(("in_progress", "cancelling")))
+                )
+            ).all()
+        for batch_id in candidates:
+            if await self._finalize_one(batch_id, now):
+                ended.append(batch_id)
+        return ended
+
+    async def _finalize_one(self, batch_id: str, now: datetime) -> bool:
+        async with self._sessions.begin() as session:
+            query = select(BatchRow).where(BatchRow.id == batch_id)
+            if self._postgres:
+                query = query.with_for_update(skip_locked=True)
+            batch = await session.scalar(query)
+            if batch is None or batch.status not in ("in_progress", "cancelling"):
+                return False
+            states = dict(
+                (
+                    await session.execute(
+                        select(BatchLineRow.state, func.count())
+                        .where(BatchLineRow.batch_id == batch_id)
+                        .group_by(BatchLineRow.state)
+                    )
+                ).all()
+            )
+            running = states.get("running", 0)
+            pending = states.get("pending", 0)
+            expired = batch.expires_at <= now
+            if batch.status == "cancelling":
+                if running:
+                    return False
+                final = "cancelled"
+            elif pending or running:
+                if not expired or running:
+                    return False
+                final = "expired"
+            else:
+                final = "completed"
+            lines = (
+                await session.scalars(
+                    select(BatchLineRow)
+                    .where(BatchLineRow.batch_id == batch_id)
+                    .order_by(BatchLineRow.line_no)
+                )
+            ).all()
+            output, errors = _result_files(lines, final)
+            if output:
+                row = self._file_row(
+                    batch.key_id, f"{batch_id}_output.jsonl", "batch_output", output
+                )
+                session.add(row)
+                batch.output_file_id = row.id
+            if errors:
+                row = self._file_row(
+                    batch.key_id, f"{batch_id}_error.jsonl", "batch_output", errors
+                )
+                session.add(row)
+                batch.error_file_id = row.id
+            batch.status = final
+            batch.finalizing_at = now
+            setattr(batch, f"{final}_at", now)
+            session.add(BatchEventRow(batch_id=batch_id, at=now, event=final))
+        return True
+
+
+def _result_files(lines: Sequence[BatchLineRow], final: str) -> tuple[bytes, bytes]:
+    """The output and error files' bytes (OpenAI's line shapes) from a batch's line rows."""
+    output: list[bytes] = []
+    errors: list[bytes] = []
+    never_ran = {"cancelled": "batch_cancelled", "expired": "batch_expired"}.get(final)
+    for line in lines:
+        item: dict[str, Any] = {"id": f"batch_req_{line.batch_id[6:]}_{line.line_no}"}
+        item["custom_id"] = line.custom_id
+        if line.state == "succeeded":
+            item["response"] = {
+                "status_code": line.status_code,
+                "request_id": line.request_id,
+                "body": json.loads(line.result or b"null"),
+            }
+            item["error"] = None
+            output.append(json.dumps(item, ensure_ascii=False).encode())
+            continue
+        if line.state == "failed" and line.status_code is not None and line.result:
+            item["response"] = {
+                "status_code": line.status_code,
+                "request_id": line.request_id,
+                "body": json.loads(line.result),
+            }
+            item["error"] = None
+        else:
+            code = line.error_code if line.state == "failed" else never_ran
+            message = line.error_message if line.state == "failed" else f"the batch was {final}"
+            item["response"] = None
+            item["error"] = {"code": code or "error", "message": message or ""}
+        errors.append(json.dumps(item, ensure_ascii=False).encode())
+    joined = (b"\n".join(output) + b"\n") if output else b""
+    return joined, (b"\n".join(errors) + b"\n") if errors else b""

@@ -1,0 +1,162 @@
+"""The OpenAI Batch API through a real gateway with the real `openai` SDK, on both dialects.
+
+Upload, create, poll, download the output and error files, list, cancel; other keys see 404.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Callable, Iterator
+
+import openai
+import pytest
+
+from tests.conftest import Gateway, metric_value
+
+MODEL = "llama3.2"
+TEXT = "".join(f"tok{i} " for i in range(16))  # what the emulator generates by default
+FAST = {"batch_poll_seconds": 0.1, "batch_retry_base_seconds": 0.05, "batch_lease_seconds": 3}
+
+
+@pytest.fixture(params=["ollama", "openai"])
+def gw(request: pytest.FixtureRequest, make_gateway: Callable[..., Gateway]) -> Gateway:
+    """A gateway in front of the emulator, once per upstream dialect."""
+    return make_gateway(upstream_dialect=request.param, **FAST)
+
+
+@pytest.fixture
+def client(gw: Gateway) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=gw.key, max_retries=0) as sdk:
+        yield sdk
+
+
+def _line(custom_id: str, body: dict[str, object], url: str = "/v1/chat/completions") -> str:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+
+
+def _chat(custom_id: str, model: str = MODEL) -> str:
+    return _line(custom_id, {"model": model, "messages": [{"role": "user", "content": "hi"}]})
+
+
+def _upload(client: openai.OpenAI, lines: list[str]) -> str:
+    data = ("\n".join(lines) + "\n").encode()
+    return client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch").id
+
+
+def _wait(client: openai.OpenAI, batch_id: str, timeout: float = 30.0) -> openai.types.Batch:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in ("completed", "failed", "expired", "cancelled"):
+            return batch
+        time.sleep(0.1)
+    raise AssertionError(f"batch {batch_id} did not end: {batch.status}")
+
+
+def _jsonl(client: openai.OpenAI, file_id: str | None) -> list[dict[str, object]]:
+    if file_id is None:
+        return []
+    return [json.loads(x) for x in client.files.content(file_id).text.splitlines()]
+
+
+def test_a_batch_runs_to_completion_and_its_output_is_in_openai_shape(
+    client: openai.OpenAI, gw: Gateway
+) -> None:
+    file_id = _upload(client, [_chat(f"req-{i}") for i in range(12)])
+    assert client.files.retrieve(file_id).purpose == "batch"
+    batch = client.batches.create(
+        input_file_id=file_id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={"job": "nightly"},
+    )
+    assert batch.status == "in_progress"
+    done = _wait(client, batch.id)
+    assert done.status == "completed", done
+    assert done.request_counts is not None
+    assert (done.request_counts.total, done.request_counts.completed) == (12, 12)
+    assert done.request_counts.failed == 0
+    assert done.metadata == {"job": "nightly"}
+    assert done.completed_at is not None
+    assert done.in_progress_at is not None
+    output = _jsonl(client, done.output_file_id)
+    assert sorted(o["custom_id"] for o in output) == sorted(f"req-{i}" for i in range(12))
+    for item in output:
+        response = item["response"]
+        assert isinstance(response, dict)
+        assert response["status_code"] == 200
+        assert response["body"]["choices"][0]["message"]["content"] == TEXT
+        assert item["error"] is None
+    assert done.error_file_id is None
+    metrics = gw.metrics_text()
+    assert metric_value(metrics, "gateway_batch_lines_total", outcome="succeeded") == 12
+    assert metric_value(metrics, "gateway_requests_total", route="/v1/batches") == 12
+    listed = client.batches.list(limit=5)
+    assert [b.id for b in listed.data] == [batch.id]
+
+
+def test_validation_fails_the_batch_with_line_numbers(client: openai.OpenAI) -> None:
+    lines = [
+        _chat("a"),
+        "{not json",
+        json.dumps({"method": "POST", "url": "/v1/chat/completions", "body": {}}),
+        _chat("a"),
+        _line("b", {"model": MODEL, "prompt": "x"}, url="/v1/completions"),
+        _line("c", {"model": MODEL, "messages": [], "stream": True}),
+    ]
+    file_id = _upload(client, lines)
+    batch = client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    assert batch.status == "failed"
+    assert batch.errors is not None
+    assert batch.errors.data is not None
+    found = {(e.line, e.code) for e in batch.errors.data}
+    assert (2, "invalid_json_line") in found
+    assert (3, "missing_required_parameter") in found
+    assert (4, "duplicate_custom_id") in found
+    assert (5, "invalid_url") in found
+    assert any(line == 6 for line, _ in found)
+
+
+def test_another_key_sees_404_for_files_and_batches(client: openai.OpenAI, gw: Gateway) -> None:
+    file_id = _upload(client, [_chat("x")])
+    batch = client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    _, other_key = gw.create_key("other")
+    with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=other_key, max_retries=0) as other:
+        with pytest.raises(openai.NotFoundError):
+            other.files.retrieve(file_id)
+        with pytest.raises(openai.NotFoundError):
+            other.files.content(file_id)
+        with pytest.raises(openai.NotFoundError):
+            other.batches.retrieve(batch.id)
+        with pytest.raises(openai.NotFoundError):
+            other.batches.cancel(batch.id)
+        with pytest.raises(openai.BadRequestError):
+            other.batches.create(
+                input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+        assert other.files.list().data == []
+        assert other.batches.list().data == []
+    _wait(client, batch.id)
+    client.files.delete(file_id)
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(file_id)
+
+
+def test_a_disallowed_model_fails_validation(gw: Gateway) -> None:
+    _, key = gw.create_key("narrow", models=["other-model"])
+    with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0) as narrow:
+        file_id = _upload(narrow, [_chat("x")])
+        batch = narrow.batches.create(
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    assert batch.status == "failed"
+    assert batch.errors is not None
+    assert batch.errors.data
+    assert batch.errors.data[0].code == "model_not_allowed"
+    assert batch.errors.data[0].line == 1
