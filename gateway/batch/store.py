@@ -18,13 +18,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import and_, func, or_, select, update
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+from sqlalchemy import Select, and_, func, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gateway.batch.validate import InputLine, LineError
 from gateway.db.tables import BatchEventRow, BatchLineRow, BatchRow, FileRow, as_utc
+
+_Row = TypeVar("_Row", FileRow, BatchRow)
 
 #: Statuses in which a batch's lines may still be claimed.
 RUNNING = ("in_progress",)
@@ -175,18 +177,8 @@ class BatchStore:
         if purpose:
             query = query.where(FileRow.purpose == purpose)
         async with self._sessions() as session:
-            if after:
-                anchor = await session.get(FileRow, after)
-                if anchor is not None and anchor.key_id == key_id:
-                    query = query.where(
-                        or_(
-                            FileRow.created_at < anchor.created_at,
-                            and_(FileRow.created_at == anchor.created_at, FileRow.id < anchor.id),
-                        )
-                    )
-            query = query.order_by(FileRow.created_at.desc(), FileRow.id.desc()).limit(limit + 1)
-            rows = (await session.scalars(query)).all()
-        return [_file(r) for r in rows[:limit]], len(rows) > limit
+            rows, more = await _page(session, FileRow, query, key_id, limit, after)
+        return [_file(r) for r in rows], more
 
     async def delete_file(self, key_id: str, file_id: str) -> bool:
         """Delete `key_id`'s file; False if there is none."""
@@ -309,18 +301,8 @@ class BatchStore:
         """`key_id`'s batches, newest first, after the batch `after`; (objects, has_more)."""
         query = select(BatchRow).where(BatchRow.key_id == key_id)
         async with self._sessions() as session:
-            if after:
-                anchor = await session.get(BatchRow, after)
-                if anchor is not None and anchor.key_id == key_id:
-                    query = query.where(
-                        or_(
-                            BatchRow.created_at < anchor.created_at,
-                            and_(BatchRow.created_at == anchor.created_at, BatchRow.id < anchor.id),
-                        )
-                    )
-            query = query.order_by(BatchRow.created_at.desc(), BatchRow.id.desc()).limit(limit + 1)
-            rows = (await session.scalars(query)).all()
-        return [await self._object(r) for r in rows[:limit]], len(rows) > limit
+            rows, more = await _page(session, BatchRow, query, key_id, limit, after)
+        return [await self._object(r) for r in rows], more
 
     async def cancel(self, key_id: str, batch_id: str) -> dict[str, Any] | None:
         """Stop claiming the batch's lines (`cancelling`); running lines finish."""
@@ -632,3 +614,31 @@ def _result_files(lines: Sequence[BatchLineRow], final: str) -> tuple[bytes, byt
         errors.append(json.dumps(item, ensure_ascii=False).encode())
     joined = (b"\n".join(output) + b"\n") if output else b""
     return joined, (b"\n".join(errors) + b"\n") if errors else b""
+
+
+async def _page(
+    session: AsyncSession,
+    table: type[_Row],
+    query: Select[_Row],
+    key_id: str,
+    limit: int,
+    after: str | None,
+) -> tuple[Sequence[_Row], bool]:
+    """One page of `query`, newest first, after the row `after`; (rows, has_more).
+
+    Keyset paging on `(created_at, id)`, so rows created meanwhile neither repeat nor go
+    missing. An `after` that is not one of `key_id`'s rows is ignored (the page starts at the
+    newest), so a cursor tells nothing about another key's objects.
+    """
+    if after:
+        anchor = await session.get(table, after)
+        if anchor is not None and anchor.key_id == key_id:
+            query = query.where(
+                or_(
+                    table.created_at < anchor.created_at,
+                    and_(table.created_at == anchor.created_at, table.id < anchor.id),
+                )
+            )
+    query = query.order_by(table.created_at.desc(), table.id.desc()).limit(limit + 1)
+    rows = (await session.scalars(query)).all()
+    return rows[:limit], len(rows) > limit

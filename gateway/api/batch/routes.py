@@ -111,14 +111,7 @@ async def list_files(
     files, more = await store.list_files(
         principal.key_id, purpose=purpose, limit=limit, after=after
     )
-    data = [f.as_openai() for f in files]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": more,
-    }
+    return _list_page([f.as_openai() for f in files], more)
 
 
 @router.get("/files/{file_id}")
@@ -227,13 +220,7 @@ async def list_batches(
 ) -> dict[str, Any]:
     """The key's batches, newest first, `limit` at a time after `after` (cursor paging)."""
     data, more = await store.list_batches(principal.key_id, limit=limit, after=after)
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": more,
-    }
+    return _list_page(data, more)
 
 
 @router.get("/batches/{batch_id}")
@@ -270,3 +257,14 @@ async def batch_events(
     if events is None:
         raise NotFoundError(f"No such Batch object: {batch_id}")
     return {"object": "list", "data": events}
+
+
+def _list_page(data: list[dict[str, Any]], more: bool) -> dict[str, Any]:
+    """OpenAI's list envelope: `data`, `first_id`, `last_id` (None when empty), `has_more`."""
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": more,
+    }
