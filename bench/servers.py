@@ -46,13 +46,22 @@ class Target:
 
 
 def emulator_process(
-    workdir: Path, *, ttft: float, inter_token: float, tokens: int, tag: str = "emulator"
+    workdir: Path,
+    *,
+    ttft: float,
+    inter_token: float,
+    tokens: int,
+    tag: str = "emulator",
+    extra: tuple[str, ...] = (),
 ) -> ManagedProcess:
-    """`python -m gateway.testing.emulator` with the given timing, on a free port."""
+    """`python -m gateway.testing.emulator` with the given timing, on a free port.
+
+    `extra` are more emulator flags, e.g. `("--parallel", "4")` for a server with 4 slots.
+    """
     port = free_port()
     argv = [sys.executable, "-m", "gateway.testing.emulator", "--port", str(port)]
     argv += ["--models", MODEL, "--ttft", str(ttft), "--inter-token", str(inter_token)]
-    argv += ["--tokens", str(tokens), "--log-level", "warning"]
+    argv += ["--tokens", str(tokens), "--log-level", "warning", *extra]
     url = f"http://127.0.0.1:{port}"
     return ManagedProcess(
         tag, argv, url, f"{url}/api/version", log_path=workdir / f"{tag}.log", start_timeout=30.0
