@@ -160,3 +160,34 @@ def test_a_disallowed_model_fails_validation(gw: Gateway) -> None:
     assert batch.errors.data
     assert batch.errors.data[0].code == "model_not_allowed"
     assert batch.errors.data[0].line == 1
+
+
+def test_lists_page_newest_first_and_another_keys_cursor_tells_nothing(
+    client: openai.OpenAI, gw: Gateway
+) -> None:
+    files = [_upload(client, [_chat(f"p{i}")]) for i in range(3)]
+    batches = [
+        client.batches.create(
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        ).id
+        for file_id in files
+    ]
+    first = client.batches.list(limit=2)
+    assert [b.id for b in first.data] == batches[:0:-1]
+    assert first.has_more is True
+    rest = client.batches.list(limit=2, after=first.data[-1].id)
+    assert [b.id for b in rest.data] == batches[:1]
+    assert rest.has_more is False
+    # The SDK's auto-paging follows last_id until has_more is false: each one once, in order.
+    assert [b.id for b in client.batches.list(limit=1)] == batches[::-1]
+    page = client.files.list(purpose="batch", limit=2)
+    assert [f.id for f in page.data] == files[:0:-1]
+    assert [f.id for f in client.files.list(purpose="batch", limit=2, after=files[1])] == files[:1]
+    _, other_key = gw.create_key("other")
+    with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=other_key, max_retries=0) as other:
+        mine = _upload(other, [_chat("o")])
+        # A cursor naming someone else's object is ignored: the page starts at the newest.
+        assert [f.id for f in other.files.list(after=files[2]).data] == [mine]
+        assert other.batches.list(after=batches[2]).data == []
+    for batch_id in batches:
+        _wait(client, batch_id)
