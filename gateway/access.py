@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.errors import error_response
 from gateway.neutral import RequestSummary
 from gateway.routing import route_label
+from gateway.upstream.headers import upstream_request_id
 
 logger = logging.getLogger("gateway.access")
 
@@ -98,6 +99,9 @@ class AccessMiddleware:
             ),
         }
         record.setdefault("duration_s", round(time.perf_counter() - arrival, 6))
+        upstream_id = upstream_request_id(str(state["request_id"]))
+        if upstream_id != state["request_id"]:
+            record["upstream_request_id"] = upstream_id
         logger.info(json.dumps(record, separators=(",", ":"), default=str))
 
 

@@ -556,14 +556,16 @@ class Settings(BaseSettings):
         return [one]
 
 
-#: `GATEWAY_*` variables that are not settings: the scripts', the test suite's and
-#: `gateway bench`'s own (docs/benchmarking.md).
+#: `GATEWAY_*` variables that are not settings: the scripts', the test suite's, `gateway
+#: bench`'s (docs/benchmarking.md) and `gateway batch`'s own (docs/batch.md).
 NOT_SETTINGS = frozenset(
     {
         "GATEWAY_WHEEL_CACHE",
         "GATEWAY_TEST_POSTGRES_URL",
         "GATEWAY_BENCH_API_KEY",
         "GATEWAY_BENCH_TARGET",
+        "GATEWAY_API_KEY",  # `gateway batch` (docs/batch.md)
+        "GATEWAY_URL",
     }
 )
 

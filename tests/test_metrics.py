@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 
 import httpx
 import pytest
@@ -189,6 +190,12 @@ def test_access_log_has_one_json_line_without_secrets_or_prompt(
     assert line["upstream"] == gateway.settings.upstream_specs[0].name
     assert line["ttft_s"] > 0
     assert line["tokens_per_s"] > 0
+    # Upstream, the client's id is a UUID (llama-cpp-python refuses any other), logged beside it.
+    [sent] = [r for r in emulator.state.records if r.path == "/api/generate"]
+    assert sent.headers["x-request-id"] == line["upstream_request_id"]
+    assert (
+        str(uuid.UUID(line["upstream_request_id"])).replace("-", "") == sent.headers["x-request-id"]
+    )
     text = record.getMessage()
     assert prompt not in text
     assert gateway.key not in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,6 +14,7 @@ import pytest
 
 from gateway.testing.emulator import EmulatorConfig, create_emulator_app
 from gateway.testing.server import LoopbackServer
+from gateway.upstream.headers import upstream_request_id
 from tests.conftest import Emulator, Gateway, metric_value
 from tests.helpers import MODEL, wait_polled
 
@@ -186,3 +188,15 @@ def test_weights_share_the_load(make_gateway, emulator, second):
     heavy, light = _generations(emulator), _generations(second)
     assert heavy + light == 8
     assert heavy >= 5  # 3:1 weights: 6 and 2, give or take the ties broken at random
+
+
+def test_the_upstream_request_id_is_always_a_uuid():
+    """llama-cpp-python answers 400 to a non-UUID X-Request-ID; the mapping is stable."""
+    own = uuid.uuid4().hex
+    assert upstream_request_id(own) == own
+    canonical = str(uuid.uuid4())
+    assert upstream_request_id(canonical) == canonical
+    mapped = upstream_request_id("req-123")
+    assert uuid.UUID(mapped).version == 5
+    assert mapped == upstream_request_id("req-123") != upstream_request_id("req-124")
+    assert uuid.UUID(upstream_request_id("batch_req_0123456789abcdef01234567"))

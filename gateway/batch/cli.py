@@ -196,7 +196,10 @@ def _submit(api: Api, args: argparse.Namespace) -> int:
 
 
 def _list(api: Api, args: argparse.Namespace) -> int:
-    answer = api.json("GET", "/v1/batches", params={"limit": args.limit})
+    params: dict[str, Any] = {"limit": args.limit}
+    if args.after:
+        params["after"] = args.after
+    answer = api.json("GET", "/v1/batches", params=params)
     for batch in answer.get("data") or []:
         counts = batch.get("request_counts") or {}
         print(
@@ -305,6 +308,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     listing = commands.add_parser("list", parents=[common], help="the key's batches, newest first")
     listing.add_argument("--limit", type=int, default=20, help="how many (1-100, default: 20)")
+    listing.add_argument("--after", metavar="BATCH_ID", help="the page after this batch (older)")
     show = commands.add_parser("show", parents=[common], help="print a batch as JSON")
     show.add_argument("id")
     show.add_argument("--log", action="store_true", help="print the batch's event log instead")

@@ -9,7 +9,8 @@ outcome decides what happens next:
 - answered (200): `succeeded`, its body kept for the output file;
 - no spare slot, preempted by an interactive request, or the key's own RPM/TPM/in-flight
   limit: back to `pending`, not an attempt (interactive traffic and the key's limits come
-  first);
+  first); a key's limit holds all of that key's lines back until its `Retry-After`;
+- a line that can never pass the key's TPM (it asks for more output tokens): `failed` at once;
 - upstream 429 (its `Retry-After` honoured), 5xx, timeout, dropped connection: an attempt;
   retried with jittered exponential backoff up to `GATEWAY_BATCH_MAX_ATTEMPTS`, then
   `failed` with the last reason;
@@ -21,6 +22,7 @@ from __future__ import annotations
 import logging
 import random
 import secrets
+import time
 from datetime import timedelta
 
 import anyio
@@ -79,6 +81,7 @@ class BatchRunner:
         self._stopping = False
         self._stopped = anyio.Event()
         self._holders: set[anyio.CancelScope] = set()  # the running lines' relay calls
+        self._held: dict[str, float] = {}  # key id -> monotonic time its own limit lifts
 
     def wake(self) -> None:
         """Look for work now (a batch was created, a line ended)."""
@@ -132,7 +135,9 @@ class BatchRunner:
         room = self.settings.batch_max_concurrent - self.running
         if room <= 0 or self.relay.lifecycle.draining or not self._room():
             return
-        for line in await self.store.claim(self.owner, room, lease):
+        now = time.monotonic()
+        self._held = {key: until for key, until in self._held.items() if until > now}
+        for line in await self.store.claim(self.owner, room, lease, skip_keys=list(self._held)):
             self.running += 1
             self.metrics.batch_lines_running.set(self.running)
             lines.start_soon(self._run, line)
@@ -212,7 +217,19 @@ class BatchRunner:
                         request_id=request_id,
                         holder=holder,
                     )
-                except (NoSpareCapacity, RateLimitedError) as exc:
+                except RateLimitedError as exc:
+                    if exc.permanent:  # more output tokens than the key's TPM: never admitted
+                        error = exc
+                    else:
+                        # The key's own limit: none of its lines is claimed before it lifts
+                        # (one at a time, they would crowd out every other key's lines).
+                        wait = max(float(exc.headers.get("Retry-After", "0") or 0), 0.2)
+                        self._held[line.key_id] = time.monotonic() + wait
+                        self.metrics.batch_lines.labels("deferred").inc()
+                        with anyio.CancelScope(shield=True):
+                            await self._retry_later(line, line.attempts, wait, None, None)
+                        return
+                except NoSpareCapacity as exc:
                     wait = float(exc.headers.get("Retry-After", "0") or 0)
                     self.metrics.batch_lines.labels("deferred").inc()
                     with anyio.CancelScope(shield=True):
@@ -245,7 +262,12 @@ class BatchRunner:
             return
         assert error is not None  # noqa: S101
         attempts = line.attempts + 1
-        if error.status_code in RETRYABLE and attempts < self.settings.batch_max_attempts:
+        never = isinstance(error, RateLimitedError) and error.permanent
+        if (
+            error.status_code in RETRYABLE
+            and attempts < self.settings.batch_max_attempts
+            and not never
+        ):
             base = self.settings.batch_retry_base_seconds * 2 ** (attempts - 1)
             delay = min(self.settings.batch_retry_max_seconds, base) * random.uniform(0.5, 1.0)  # noqa: S311
             # The upstream's own Retry-After, or the gateway's (503 while the circuit breaker

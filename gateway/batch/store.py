@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, and_, func, or_, select, update
+from sqlalchemy import Select, and_, func, or_, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gateway.batch.validate import InputLine, LineError
@@ -50,6 +50,10 @@ def parse_window(window: str) -> float | None:
     if unit is None or not digits.isdigit() or not 0 < int(digits) * unit <= 86_400:
         return None
     return float(int(digits) * unit)
+
+
+class UnknownCursorError(LookupError):
+    """A list's `after` names no object of the key (deleted, never existed, another key's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,12 +348,17 @@ class BatchStore:
 
     # --- the runner's side -------------------------------------------------------------------
 
-    async def claim(self, owner: str, count: int, lease_seconds: float) -> list[ClaimedLine]:
+    async def claim(
+        self, owner: str, count: int, lease_seconds: float, *, skip_keys: Sequence[str] = ()
+    ) -> list[ClaimedLine]:
         """Lease up to `count` runnable lines: pending and due, or running with a lapsed lease.
 
-        Ordered by batch (oldest first), then model (one model loaded at a time), then line.
-        On PostgreSQL the rows are locked `FOR UPDATE SKIP LOCKED`, so replicas claiming at
-        once take different lines; SQLite has one writer at a time.
+        Keys take turns: each key's runnable lines are ranked (its oldest batch first, then
+        model, so an upstream keeps one model loaded, then line), and the claim takes every
+        key's first line before any key's second, so one key's 50,000-line batch cannot hold
+        another key's two lines back. Lines of the keys in `skip_keys` (held back by their own
+        rate limits) are left alone. On PostgreSQL the rows are locked `FOR UPDATE SKIP
+        LOCKED`, so replicas claiming at once take different lines; SQLite has one writer.
         """
         now = as_utc(None)
         runnable = or_(
@@ -359,13 +368,38 @@ class BatchStore:
             ),
             and_(BatchLineRow.state == "running", BatchLineRow.lease_expires < now),
         )
+        turn = (
+            func.row_number()
+            .over(
+                partition_by=BatchRow.key_id,
+                order_by=(
+                    BatchRow.created_at,
+                    BatchLineRow.batch_id,
+                    BatchLineRow.model,
+                    BatchLineRow.line_no,
+                ),
+            )
+            .label("turn")
+        )
+        candidates = (
+            select(BatchLineRow.batch_id, BatchLineRow.line_no, BatchRow.created_at, turn)
+            .join(BatchRow, BatchRow.id == BatchLineRow.batch_id)
+            .where(BatchRow.status.in_(RUNNING), BatchRow.expires_at > now, runnable)
+        )
+        if skip_keys:
+            candidates = candidates.where(BatchRow.key_id.not_in(list(skip_keys)))
+        ranked = candidates.subquery()
+        picked = (
+            select(ranked.c.batch_id, ranked.c.line_no)
+            .order_by(ranked.c.turn, ranked.c.created_at, ranked.c.batch_id, ranked.c.line_no)
+            .limit(count)
+        )
+        # The window function cannot sit under FOR UPDATE: the lines are picked first, then
+        # locked and checked again (another replica may have taken one meanwhile).
         query = (
             select(BatchLineRow, BatchRow.endpoint, BatchRow.key_id)
             .join(BatchRow, BatchRow.id == BatchLineRow.batch_id)
-            .where(BatchRow.status.in_(RUNNING), BatchRow.expires_at > now, runnable)
-            .order_by(BatchRow.created_at, BatchLineRow.batch_id, BatchLineRow.model)
-            .order_by(BatchLineRow.line_no)
-            .limit(count)
+            .where(tuple_(BatchLineRow.batch_id, BatchLineRow.line_no).in_(picked), runnable)
         )
         if self._postgres:
             query = query.with_for_update(of=BatchLineRow, skip_locked=True)
@@ -608,7 +642,11 @@ def _result_files(lines: Sequence[BatchLineRow], final: str) -> tuple[bytes, byt
             item["error"] = None
         else:
             code = line.error_code if line.state == "failed" else never_ran
-            message = line.error_message if line.state == "failed" else f"the batch was {final}"
+            message = (
+                line.error_message
+                if line.state == "failed"
+                else {"cancelled": "the batch was cancelled", "expired": "the batch expired"}[final]
+            )
             item["response"] = None
             item["error"] = {"code": code or "error", "message": message or ""}
         errors.append(json.dumps(item, ensure_ascii=False).encode())
@@ -627,18 +665,23 @@ async def _page(
     """One page of `query`, newest first, after the row `after`; (rows, has_more).
 
     Keyset paging on `(created_at, id)`, so rows created meanwhile neither repeat nor go
-    missing. An `after` that is not one of `key_id`'s rows is ignored (the page starts at the
-    newest), so a cursor tells nothing about another key's objects.
+    missing. An `after` that is not one of `key_id`'s rows is refused rather than read as
+    "from the start", which would hand a paging client the first page again (a loop).
+
+    Raises:
+        UnknownCursorError: `after` is none of `key_id`'s rows (deleted, never existed, or
+            another key's: the same answer for all three).
     """
     if after:
         anchor = await session.get(table, after)
-        if anchor is not None and anchor.key_id == key_id:
-            query = query.where(
-                or_(
-                    table.created_at < anchor.created_at,
-                    and_(table.created_at == anchor.created_at, table.id < anchor.id),
-                )
+        if anchor is None or anchor.key_id != key_id:
+            raise UnknownCursorError(after)
+        query = query.where(
+            or_(
+                table.created_at < anchor.created_at,
+                and_(table.created_at == anchor.created_at, table.id < anchor.id),
             )
+        )
     query = query.order_by(table.created_at.desc(), table.id.desc()).limit(limit + 1)
     rows = (await session.scalars(query)).all()
     return rows[:limit], len(rows) > limit

@@ -72,10 +72,14 @@ def check_input(
     lines: list[InputLine] = []
     seen: set[str] = set()
     try:
-        text = content.decode("utf-8")
+        # utf-8-sig: a byte-order mark at the start (Windows editors write one) is dropped.
+        text = content.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         return [], [LineError("invalid_file", f"the file is not UTF-8 (byte {exc.start})")]
-    numbered = [(n, raw) for n, raw in enumerate(text.splitlines(), 1) if raw.strip()]
+    # JSON Lines ends lines with \n (or \r\n) only: str.splitlines would also split at
+    # U+2028, U+0085 and the like, which JSON strings may hold unescaped.
+    lines_of_text = (raw.removesuffix("\r") for raw in text.split("\n"))
+    numbered = [(n, raw) for n, raw in enumerate(lines_of_text, 1) if raw.strip()]
     if not numbered:
         return [], [LineError("empty_file", "the file has no request lines")]
     if len(numbered) > settings.batch_max_lines:

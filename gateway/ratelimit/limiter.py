@@ -236,7 +236,8 @@ class KeyLimiter:
         item = RateLimitItemPerMinute(tpm)
         cost = max(min(estimate.total, tpm), 1)  # at least one token must be left, as before
         refusal = ""
-        if estimate.asked and estimate.output > tpm:
+        never = estimate.asked and estimate.output > tpm
+        if never:
             refusal = (
                 f"; this request asks for up to {estimate.output} output tokens "
                 "(options.num_predict) and can never be admitted: lower num_predict"
@@ -257,7 +258,9 @@ class KeyLimiter:
         admission.headers.update(_headers(tpm, left, stats.reset_time, prefix="Tokens-"))
         if refusal:
             what = f"{tpm} tokens per minute"
-            raise self._refuse("tpm", what, admission.headers, stats.reset_time, refusal)
+            raise self._refuse(
+                "tpm", what, admission.headers, stats.reset_time, refusal, permanent=never
+            )
 
     async def release(self, admission: Admission, tokens: int) -> None:
         """Settle the TPM reservation with `tokens` (prompt + output) and give back the slot.
@@ -321,7 +324,14 @@ class KeyLimiter:
         return count
 
     def _refuse(
-        self, kind: str, what: str, headers: dict[str, str], reset_time: float, detail: str = ""
+        self,
+        kind: str,
+        what: str,
+        headers: dict[str, str],
+        reset_time: float,
+        detail: str = "",
+        *,
+        permanent: bool = False,
     ) -> RateLimitedError:
         """Count the refusal and build the 429 with `Retry-After` (RFC 9110 section 10.2.3).
 
@@ -331,12 +341,14 @@ class KeyLimiter:
             headers: The `X-RateLimit-*` headers so far; `Retry-After` is added.
             reset_time: When retrying can succeed (epoch seconds).
             detail: Appended to the message, e.g. how much this request needed.
+            permanent: The request can never be admitted (`RateLimitedError.permanent`).
         """
         self._metrics.rate_limited.labels(kind).inc()
         retry_after = str(max(math.ceil(reset_time - time.time()), 1))
         return RateLimitedError(
             f"rate limit exceeded: {what} for this key{detail}",
             headers={**headers, "Retry-After": retry_after},
+            permanent=permanent,
         )
 
     def _storage_failed(self, exc: Exception) -> None:

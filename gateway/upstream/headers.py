@@ -16,6 +16,7 @@ a few such requests from one key took the upstream away from every key.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Iterable
 
 #: Connection-level headers that a proxy must not forward in either direction
@@ -43,6 +44,26 @@ FORWARDED = frozenset({"user-agent", "accept-language"})
 #: Longest forwarded header value, in characters (browsers' User-Agent is under 300).
 MAX_FORWARDED_VALUE = 1024
 
+#: The namespace of the upstream ids made from request ids that are not UUIDs (a fixed uuid4).
+_UPSTREAM_ID_NAMESPACE = uuid.UUID("6f2c1b9e-3d4a-4c8e-9a57-0b1e2d3c4f5a")
+
+
+def upstream_request_id(request_id: str) -> str:
+    """The `X-Request-ID` for the upstream hop: `request_id` itself when it is a UUID.
+
+    llama-cpp-python's server (starlette-context's `RequestIdPlugin`) answers 400 with an
+    empty body to an `X-Request-ID` that is not a UUID, so a client's own id (`req-123`) or a
+    batch line's (`batch_req_...`) goes upstream as the name-based UUID (RFC 9562 section 5.5)
+    of it: the same id always maps to the same UUID, and the access log shows it as
+    `upstream_request_id`. The gateway's own ids are uuid4 hex and go unchanged.
+    """
+    try:
+        uuid.UUID(request_id)
+    except ValueError:
+        return uuid.uuid5(_UPSTREAM_ID_NAMESPACE, request_id).hex
+    return request_id
+
+
 #: A header value the upstream hop accepts: visible ASCII (VCHAR), space and tab (RFC 9110
 #: section 5.5 without `obs-text`, which the HTTP clients refuse to encode).
 _VALID_VALUE = re.compile(r"[\t\x20-\x7e]*")
@@ -57,7 +78,8 @@ def upstream_request_headers(
 
     Args:
         client_headers: The client's headers as (name, value) pairs, any case.
-        request_id: The gateway's request id, sent as `X-Request-ID` for log correlation.
+        request_id: The gateway's request id, sent as `X-Request-ID` for log correlation
+            (as `upstream_request_id` makes it: always a UUID).
 
     Returns:
         A new dict of lower-case header names; no hop-by-hop, credential, `Host` or `Origin`
@@ -78,5 +100,5 @@ def upstream_request_headers(
         and len(value) <= MAX_FORWARDED_VALUE
         and _VALID_VALUE.fullmatch(value)
     }
-    headers["x-request-id"] = request_id
+    headers["x-request-id"] = upstream_request_id(request_id)
     return headers

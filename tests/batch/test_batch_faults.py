@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from gateway.testing.emulator_state import ReceivedRequest
-from tests.batch.test_batch_sdk import FAST, TEXT, _chat, _jsonl, _upload, _wait
+from tests.batch.test_batch_sdk import FAST, TEXT, _chat, _jsonl, _line, _upload, _wait
 from tests.conftest import Emulator, Gateway, metric_value
 
 BASE = {**FAST, "upstream_dialect": "ollama", "retry_attempts": 1, "circuit_cooldown": 1.0}
@@ -351,3 +351,61 @@ def test_an_interactive_request_preempts_a_running_batch_line(
     metrics = gw.metrics_text()
     assert metric_value(metrics, "gateway_batch_lines_total", outcome="preempted") >= 1
     assert metric_value(metrics, "gateway_batch_lines_total", outcome="failed") == 0
+
+
+def test_a_key_held_back_by_its_own_rpm_does_not_hold_back_another_keys_batch(
+    make_gateway: Callable[..., Gateway], emulator: Emulator, sdk
+) -> None:
+    """Keys take turns, and a limited key's lines wait for its Retry-After, not in line."""
+    emulator.config.tokens = 2
+    gw = make_gateway(**BASE)
+    _, slow_key = gw.create_key("two-a-minute", rpm=2)
+    with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=slow_key, max_retries=0) as slow:
+        hog = _submit(slow, [f"hog-{i}" for i in range(300)])
+        _wait_for(lambda: slow.batches.retrieve(hog).request_counts.completed >= 2)
+        client = sdk(gw)
+        ids = ["mine-1", "mine-2"]
+        mine = _wait(client, _submit(client, ids), timeout=20)
+        assert mine.status == "completed"
+        assert mine.request_counts.completed == 2
+        _each_once(client, mine, ids)
+        # The held key's batch waits for its window without a line failed or counted as tried.
+        hogged = slow.batches.retrieve(hog)
+        assert hogged.status == "in_progress"
+        assert hogged.request_counts.failed == 0
+        assert hogged.request_counts.completed == 2
+        # Its lines were tried about once per Retry-After, not in a loop.
+        deferred = metric_value(gw.metrics_text(), "gateway_batch_lines_total", outcome="deferred")
+        assert 1 <= deferred <= 40
+        slow.batches.cancel(hog)
+
+
+def test_a_line_that_can_never_pass_the_keys_tpm_fails_at_once(
+    make_gateway: Callable[..., Gateway], emulator: Emulator
+) -> None:
+    gw = make_gateway(**BASE)
+    _, key = gw.create_key("small-tpm", tpm=100)
+    body = {
+        "model": "llama3.2",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 1000,
+    }
+    with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0) as client:
+        file_id = _upload(client, [_line("huge", body), _chat("fits")])
+        batch = client.batches.create(
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        done = _wait(client, batch.id, timeout=20)
+        assert done.status == "completed"
+        output, errors = _each_once(client, done, ["huge", "fits"])
+    [error] = errors
+    assert error["custom_id"] == "huge"
+    assert error["response"]["status_code"] == 429
+    assert "can never be admitted" in error["response"]["body"]["error"]["message"]
+    assert [o["custom_id"] for o in output] == ["fits"]
+    [tried] = [
+        r
+        for r in _chats(emulator)
+        if r.body and r.body.get("options", {}).get("num_predict") == 1000
+    ] or [None]
+    assert tried is None  # never sent upstream

@@ -162,7 +162,7 @@ def test_a_disallowed_model_fails_validation(gw: Gateway) -> None:
     assert batch.errors.data[0].line == 1
 
 
-def test_lists_page_newest_first_and_another_keys_cursor_tells_nothing(
+def test_lists_page_newest_first_and_a_foreign_or_deleted_cursor_is_refused(
     client: openai.OpenAI, gw: Gateway
 ) -> None:
     files = [_upload(client, [_chat(f"p{i}")]) for i in range(3)]
@@ -185,9 +185,34 @@ def test_lists_page_newest_first_and_another_keys_cursor_tells_nothing(
     assert [f.id for f in client.files.list(purpose="batch", limit=2, after=files[1])] == files[:1]
     _, other_key = gw.create_key("other")
     with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=other_key, max_retries=0) as other:
-        mine = _upload(other, [_chat("o")])
-        # A cursor naming someone else's object is ignored: the page starts at the newest.
-        assert [f.id for f in other.files.list(after=files[2]).data] == [mine]
-        assert other.batches.list(after=batches[2]).data == []
+        _upload(other, [_chat("o")])
+        # Someone else's object as a cursor gets the answer a deleted one gets: 400.
+        with pytest.raises(openai.BadRequestError, match="after: no such file"):
+            other.files.list(after=files[2])
+        with pytest.raises(openai.BadRequestError, match="after: no such batch"):
+            other.batches.list(after=batches[2])
     for batch_id in batches:
         _wait(client, batch_id)
+    gone = client.files.create(file=("x.jsonl", io.BytesIO(b"{}\n")), purpose="batch").id
+    client.files.delete(gone)
+    # Not the first page again (a paging client would loop): a clear 400.
+    with pytest.raises(openai.BadRequestError, match="after: no such file"):
+        client.files.list(after=gone)
+
+
+def test_a_byte_order_mark_and_a_line_separator_in_a_string_are_read_as_json_lines(
+    client: openai.OpenAI,
+) -> None:
+    """Windows editors start files with a BOM; U+2028 is legal unescaped inside JSON strings."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "one\u2028two\u0085three"}]}
+    lines = [_line("a", body).replace("\\u2028", "\u2028").replace("\\u0085", "\u0085")]
+    assert "\u2028" in lines[0]
+    data = ("\ufeff" + "\r\n".join([*lines, _chat("b")]) + "\r\n").encode()
+    file_id = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch").id
+    batch = client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    assert batch.status == "in_progress", batch.errors
+    done = _wait(client, batch.id)
+    assert done.request_counts is not None
+    assert (done.request_counts.total, done.request_counts.completed) == (2, 2)

@@ -18,7 +18,7 @@ from starlette.datastructures import UploadFile
 from gateway.api.openai.routes import Completions, Embeddings
 from gateway.auth.dependencies import PrincipalDep, require_principal
 from gateway.batch.runner import BatchRunner
-from gateway.batch.store import BatchStore, parse_window
+from gateway.batch.store import BatchStore, UnknownCursorError, parse_window
 from gateway.batch.validate import check_input
 from gateway.deps import SettingsDep
 from gateway.errors import BadRequestError, NotFoundError
@@ -107,10 +107,17 @@ async def list_files(
     limit: LimitQuery = 10_000,
     after: str | None = None,
 ) -> dict[str, Any]:
-    """The key's files, newest first (OpenAI's list shape)."""
-    files, more = await store.list_files(
-        principal.key_id, purpose=purpose, limit=limit, after=after
-    )
+    """The key's files, newest first (OpenAI's list shape).
+
+    Raises:
+        BadRequestError: `after` names none of the key's files (400).
+    """
+    try:
+        files, more = await store.list_files(
+            principal.key_id, purpose=purpose, limit=limit, after=after
+        )
+    except UnknownCursorError:
+        raise _unknown_cursor("file") from None
     return _list_page([f.as_openai() for f in files], more)
 
 
@@ -167,7 +174,10 @@ async def create_batch(
     window = body.get("completion_window")
     seconds = parse_window(window) if isinstance(window, str) else None
     if seconds is None or not isinstance(window, str):
-        raise BadRequestError("completion_window must be '24h'")
+        raise BadRequestError(
+            "completion_window must be '24h', or a shorter window as <n>s, <n>m or <n>h"
+            " (at most 24 hours)"
+        )
     metadata = body.get("metadata")
     if metadata is not None and (
         not isinstance(metadata, dict)
@@ -218,8 +228,15 @@ async def list_batches(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: str | None = None,
 ) -> dict[str, Any]:
-    """The key's batches, newest first, `limit` at a time after `after` (cursor paging)."""
-    data, more = await store.list_batches(principal.key_id, limit=limit, after=after)
+    """The key's batches, newest first, `limit` at a time after `after` (cursor paging).
+
+    Raises:
+        BadRequestError: `after` names none of the key's batches (400).
+    """
+    try:
+        data, more = await store.list_batches(principal.key_id, limit=limit, after=after)
+    except UnknownCursorError:
+        raise _unknown_cursor("batch") from None
     return _list_page(data, more)
 
 
@@ -268,3 +285,10 @@ def _list_page(data: list[dict[str, Any]], more: bool) -> dict[str, Any]:
         "last_id": data[-1]["id"] if data else None,
         "has_more": more,
     }
+
+
+def _unknown_cursor(kind: str) -> BadRequestError:
+    """The 400 for an `after` that names no object of the key (OpenAI's `param: after`)."""
+    return BadRequestError(
+        f"after: no such {kind} (deleted, or never listed to this key); list from the start"
+    )
