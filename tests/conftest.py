@@ -155,6 +155,7 @@ def make_gateway(tmp_path: Path, emulator: Emulator) -> Iterator[Callable[..., G
             "idle_timeout": 10.0,
         }
         values.update(overrides)
+        database_url = values["database_url"]  # an override (PostgreSQL) holds the key too
         settings = Settings(**values)
         key_id, key = asyncio.run(_create_key(database_url, "test-key"))
         server = LoopbackServer(create_app(settings))

@@ -15,12 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
+
+#: The gateway's id shapes (`gateway.batch.store.new_id`); a file is named after the batch id.
+BATCH_ID = re.compile(r"batch_[0-9a-f]{24}")
+FILE_ID = re.compile(r"file-[0-9a-f]{24}")
 
 KEY_ENV = "GATEWAY_API_KEY"
 URL_ENV = "GATEWAY_URL"
@@ -211,7 +216,8 @@ def _list(api: Api, args: argparse.Namespace) -> int:
 
 def _show(api: Api, args: argparse.Namespace) -> int:
     path = f"/v1/batches/{args.id}" + ("/events" if args.log else "")
-    print(json.dumps(api.json("GET", path), indent=2, ensure_ascii=False))
+    shown = json.dumps(api.json("GET", path), indent=2, ensure_ascii=False)
+    print("\n".join(_escape(line) for line in shown.split("\n")))
     return 0
 
 
@@ -222,6 +228,8 @@ def _cancel(api: Api, args: argparse.Namespace) -> int:
 
 
 def _download(api: Api, args: argparse.Namespace) -> int:
+    if not BATCH_ID.fullmatch(args.id):
+        raise CliError(f"not a batch id: {_escape(args.id)}")
     batch = api.json("GET", f"/v1/batches/{args.id}")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -230,8 +238,11 @@ def _download(api: Api, args: argparse.Namespace) -> int:
         file_id = batch.get(field)
         if not file_id:
             continue
+        if not isinstance(file_id, str) or not FILE_ID.fullmatch(file_id):
+            raise CliError(f"the server named a malformed file id: {_escape(str(file_id))}")
         content = api.request("GET", f"/v1/files/{file_id}/content").content
-        target = out / f"{batch['id']}_{suffix}.jsonl"
+        # Named from the id we checked, never from the server's answer (no path in it).
+        target = out / f"{args.id}_{suffix}.jsonl"
         target.write_bytes(content)
         print(target)
         wrote += 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,15 +42,20 @@ def new_id(prefix: str) -> str:
     return f"{prefix}{secrets.token_hex(12)}"
 
 
+#: The shape of every id `new_id` makes: anything else names nothing, and is not looked up
+#: (PostgreSQL refuses a NUL in a text parameter with an error, not a miss).
+_ID = re.compile(r"(?:file-|batch_)[0-9a-f]{24}")
+
+
 def parse_window(window: str) -> float | None:
     """The completion window in seconds (`24h`, `1h`, or `<n>s`/`<n>m` for tests), else None."""
     if window in WINDOWS:
         return WINDOWS[window]
-    unit = {"s": 1, "m": 60, "h": 3600}.get(window[-1:])
-    digits = window[:-1]
-    if unit is None or not digits.isdigit() or not 0 < int(digits) * unit <= 86_400:
+    # ASCII digits only: str.isdigit() also takes superscripts (int() refuses them).
+    if not re.fullmatch(r"[0-9]{1,6}[smh]", window):
         return None
-    return float(int(digits) * unit)
+    seconds = int(window[:-1]) * {"s": 1, "m": 60, "h": 3600}[window[-1]]
+    return float(seconds) if 0 < seconds <= 86_400 else None
 
 
 class UnknownCursorError(LookupError):
@@ -160,18 +166,21 @@ class BatchStore:
     async def get_file(self, key_id: str, file_id: str) -> FileRecord | None:
         """The file, if it exists and is `key_id`'s (else None: a 404 either way)."""
         async with self._sessions() as session:
-            row = await session.get(FileRow, file_id)
-            return None if row is None or row.key_id != key_id else _file(row)
+            row = await _owned(session, FileRow, key_id, file_id)
+            return None if row is None else _file(row)
 
     async def file_content(self, key_id: str, file_id: str) -> bytes | None:
         """The file's bytes, if it exists and is `key_id`'s."""
         async with self._sessions() as session:
-            row = await session.get(FileRow, file_id)
-            if row is None or row.key_id != key_id:
+            row = await _owned(session, FileRow, key_id, file_id)
+            if row is None:
                 return None
             if row.content is not None:
                 return row.content
-        return self._path(file_id).read_bytes()
+        try:
+            return self._path(file_id).read_bytes()
+        except FileNotFoundError:  # deleted meanwhile (the row went first)
+            return None
 
     async def list_files(
         self, key_id: str, *, purpose: str | None, limit: int, after: str | None
@@ -187,8 +196,8 @@ class BatchStore:
     async def delete_file(self, key_id: str, file_id: str) -> bool:
         """Delete `key_id`'s file; False if there is none."""
         async with self._sessions.begin() as session:
-            row = await session.get(FileRow, file_id)
-            if row is None or row.key_id != key_id:
+            row = await _owned(session, FileRow, key_id, file_id)
+            if row is None:
                 return False
             in_db = row.content is not None
             await session.delete(row)
@@ -294,8 +303,8 @@ class BatchStore:
     async def get_batch(self, key_id: str, batch_id: str) -> dict[str, Any] | None:
         """The batch object, if it exists and is `key_id`'s."""
         async with self._sessions() as session:
-            row = await session.get(BatchRow, batch_id)
-        if row is None or row.key_id != key_id:
+            row = await _owned(session, BatchRow, key_id, batch_id)
+        if row is None:
             return None
         return await self._object(row)
 
@@ -312,8 +321,8 @@ class BatchStore:
         """Stop claiming the batch's lines (`cancelling`); running lines finish."""
         now = as_utc(None)
         async with self._sessions.begin() as session:
-            row = await session.get(BatchRow, batch_id)
-            if row is None or row.key_id != key_id:
+            row = await _owned(session, BatchRow, key_id, batch_id)
+            if row is None:
                 return None
             if row.status == "in_progress":
                 row.status = "cancelling"
@@ -324,8 +333,8 @@ class BatchStore:
     async def events(self, key_id: str, batch_id: str, limit: int) -> list[dict[str, Any]] | None:
         """The batch's own log, oldest first (at most `limit` entries)."""
         async with self._sessions() as session:
-            batch = await session.get(BatchRow, batch_id)
-            if batch is None or batch.key_id != key_id:
+            batch = await _owned(session, BatchRow, key_id, batch_id)
+            if batch is None:
                 return None
             rows = await session.scalars(
                 select(BatchEventRow)
@@ -673,8 +682,8 @@ async def _page(
             another key's: the same answer for all three).
     """
     if after:
-        anchor = await session.get(table, after)
-        if anchor is None or anchor.key_id != key_id:
+        anchor = await _owned(session, table, key_id, after)
+        if anchor is None:
             raise UnknownCursorError(after)
         query = query.where(
             or_(
@@ -685,3 +694,16 @@ async def _page(
     query = query.order_by(table.created_at.desc(), table.id.desc()).limit(limit + 1)
     rows = (await session.scalars(query)).all()
     return rows[:limit], len(rows) > limit
+
+
+async def _owned(
+    session: AsyncSession, table: type[_Row], key_id: str, object_id: str
+) -> _Row | None:
+    """The row `object_id` of `table` if it exists and is `key_id`'s, else None.
+
+    One answer for a malformed id, a missing row and another key's row.
+    """
+    if not _ID.fullmatch(object_id):
+        return None
+    row = await session.get(table, object_id)
+    return row if row is not None and row.key_id == key_id else None

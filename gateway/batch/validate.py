@@ -125,6 +125,8 @@ def _check_line(
         return fail("missing_required_parameter", "custom_id (a non-empty string) is missing")
     if len(custom_id) > MAX_CUSTOM_ID:
         return fail("invalid_request", f"custom_id is longer than {MAX_CUSTOM_ID} characters")
+    if "\x00" in custom_id:  # no database text column holds a NUL (PostgreSQL refuses it)
+        return fail("invalid_request", "custom_id must not contain NUL")
     if item.get("method", "POST") != "POST":
         return fail("invalid_request", "method must be POST")
     if item.get("url") != endpoint_path:
@@ -141,6 +143,8 @@ def _check_line(
         request = endpoint.parse(encoded, settings)
     except GatewayError as exc:
         return fail("invalid_request", exc.message)
+    if "\x00" in request.model:
+        return fail("invalid_request", "model must not contain NUL")
     if not principal.allows_model(request.model):
         return fail("model_not_allowed", f"this API key may not use model '{request.model}'")
     return None, InputLine(line_no, custom_id, request.model, encoded)

@@ -93,9 +93,7 @@ async def upload_file(
     await form.close()
     if len(content) > settings.batch_max_file_bytes:
         raise BadRequestError(f"the file is larger than {settings.batch_max_file_bytes} bytes")
-    record = await store.create_file(
-        principal.key_id, upload.filename or "upload.jsonl", "batch", content
-    )
+    record = await store.create_file(principal.key_id, _filename(upload.filename), "batch", content)
     return record.as_openai()
 
 
@@ -183,7 +181,11 @@ async def create_batch(
         not isinstance(metadata, dict)
         or len(metadata) > 16
         or not all(
-            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
+            isinstance(k, str)
+            and isinstance(v, str)
+            and len(k) <= 64
+            and len(v) <= 512
+            and "\x00" not in k + v
             for k, v in metadata.items()
         )
     ):
@@ -292,3 +294,9 @@ def _unknown_cursor(kind: str) -> BadRequestError:
     return BadRequestError(
         f"after: no such {kind} (deleted, or never listed to this key); list from the start"
     )
+
+
+def _filename(name: str | None) -> str:
+    """The upload's name as stored: printable characters only (no NUL, no control codes)."""
+    kept = "".join(ch for ch in name or "" if ch.isprintable())
+    return kept or "upload.jsonl"
