@@ -278,6 +278,18 @@ class Settings(BaseSettings):
         100 * 1024 * 1024, ge=1024, description="Largest file `POST /v1/files` accepts, in bytes."
     )
     batch_max_lines: int = Field(50_000, ge=1, description="Most lines in one batch input file.")
+    batch_max_queued_lines_per_key: int = Field(
+        200_000,
+        ge=1,
+        description="Most lines one key may have waiting or running over all its batches; a "
+        "batch that would pass it is refused with 429.",
+    )
+    batch_max_stored_bytes_per_key: int = Field(
+        1024**3,
+        ge=1024,
+        description="Most bytes one key's files (inputs, outputs, error files) may hold; an "
+        "upload that would pass it is refused with 400.",
+    )
     batch_max_attempts: int = Field(
         5, ge=1, le=100, description="Attempts per line before it goes to the error file."
     )

@@ -117,3 +117,36 @@ def test_the_cli_escapes_what_the_server_sends_and_checks_ids(
     assert "\\x9b31m red \\u202e" in out
     assert main(["batch", "download", "../../x", "--url", gw.url, "--out", str(tmp_path)]) == 2
     assert "not a batch id" in capsys.readouterr().err
+
+
+def test_per_key_quotas_on_stored_bytes_and_queued_lines(
+    make_gateway: Callable[..., Gateway],
+) -> None:
+    """One key cannot fill the shared disk or queue: its own quotas, others unaffected."""
+    gw = make_gateway(
+        **FAST,
+        batch_max_stored_bytes_per_key=4096,
+        batch_max_queued_lines_per_key=5,
+        batch_worker=False,  # nothing runs: the queued lines stay queued
+    )
+    lines = ("\n".join(_chat(f"q{i}") for i in range(3)) + "\n").encode()
+    first = _upload(gw, lines).json()["id"]
+    assert _create(gw, first).json()["status"] == "in_progress"  # 3 queued
+    second = _upload(gw, lines).json()["id"]
+    refused = _create(gw, second)  # 3 + 3 > 5
+    assert refused.status_code == 429, refused.text
+    assert "3 batch lines waiting" in refused.json()["error"]["message"]
+    assert refused.headers["retry-after"] == "60"
+    big = _upload(gw, b" " * 3700 + (_chat("x") + "\n").encode())
+    assert big.status_code == 400
+    assert "over its 4096" in big.json()["error"]["message"]
+    _, other = gw.create_key("other")
+    theirs = httpx.post(
+        f"{gw.url}/v1/files",
+        headers=gw.headers(other),
+        files={"file": ("in.jsonl", io.BytesIO(lines), "application/jsonl")},
+        data={"purpose": "batch"},
+    )
+    assert theirs.status_code == 200
+    httpx.delete(f"{gw.url}/v1/files/{second}", headers=gw.headers())
+    assert _upload(gw, lines).status_code == 200  # room again

@@ -17,13 +17,15 @@ from starlette.datastructures import UploadFile
 
 from gateway.api.openai.routes import Completions, Embeddings
 from gateway.auth.dependencies import PrincipalDep, require_principal
+from gateway.auth.principal import Principal
 from gateway.batch.runner import BatchRunner
 from gateway.batch.store import BatchStore, UnknownCursorError, parse_window
 from gateway.batch.validate import check_input
 from gateway.deps import SettingsDep
-from gateway.errors import BadRequestError, NotFoundError
+from gateway.errors import BadRequestError, NotFoundError, RateLimitedError
 from gateway.relay.body import read_body
 from gateway.relay.surface import Endpoint
+from gateway.settings import Settings
 
 #: The endpoints a batch may run, with the parser and codec each line goes through.
 ENDPOINTS: dict[str, Endpoint] = {
@@ -70,11 +72,20 @@ async def upload_file(
 
     Raises:
         PayloadTooLargeError: over `GATEWAY_BATCH_MAX_FILE_BYTES` (413).
-        BadRequestError: not multipart, no file, or a purpose other than `batch` (400).
+        BadRequestError: not multipart, no file, a purpose other than `batch`, or the key's
+            files would pass `GATEWAY_BATCH_MAX_STORED_BYTES_PER_KEY` (400).
     """
-    raw = await read_body(request, settings.batch_max_file_bytes + 64 * 1024)
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise BadRequestError("send the file as multipart/form-data")
+    async with store.heavy:  # a few uploads at once: each holds the file several times
+        return await _store_upload(request, principal, store, settings)
+
+
+async def _store_upload(
+    request: Request, principal: Principal, store: BatchStore, settings: Settings
+) -> dict[str, Any]:
+    """Read, check and store one upload (under `store.heavy`); see `upload_file`."""
+    raw = await read_body(request, settings.batch_max_file_bytes + 64 * 1024)
 
     async def replay() -> dict[str, Any]:
         return {"type": "http.request", "body": raw, "more_body": False}
@@ -93,6 +104,13 @@ async def upload_file(
     await form.close()
     if len(content) > settings.batch_max_file_bytes:
         raise BadRequestError(f"the file is larger than {settings.batch_max_file_bytes} bytes")
+    quota = settings.batch_max_stored_bytes_per_key
+    held = await store.stored_bytes(principal.key_id)
+    if held + len(content) > quota:
+        raise BadRequestError(
+            f"this key's files would hold {held + len(content)} bytes, over its {quota}: "
+            "delete files it no longer needs (DELETE /v1/files/{id})"
+        )
     record = await store.create_file(principal.key_id, _filename(upload.filename), "batch", content)
     return record.as_openai()
 
@@ -164,6 +182,8 @@ async def create_batch(
     Raises:
         BadRequestError: a missing or wrong `input_file_id`, `endpoint`, `completion_window`
             or `metadata` (400).
+        RateLimitedError: the key's queued lines would pass
+            `GATEWAY_BATCH_MAX_QUEUED_LINES_PER_KEY` (429).
     """
     body = _json_object(await read_body(request, 64 * 1024))
     endpoint_path = body.get("endpoint")
@@ -196,28 +216,38 @@ async def create_batch(
     record = await store.get_file(principal.key_id, file_id)
     if record is None or record.purpose != "batch":
         raise BadRequestError(f"input_file_id {file_id!r} is not one of this key's batch files")
-    content = await store.file_content(principal.key_id, file_id) or b""
-    # Every line is parsed and checked: up to a second for a large file, off the event loop.
-    lines, errors = await anyio.to_thread.run_sync(
-        functools.partial(
-            check_input,
-            content,
-            endpoint_path=endpoint_path,
-            endpoint=ENDPOINTS[endpoint_path],
-            principal=principal,
-            settings=settings,
+    async with store.heavy:  # a few at once: the file and its checked lines are in memory
+        content = await store.file_content(principal.key_id, file_id) or b""
+        # Every line is parsed and checked: up to a second for a large file, off the event loop.
+        lines, errors = await anyio.to_thread.run_sync(
+            functools.partial(
+                check_input,
+                content,
+                endpoint_path=endpoint_path,
+                endpoint=ENDPOINTS[endpoint_path],
+                principal=principal,
+                settings=settings,
+            )
         )
-    )
-    batch = await store.create_batch(
-        principal.key_id,
-        endpoint=endpoint_path,
-        input_file_id=file_id,
-        window=window,
-        window_seconds=seconds,
-        metadata=metadata,
-        lines=lines,
-        errors=errors,
-    )
+        del content
+        quota = settings.batch_max_queued_lines_per_key
+        queued = 0 if errors else await store.queued_lines(principal.key_id)
+        if queued + len(lines) > quota:
+            raise RateLimitedError(
+                f"this key has {queued} batch lines waiting; {len(lines)} more would pass its "
+                f"{quota}: wait for its batches to finish",
+                headers={"Retry-After": "60"},
+            )
+        batch = await store.create_batch(
+            principal.key_id,
+            endpoint=endpoint_path,
+            input_file_id=file_id,
+            window=window,
+            window_seconds=seconds,
+            metadata=metadata,
+            lines=lines,
+            errors=errors,
+        )
     if runner is not None:
         runner.wake()
     return batch
