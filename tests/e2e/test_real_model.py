@@ -240,3 +240,57 @@ def test_the_ollama_client_streams_from_the_real_model(stack):
         assert chat.message.content, "the greedy answer to 'Say hello.' is not empty"
         assert chat.eval_count is not None
         assert 0 < chat.eval_count <= 8
+
+
+def test_a_batch_runs_against_the_real_model_with_the_openai_sdk(stack):
+    """llama-cpp-python refuses an X-Request-ID that is not a UUID: every batch line failed
+    with an empty 400 until the upstream id became one (a client's own id did the same)."""
+    import io
+
+    import openai
+
+    gateway, key = stack
+    body = {"model": MODEL_ALIAS, "max_tokens": 8, **DETERMINISTIC}
+    lines = [
+        {
+            "custom_id": f"q{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {**body, "messages": [{"role": "user", "content": question}]},
+        }
+        for i, question in enumerate(["Say hello.", "Name a colour."])
+    ]
+    data = "\n".join(json.dumps(line) for line in lines).encode()
+    with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0) as client:
+        file_id = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch").id
+        batch = client.batches.create(
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        deadline = time.monotonic() + 300
+        while batch.status not in ("completed", "failed", "expired", "cancelled"):
+            assert time.monotonic() < deadline, batch
+            time.sleep(0.5)
+            batch = client.batches.retrieve(batch.id)
+        assert batch.status == "completed"
+        assert batch.request_counts is not None
+        assert batch.request_counts.completed == 2, batch.error_file_id
+        assert batch.output_file_id is not None
+        output = [
+            json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()
+        ]
+    assert sorted(item["custom_id"] for item in output) == ["q0", "q1"]
+    for item in output:
+        assert item["response"]["status_code"] == 200
+        # The model's own answer (greedy decoding may end it at once: that is the model's).
+        [choice] = item["response"]["body"]["choices"]
+        assert isinstance(choice["message"]["content"], str)
+        assert choice["finish_reason"] in ("stop", "length")
+    # An interactive request with the client's own non-UUID id is answered too.
+    answer = httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        json={**body, "messages": [{"role": "user", "content": "Say hi."}]},
+        headers={**_headers(key), "X-Request-ID": "req-123"},
+        timeout=120,
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-request-id"] == "req-123"
