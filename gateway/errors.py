@@ -268,7 +268,9 @@ class UpstreamStatusError(UpstreamError):
         if upstream_status in (401, 403):
             status, text = 502, f"upstream refused the gateway (status {upstream_status})"
         elif 400 <= upstream_status < 500:
-            status, text, blame = upstream_status, message, "request"
+            # An empty body (llama-cpp-python's 400 to a header it refuses) still says what.
+            text = message or f"upstream answered {upstream_status} with no error message"
+            status, blame = upstream_status, "request"
             if upstream_status == 429:
                 text = message or "upstream rate limit reached"
                 headers["Retry-After"] = str(retry_after if retry_after is not None else 1)

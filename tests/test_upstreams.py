@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from gateway.errors import UpstreamStatusError
 from gateway.testing.emulator import EmulatorConfig, create_emulator_app
 from gateway.testing.server import LoopbackServer
 from gateway.upstream.headers import upstream_request_id
@@ -200,3 +201,10 @@ def test_the_upstream_request_id_is_always_a_uuid():
     assert uuid.UUID(mapped).version == 5
     assert mapped == upstream_request_id("req-123") != upstream_request_id("req-124")
     assert uuid.UUID(upstream_request_id("batch_req_0123456789abcdef01234567"))
+
+
+def test_an_upstream_4xx_without_a_message_still_says_what_happened():
+    error = UpstreamStatusError(400, "")
+    assert error.status_code == 400
+    assert error.message == "upstream answered 400 with no error message"
+    assert UpstreamStatusError(404, "model 'x' not found").message == "model 'x' not found"
