@@ -8,16 +8,19 @@ COPY gateway ./gateway
 RUN /venv/bin/pip install --no-cache-dir .
 
 FROM python:3.11-slim
-RUN useradd --system --uid 10001 --home-dir /var/lib/gateway --create-home gateway
+# uid and gid 10001, fixed: deploy/kubernetes sets runAsUser/runAsGroup/fsGroup to the same numbers.
+RUN groupadd --system --gid 10001 gateway \
+    && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/gateway --create-home gateway
 COPY --from=build /venv /venv
 ENV PATH=/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     GATEWAY_HOST=0.0.0.0 \
     GATEWAY_PORT=8080 \
     GATEWAY_DATABASE_URL=sqlite+aiosqlite:////var/lib/gateway/gateway.db
-USER gateway
+# Numeric, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd (hadolint DL3066).
+USER 10001:10001
 WORKDIR /var/lib/gateway
 EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=3s --retries=3 \
-    CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8080/healthz').status != 200)"
+    CMD ["python", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8080/healthz').status != 200)"]
 CMD ["gateway", "serve"]
