@@ -23,6 +23,8 @@ from typing import Any, TextIO
 
 import httpx
 
+from gateway.keyfile import KeyInputError, read_client_key
+
 #: The gateway's id shapes (`gateway.batch.store.new_id`); a file is named after the batch id.
 BATCH_ID = re.compile(r"batch_[0-9a-f]{24}")
 FILE_ID = re.compile(r"file-[0-9a-f]{24}")
@@ -30,7 +32,6 @@ FILE_ID = re.compile(r"file-[0-9a-f]{24}")
 KEY_ENV = "GATEWAY_API_KEY"
 URL_ENV = "GATEWAY_URL"
 DEFAULT_URL = "http://127.0.0.1:8080"
-KEY_FILE_MAX = 4096
 ENDED = ("completed", "failed", "expired", "cancelled")
 
 
@@ -49,29 +50,14 @@ def read_key(key_file: Path | None) -> str:
     """The key from `--key-file` (first line, stripped) or `GATEWAY_API_KEY`.
 
     Raises:
-        CliError: no key, an unreadable or oversized file, or a control character in the key.
+        CliError: no key, or one `read_client_key` refuses (the file or the key is wrong).
     """
-    if key_file is not None:
-        try:
-            if not key_file.is_file():
-                raise CliError(f"--key-file {key_file} is not a regular file")
-            with key_file.open("rb") as handle:
-                raw = handle.read(KEY_FILE_MAX + 1)
-        except OSError as exc:
-            raise CliError(f"cannot read --key-file {key_file}: {exc.strerror}") from None
-        if len(raw) > KEY_FILE_MAX:
-            raise CliError(f"--key-file {key_file} is over {KEY_FILE_MAX} bytes")
-        try:
-            text = raw.decode("utf-8").strip()
-        except UnicodeDecodeError:
-            raise CliError(f"--key-file {key_file} is not UTF-8 text") from None
-        key = text.splitlines()[0].strip() if text else ""
-    else:
-        key = os.environ.get(KEY_ENV, "").strip()
+    try:
+        key = read_client_key(key_file, KEY_ENV)
+    except KeyInputError as exc:
+        raise CliError(str(exc)) from None
     if not key:
         raise CliError(f"no API key: set ${KEY_ENV} or pass --key-file")
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in key):
-        raise CliError("the key holds a control character; check the key file or variable")
     return key
 
 

@@ -32,6 +32,7 @@ from gateway.bench.runner import Mode, Plan, redact, run_benchmark
 from gateway.bench.shapes import Shape, ShapeOptions
 from gateway.bench.slo import parse_slo
 from gateway.bench.workload import Sampling, WorkloadError, load_workload
+from gateway.keyfile import KeyInputError, read_client_key
 
 KEY_ENV = "GATEWAY_BENCH_API_KEY"
 TARGET_ENV = "GATEWAY_BENCH_TARGET"
@@ -225,38 +226,16 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     rep.set_defaults(bench_handler=report.main_report)
 
 
-KEY_FILE_MAX = 4096
-
-
 def read_key(key_file: Path | None) -> str | None:
-    """The key from `--key-file` (first line, stripped) or `GATEWAY_BENCH_API_KEY`.
+    """The key from `--key-file` (first line, stripped) or `GATEWAY_BENCH_API_KEY`, or None.
 
     Raises:
-        BenchError: the file is no regular file, cannot be read, is empty or larger than
-            4 KiB, or the key holds a control character (it would break the header line).
+        BenchError: `read_client_key` refuses the file or the key.
     """
-    if key_file is not None:
-        try:
-            if not key_file.is_file():
-                raise BenchError(f"--key-file {key_file} is not a regular file")
-            with key_file.open("rb") as handle:
-                raw = handle.read(KEY_FILE_MAX + 1)
-        except OSError as exc:
-            raise BenchError(f"cannot read --key-file {key_file}: {exc.strerror}") from None
-        if len(raw) > KEY_FILE_MAX:
-            raise BenchError(f"--key-file {key_file} is over {KEY_FILE_MAX} bytes: no key file?")
-        try:
-            text = raw.decode("utf-8").strip()
-        except UnicodeDecodeError:
-            raise BenchError(f"--key-file {key_file} is not UTF-8 text") from None
-        if not text:
-            raise BenchError(f"--key-file {key_file} is empty")
-        key = text.splitlines()[0].strip()
-    else:
-        key = os.environ.get(KEY_ENV, "").strip()
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in key):
-        raise BenchError("the key holds a control character; check the key file or variable")
-    return key or None
+    try:
+        return read_client_key(key_file, KEY_ENV) or None
+    except KeyInputError as exc:
+        raise BenchError(str(exc)) from None
 
 
 async def detect_api(url: str, key: str | None, wait: float = 10.0) -> Api:

@@ -1,0 +1,54 @@
+"""The API key of the client-side commands (`gateway bench`, `gateway batch`).
+
+A key is never an argument (it would show in `ps` and the shell history): it comes from the
+first line of a `--key-file`, or from an environment variable. Nothing here does network I/O.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: The largest key file read, in bytes: a key is about 60 characters, so a bigger file is
+#: the wrong file (and is not read whole).
+KEY_FILE_MAX = 4096
+
+
+class KeyInputError(ValueError):
+    """The key file or variable cannot give a key; the message names which and why."""
+
+
+def read_client_key(key_file: Path | None, env: str) -> str:
+    """The key from `key_file` (its first line, stripped), else from `$env`; "" if unset.
+
+    Args:
+        key_file: `--key-file`, or None to read the variable.
+        env: The variable's name, e.g. `GATEWAY_API_KEY`.
+
+    Raises:
+        KeyInputError: the file is no regular file, cannot be read, is over `KEY_FILE_MAX`
+            bytes, is not UTF-8 or is empty; or the key holds a control character (it would
+            break the `Authorization` header line).
+    """
+    if key_file is not None:
+        try:
+            if not key_file.is_file():
+                raise KeyInputError(f"--key-file {key_file} is not a regular file")
+            with key_file.open("rb") as handle:
+                raw = handle.read(KEY_FILE_MAX + 1)
+        except OSError as exc:
+            raise KeyInputError(f"cannot read --key-file {key_file}: {exc.strerror}") from None
+        if len(raw) > KEY_FILE_MAX:
+            raise KeyInputError(f"--key-file {key_file} is over {KEY_FILE_MAX} bytes: no key file?")
+        try:
+            text = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            raise KeyInputError(f"--key-file {key_file} is not UTF-8 text") from None
+        if not text:
+            raise KeyInputError(f"--key-file {key_file} is empty")
+        key = text.splitlines()[0].strip()
+    else:
+        key = os.environ.get(env, "").strip()
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in key):
+        raise KeyInputError("the key holds a control character; check the key file or variable")
+    return key

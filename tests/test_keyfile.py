@@ -1,0 +1,40 @@
+"""The client commands' key: a file's first line or a variable, never a malformed header."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.keyfile import KEY_FILE_MAX, KeyInputError, read_client_key
+
+
+def test_the_first_line_of_the_file_or_the_variable(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "key"
+    path.write_text("  gw_abc_def  \nsecond line\n")
+    assert read_client_key(path, "UNUSED_VARIABLE") == "gw_abc_def"
+    monkeypatch.setenv("SOME_KEY_VARIABLE", " gw_from_env ")
+    assert read_client_key(None, "SOME_KEY_VARIABLE") == "gw_from_env"
+    monkeypatch.delenv("SOME_KEY_VARIABLE")
+    assert read_client_key(None, "SOME_KEY_VARIABLE") == ""
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "is empty"),
+        (b"\xff\xfe", "not UTF-8"),
+        (b"x" * (KEY_FILE_MAX + 1), "no key file?"),
+        (b"gw_a\x1b[2Jb", "control character"),
+    ],
+)
+def test_a_wrong_file_is_refused_with_a_reason(tmp_path: Path, content: bytes, message: str):
+    path = tmp_path / "key"
+    path.write_bytes(content)
+    with pytest.raises(KeyInputError, match=message):
+        read_client_key(path, "UNUSED_VARIABLE")
+
+
+def test_a_directory_is_not_a_key_file(tmp_path: Path) -> None:
+    with pytest.raises(KeyInputError, match="not a regular file"):
+        read_client_key(tmp_path, "UNUSED_VARIABLE")
