@@ -26,6 +26,7 @@ from typing import Any
 
 import anyio
 from fastapi import Request, Response
+from opentelemetry.trace import Span
 
 from gateway.auth.principal import Principal
 from gateway.errors import (
@@ -47,6 +48,7 @@ from gateway.relay.meter import RequestMeter
 from gateway.relay.response import RelayResponse
 from gateway.relay.surface import Codec, Endpoint
 from gateway.settings import Settings
+from gateway.tracing import Tracing, end_upstream, end_upstream_failure
 from gateway.upstream.headers import upstream_request_headers
 from gateway.upstream.pool import Upstream, UpstreamPool
 
@@ -61,6 +63,8 @@ class Relay:
     limiter: KeyLimiter
     lifecycle: Lifecycle
     usage: UsageSink | None = None
+    #: None when tracing is off: then the only cost per request is testing this.
+    tracing: Tracing | None = None
 
     async def handle(self, request: Request, principal: Principal, endpoint: Endpoint) -> Response:
         """Check and admit one generation or embedding request; return its response.
@@ -145,6 +149,8 @@ class Generation:
             have caused (`gateway.upstream.breaker`).
         background: For a batch line (`gateway.relay.background`), its cancel scope: it takes
             only a spare upstream slot, and an interactive request may cancel it for the slot.
+        span: The current upstream attempt's CLIENT span, when tracing (`gateway.tracing`);
+            ended by the attempt's failure or by `finish`.
     """
 
     def __init__(
@@ -174,6 +180,7 @@ class Generation:
         self.holds_slot = False
         self.holds_background = False
         self.done = False
+        self.span: Span | None = None
 
     async def connect(self) -> Exchange:
         """Open an exchange with the best upstream, failing over to the next ones.
@@ -198,14 +205,6 @@ class Generation:
             self.meter.upstream_timings = upstream.dialect.reports_timings
             self.meter.upstream = upstream.name
             self.upstream = upstream
-            self.exchange = exchange = Exchange(
-                client=upstream.generation,
-                dialect=upstream.dialect,
-                request=self.request,
-                headers=self.upstream_headers,
-                settings=relay.settings,
-                meter=self.meter,
-            )
             try:
                 if self.background is None:
                     self.holds_slot = await upstream.slots.acquire()
@@ -216,13 +215,29 @@ class Generation:
                         relay.settings.batch_max_concurrent,
                     )
                     self.holds_background = True
+                headers = self.upstream_headers
+                if relay.tracing is not None:  # the span starts once the upstream's slot is held
+                    span = self.span = relay.tracing.start_upstream(
+                        self.state.get("span"), self.request, upstream
+                    )
+                    headers = relay.tracing.inject(span, headers)
+                self.exchange = exchange = Exchange(
+                    client=upstream.generation,
+                    dialect=upstream.dialect,
+                    request=self.request,
+                    headers=headers,
+                    settings=relay.settings,
+                    meter=self.meter,
+                )
                 await exchange.open()
                 relay.pool.answering(upstream)
             except UntranslatableRequestError as exc:
+                self._end_span(exc)
                 await self._release(None)  # another upstream's dialect may express it
                 last = exc
                 continue
             except (UpstreamError, ServiceUnavailableError) as exc:
+                self._end_span(exc)
                 status = getattr(exc, "upstream_status", None)
                 retry_after = getattr(exc, "retry_after", None)
                 if retry_after:
@@ -240,6 +255,12 @@ class Generation:
             "no upstream is available: all are down or out of rotation",
             headers={"Retry-After": str(wait)},
         )
+
+    def _end_span(self, error: BaseException) -> None:
+        """End the attempt's CLIENT span, if tracing, with the failure that ended it."""
+        if self.span is not None:
+            end_upstream_failure(self.span, error)
+            self.span = None
 
     def _verdict(self, error: GatewayError | None) -> tuple[bool | None, str | None]:
         """What the circuit breaker hears of a failure: (healthy, key), see `_release`.
@@ -305,6 +326,9 @@ class Generation:
         if self.done:
             return
         self.done = True
+        if self.span is not None:  # not the key's request: the attempt is left unmeasured
+            self.span.end()
+            self.span = None
         with anyio.CancelScope(shield=True):
             try:
                 await self._release(None)
@@ -329,6 +353,9 @@ class Generation:
                 summary = self.state["summary"] = self.meter.finish(outcome, status)
                 if self.relay.usage is not None:
                     self.relay.usage.record(summary)
+                if self.span is not None:
+                    end_upstream(self.span, summary, self.meter.finish_reason)
+                    self.span = None
             finally:  # whatever failed above, the key's in-flight count and TPM are settled
                 tokens = self.meter.input_tokens + self.meter.output_tokens
                 await self.relay.limiter.release(self.admission, tokens)

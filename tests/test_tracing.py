@@ -1,0 +1,322 @@
+"""OpenTelemetry traces (gateway.tracing): spans of a real gateway in front of the emulator.
+
+The gateway runs in-process (`make_gateway`), so its spans go to the SDK's
+`InMemorySpanExporter` through the real `BatchSpanProcessor` (its delay shortened to 10 ms);
+one test exports over OTLP/HTTP to an in-process receiver that decodes the protobuf request.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.settings import Settings
+from gateway.testing.server import LoopbackServer
+from gateway.tracing import open_tracing, tracing_endpoint
+from tests.conftest import Emulator, Gateway, metric_value
+from tests.helpers import MODEL
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
+PROMPT = "the secret prompt text"
+
+
+@pytest.fixture(autouse=True)
+def _fast_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The BatchSpanProcessor reads its delay when the app builds it: spans arrive in ~10 ms.
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "10")
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SDK_DISABLED", "OTEL_SERVICE_NAME"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def wait_spans(exporter: InMemorySpanExporter, count: int) -> list[ReadableSpan]:
+    deadline = time.monotonic() + 5
+    while len(spans := exporter.get_finished_spans()) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(spans) == count, [span.name for span in spans]
+    return list(spans)
+
+
+def by_kind(spans: list[ReadableSpan], kind: SpanKind) -> list[ReadableSpan]:
+    return [span for span in spans if span.kind == kind]
+
+
+def all_values(spans: list[ReadableSpan]) -> str:
+    return repr([(dict(span.attributes or {}), span.name, span.events) for span in spans])
+
+
+CASES = [
+    ("/api/chat", {"messages": [{"role": "user", "content": PROMPT}]}, "chat", "/api/chat"),
+    ("/api/generate", {"prompt": PROMPT}, "text_completion", "/api/generate"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": PROMPT}], "stream": True},
+        "chat",
+        "/v1/chat/completions",
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "operation", "route"), CASES)
+def test_request_span_follows_the_http_and_genai_conventions(
+    make_gateway: Callable[..., Gateway],
+    emulator: Emulator,
+    path: str,
+    body: dict[str, object],
+    operation: str,
+    route: str,
+) -> None:
+    exporter = InMemorySpanExporter()
+    gateway = make_gateway(span_exporter=exporter)
+    body = {"model": MODEL, "temperature": 0.25, "max_tokens": 64, **body}
+    if path.startswith("/api"):
+        body = {"model": MODEL, "options": {"temperature": 0.25, "num_predict": 64}, **body}
+        del body["temperature"], body["max_tokens"]
+    headers = {**gateway.headers(), "traceparent": TRACEPARENT}
+    response = httpx.post(f"{gateway.url}{path}", json=body, headers=headers, timeout=10)
+    assert response.status_code == 200
+    metrics = gateway.metrics_text()
+
+    spans = wait_spans(exporter, 2)
+    (server,) = by_kind(spans, SpanKind.SERVER)
+    (client,) = by_kind(spans, SpanKind.CLIENT)
+    # The client's trace goes on: same trace id, the SERVER span is the child of its span.
+    assert f"{server.context.trace_id:032x}" == TRACE_ID
+    assert server.parent is not None
+    assert f"{server.parent.span_id:016x}" == PARENT_ID
+    assert client.context.trace_id == server.context.trace_id
+    assert client.parent is not None
+    assert client.parent.span_id == server.context.span_id
+
+    assert server.name == f"POST {route}"
+    assert server.status.status_code == StatusCode.UNSET
+    assert dict(server.attributes or {}) == {
+        "http.request.method": "POST",
+        "url.path": path,
+        "url.scheme": "http",
+        "http.route": route,
+        "http.response.status_code": 200,
+        "gateway.request_id": response.headers["x-request-id"],
+        "gateway.key_id": gateway.key_id,
+        "gateway.outcome": "completed",
+    }
+
+    assert client.name == f"{operation} {MODEL}"
+    attributes = dict(client.attributes or {})
+    ttft = attributes.pop("gen_ai.server.time_to_first_token")
+    tpot = attributes.pop("gen_ai.server.time_per_output_token")
+    assert attributes == {
+        "gen_ai.operation.name": operation,
+        "gen_ai.provider.name": "ollama",
+        "gen_ai.request.model": MODEL,
+        "gen_ai.request.max_tokens": 64,
+        "gen_ai.request.temperature": 0.25,
+        "server.address": "127.0.0.1",
+        "server.port": int(emulator.url.rsplit(":", 1)[1]),
+        "gen_ai.usage.input_tokens": emulator.config.prompt_eval_count,
+        "gen_ai.usage.output_tokens": emulator.config.tokens,
+        "gen_ai.response.finish_reasons": ("stop",),
+    }
+    # The same numbers as the metrics: each histogram holds this one request.
+    assert metric_value(metrics, "gateway_input_tokens_total") == emulator.config.prompt_eval_count
+    assert metric_value(metrics, "gateway_output_tokens_total") == emulator.config.tokens
+    assert metric_value(metrics, "gateway_time_to_first_token_seconds_count") == 1
+    assert ttft == pytest.approx(
+        metric_value(metrics, "gateway_time_to_first_token_seconds_sum"), abs=1e-9
+    )
+    assert emulator.config.ttft <= ttft < 1.0
+    assert tpot == pytest.approx(
+        metric_value(metrics, "gateway_time_per_output_token_seconds_sum"), abs=1e-9
+    )
+    assert client.status.status_code == StatusCode.UNSET
+    assert PROMPT not in all_values(spans)
+
+    # The upstream hears the CLIENT span as its parent, in the same trace.
+    (received,) = [r for r in emulator.state.records if r.method == "POST"]
+    assert received.headers["traceparent"] == (f"00-{TRACE_ID}-{client.context.span_id:016x}-01")
+
+
+def test_a_request_without_traceparent_starts_a_trace(
+    make_gateway: Callable[..., Gateway], emulator: Emulator
+) -> None:
+    exporter = InMemorySpanExporter()
+    gateway = make_gateway(span_exporter=exporter)
+    body = {"model": MODEL, "prompt": "hi", "stream": False}
+    headers = {**gateway.headers(), "traceparent": "00-not-a-valid-header-01"}
+    assert httpx.post(f"{gateway.url}/api/generate", json=body, headers=headers).status_code == 200
+    server, client = sorted(wait_spans(exporter, 2), key=lambda span: span.kind.value)
+    assert server.kind == SpanKind.SERVER
+    assert server.parent is None  # a malformed traceparent is ignored, not trusted
+    assert client.parent is not None
+    assert client.parent.span_id == server.context.span_id
+    (received,) = [r for r in emulator.state.records if r.method == "POST"]
+    assert received.headers["traceparent"].split("-")[1] == f"{server.context.trace_id:032x}"
+
+
+def test_an_upstream_500_marks_both_spans_as_errors(
+    make_gateway: Callable[..., Gateway], emulator: Emulator
+) -> None:
+    exporter = InMemorySpanExporter()
+    gateway = make_gateway(span_exporter=exporter, retry_attempts=1)
+    emulator.config.fault = "status_before"
+    emulator.config.fault_status = 500
+    body = {"model": MODEL, "prompt": "hi"}
+    response = httpx.post(f"{gateway.url}/api/generate", json=body, headers=gateway.headers())
+    assert response.status_code >= 500
+
+    spans = wait_spans(exporter, 2)
+    (server,) = by_kind(spans, SpanKind.SERVER)
+    (client,) = by_kind(spans, SpanKind.CLIENT)
+    assert client.status.status_code == StatusCode.ERROR
+    assert client.attributes is not None
+    assert client.attributes["error.type"] == "upstream_error"
+    assert client.attributes["http.response.status_code"] == 500
+    assert "gen_ai.usage.output_tokens" not in client.attributes
+    assert server.status.status_code == StatusCode.ERROR
+    assert server.attributes is not None
+    assert server.attributes["error.type"] == str(response.status_code)
+    assert server.attributes["http.response.status_code"] == response.status_code
+
+
+def test_a_stream_broken_midway_ends_the_client_span_with_its_tokens(
+    make_gateway: Callable[..., Gateway], emulator: Emulator
+) -> None:
+    exporter = InMemorySpanExporter()
+    gateway = make_gateway(span_exporter=exporter)
+    emulator.config.fault = "error_midstream"
+    body = {"model": MODEL, "prompt": "hi"}
+    response = httpx.post(f"{gateway.url}/api/generate", json=body, headers=gateway.headers())
+    assert response.status_code == 200  # the status went out with the first token
+    (client,) = by_kind(wait_spans(exporter, 2), SpanKind.CLIENT)
+    assert client.status.status_code == StatusCode.ERROR
+    assert client.attributes is not None
+    assert client.attributes["error.type"] == "upstream_error"
+    assert client.attributes["gen_ai.usage.output_tokens"] == emulator.config.fault_after
+    assert "gen_ai.server.time_to_first_token" in client.attributes
+
+
+def test_content_capture_puts_the_prompt_on_the_client_span(
+    make_gateway: Callable[..., Gateway],
+) -> None:
+    exporter = InMemorySpanExporter()
+    gateway = make_gateway(span_exporter=exporter, otel_capture_content=True)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "stream": False}
+    assert httpx.post(f"{gateway.url}/api/chat", json=body, headers=gateway.headers()).is_success
+    (client,) = by_kind(wait_spans(exporter, 2), SpanKind.CLIENT)
+    assert client.attributes is not None
+    assert client.attributes["gen_ai.input.messages"] == (
+        '[{"role": "user", "parts": [{"type": "text", "content": "the secret prompt text"}]}]'
+    )
+
+
+def test_probes_and_metrics_have_no_spans(make_gateway: Callable[..., Gateway]) -> None:
+    exporter = InMemorySpanExporter()
+    gateway = make_gateway(span_exporter=exporter)
+    for path in ("/metrics", "/healthz", "/readyz"):
+        httpx.get(f"{gateway.url}{path}")
+    assert httpx.get(f"{gateway.url}/api/tags", headers=gateway.headers()).is_success
+    (span,) = wait_spans(exporter, 1)
+    assert span.name == "GET /api/tags"
+
+
+def test_tracing_off_forwards_no_traceparent(
+    make_gateway: Callable[..., Gateway], emulator: Emulator
+) -> None:
+    gateway = make_gateway()
+    headers = {**gateway.headers(), "traceparent": TRACEPARENT}
+    body = {"model": MODEL, "prompt": "hi", "stream": False}
+    assert httpx.post(f"{gateway.url}/api/generate", json=body, headers=headers).is_success
+    (received,) = [r for r in emulator.state.records if r.method == "POST"]
+    assert "traceparent" not in received.headers
+
+
+def test_tracing_off_imports_no_sdk() -> None:
+    # A process of its own: other tests here import the SDK.
+    code = (
+        "import sys; from gateway.app import create_app; from gateway.settings import Settings;"
+        "create_app(Settings()); "
+        "assert not [m for m in sys.modules if m.startswith('opentelemetry.sdk')], 'sdk'"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)}
+    result = subprocess.run(  # noqa: S603 - our own interpreter and code
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "environ", "expected"),
+    [
+        (None, {}, None),
+        ("http://collector:4318", {}, "http://collector:4318/v1/traces"),
+        ("http://collector:4318/", {}, "http://collector:4318/v1/traces"),
+        ("http://c:4318/v1/traces", {}, "http://c:4318/v1/traces"),
+        (None, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, ""),
+        (None, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, ""),
+        ("http://c:4318", {"OTEL_SDK_DISABLED": "true"}, None),
+        ("http://c:4318", {"OTEL_TRACES_EXPORTER": "none"}, None),
+        ("http://c:4318", {"OTEL_SDK_DISABLED": "false"}, "http://c:4318/v1/traces"),
+    ],
+)
+def test_tracing_is_on_only_with_an_endpoint(
+    setting: str | None, environ: dict[str, str], expected: str | None
+) -> None:
+    settings = Settings(otel_exporter_otlp_endpoint=setting)
+    assert tracing_endpoint(settings, environ) == expected
+    if expected is None:
+        assert open_tracing(settings, environ) is None
+
+
+def test_spans_reach_an_otlp_http_collector(
+    make_gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    received: list[ExportTraceServiceRequest] = []
+
+    async def export(request: Request) -> Response:
+        message = ExportTraceServiceRequest()
+        message.ParseFromString(await request.body())
+        received.append(message)
+        return Response(b"", media_type="application/x-protobuf")
+
+    collector = Starlette(routes=[Route("/v1/traces", export, methods=["POST"])])
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test")
+    with LoopbackServer(collector) as server:
+        gateway = make_gateway(otel_exporter_otlp_endpoint=server.url)
+        body = {"model": MODEL, "prompt": "hi", "stream": False}
+        response = httpx.post(f"{gateway.url}/api/generate", json=body, headers=gateway.headers())
+        assert response.is_success
+        deadline = time.monotonic() + 5
+        while sum(_count(m) for m in received) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    spans = [
+        (span.name, span.kind, resource.resource)
+        for message in received
+        for resource in message.resource_spans
+        for scope in resource.scope_spans
+        for span in scope.spans
+    ]
+    assert sorted(name for name, _, _ in spans) == [
+        "POST /api/generate",
+        f"text_completion {MODEL}",
+    ]
+    resource = {a.key: a.value.string_value for a in spans[0][2].attributes}
+    assert resource["service.name"] == "llm-gateway"
+    assert resource["deployment.environment"] == "test"
+
+
+def _count(message: ExportTraceServiceRequest) -> int:
+    return sum(len(scope.spans) for r in message.resource_spans for scope in r.scope_spans)
