@@ -156,7 +156,7 @@ class Tracing:
             "server.address": url.host or "",
             "server.port": url.port or 0,
         }
-        if request.max_output_tokens is not None:
+        if request.max_output_tokens:  # None: not set; 0: embeddings
             attributes["gen_ai.request.max_tokens"] = request.max_output_tokens
         temperature = _temperature(request)
         if temperature is not None:

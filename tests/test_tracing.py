@@ -7,10 +7,13 @@ one test exports over OTLP/HTTP to an in-process receiver that decodes the proto
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -23,10 +26,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway import tracing
+from gateway.app import create_app
 from gateway.settings import Settings
 from gateway.testing.server import LoopbackServer
 from gateway.tracing import open_tracing, tracing_endpoint
-from tests.conftest import Emulator, Gateway, metric_value
+from tests.conftest import Emulator, Gateway, _create_key, metric_value
 from tests.helpers import MODEL
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -320,3 +325,46 @@ def test_spans_reach_an_otlp_http_collector(
 
 def _count(message: ExportTraceServiceRequest) -> int:
     return sum(len(scope.spans) for r in message.resource_spans for scope in r.scope_spans)
+
+
+def test_a_collector_that_is_down_holds_the_shutdown_only_briefly(
+    emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tracing, "SHUTDOWN_SECONDS", 0.5)
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    database_url = f"sqlite+aiosqlite:///{tmp_path}/keys.db"
+    _, key = asyncio.run(_create_key(database_url, "test-key"))
+    settings = Settings(
+        upstream_url=emulator.url,
+        database_url=database_url,
+        otel_exporter_otlp_endpoint=f"http://127.0.0.1:{port}",
+    )
+    server = LoopbackServer(create_app(settings))
+    server.start()
+    try:
+        body = {"model": MODEL, "prompt": "hi", "stream": False}
+        headers = {"Authorization": f"Bearer {key}"}
+        assert httpx.post(f"{server.url}/api/generate", json=body, headers=headers).is_success
+    finally:
+        started = time.monotonic()
+        server.stop()
+    assert time.monotonic() - started < 0.5 + 1.5
+
+
+def test_an_openai_dialect_upstream_is_the_openai_provider(
+    make_gateway: Callable[..., Gateway], emulator: Emulator
+) -> None:
+    exporter = InMemorySpanExporter()
+    gateway = make_gateway(span_exporter=exporter, upstream_dialect="openai")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    assert httpx.post(f"{gateway.url}/api/chat", json=body, headers=gateway.headers()).is_success
+    (client,) = by_kind(wait_spans(exporter, 2), SpanKind.CLIENT)
+    assert client.attributes is not None
+    assert client.attributes["gen_ai.provider.name"] == "openai"
+    assert client.attributes["gen_ai.usage.input_tokens"] == emulator.config.prompt_eval_count
+    assert client.attributes["gen_ai.usage.output_tokens"] == emulator.config.tokens
+    (received,) = [r for r in emulator.state.records if r.method == "POST"]
+    assert received.path == "/v1/chat/completions"
+    assert received.headers["traceparent"].split("-")[2] == f"{client.context.span_id:016x}"
