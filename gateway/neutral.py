@@ -207,9 +207,9 @@ class RequestSummary:
     """One finished request: its outcome and numbers, measured once (`gateway.relay.meter`).
 
     Metrics (`gateway.metrics.Metrics.record`), the access log, usage accounting
-    (`gateway.metering.usage`) and, later, trace spans all read this one record, so nothing is
-    measured twice. No prompt text, no secrets: `key` is the metrics label (the key's name, or
-    `all`), `key_id` the key's public id.
+    (`gateway.metering.usage`) and the trace spans (`gateway.tracing`) all read this one record,
+    so nothing is measured twice. No prompt text, no secrets: `key` is the metrics label (the
+    key's name, or `all`), `key_id` the key's public id.
 
     Attributes:
         route: The route label (`/api/chat`, `/v1/chat/completions`, ...).

@@ -18,7 +18,8 @@ GenAI as of v1.37, `gen_ai.provider.name` replacing `gen_ai.system`):
 
 * SERVER, `{http.request.method} {http.route}`, per HTTP request except `/metrics` and the
   probes (`TracingMiddleware`): `http.request.method`, `http.route`, `url.path`, `url.scheme`,
-  `http.response.status_code`; `error.type` (the status code) and status ERROR on a 5xx. Its
+  `http.response.status_code`; `error.type` (the status code, or the type of an exception
+  that ended the request after its response started) and status ERROR on a 5xx. Its
   parent is the client's W3C `traceparent` (and `tracestate`) when well-formed. Gateway
   attributes: `gateway.request_id` (the `X-Request-ID`), `gateway.key_id` (the key's public
   id, never the key) and `gateway.outcome` (the `outcome` metrics label).
@@ -239,13 +240,20 @@ class TracingMiddleware:
                 status = message["status"]
             await send(message)
 
+        error: str | None = None
         try:
             await self.app(scope, receive, send_noting_status)
+        except BaseException as exc:  # after the response started, or a cancellation
+            error = type(exc).__qualname__
+            raise
         finally:
-            _end_server(span, scope, state, status)
+            end_server(span, scope, state, status, error)
 
 
-def _end_server(span: Span, scope: Scope, state: dict[str, Any], status: int | None) -> None:
+def end_server(
+    span: Span, scope: Scope, state: dict[str, Any], status: int | None, error: str | None
+) -> None:
+    """End a SERVER span: route, status, the request's id, key id and outcome from `state`."""
     route = route_label(scope)
     attributes: dict[str, Any] = {"gateway.request_id": state.get("request_id", "")}
     if route != OTHER_ROUTE:
@@ -261,8 +269,9 @@ def _end_server(span: Span, scope: Scope, state: dict[str, Any], status: int | N
     if outcome:
         attributes["gateway.outcome"] = outcome
     span.set_attributes(attributes)
-    if status is None or status >= 500:
-        span.set_attribute("error.type", str(status) if status else "no_response")
+    if error is not None or status is None or status >= 500:
+        # HTTP conventions: the exception's type if one ended the request, else the status.
+        span.set_attribute("error.type", error or str(status or "no_response"))
         span.set_status(Status(StatusCode.ERROR))
     span.end()
 

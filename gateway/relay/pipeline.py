@@ -9,8 +9,9 @@ reserve its expected tokens in the key's TPM -> (the response starts running:
 `gateway.relay.response`) -> choose an upstream (gateway.upstream.pool) -> its slot (bounded
 queue) -> open the exchange (retries, first-byte deadline; on failure the next upstream) ->
 stream (the codec's NDJSON or SSE), or aggregate for `stream:false` ->
-finish: metrics and usage (the summary), TPM settled (refund or charge), slots back. A refusal
-on the way (after authentication) is recorded in usage too (`Relay.handle`).
+finish: metrics, usage and the upstream's trace span (the summary), TPM settled (refund or
+charge), slots back. A refusal on the way (after authentication) is recorded in usage too
+(`Relay.handle`).
 
 The endpoint does the checks and returns a `RelayResponse` for a `Generation`; everything from
 choosing an upstream on runs inside that response, under the one watcher for the client going
