@@ -29,6 +29,7 @@ from starlette.routing import Route
 from gateway import tracing
 from gateway.app import create_app
 from gateway.settings import Settings
+from gateway.testing.emulator import EmulatorConfig, create_emulator_app
 from gateway.testing.server import LoopbackServer
 from gateway.tracing import open_tracing, tracing_endpoint
 from tests.conftest import Emulator, Gateway, _create_key, metric_value
@@ -368,3 +369,40 @@ def test_an_openai_dialect_upstream_is_the_openai_provider(
     (received,) = [r for r in emulator.state.records if r.method == "POST"]
     assert received.path == "/v1/chat/completions"
     assert received.headers["traceparent"].split("-")[2] == f"{client.context.span_id:016x}"
+
+
+def test_a_failover_has_one_client_span_per_upstream_tried(
+    make_gateway: Callable[..., Gateway], emulator: Emulator
+) -> None:
+    app = create_emulator_app(EmulatorConfig(fault="busy"))
+    with LoopbackServer(app) as other:
+        second = Emulator(other.url, app.state.emulator)
+        exporter = InMemorySpanExporter()
+        gateway = make_gateway(
+            span_exporter=exporter,
+            upstreams=[{"url": emulator.url}, {"url": second.url}],
+            retry_attempts=1,
+        )
+        emulator.config.fault = "busy"
+        body = {"model": MODEL, "prompt": "hi"}
+        response = httpx.post(f"{gateway.url}/api/generate", json=body, headers=gateway.headers())
+        assert response.status_code == 503
+        spans = wait_spans(exporter, 3)
+    (server,) = by_kind(spans, SpanKind.SERVER)
+    clients = by_kind(spans, SpanKind.CLIENT)
+    ports = {int(url.rsplit(":", 1)[1]) for url in (emulator.url, second.url)}
+    assert {span.attributes["server.port"] for span in clients if span.attributes} == ports
+    for client in clients:
+        assert client.parent is not None
+        assert client.parent.span_id == server.context.span_id
+        assert client.status.status_code == StatusCode.ERROR
+        assert client.attributes is not None
+        assert client.attributes["http.response.status_code"] == 503
+    # Each upstream heard its own attempt's span as the parent.
+    sent = {
+        record.headers["traceparent"].split("-")[2]
+        for upstream in (emulator, second)
+        for record in upstream.state.records
+        if record.method == "POST"
+    }
+    assert sent == {f"{span.context.span_id:016x}" for span in clients}
