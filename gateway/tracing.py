@@ -18,9 +18,10 @@ GenAI as of v1.37, `gen_ai.provider.name` replacing `gen_ai.system`):
 
 * SERVER, `{http.request.method} {http.route}`, per HTTP request except `/metrics` and the
   probes (`TracingMiddleware`): `http.request.method`, `http.route`, `url.path`, `url.scheme`,
-  `http.response.status_code`; `error.type` (the status code, or the type of an exception
-  that ended the request after its response started) and status ERROR on a 5xx. Its
-  parent is the client's W3C `traceparent` (and `tracestate`) when well-formed. Gateway
+  `network.protocol.version`, `http.response.status_code`; `error.type` (the status code, or
+  the type of an exception that ended the request after its response started) and status
+  ERROR on a 5xx. Its parent is the client's W3C `traceparent` (and `tracestate`) when
+  well-formed. Gateway
   attributes: `gateway.request_id` (the `X-Request-ID`), `gateway.key_id` (the key's public
   id, never the key) and `gateway.outcome` (the `outcome` metrics label).
 * CLIENT, `{gen_ai.operation.name} {gen_ai.request.model}`, per upstream the request was sent
@@ -141,6 +142,7 @@ class Tracing:
                 "http.request.method": method,
                 "url.path": scope["path"],
                 "url.scheme": scope.get("scheme", "http"),
+                "network.protocol.version": scope.get("http_version", "1.1"),
             },
         )
 

@@ -114,6 +114,7 @@ def test_request_span_follows_the_http_and_genai_conventions(
         "http.request.method": "POST",
         "url.path": path,
         "url.scheme": "http",
+        "network.protocol.version": "1.1",
         "http.route": route,
         "http.response.status_code": 200,
         "gateway.request_id": response.headers["x-request-id"],
