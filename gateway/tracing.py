@@ -32,11 +32,15 @@ GenAI as of v1.37, `gen_ai.provider.name` replacing `gen_ai.system`):
   `gen_ai.request.max_tokens`, `gen_ai.request.temperature`, `server.address`, `server.port`.
   The upstream that answered adds the request's numbers from its `RequestSummary`:
   `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`,
-  `gen_ai.response.finish_reasons`, and `gen_ai.server.time_to_first_token` and
-  `gen_ai.server.time_per_output_token` in seconds. Those two are named after the GenAI
-  semantic conventions' server metrics (which Envoy AI Gateway also exports) and carry the same
-  values as `gateway_time_to_first_token_seconds` and `gateway_time_per_output_token_seconds`:
-  the TTFT counts from the request's arrival at the gateway (`gateway.relay.meter`). A failure
+  `gen_ai.response.finish_reasons`, and three times in seconds. The conventions' own span
+  attribute `gen_ai.response.time_to_first_chunk` counts, as they define it, from issuing the
+  upstream request (its last try) to the first token. `gen_ai.server.time_to_first_token` and
+  `gen_ai.server.time_per_output_token` are named after the conventions' server metrics (which
+  Envoy AI Gateway also exports; the conventions define no span attribute for them) and carry
+  the values of `gateway_time_to_first_token_seconds` and
+  `gateway_time_per_output_token_seconds`: that TTFT counts from the request's arrival at the
+  gateway (`gateway.relay.meter`), so the difference is the gateway's own time and the wait for
+  the upstream's slot. A failure
   sets status ERROR, `error.type` to the `outcome` label (`upstream_error`, `timeout`,
   `client_disconnect`, ...; docs/metrics.md) and, for an upstream's error answer,
   `http.response.status_code`.
@@ -202,6 +206,10 @@ def end_upstream(span: Span, summary: RequestSummary, finish_reason: str | None)
         attributes["gen_ai.response.finish_reasons"] = (finish_reason,)
     if summary.ttft_s is not None:
         attributes["gen_ai.server.time_to_first_token"] = summary.ttft_s
+        if summary.queue_wait_s is not None:  # from sending the upstream request
+            attributes["gen_ai.response.time_to_first_chunk"] = (
+                summary.ttft_s - summary.queue_wait_s
+            )
     if summary.time_per_output_token_s is not None:
         attributes["gen_ai.server.time_per_output_token"] = summary.time_per_output_token_s
     span.set_attributes(attributes)

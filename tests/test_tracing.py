@@ -20,6 +20,12 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as GEN_AI
+from opentelemetry.semconv._incubating.metrics import gen_ai_metrics as GEN_AI_METRICS
+from opentelemetry.semconv.attributes import http_attributes as HTTP
+from opentelemetry.semconv.attributes import network_attributes as NETWORK
+from opentelemetry.semconv.attributes import server_attributes as SERVER
+from opentelemetry.semconv.attributes import url_attributes as URL
 from opentelemetry.trace import SpanKind, StatusCode
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -65,13 +71,19 @@ def all_values(spans: list[ReadableSpan]) -> str:
     return repr([(dict(span.attributes or {}), span.name, span.events) for span in spans])
 
 
+CHAT = GEN_AI.GenAiOperationNameValues.CHAT.value
 CASES = [
-    ("/api/chat", {"messages": [{"role": "user", "content": PROMPT}]}, "chat", "/api/chat"),
-    ("/api/generate", {"prompt": PROMPT}, "text_completion", "/api/generate"),
+    ("/api/chat", {"messages": [{"role": "user", "content": PROMPT}]}, CHAT, "/api/chat"),
+    (
+        "/api/generate",
+        {"prompt": PROMPT},
+        GEN_AI.GenAiOperationNameValues.TEXT_COMPLETION.value,
+        "/api/generate",
+    ),
     (
         "/v1/chat/completions",
         {"messages": [{"role": "user", "content": PROMPT}], "stream": True},
-        "chat",
+        CHAT,
         "/v1/chat/completions",
     ),
 ]
@@ -110,13 +122,14 @@ def test_request_span_follows_the_http_and_genai_conventions(
 
     assert server.name == f"POST {route}"
     assert server.status.status_code == StatusCode.UNSET
+    # Names from the conventions' own package (HTTP stable, GenAI incubating), not our strings.
     assert dict(server.attributes or {}) == {
-        "http.request.method": "POST",
-        "url.path": path,
-        "url.scheme": "http",
-        "network.protocol.version": "1.1",
-        "http.route": route,
-        "http.response.status_code": 200,
+        HTTP.HTTP_REQUEST_METHOD: "POST",
+        URL.URL_PATH: path,
+        URL.URL_SCHEME: "http",
+        NETWORK.NETWORK_PROTOCOL_VERSION: "1.1",
+        HTTP.HTTP_ROUTE: route,
+        HTTP.HTTP_RESPONSE_STATUS_CODE: 200,
         "gateway.request_id": response.headers["x-request-id"],
         "gateway.key_id": gateway.key_id,
         "gateway.outcome": "completed",
@@ -124,19 +137,20 @@ def test_request_span_follows_the_http_and_genai_conventions(
 
     assert client.name == f"{operation} {MODEL}"
     attributes = dict(client.attributes or {})
-    ttft = attributes.pop("gen_ai.server.time_to_first_token")
-    tpot = attributes.pop("gen_ai.server.time_per_output_token")
+    ttft = attributes.pop(GEN_AI_METRICS.GEN_AI_SERVER_TIME_TO_FIRST_TOKEN)
+    tpot = attributes.pop(GEN_AI_METRICS.GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN)
+    ttfc = attributes.pop(GEN_AI.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK)
     assert attributes == {
-        "gen_ai.operation.name": operation,
-        "gen_ai.provider.name": "ollama",
-        "gen_ai.request.model": MODEL,
-        "gen_ai.request.max_tokens": 64,
-        "gen_ai.request.temperature": 0.25,
-        "server.address": "127.0.0.1",
-        "server.port": int(emulator.url.rsplit(":", 1)[1]),
-        "gen_ai.usage.input_tokens": emulator.config.prompt_eval_count,
-        "gen_ai.usage.output_tokens": emulator.config.tokens,
-        "gen_ai.response.finish_reasons": ("stop",),
+        GEN_AI.GEN_AI_OPERATION_NAME: operation,
+        GEN_AI.GEN_AI_PROVIDER_NAME: "ollama",
+        GEN_AI.GEN_AI_REQUEST_MODEL: MODEL,
+        GEN_AI.GEN_AI_REQUEST_MAX_TOKENS: 64,
+        GEN_AI.GEN_AI_REQUEST_TEMPERATURE: 0.25,
+        SERVER.SERVER_ADDRESS: "127.0.0.1",
+        SERVER.SERVER_PORT: int(emulator.url.rsplit(":", 1)[1]),
+        GEN_AI.GEN_AI_USAGE_INPUT_TOKENS: emulator.config.prompt_eval_count,
+        GEN_AI.GEN_AI_USAGE_OUTPUT_TOKENS: emulator.config.tokens,
+        GEN_AI.GEN_AI_RESPONSE_FINISH_REASONS: ("stop",),
     }
     # The same numbers as the metrics: each histogram holds this one request.
     assert metric_value(metrics, "gateway_input_tokens_total") == emulator.config.prompt_eval_count
@@ -149,6 +163,10 @@ def test_request_span_follows_the_http_and_genai_conventions(
     assert tpot == pytest.approx(
         metric_value(metrics, "gateway_time_per_output_token_seconds_sum"), abs=1e-9
     )
+    # The upstream call's own TTFT: from sending it, so the gateway's queue wait is left out.
+    queue_wait = metric_value(metrics, "gateway_queue_wait_seconds_sum")
+    assert ttfc == pytest.approx(ttft - queue_wait, abs=1e-9)
+    assert emulator.config.ttft <= ttfc < ttft
     assert client.status.status_code == StatusCode.UNSET
     assert PROMPT not in all_values(spans)
 
@@ -364,7 +382,10 @@ def test_an_openai_dialect_upstream_is_the_openai_provider(
     assert httpx.post(f"{gateway.url}/api/chat", json=body, headers=gateway.headers()).is_success
     (client,) = by_kind(wait_spans(exporter, 2), SpanKind.CLIENT)
     assert client.attributes is not None
-    assert client.attributes["gen_ai.provider.name"] == "openai"
+    assert (
+        client.attributes[GEN_AI.GEN_AI_PROVIDER_NAME]
+        == GEN_AI.GenAiProviderNameValues.OPENAI.value
+    )
     assert client.attributes["gen_ai.usage.input_tokens"] == emulator.config.prompt_eval_count
     assert client.attributes["gen_ai.usage.output_tokens"] == emulator.config.tokens
     (received,) = [r for r in emulator.state.records if r.method == "POST"]
@@ -407,3 +428,20 @@ def test_a_failover_has_one_client_span_per_upstream_tried(
         if record.method == "POST"
     }
     assert sent == {f"{span.context.span_id:016x}" for span in clients}
+
+
+def test_an_embedding_is_an_embeddings_operation(
+    make_gateway: Callable[..., Gateway],
+) -> None:
+    exporter = InMemorySpanExporter()
+    gateway = make_gateway(span_exporter=exporter)
+    body = {"model": MODEL, "input": PROMPT}
+    assert httpx.post(f"{gateway.url}/api/embed", json=body, headers=gateway.headers()).is_success
+    spans = wait_spans(exporter, 2)
+    (client,) = by_kind(spans, SpanKind.CLIENT)
+    assert client.name == f"embeddings {MODEL}"
+    assert client.attributes is not None
+    embeddings = GEN_AI.GenAiOperationNameValues.EMBEDDINGS.value
+    assert client.attributes[GEN_AI.GEN_AI_OPERATION_NAME] == embeddings
+    assert GEN_AI.GEN_AI_REQUEST_MAX_TOKENS not in client.attributes  # its bound is no choice
+    assert PROMPT not in all_values(spans)
