@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as GEN_AI
 from opentelemetry.semconv._incubating.metrics import gen_ai_metrics as GEN_AI_METRICS
+from opentelemetry.semconv.attributes import error_attributes as ERROR
 from opentelemetry.semconv.attributes import http_attributes as HTTP
 from opentelemetry.semconv.attributes import network_attributes as NETWORK
 from opentelemetry.semconv.attributes import server_attributes as SERVER
@@ -445,3 +446,26 @@ def test_an_embedding_is_an_embeddings_operation(
     assert client.attributes[GEN_AI.GEN_AI_OPERATION_NAME] == embeddings
     assert GEN_AI.GEN_AI_REQUEST_MAX_TOKENS not in client.attributes  # its bound is no choice
     assert PROMPT not in all_values(spans)
+
+
+def test_a_client_leaving_mid_stream_ends_both_spans(
+    make_gateway: Callable[..., Gateway], emulator: Emulator
+) -> None:
+    exporter = InMemorySpanExporter()
+    gateway = make_gateway(span_exporter=exporter)
+    emulator.config.tokens = 200
+    emulator.config.inter_token = 0.05
+    body = {"model": MODEL, "prompt": "hi"}
+    url = f"{gateway.url}/api/generate"
+    with httpx.stream("POST", url, json=body, headers=gateway.headers(), timeout=10) as response:
+        for _ in response.iter_lines():
+            break
+    spans = wait_spans(exporter, 2)
+    (server,) = by_kind(spans, SpanKind.SERVER)
+    (client,) = by_kind(spans, SpanKind.CLIENT)
+    assert client.attributes is not None
+    assert client.attributes[ERROR.ERROR_TYPE] == "client_disconnect"
+    assert 1 <= client.attributes[GEN_AI.GEN_AI_USAGE_OUTPUT_TOKENS] < 200
+    assert server.attributes is not None
+    assert server.attributes["gateway.outcome"] == "client_disconnect"
+    assert server.status.status_code == StatusCode.UNSET  # its 200 went out: no server error
