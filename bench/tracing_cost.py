@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             server = tracing.start_server(scope)
             client = tracing.start_upstream(server, request, upstream)
             tracing.inject(client, {"x-request-id": "abc"})
-            end_upstream(client, summary, "stop")
+            end_upstream(client, summary, finish_reason="stop", response_model="bench")
             end_server(server, scope, {"request_id": "abc", "key_id": "k"}, 200, None)
         loop_seconds += time.process_time() - started
         tracing.provider.force_flush()

@@ -169,6 +169,7 @@ class Chunk:
         error: The upstream's error message: this chunk replaces the rest of the answer.
         stats: Counts and durations, on the final chunk.
         embeddings: The vectors of an embedding answer, one per input.
+        model: On the final chunk, the model the upstream says answered, when it said.
         native: The upstream's own object when it speaks Ollama's API (kept for fields that
             only Ollama clients know, such as `context`).
         raw: The upstream's own NDJSON line (Ollama), relayed unchanged to an Ollama client of
@@ -184,6 +185,7 @@ class Chunk:
     error: str | None = None
     stats: Stats | None = None
     embeddings: list[Any] | None = None
+    model: str | None = None
     native: dict[str, Any] | None = field(default=None, repr=False)
     raw: bytes | None = field(default=None, repr=False)
 

@@ -31,19 +31,18 @@ GenAI as of v1.37, `gen_ai.provider.name` replacing `gen_ai.system`):
   `ollama` or `openai`: the API it speaks, not who runs it), `gen_ai.request.model`,
   `gen_ai.request.max_tokens`, `gen_ai.request.temperature`, `server.address`, `server.port`.
   The upstream that answered adds the request's numbers from its `RequestSummary`:
-  `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`,
-  `gen_ai.response.finish_reasons`, and three times in seconds. The conventions' own span
-  attribute `gen_ai.response.time_to_first_chunk` counts, as they define it, from issuing the
-  upstream request (its last try) to the first token. `gen_ai.server.time_to_first_token` and
-  `gen_ai.server.time_per_output_token` are named after the conventions' server metrics (which
-  Envoy AI Gateway also exports; the conventions define no span attribute for them) and carry
-  the values of `gateway_time_to_first_token_seconds` and
-  `gateway_time_per_output_token_seconds`: that TTFT counts from the request's arrival at the
-  gateway (`gateway.relay.meter`), so the difference is the gateway's own time and the wait for
-  the upstream's slot. A failure
-  sets status ERROR, `error.type` to the `outcome` label (`upstream_error`, `timeout`,
-  `client_disconnect`, ...; docs/metrics.md) and, for an upstream's error answer,
-  `http.response.status_code`.
+  `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`, and from its final chunk
+  `gen_ai.response.finish_reasons` and `gen_ai.response.model`; and three times in seconds.
+  The conventions' own span attribute `gen_ai.response.time_to_first_chunk` counts, as they
+  define it, from issuing the upstream request (its last try) to the first token.
+  `gen_ai.server.time_to_first_token` and `gen_ai.server.time_per_output_token` are named
+  after the conventions' server metrics (which Envoy AI Gateway also exports; the conventions
+  define no span attribute for them) and carry the values of
+  `gateway_time_to_first_token_seconds` and `gateway_time_per_output_token_seconds`: that TTFT
+  counts from the request's arrival at the gateway (`gateway.relay.meter`), so the difference
+  is the gateway's own time and the wait for the upstream's slot. A failure sets status ERROR,
+  `error.type` to the `outcome` label (`upstream_error`, `timeout`, `client_disconnect`, ...;
+  docs/metrics.md) and, for an upstream's error answer, `http.response.status_code`.
 
 No prompt or answer text, no header values: only with `GATEWAY_OTEL_CAPTURE_CONTENT=true` does
 the CLIENT span carry the request's messages as `gen_ai.input.messages` (JSON, the conventions'
@@ -196,7 +195,13 @@ def end_upstream_failure(span: Span, error: BaseException) -> None:
     span.end()
 
 
-def end_upstream(span: Span, summary: RequestSummary, finish_reason: str | None) -> None:
+def end_upstream(
+    span: Span,
+    summary: RequestSummary,
+    *,
+    finish_reason: str | None = None,
+    response_model: str | None = None,
+) -> None:
     """End the answering upstream's CLIENT span with the request's numbers (module docstring)."""
     attributes: dict[str, Any] = {
         "gen_ai.usage.input_tokens": summary.tokens_in,
@@ -204,6 +209,8 @@ def end_upstream(span: Span, summary: RequestSummary, finish_reason: str | None)
     }
     if finish_reason is not None:
         attributes["gen_ai.response.finish_reasons"] = (finish_reason,)
+    if response_model is not None:
+        attributes["gen_ai.response.model"] = response_model
     if summary.ttft_s is not None:
         attributes["gen_ai.server.time_to_first_token"] = summary.ttft_s
         if summary.queue_wait_s is not None:  # from sending the upstream request

@@ -152,6 +152,7 @@ def test_request_span_follows_the_http_and_genai_conventions(
         GEN_AI.GEN_AI_USAGE_INPUT_TOKENS: emulator.config.prompt_eval_count,
         GEN_AI.GEN_AI_USAGE_OUTPUT_TOKENS: emulator.config.tokens,
         GEN_AI.GEN_AI_RESPONSE_FINISH_REASONS: ("stop",),
+        GEN_AI.GEN_AI_RESPONSE_MODEL: MODEL,
     }
     # The same numbers as the metrics: each histogram holds this one request.
     assert metric_value(metrics, "gateway_input_tokens_total") == emulator.config.prompt_eval_count
@@ -387,6 +388,7 @@ def test_an_openai_dialect_upstream_is_the_openai_provider(
         client.attributes[GEN_AI.GEN_AI_PROVIDER_NAME]
         == GEN_AI.GenAiProviderNameValues.OPENAI.value
     )
+    assert client.attributes[GEN_AI.GEN_AI_RESPONSE_MODEL] == MODEL  # from the SSE events
     assert client.attributes["gen_ai.usage.input_tokens"] == emulator.config.prompt_eval_count
     assert client.attributes["gen_ai.usage.output_tokens"] == emulator.config.tokens
     (received,) = [r for r in emulator.state.records if r.method == "POST"]

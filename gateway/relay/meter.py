@@ -39,6 +39,7 @@ class RequestMeter:
         tokens: When the chunks with generated text were seen (first, last, how many).
         final: The final chunk's stats, when one arrived.
         finish_reason: The final chunk's `done_reason` (`stop`, `length`, ...), when sent.
+        response_model: The model the upstream says answered (final chunk), when it said.
         outcome: `completed`, `client_disconnect`, `upstream_error`, `timeout`, ...
         upstream: The upstream tried last (`host:port`), or None.
         key_id: The API key's id, carried into the summary (usage accounting).
@@ -56,6 +57,7 @@ class RequestMeter:
     tokens: TokenClock = field(default_factory=TokenClock)
     final: Stats | None = None
     finish_reason: str | None = None
+    response_model: str | None = None
     outcome: str | None = None
     status: int = 200
     upstream: str | None = None
@@ -75,6 +77,7 @@ class RequestMeter:
         if chunk.done:
             self.final = chunk.stats or Stats()
             self.finish_reason = chunk.done_reason
+            self.response_model = chunk.model
 
     @property
     def ttft(self) -> float | None:

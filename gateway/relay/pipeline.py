@@ -355,7 +355,12 @@ class Generation:
                 if self.relay.usage is not None:
                     self.relay.usage.record(summary)
                 if self.span is not None:
-                    end_upstream(self.span, summary, self.meter.finish_reason)
+                    end_upstream(
+                        self.span,
+                        summary,
+                        finish_reason=self.meter.finish_reason,
+                        response_model=self.meter.response_model,
+                    )
                     self.span = None
             finally:  # whatever failed above, the key's in-flight count and TPM are settled
                 tokens = self.meter.input_tokens + self.meter.output_tokens
