@@ -17,13 +17,14 @@ Spans (names and attributes from the OpenTelemetry semantic conventions, HTTP v1
 GenAI as of v1.37, `gen_ai.provider.name` replacing `gen_ai.system`):
 
 * SERVER, `{http.request.method} {http.route}`, per HTTP request except `/metrics` and the
-  probes (`TracingMiddleware`): `http.request.method`, `http.route`, `url.path`, `url.scheme`,
-  `network.protocol.version`, `http.response.status_code`; `error.type` (the status code, or
-  the type of an exception that ended the request after its response started) and status
-  ERROR on a 5xx. Its parent is the client's W3C `traceparent` (and `tracestate`) when
-  well-formed. Gateway
-  attributes: `gateway.request_id` (the `X-Request-ID`), `gateway.key_id` (the key's public
-  id, never the key) and `gateway.outcome` (the `outcome` metrics label).
+  probes (`TracingMiddleware`): `http.request.method` (`_OTHER`, with
+  `http.request.method_original`, for a method HTTP does not define; the span is then named
+  `HTTP`), `http.route`, `url.path`, `url.scheme`, `network.protocol.version`,
+  `http.response.status_code`; `error.type` (the status code, or the type of an exception that
+  ended the request after its response started) and status ERROR on a 5xx. Its parent is the
+  client's W3C `traceparent` (and `tracestate`) when well-formed. Gateway attributes:
+  `gateway.request_id` (the `X-Request-ID`), `gateway.key_id` (the key's public id, never the
+  key) and `gateway.outcome` (the `outcome` metrics label).
 * CLIENT, `{gen_ai.operation.name} {gen_ai.request.model}`, per upstream the request was sent
   to (a failover makes several; retries on one upstream stay in its span), child of the SERVER
   span; its context goes upstream as `traceparent` (`inject`). `gen_ai.operation.name`
@@ -84,6 +85,12 @@ _UNTRACED = frozenset({"/metrics", "/healthz", "/readyz"})
 #: `gen_ai.operation.name` of each neutral operation (GenAI conventions' well-known values).
 _OPERATIONS = {"chat": "chat", "generate": "text_completion", "embed": "embeddings"}
 _PROPAGATED = frozenset({b"traceparent", b"tracestate"})
+#: The methods HTTP conventions name as they are; any other is `_OTHER` (bounded span names).
+_METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"}
+)
+#: Most characters of an upstream's error message kept as a span's status (as in the log).
+_MESSAGE_CHARS = 200
 _FALSY = frozenset({"", "0", "false", "no", "off"})
 
 
@@ -137,16 +144,19 @@ class Tracing:
         }
         parent = self.propagator.extract(carrier) if carrier else None
         method = scope["method"]
+        attributes = {
+            "http.request.method": method if method in _METHODS else "_OTHER",
+            "url.path": scope["path"],
+            "url.scheme": scope.get("scheme", "http"),
+            "network.protocol.version": scope.get("http_version", "1.1"),
+        }
+        if method not in _METHODS:
+            attributes["http.request.method_original"] = method
         return self.tracer.start_span(
-            method,
+            "HTTP" if method not in _METHODS else method,
             context=parent,
             kind=SpanKind.SERVER,
-            attributes={
-                "http.request.method": method,
-                "url.path": scope["path"],
-                "url.scheme": scope.get("scheme", "http"),
-                "network.protocol.version": scope.get("http_version", "1.1"),
-            },
+            attributes=attributes,
         )
 
     def start_upstream(
@@ -191,7 +201,8 @@ def end_upstream_failure(span: Span, error: BaseException) -> None:
     if status is not None:
         span.set_attribute("http.response.status_code", status)
     span.set_attribute("error.type", outcome)
-    span.set_status(Status(StatusCode.ERROR, getattr(error, "message", None) or outcome))
+    message = getattr(error, "message", None) or outcome
+    span.set_status(Status(StatusCode.ERROR, str(message)[:_MESSAGE_CHARS]))
     span.end()
 
 
@@ -275,7 +286,8 @@ def end_server(
     attributes: dict[str, Any] = {"gateway.request_id": state.get("request_id", "")}
     if route != OTHER_ROUTE:
         attributes["http.route"] = route
-        span.update_name(f"{scope['method']} {route}")
+        method = scope["method"]
+        span.update_name(f"{method if method in _METHODS else 'HTTP'} {route}")
     if status is not None:
         attributes["http.response.status_code"] = status
     key_id = state.get("key_id")

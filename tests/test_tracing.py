@@ -38,7 +38,7 @@ from gateway.app import create_app
 from gateway.settings import Settings
 from gateway.testing.emulator import EmulatorConfig, create_emulator_app
 from gateway.testing.server import LoopbackServer
-from gateway.tracing import open_tracing, tracing_endpoint
+from gateway.tracing import end_server, open_tracing, tracing_endpoint
 from tests.conftest import Emulator, Gateway, _create_key, metric_value
 from tests.helpers import MODEL
 
@@ -471,3 +471,18 @@ def test_a_client_leaving_mid_stream_ends_both_spans(
     assert server.attributes is not None
     assert server.attributes["gateway.outcome"] == "client_disconnect"
     assert server.status.status_code == StatusCode.UNSET  # its 200 went out: no server error
+
+
+def test_a_method_http_does_not_define_is_other() -> None:
+    exporter = InMemorySpanExporter()
+    traced = open_tracing(Settings(_env_file=None), {}, exporter)
+    assert traced is not None
+    scope = {"type": "http", "method": "FROB", "path": "/x", "headers": []}
+    span = traced.start_server(scope)
+    end_server(span, scope, {}, 405, None)
+    traced.provider.shutdown()
+    (finished,) = exporter.get_finished_spans()
+    assert finished.name == "HTTP"
+    assert finished.attributes is not None
+    assert finished.attributes[HTTP.HTTP_REQUEST_METHOD] == "_OTHER"
+    assert finished.attributes["http.request.method_original"] == "FROB"
