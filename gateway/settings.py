@@ -376,8 +376,8 @@ class Settings(BaseSettings):
     )
     otel_capture_content: bool = Field(
         False,
-        description="Put the prompt (messages, system prompt) on the upstream spans. Off: no "
-        "prompt or answer text in any span.",
+        description="Put the prompt (messages, system prompt) and the answer's text on the "
+        "upstream spans. Off: no prompt or answer text in any span.",
     )
 
     # --- admin API authentication (gateway.auth.jwt; docs/admin.md) ----------------------------

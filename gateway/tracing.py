@@ -47,7 +47,8 @@ GenAI as of v1.37, `gen_ai.provider.name` replacing `gen_ai.system`):
 
 No prompt or answer text, no header values: only with `GATEWAY_OTEL_CAPTURE_CONTENT=true` does
 the CLIENT span carry the request's messages as `gen_ai.input.messages` (JSON, the conventions'
-role/parts form) and a system prompt as `gen_ai.system_instructions`.
+role/parts form), a system prompt as `gen_ai.system_instructions` and the answer's text as
+`gen_ai.output.messages`.
 """
 
 from __future__ import annotations
@@ -212,8 +213,12 @@ def end_upstream(
     *,
     finish_reason: str | None = None,
     response_model: str | None = None,
+    answer: str | None = None,
 ) -> None:
-    """End the answering upstream's CLIENT span with the request's numbers (module docstring)."""
+    """End the answering upstream's CLIENT span with the request's numbers (module docstring).
+
+    `answer` is the text relayed, given only with content capture on.
+    """
     attributes: dict[str, Any] = {
         "gen_ai.usage.input_tokens": summary.tokens_in,
         "gen_ai.usage.output_tokens": summary.tokens_out,
@@ -222,6 +227,11 @@ def end_upstream(
         attributes["gen_ai.response.finish_reasons"] = (finish_reason,)
     if response_model is not None:
         attributes["gen_ai.response.model"] = response_model
+    if answer is not None:
+        message = {"role": "assistant", "parts": [{"type": "text", "content": answer}]}
+        if finish_reason is not None:
+            message["finish_reason"] = finish_reason
+        attributes["gen_ai.output.messages"] = json.dumps([message])
     if summary.ttft_s is not None:
         attributes["gen_ai.server.time_to_first_token"] = summary.ttft_s
         if summary.queue_wait_s is not None:  # from sending the upstream request

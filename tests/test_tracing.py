@@ -8,6 +8,7 @@ one test exports over OTLP/HTTP to an in-process receiver that decodes the proto
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import subprocess
 import sys
@@ -236,18 +237,27 @@ def test_a_stream_broken_midway_ends_the_client_span_with_its_tokens(
     assert "gen_ai.server.time_to_first_token" in client.attributes
 
 
-def test_content_capture_puts_the_prompt_on_the_client_span(
-    make_gateway: Callable[..., Gateway],
+@pytest.mark.parametrize("stream", [False, True])
+def test_content_capture_puts_the_prompt_and_answer_on_the_client_span(
+    make_gateway: Callable[..., Gateway], emulator: Emulator, stream: bool
 ) -> None:
     exporter = InMemorySpanExporter()
     gateway = make_gateway(span_exporter=exporter, otel_capture_content=True)
-    body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "stream": False}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "stream": stream}
     assert httpx.post(f"{gateway.url}/api/chat", json=body, headers=gateway.headers()).is_success
     (client,) = by_kind(wait_spans(exporter, 2), SpanKind.CLIENT)
     assert client.attributes is not None
     assert client.attributes["gen_ai.input.messages"] == (
         '[{"role": "user", "parts": [{"type": "text", "content": "the secret prompt text"}]}]'
     )
+    answer = "".join(f"tok{i} " for i in range(emulator.config.tokens))
+    assert json.loads(str(client.attributes[GEN_AI.GEN_AI_OUTPUT_MESSAGES])) == [
+        {
+            "role": "assistant",
+            "parts": [{"type": "text", "content": answer}],
+            "finish_reason": "stop",
+        }
+    ]
 
 
 def test_probes_and_metrics_have_no_spans(make_gateway: Callable[..., Gateway]) -> None:

@@ -21,6 +21,7 @@ away that covers the whole request (one watcher task per request, not one per ph
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +41,7 @@ from gateway.errors import (
 from gateway.lifecycle import Lifecycle
 from gateway.metering.usage import UsageSink
 from gateway.metrics import ALL_KEYS, Metrics
-from gateway.neutral import GenerationRequest
+from gateway.neutral import Chunk, GenerationRequest
 from gateway.ratelimit.estimate import estimate_tokens
 from gateway.ratelimit.limiter import Admission, KeyLimiter
 from gateway.relay.body import read_body
@@ -152,6 +153,9 @@ class Generation:
             only a spare upstream slot, and an interactive request may cancel it for the slot.
         span: The current upstream attempt's CLIENT span, when tracing (`gateway.tracing`);
             ended by the attempt's failure or by `finish`.
+        observe: What each chunk passes through before the client gets it: the meter's
+            `observe`, or, with `GATEWAY_OTEL_CAPTURE_CONTENT`, one that also keeps the text
+            for the span (chosen once here, so no chunk pays for a test).
     """
 
     def __init__(
@@ -182,6 +186,11 @@ class Generation:
         self.holds_background = False
         self.done = False
         self.span: Span | None = None
+        self.answer: list[str] | None = None  # the text, kept only for a span that shows it
+        self.observe: Callable[[Chunk], None] = meter.observe
+        if relay.tracing is not None and relay.tracing.capture_content:
+            self.answer = []
+            self.observe = self._observe_keeping_text
 
     async def connect(self) -> Exchange:
         """Open an exchange with the best upstream, failing over to the next ones.
@@ -257,6 +266,11 @@ class Generation:
             headers={"Retry-After": str(wait)},
         )
 
+    def _observe_keeping_text(self, chunk: Chunk) -> None:
+        self.meter.observe(chunk)
+        if chunk.text and self.answer is not None:
+            self.answer.append(chunk.text)
+
     def _end_span(self, error: BaseException) -> None:
         """End the attempt's CLIENT span, if tracing, with the failure that ended it."""
         if self.span is not None:
@@ -290,7 +304,7 @@ class Generation:
         async with aclosing(exchange.batches()) as batches:
             async for batch in batches:
                 for chunk in batch:
-                    self.meter.observe(chunk)
+                    self.observe(chunk)
                     if chunk.error is None:
                         codec.add(chunk)
         if exchange.failure is not None:
@@ -360,6 +374,7 @@ class Generation:
                         summary,
                         finish_reason=self.meter.finish_reason,
                         response_model=self.meter.response_model,
+                        answer=None if self.answer is None else "".join(self.answer),
                     )
                     self.span = None
             finally:  # whatever failed above, the key's in-flight count and TPM are settled
