@@ -337,6 +337,12 @@ def open_tracing(
             return None
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
+        for variable in ("OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"):
+            if environ.get(variable, "http/protobuf").strip() != "http/protobuf":
+                # The gRPC exporter would add grpcio, a large native dependency, for one
+                # protocol every collector also takes over HTTP (port 4318).
+                logger.warning("%s is ignored: spans are sent as OTLP http/protobuf", variable)
+
         # Without an endpoint the exporter reads OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, its
         # headers, timeout and compression variables itself.
         exporter = OTLPSpanExporter(endpoint=endpoint or None)

@@ -496,3 +496,13 @@ def test_a_method_http_does_not_define_is_other() -> None:
     assert finished.attributes is not None
     assert finished.attributes[HTTP.HTTP_REQUEST_METHOD] == "_OTHER"
     assert finished.attributes["http.request.method_original"] == "FROB"
+
+
+def test_a_grpc_protocol_is_ignored_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    settings = Settings(_env_file=None, otel_exporter_otlp_endpoint="http://127.0.0.1:4318")
+    environ = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    with caplog.at_level("WARNING", logger="gateway.tracing"):
+        traced = open_tracing(settings, environ)
+    assert traced is not None
+    traced.provider.shutdown()
+    assert "OTEL_EXPORTER_OTLP_PROTOCOL is ignored" in caplog.text
