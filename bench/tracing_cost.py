@@ -22,7 +22,9 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from gateway.neutral import GenerationRequest, RequestSummary
 from gateway.settings import Settings
-from gateway.tracing import end_server, end_upstream, open_tracing
+from gateway.tracing.middleware import end_server
+from gateway.tracing.provider import open_tracing
+from gateway.tracing.spans import end_upstream
 
 
 class EncodingSink(SpanExporter):

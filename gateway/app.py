@@ -34,7 +34,8 @@ from gateway.metrics import Metrics
 from gateway.ratelimit.limiter import KeyLimiter, build_storage, close_storage
 from gateway.relay.pipeline import Relay
 from gateway.settings import Settings
-from gateway.tracing import TracingMiddleware, open_tracing
+from gateway.tracing.middleware import TracingMiddleware
+from gateway.tracing.provider import open_tracing
 from gateway.upstream.pool import open_pool
 
 if TYPE_CHECKING:
@@ -56,7 +57,8 @@ def create_app(
         lifecycle: The drain state shared with `gateway serve` (`gateway.lifecycle`); None
             makes one that only the app itself can change.
         span_exporter: Export trace spans there (tests: the SDK's `InMemorySpanExporter`),
-            tracing on whatever the settings say; None: `gateway.tracing.open_tracing` decides.
+            tracing on whatever the settings say; None: `open_tracing` decides
+            (`gateway.tracing.provider`).
 
     Returns:
         The app. Its lifespan opens one client per upstream, the key store (bringing the

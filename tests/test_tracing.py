@@ -34,12 +34,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway import tracing
 from gateway.app import create_app
 from gateway.settings import Settings
 from gateway.testing.emulator import EmulatorConfig, create_emulator_app
 from gateway.testing.server import LoopbackServer
-from gateway.tracing import end_server, open_tracing, tracing_endpoint
+from gateway.tracing import spans as tracing_spans
+from gateway.tracing.middleware import end_server
+from gateway.tracing.provider import open_tracing, tracing_endpoint
 from tests.conftest import Emulator, Gateway, _create_key, metric_value
 from tests.helpers import MODEL
 
@@ -362,7 +363,7 @@ def _count(message: ExportTraceServiceRequest) -> int:
 def test_a_collector_that_is_down_holds_the_shutdown_only_briefly(
     emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(tracing, "SHUTDOWN_SECONDS", 0.5)
+    monkeypatch.setattr(tracing_spans, "SHUTDOWN_SECONDS", 0.5)
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

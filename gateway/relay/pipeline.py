@@ -50,7 +50,7 @@ from gateway.relay.meter import RequestMeter
 from gateway.relay.response import RelayResponse
 from gateway.relay.surface import Codec, Endpoint
 from gateway.settings import Settings
-from gateway.tracing import Tracing, end_upstream, end_upstream_failure
+from gateway.tracing.spans import Tracing, end_upstream, end_upstream_failure
 from gateway.upstream.headers import upstream_request_headers
 from gateway.upstream.pool import Upstream, UpstreamPool
 
