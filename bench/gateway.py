@@ -12,7 +12,8 @@ the issue-6 targets, writes JSON, flags regressions against `--compare`, draws a
 
 Three client surfaces, each a gateway row against a direct row of its own (`--surfaces`):
 `generate` is `gateway` (`/v1/generate`) against `direct` (the emulator's `/api/generate`),
-with the optional `gw-httpx`, `floor` and `nginx` rows; `chat` is `gw-chat` (`/api/chat`)
+with the optional `gw-httpx`, `gw-otel` (tracing on, exported to `bench.otlp_sink`), `floor`
+and `nginx` rows; `chat` is `gw-chat` (`/api/chat`)
 against `direct-chat`; `sse` is `gw-sse` (OpenAI's `/v1/chat/completions`, which the gateway
 translates to `/api/chat` upstream and encodes as SSE itself) against `direct-sse` (the
 emulator's own `/v1/chat/completions`). One gateway process serves all three. Idle memory and
@@ -51,6 +52,7 @@ from bench.servers import (
     gateway_with_key,
     nginx_binary,
     nginx_process,
+    otlp_sink_process,
 )
 
 BODY = {"model": "bench", "prompt": "Why is the sky blue?", "stream": True}
@@ -118,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--httpx-row",
         action="store_true",
         help="also a gateway with GATEWAY_UPSTREAM_HTTP_CLIENT=httpx (row gw-httpx)",
+    )
+    add(
+        "--tracing-row",
+        action="store_true",
+        help="also a gateway with OpenTelemetry tracing on, exporting to a sink (row gw-otel)",
     )
     add("--no-key-limits", action="store_true", help="key without RPM/TPM/concurrency limits")
     add("--idle-streams", type=int, default=256, help="open streams for RSS (0: skip)")
@@ -267,6 +274,26 @@ def _generate_variants(
                 BODY,
                 key=variant_key,
                 pids=(variant.process.pid,),
+            )
+        )
+    if args.tracing_row:
+        sink = stack.enter_context(otlp_sink_process(workdir))
+        traced, traced_key = gateway_with_key(
+            workdir / "gateway-otel",
+            upstream_url,
+            limits=not args.no_key_limits,
+            extra_env={"GATEWAY_OTEL_EXPORTER_OTLP_ENDPOINT": sink.url},
+        )
+        stack.enter_context(traced)
+        assert traced.process is not None  # noqa: S101
+        targets.append(
+            Target(
+                "gw-otel",
+                traced.url,
+                "/v1/generate",
+                BODY,
+                key=traced_key,
+                pids=(traced.process.pid,),
             )
         )
     if args.floor_row:

@@ -161,6 +161,21 @@ def nginx_process(workdir: Path, binary: str, upstream_port: int) -> ManagedProc
     )
 
 
+def otlp_sink_process(workdir: Path) -> ManagedProcess:
+    """`python -m bench.otlp_sink`: an OTLP/HTTP endpoint that drops what it gets (gw-otel row)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "bench.otlp_sink", "--port", str(port)]
+    return ManagedProcess(
+        "otlp-sink",
+        argv,
+        url,
+        f"{url}/spans",
+        log_path=workdir / "otlp-sink.log",
+        start_timeout=30.0,
+    )
+
+
 def floor_process(workdir: Path, upstream_url: str) -> ManagedProcess:
     """`python -m bench.floor`: the bare uvicorn + aiohttp relay (the stack's floor row)."""
     port = free_port()

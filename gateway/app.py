@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING
 
 import anyio
 import httpx
@@ -33,7 +34,12 @@ from gateway.metrics import Metrics
 from gateway.ratelimit.limiter import KeyLimiter, build_storage, close_storage
 from gateway.relay.pipeline import Relay
 from gateway.settings import Settings
+from gateway.tracing.middleware import TracingMiddleware
+from gateway.tracing.provider import open_tracing
 from gateway.upstream.pool import open_pool
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 
 def create_app(
@@ -41,6 +47,7 @@ def create_app(
     *,
     upstream_transport: httpx.AsyncBaseTransport | None = None,
     lifecycle: Lifecycle | None = None,
+    span_exporter: SpanExporter | None = None,
 ) -> FastAPI:
     """Build the gateway app.
 
@@ -49,6 +56,9 @@ def create_app(
         upstream_transport: An httpx transport for the upstream client (tests).
         lifecycle: The drain state shared with `gateway serve` (`gateway.lifecycle`); None
             makes one that only the app itself can change.
+        span_exporter: Export trace spans there (tests: the SDK's `InMemorySpanExporter`),
+            tracing on whatever the settings say; None: `open_tracing` decides
+            (`gateway.tracing.provider`).
 
     Returns:
         The app. Its lifespan opens one client per upstream, the key store (bringing the
@@ -58,6 +68,8 @@ def create_app(
     settings = settings or Settings()
     lifecycle = lifecycle or Lifecycle()
     metrics = Metrics()
+    # Built here, not in the lifespan: the middleware below exists only when tracing is on.
+    tracing = open_tracing(settings, exporter=span_exporter)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[GatewayState]:
@@ -73,6 +85,8 @@ def create_app(
             # Closed last, in this order: the usage sink's final flush (below) needs the store.
             stack.push_async_callback(close_storage, limit_storage)
             stack.push_async_callback(store.close)
+            if tracing is not None:  # closed after the last request's spans have ended
+                stack.push_async_callback(tracing.aclose)
             pool = await open_pool(settings, metrics, stack, upstream_transport)
             # Left when the lifespan ends, after uvicorn finished the in-flight requests: the
             # last summaries are in, and the sink writes them before the store closes.
@@ -95,6 +109,7 @@ def create_app(
                 limiter=KeyLimiter(limit_storage, settings, metrics),
                 lifecycle=lifecycle,
                 usage=usage,
+                tracing=tracing,
             )
             batches = BatchStore(store.engine, settings.batch_storage_dir or None)
             runner = None
@@ -149,5 +164,7 @@ def create_app(
     app.add_middleware(UnexpectedErrorMiddleware)
     if settings.cors_origins:
         app.add_middleware(GatewayCORSMiddleware, allow_origins=settings.cors_origins)
+    if tracing is not None:  # inside AccessMiddleware: the request id is known
+        app.add_middleware(TracingMiddleware, tracing=tracing)
     app.add_middleware(AccessMiddleware, trusted_proxies=settings.trusted_proxy_networks)
     return app

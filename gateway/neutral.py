@@ -169,6 +169,7 @@ class Chunk:
         error: The upstream's error message: this chunk replaces the rest of the answer.
         stats: Counts and durations, on the final chunk.
         embeddings: The vectors of an embedding answer, one per input.
+        model: On the final chunk, the model the upstream says answered, when it said.
         native: The upstream's own object when it speaks Ollama's API (kept for fields that
             only Ollama clients know, such as `context`).
         raw: The upstream's own NDJSON line (Ollama), relayed unchanged to an Ollama client of
@@ -184,6 +185,7 @@ class Chunk:
     error: str | None = None
     stats: Stats | None = None
     embeddings: list[Any] | None = None
+    model: str | None = None
     native: dict[str, Any] | None = field(default=None, repr=False)
     raw: bytes | None = field(default=None, repr=False)
 
@@ -207,9 +209,9 @@ class RequestSummary:
     """One finished request: its outcome and numbers, measured once (`gateway.relay.meter`).
 
     Metrics (`gateway.metrics.Metrics.record`), the access log, usage accounting
-    (`gateway.metering.usage`) and, later, trace spans all read this one record, so nothing is
-    measured twice. No prompt text, no secrets: `key` is the metrics label (the key's name, or
-    `all`), `key_id` the key's public id.
+    (`gateway.metering.usage`) and the trace spans (`gateway.tracing`) all read this one record,
+    so nothing is measured twice. No prompt text, no secrets: `key` is the metrics label (the
+    key's name, or `all`), `key_id` the key's public id.
 
     Attributes:
         route: The route label (`/api/chat`, `/v1/chat/completions`, ...).

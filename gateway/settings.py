@@ -376,6 +376,22 @@ class Settings(BaseSettings):
         description="Label token counters with the key's name. Turn off for fleets with many keys.",
     )
 
+    # --- tracing (gateway.tracing; docs/tracing.md) --------------------------------------------
+    otel_exporter_otlp_endpoint: str | None = Field(
+        None,
+        description="Base URL of an OTLP/HTTP collector (`http://collector:4318`): turns "
+        "OpenTelemetry tracing on. Unset: on only if the standard OTEL_EXPORTER_OTLP_ENDPOINT is.",
+    )
+    otel_service_name: str | None = Field(
+        None,
+        description="The traces' `service.name`; unset: OTEL_SERVICE_NAME, else `llm-gateway`.",
+    )
+    otel_capture_content: bool = Field(
+        False,
+        description="Put the prompt (messages, system prompt) and the answer's text on the "
+        "upstream spans. Off: no prompt or answer text in any span.",
+    )
+
     # --- admin API authentication (gateway.auth.jwt; docs/admin.md) ----------------------------
     admin_jwt_secret: SecretStr | None = Field(
         None,

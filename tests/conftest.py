@@ -143,10 +143,13 @@ def emulator() -> Iterator[Emulator]:
 
 @pytest.fixture
 def make_gateway(tmp_path: Path, emulator: Emulator) -> Iterator[Callable[..., Gateway]]:
-    """Start gateways in front of the emulator; keyword arguments override settings."""
+    """Start gateways in front of the emulator; keyword arguments override settings.
+
+    `span_exporter` (an SDK `SpanExporter`) turns tracing on and receives the spans.
+    """
     servers: list[LoopbackServer] = []
 
-    def make(**overrides: Any) -> Gateway:
+    def make(*, span_exporter: Any = None, **overrides: Any) -> Gateway:
         database_url = f"sqlite+aiosqlite:///{tmp_path}/keys-{len(servers)}.db"
         values: dict[str, Any] = {
             "upstream_url": emulator.url,
@@ -158,7 +161,7 @@ def make_gateway(tmp_path: Path, emulator: Emulator) -> Iterator[Callable[..., G
         database_url = values["database_url"]  # an override (PostgreSQL) holds the key too
         settings = Settings(**values)
         key_id, key = asyncio.run(_create_key(database_url, "test-key"))
-        server = LoopbackServer(create_app(settings))
+        server = LoopbackServer(create_app(settings, span_exporter=span_exporter))
         server.__enter__()
         servers.append(server)
         return Gateway(server.url, key, key_id, settings, database_url)

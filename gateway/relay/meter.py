@@ -38,6 +38,8 @@ class RequestMeter:
         sent_at: perf-counter seconds when the upstream request was sent, or None.
         tokens: When the chunks with generated text were seen (first, last, how many).
         final: The final chunk's stats, when one arrived.
+        finish_reason: The final chunk's `done_reason` (`stop`, `length`, ...), when sent.
+        response_model: The model the upstream says answered (final chunk), when it said.
         outcome: `completed`, `client_disconnect`, `upstream_error`, `timeout`, ...
         upstream: The upstream tried last (`host:port`), or None.
         key_id: The API key's id, carried into the summary (usage accounting).
@@ -54,6 +56,8 @@ class RequestMeter:
     sent_at: float | None = None
     tokens: TokenClock = field(default_factory=TokenClock)
     final: Stats | None = None
+    finish_reason: str | None = None
+    response_model: str | None = None
     outcome: str | None = None
     status: int = 200
     upstream: str | None = None
@@ -72,6 +76,8 @@ class RequestMeter:
             self.tokens.tick(time.perf_counter())
         if chunk.done:
             self.final = chunk.stats or Stats()
+            self.finish_reason = chunk.done_reason
+            self.response_model = chunk.model
 
     @property
     def ttft(self) -> float | None:

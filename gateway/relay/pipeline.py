@@ -9,8 +9,9 @@ reserve its expected tokens in the key's TPM -> (the response starts running:
 `gateway.relay.response`) -> choose an upstream (gateway.upstream.pool) -> its slot (bounded
 queue) -> open the exchange (retries, first-byte deadline; on failure the next upstream) ->
 stream (the codec's NDJSON or SSE), or aggregate for `stream:false` ->
-finish: metrics and usage (the summary), TPM settled (refund or charge), slots back. A refusal
-on the way (after authentication) is recorded in usage too (`Relay.handle`).
+finish: metrics, usage and the upstream's trace span (the summary), TPM settled (refund or
+charge), slots back. A refusal on the way (after authentication) is recorded in usage too
+(`Relay.handle`).
 
 The endpoint does the checks and returns a `RelayResponse` for a `Generation`; everything from
 choosing an upstream on runs inside that response, under the one watcher for the client going
@@ -20,12 +21,14 @@ away that covers the whole request (one watcher task per request, not one per ph
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 from fastapi import Request, Response
+from opentelemetry.trace import Span
 
 from gateway.auth.principal import Principal
 from gateway.errors import (
@@ -38,7 +41,7 @@ from gateway.errors import (
 from gateway.lifecycle import Lifecycle
 from gateway.metering.usage import UsageSink
 from gateway.metrics import ALL_KEYS, Metrics
-from gateway.neutral import GenerationRequest
+from gateway.neutral import Chunk, GenerationRequest
 from gateway.ratelimit.estimate import estimate_tokens
 from gateway.ratelimit.limiter import Admission, KeyLimiter
 from gateway.relay.body import read_body
@@ -47,6 +50,7 @@ from gateway.relay.meter import RequestMeter
 from gateway.relay.response import RelayResponse
 from gateway.relay.surface import Codec, Endpoint
 from gateway.settings import Settings
+from gateway.tracing.spans import Tracing, end_upstream, end_upstream_failure
 from gateway.upstream.headers import upstream_request_headers
 from gateway.upstream.pool import Upstream, UpstreamPool
 
@@ -61,6 +65,8 @@ class Relay:
     limiter: KeyLimiter
     lifecycle: Lifecycle
     usage: UsageSink | None = None
+    #: None when tracing is off: then the only cost per request is testing this.
+    tracing: Tracing | None = None
 
     async def handle(self, request: Request, principal: Principal, endpoint: Endpoint) -> Response:
         """Check and admit one generation or embedding request; return its response.
@@ -145,6 +151,11 @@ class Generation:
             have caused (`gateway.upstream.breaker`).
         background: For a batch line (`gateway.relay.background`), its cancel scope: it takes
             only a spare upstream slot, and an interactive request may cancel it for the slot.
+        span: The current upstream attempt's CLIENT span, when tracing (`gateway.tracing`);
+            ended by the attempt's failure or by `finish`.
+        observe: What each chunk passes through before the client gets it: the meter's
+            `observe`, or, with `GATEWAY_OTEL_CAPTURE_CONTENT`, one that also keeps the text
+            for the span (chosen once here, so no chunk pays for a test).
     """
 
     def __init__(
@@ -174,6 +185,12 @@ class Generation:
         self.holds_slot = False
         self.holds_background = False
         self.done = False
+        self.span: Span | None = None
+        self.answer: list[str] | None = None  # the text, kept only for a span that shows it
+        self.observe: Callable[[Chunk], None] = meter.observe
+        if relay.tracing is not None and relay.tracing.capture_content:
+            self.answer = []
+            self.observe = self._observe_keeping_text
 
     async def connect(self) -> Exchange:
         """Open an exchange with the best upstream, failing over to the next ones.
@@ -198,14 +215,6 @@ class Generation:
             self.meter.upstream_timings = upstream.dialect.reports_timings
             self.meter.upstream = upstream.name
             self.upstream = upstream
-            self.exchange = exchange = Exchange(
-                client=upstream.generation,
-                dialect=upstream.dialect,
-                request=self.request,
-                headers=self.upstream_headers,
-                settings=relay.settings,
-                meter=self.meter,
-            )
             try:
                 if self.background is None:
                     self.holds_slot = await upstream.slots.acquire()
@@ -216,13 +225,29 @@ class Generation:
                         relay.settings.batch_max_concurrent,
                     )
                     self.holds_background = True
+                headers = self.upstream_headers
+                if relay.tracing is not None:  # the span starts once the upstream's slot is held
+                    span = self.span = relay.tracing.start_upstream(
+                        self.state.get("span"), self.request, upstream
+                    )
+                    headers = relay.tracing.inject(span, headers)
+                self.exchange = exchange = Exchange(
+                    client=upstream.generation,
+                    dialect=upstream.dialect,
+                    request=self.request,
+                    headers=headers,
+                    settings=relay.settings,
+                    meter=self.meter,
+                )
                 await exchange.open()
                 relay.pool.answering(upstream)
             except UntranslatableRequestError as exc:
+                self._end_span(exc)
                 await self._release(None)  # another upstream's dialect may express it
                 last = exc
                 continue
             except (UpstreamError, ServiceUnavailableError) as exc:
+                self._end_span(exc)
                 status = getattr(exc, "upstream_status", None)
                 retry_after = getattr(exc, "retry_after", None)
                 if retry_after:
@@ -240,6 +265,17 @@ class Generation:
             "no upstream is available: all are down or out of rotation",
             headers={"Retry-After": str(wait)},
         )
+
+    def _observe_keeping_text(self, chunk: Chunk) -> None:
+        self.meter.observe(chunk)
+        if chunk.text and self.answer is not None:
+            self.answer.append(chunk.text)
+
+    def _end_span(self, error: BaseException) -> None:
+        """End the attempt's CLIENT span, if tracing, with the failure that ended it."""
+        if self.span is not None:
+            end_upstream_failure(self.span, error)
+            self.span = None
 
     def _verdict(self, error: GatewayError | None) -> tuple[bool | None, str | None]:
         """What the circuit breaker hears of a failure: (healthy, key), see `_release`.
@@ -268,7 +304,7 @@ class Generation:
         async with aclosing(exchange.batches()) as batches:
             async for batch in batches:
                 for chunk in batch:
-                    self.meter.observe(chunk)
+                    self.observe(chunk)
                     if chunk.error is None:
                         codec.add(chunk)
         if exchange.failure is not None:
@@ -305,6 +341,9 @@ class Generation:
         if self.done:
             return
         self.done = True
+        if self.span is not None:  # not the key's request: the attempt is left unmeasured
+            self.span.end()
+            self.span = None
         with anyio.CancelScope(shield=True):
             try:
                 await self._release(None)
@@ -329,6 +368,15 @@ class Generation:
                 summary = self.state["summary"] = self.meter.finish(outcome, status)
                 if self.relay.usage is not None:
                     self.relay.usage.record(summary)
+                if self.span is not None:
+                    end_upstream(
+                        self.span,
+                        summary,
+                        finish_reason=self.meter.finish_reason,
+                        response_model=self.meter.response_model,
+                        answer=None if self.answer is None else "".join(self.answer),
+                    )
+                    self.span = None
             finally:  # whatever failed above, the key's in-flight count and TPM are settled
                 tokens = self.meter.input_tokens + self.meter.output_tokens
                 await self.relay.limiter.release(self.admission, tokens)

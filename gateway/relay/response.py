@@ -141,7 +141,7 @@ class RelayResponse(Response):
             await write({"type": "http.response.start", "status": 200, "headers": headers})
             await write({"type": "http.response.body", "body": content, "more_body": False})
             return
-        observe = self.generation.meter.observe
+        observe = self.generation.observe
         encode = self.codec.encode
         self.started = True
         headers = [(b"content-type", self.codec.media_type), *self.raw_headers]

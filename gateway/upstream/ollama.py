@@ -162,7 +162,13 @@ def from_ollama(data: dict[str, Any], line: bytes | None = None) -> Chunk:
         reason = data.get("done_reason")
         chunk.done_reason = reason if isinstance(reason, str) else "stop"
         chunk.stats = ollama_stats(data)
+        chunk.model = _model(data)
     return chunk
+
+
+def _model(data: dict[str, Any]) -> str | None:
+    model = data.get("model")
+    return model if isinstance(model, str) else None
 
 
 def _tool_call(index: int, call: object) -> ToolCall:
@@ -189,7 +195,14 @@ def _embeddings(data: dict[str, Any], raw: bytes) -> Chunk:
     vectors = data["embeddings"]
     if not isinstance(vectors, list):
         raise ValueError("embeddings is not a list")
-    return Chunk(done=True, embeddings=vectors, stats=ollama_stats(data), native=data, raw=raw)
+    return Chunk(
+        done=True,
+        embeddings=vectors,
+        stats=ollama_stats(data),
+        model=_model(data),
+        native=data,
+        raw=raw,
+    )
 
 
 def _legacy_embedding(data: dict[str, Any], raw: bytes) -> Chunk:

@@ -131,6 +131,7 @@ class SseDecoder:
         self.finished = False
         self.tokens = TokenClock()
         self.finish_reason: str | None = None
+        self.model: str | None = None  # as the first event names it
         self.usage: dict[str, Any] = {}
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self._lines = LineSplitter()
@@ -184,6 +185,8 @@ class SseDecoder:
             return Chunk.failure(str(message or "upstream error"))
         if isinstance(event.get("usage"), dict):
             self.usage = event["usage"]
+        if self.model is None and isinstance(event.get("model"), str):
+            self.model = event["model"]
         choices = event.get("choices") or []
         if not choices or not isinstance(choices[0], dict):
             return None
@@ -247,7 +250,7 @@ class SseDecoder:
             eval_duration=_ns(decode) or None,
         )
         reason = _FINISH_REASONS.get(self.finish_reason or "stop", "stop")
-        chunks.append(Chunk(done=True, done_reason=reason, stats=stats))
+        chunks.append(Chunk(done=True, done_reason=reason, stats=stats, model=self.model))
         return chunks
 
     def _eval_seconds(self, eval_count: int) -> float:
@@ -274,7 +277,10 @@ def _embeddings(data: dict[str, Any], raw: bytes) -> Chunk:  # noqa: ARG001 - Bo
         raise ValueError("embedding is not a list of numbers")
     usage = data.get("usage") or {}
     stats = Stats(prompt_eval_count=trusted_count(usage.get("prompt_tokens")))
-    return Chunk(done=True, embeddings=vectors, stats=stats)
+    model = data.get("model")
+    return Chunk(
+        done=True, embeddings=vectors, stats=stats, model=model if isinstance(model, str) else None
+    )
 
 
 def _no_embeddings(data: dict[str, Any], raw: bytes) -> Chunk:
