@@ -7,7 +7,6 @@ socket) with Redis limit storage under a key prefix of its own, in front of the 
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -19,15 +18,13 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 
 from gateway.settings import Settings, UpstreamSpec
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
 from gateway.workers import SIGNAL_GRACE, refusal, share, worker_count, worker_settings
-from tests.conftest import Emulator, metric_value
+from tests.conftest import REDIS_URL, Emulator, metric_value
 from tests.helpers import MODEL, stream_generation
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 DEADLINE = 30.0  # seconds any awaited state may take on a loaded machine
 
 
@@ -66,25 +63,6 @@ def generate(url: str, key: str) -> httpx.Response:
         headers={"Authorization": f"Bearer {key}"},
         timeout=DEADLINE,
     )
-
-
-@pytest.fixture
-def redis_prefix() -> Iterator[str]:
-    """A Redis key prefix of this test's own, its keys deleted afterwards."""
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"Redis at {REDIS_URL} is not reachable: {exc!r}")
-        pytest.skip(f"Redis at {REDIS_URL} is not reachable: {exc!r}")
-    prefix = f"gwtest-workers-{secrets.token_hex(6)}"
-    try:
-        yield prefix
-    finally:
-        for name in client.scan_iter(f"{prefix}*"):
-            client.delete(name)
-        client.close()
 
 
 @pytest.fixture
