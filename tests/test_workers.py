@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from gateway.settings import Settings, UpstreamSpec
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
 from gateway.workers import SIGNAL_GRACE, refusal, share, worker_count, worker_settings
+from tests.batch.test_batch_sdk import _chat, _jsonl, _upload, _wait
 from tests.conftest import REDIS_URL, Emulator, metric_value
 from tests.helpers import MODEL, stream_generation
 
@@ -319,3 +321,25 @@ def test_a_second_signal_to_the_supervisor_ends_every_drain(two_workers, emulato
     assert time.monotonic() - second < 10  # not the 20 s drain
     assert lines[-1] == {"error": "gateway is shutting down"}
     assert gateway.log_tail(500).count("second signal") == 2
+
+
+@pytest.mark.timeout(180)
+def test_a_batch_runs_each_line_once_with_two_workers_on_one_sqlite_file(two_workers, emulator):
+    """Both workers' batch runners claim lines from one SQLite file: leases keep them apart."""
+    lines = 200
+    emulator.config.tokens, emulator.config.inter_token = 4, 0.01
+    gateway, key = two_workers(batch_poll_seconds="0.1", batch_max_concurrent="8")
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=2, timeout=30)
+    with client:
+        ids = [f"req-{i}" for i in range(lines)]
+        file_id = _upload(client, [_chat(custom_id) for custom_id in ids])
+        batch = client.batches.create(
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        done = _wait(client, batch.id, timeout=120.0)
+        assert done.status == "completed", done
+        output = _jsonl(client, done.output_file_id)
+    assert sorted(str(item["custom_id"]) for item in output) == sorted(ids)
+    text = httpx.get(f"{gateway.url}/metrics").text
+    assert metric_value(text, "gateway_batch_lines_total", outcome="succeeded") == lines
+    assert len([r for r in emulator.state.records if r.path == "/api/chat"]) == lines
