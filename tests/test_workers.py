@@ -57,6 +57,11 @@ def worker_pids(gateway: ManagedProcess) -> set[int]:
     return pids
 
 
+def _completed(gateway: ManagedProcess) -> float:
+    text = httpx.get(f"{gateway.url}/metrics", timeout=DEADLINE).text
+    return metric_value(text, "gateway_requests_total", outcome="completed")
+
+
 def generate(url: str, key: str) -> httpx.Response:
     """One short generation on a connection of its own (so the kernel picks the worker)."""
     return httpx.post(
@@ -83,6 +88,9 @@ def two_workers(
             "GATEWAY_RATE_LIMIT_STORAGE": REDIS_URL,
             "GATEWAY_RATE_LIMIT_KEY_PREFIX": redis_prefix,
             "GATEWAY_UPSTREAM_POLL_INTERVAL": "60",
+            # A slow Redis on a loaded machine must fail the test, not admit requests unlimited.
+            "GATEWAY_RATE_LIMIT_TIMEOUT": "5",
+            "GATEWAY_RATE_LIMIT_FAIL_OPEN": "false",
             **{f"GATEWAY_{name.upper()}": value for name, value in env.items()},
         }
         gateway = gateway_process(tmp_path, full_env, ["--workers", "2"])
@@ -168,6 +176,8 @@ def test_metrics_count_every_request_whichever_worker_served_it(two_workers, emu
     gateway, key = two_workers()
     for _ in range(12):
         assert generate(gateway.url, key).status_code == 200
+    # A request is recorded just after its last byte went out: wait for the last one.
+    _until(lambda: _completed(gateway) == 12, "12 requests in the metrics")
     # Each scrape lands on either worker; every one must report the totals of both.
     for _ in range(6):
         text = httpx.get(f"{gateway.url}/metrics").text
@@ -255,6 +265,7 @@ def test_a_killed_worker_is_replaced_and_its_counts_stay(two_workers, emulator):
     gateway, key = two_workers()
     for _ in range(4):
         assert generate(gateway.url, key).status_code == 200
+    _until(lambda: _completed(gateway) == 4, "the 4 requests recorded before the kill")
     before = worker_pids(gateway)
     victim = min(before)
     os.kill(victim, signal.SIGKILL)
@@ -269,9 +280,9 @@ def test_a_killed_worker_is_replaced_and_its_counts_stay(two_workers, emulator):
     _until(lambda: gateway.log_tail(500).count("Application startup complete") >= 3, "its start")
     for _ in range(4):
         assert generate(gateway.url, key).status_code == 200
-    text = httpx.get(f"{gateway.url}/metrics").text
     # The dead worker's counters are still in the totals; its live gauges are gone.
-    assert metric_value(text, "gateway_requests_total", outcome="completed") == 8
+    _until(lambda: _completed(gateway) == 8, "all 8 requests in the metrics")
+    text = httpx.get(f"{gateway.url}/metrics").text
     assert metric_value(text, "gateway_requests_in_flight") == 0
 
 
@@ -340,6 +351,10 @@ def test_a_batch_runs_each_line_once_with_two_workers_on_one_sqlite_file(two_wor
         assert done.status == "completed", done
         output = _jsonl(client, done.output_file_id)
     assert sorted(str(item["custom_id"]) for item in output) == sorted(ids)
-    text = httpx.get(f"{gateway.url}/metrics").text
-    assert metric_value(text, "gateway_batch_lines_total", outcome="succeeded") == lines
+
+    def succeeded() -> float:
+        text = httpx.get(f"{gateway.url}/metrics", timeout=DEADLINE).text
+        return metric_value(text, "gateway_batch_lines_total", outcome="succeeded")
+
+    _until(lambda: succeeded() == lines, f"{lines} lines succeeded in the metrics")
     assert len([r for r in emulator.state.records if r.path == "/api/chat"]) == lines
