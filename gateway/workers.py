@@ -48,6 +48,10 @@ logger = logging.getLogger("gateway.workers")
 SIGNAL_GRACE = 2.0
 
 
+#: Seconds a worker may take to answer the supervisor's ping before it is killed and replaced.
+WORKER_HEALTHCHECK_SECONDS = 30
+
+
 def worker_count(workers: int | str) -> int:
     """The number of workers `workers` names: a number, or `auto` (one per CPU)."""
     if workers == "auto":
@@ -128,6 +132,9 @@ def serve_workers(settings: Settings, host: str, port: int, workers: int) -> int
             workers=workers,
             log_level=settings.log_level,
             factory=True,
+            # A worker answers pings from a thread of its own once it has imported the app;
+            # uvicorn's 5 s would kill and restart workers still importing on a loaded host.
+            timeout_worker_healthcheck=WORKER_HEALTHCHECK_SECONDS,
         )
         sock = config.bind_socket()
         supervisor = Supervisor(config, [sock], settings, metrics_dir)
