@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import redis
 
 from gateway.settings import Settings, UpstreamSpec
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
@@ -197,7 +198,7 @@ def test_rpm_limit_holds_across_workers(two_workers, emulator):
     assert metric_value(text, "gateway_rate_limited_total", kind="rpm") == 3
 
 
-def test_in_flight_limit_holds_across_workers(two_workers, emulator):
+def test_in_flight_limit_holds_across_workers(two_workers, emulator, redis_prefix):
     emulator.config.inter_token = 0.05
     emulator.config.tokens = 100  # 5 s
     gateway, key = two_workers(default_max_concurrent="2")
@@ -209,14 +210,24 @@ def test_in_flight_limit_holds_across_workers(two_workers, emulator):
     for reader in readers:
         reader.start()
     _until(lambda: all(streams), "both streams to start")
+    client = redis.Redis.from_url(REDIS_URL)
+
+    def in_flight() -> int:
+        names = client.scan_iter(f"{redis_prefix}*concurrency*")
+        return sum(int(client.get(name) or 0) for name in names)
+
+    assert in_flight() == 2  # the count both workers share
     refused = [generate(gateway.url, key) for _ in range(4)]
     assert [r.status_code for r in refused] == [429] * 4
     assert "in flight" in refused[0].json()["error"]
     for reader in readers:
         reader.join(DEADLINE)
     assert all(lines[-1].get("done") for lines in streams)
+    # Each worker gives its request's place back just after the last byte: wait for both.
+    _until(lambda: in_flight() == 0, "the key's in-flight count back at 0")
+    client.close()
     emulator.config.tokens = 1
-    assert generate(gateway.url, key).status_code == 200  # the count came back down
+    assert generate(gateway.url, key).status_code == 200
 
 
 def test_sigterm_drains_every_worker_then_exits_0(two_workers, emulator):
@@ -358,3 +369,33 @@ def test_a_batch_runs_each_line_once_with_two_workers_on_one_sqlite_file(two_wor
 
     _until(lambda: succeeded() == lines, f"{lines} lines succeeded in the metrics")
     assert len([r for r in emulator.state.records if r.path == "/api/chat"]) == lines
+
+
+def test_tpm_limit_holds_across_workers(two_workers, emulator, redis_prefix):
+    """Each request reserves 11 tokens (num_predict 10, a 1-token prompt) and uses 22 (the
+    emulator counts 12 prompt tokens): 22 + 11 and 44 + 11 against 50 per minute, whichever
+    worker holds the window's count."""
+    emulator.config.tokens = 10
+    gateway, key = two_workers(default_tpm="50")
+    client = redis.Redis.from_url(REDIS_URL)
+
+    def window() -> int:
+        return sum(int(client.get(name) or 0) for name in client.scan_iter(f"{redis_prefix}*tpm*"))
+
+    def post() -> int:
+        return httpx.post(
+            f"{gateway.url}/v1/generate",
+            json={"model": MODEL, "prompt": "x", "stream": False, "options": {"num_predict": 10}},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=DEADLINE,
+        ).status_code
+
+    statuses = []
+    for used in (22, 44, 44, 44):
+        statuses.append(post())
+        # The worker settles the reservation just after the answer: wait for it.
+        _until(lambda used=used: window() == used, f"{used} tokens in the window")
+    client.close()
+    assert statuses == [200, 200, 429, 429]
+    text = httpx.get(f"{gateway.url}/metrics").text
+    assert metric_value(text, "gateway_rate_limited_total", kind="tpm") == 2
