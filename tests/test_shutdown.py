@@ -69,7 +69,13 @@ def test_sigterm_drains_then_ends_streams_with_an_error_line(
         assert gateway.process is not None
         started = time.monotonic()
         gateway.process.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
+        # Every process has begun its drain (workers get the signal from their supervisor,
+        # which looks at its signals every half second).
+        workers = int(serve_env.get("GATEWAY_WORKERS", "1"))
+        deadline = time.monotonic() + 5
+        while gateway.log_tail(200).count("draining for 1 s") < workers:
+            assert time.monotonic() < deadline, gateway.log_tail(50)
+            time.sleep(0.02)
         # Draining: still listening, but unready and refusing new work.
         ready = httpx.get(f"{gateway.url}/readyz")
         assert ready.status_code == 503
