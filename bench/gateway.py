@@ -34,7 +34,8 @@ import platform
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
@@ -126,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also a gateway with OpenTelemetry tracing on, exporting to a sink (row gw-otel)",
     )
+        "--workers-rows",
+        action="store_true",
+        help="also gateways with Redis limit storage: one worker (row gw-redis) and "
+        "`--workers 2` (row gw-2w), side by side",
+    )
+    add("--redis", default="redis://127.0.0.1:6379/0", help="Redis of --workers-rows")
     add("--no-key-limits", action="store_true", help="key without RPM/TPM/concurrency limits")
     add("--idle-streams", type=int, default=256, help="open streams for RSS (0: skip)")
     add("--load-processes", type=int, default=1, help="load generator processes per run")
@@ -296,6 +303,8 @@ def _generate_variants(
                 pids=(traced.process.pid,),
             )
         )
+    if args.workers_rows:
+        targets += _worker_rows(args, workdir, upstream_url, stack)
     if args.floor_row:
         floor = stack.enter_context(floor_process(workdir, upstream_url))
         assert floor.process is not None  # noqa: S101
@@ -312,6 +321,59 @@ def _generate_variants(
     elif not args.no_nginx:
         notes.append("nginx row skipped: nginx is not installed (apt-get install -y nginx)")
     return targets
+
+
+def _worker_rows(
+    args: argparse.Namespace, workdir: Path, upstream_url: str, stack: ExitStack
+) -> list[Target]:
+    """Rows gw-redis (one worker) and gw-2w (`--workers 2`), both on Redis limit storage.
+
+    The CPU of gw-2w is its supervisor's and both workers' (`pids`); Redis's own is not counted
+    in either row (it is shared by both, and by nothing else in the run).
+    """
+    from bench.procstat import children
+
+    targets = []
+    for name, serve_args in (("gw-redis", ()), ("gw-2w", ("--workers", "2"))):
+        env = {
+            "GATEWAY_RATE_LIMIT_STORAGE": args.redis,
+            "GATEWAY_RATE_LIMIT_KEY_PREFIX": f"bench-{name}-{os.getpid()}",
+        }
+        gateway, key = gateway_with_key(
+            workdir / name,
+            upstream_url,
+            limits=not args.no_key_limits,
+            extra_env=env,
+            args=serve_args,
+        )
+        stack.enter_context(gateway)
+        assert gateway.process is not None  # noqa: S101
+        pids: tuple[int, ...] = (gateway.process.pid,)
+        if serve_args:
+            pids = _with_workers(gateway.process.pid, 2, children)
+        targets.append(Target(name, gateway.url, "/v1/generate", BODY, key=key, pids=pids))
+    return targets
+
+
+def _with_workers(
+    parent: int, workers: int, children: Callable[[int], list[int]]
+) -> tuple[int, ...]:
+    """The supervisor's pid and its children's, once `workers` workers run."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = children(parent)  # the workers, perhaps multiprocessing's resource tracker
+        spawned = [pid for pid in found if b"spawn_main" in _cmdline(pid)]
+        if len(spawned) >= workers:
+            return (parent, *found)
+        time.sleep(0.1)
+    raise RuntimeError(f"gateway {parent} did not start {workers} workers in 60 s")
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # it just exited
+        return b""
 
 
 def _idle_memory(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:

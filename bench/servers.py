@@ -87,6 +87,7 @@ def gateway_with_key(
     dialect: str = "ollama",
     limits: bool = True,
     extra_env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
 ) -> tuple[ManagedProcess, str]:
     """A `gateway serve` process in front of `upstream_url`, and a fresh API key for it.
 
@@ -97,12 +98,13 @@ def gateway_with_key(
         limits: Give the key RPM, TPM and concurrency limits far above the load, so the
             limiter does its full work on every request without refusing any.
         extra_env: More `GATEWAY_*` variables (a variant, e.g. another upstream HTTP client).
+        args: More `gateway serve` arguments (`--workers 2`).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     env = gateway_env(workdir, upstream_url, dialect=dialect) | (extra_env or {})
     extra = ["--rpm", "1000000000", "--tpm", "2000000000", "--max-concurrent", "100000"]
     created = create_key(env, "bench", *(extra if limits else []))
-    return gateway_process(workdir, env), str(created["key"])
+    return gateway_process(workdir, env, args), str(created["key"])
 
 
 def nginx_binary() -> str | None:

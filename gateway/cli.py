@@ -27,12 +27,24 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _workers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"invalid worker count {text!r}: use 1 or more, or auto")
+    return int(text)
+
+
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     # Imported here so that `gateway keys ...` does not load the web stack.
     from gateway.server import serve
+    from gateway.workers import serve_workers, worker_count
 
     host = settings.host if args.host is None else args.host
     port = settings.port if args.port is None else args.port
+    workers = worker_count(settings.workers if args.workers is None else args.workers)
+    if workers > 1:
+        return serve_workers(settings, host, port, workers)
     return serve(settings, host=host, port=port)
 
 
@@ -49,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the gateway HTTP server")
     serve.add_argument("--host", help="address to bind (default: GATEWAY_HOST)")
     serve.add_argument("--port", type=_port, help="port to listen on (default: GATEWAY_PORT)")
+    serve.add_argument(
+        "--workers",
+        type=_workers,
+        help="worker processes behind the one socket, or auto: one per CPU "
+        "(default: GATEWAY_WORKERS, 1); more than 1 needs Redis limit storage",
+    )
     serve.set_defaults(handler=_serve)
 
     keys_cli.add_parser(commands)

@@ -4,10 +4,17 @@ Every metric, its labels, unit and buckets, and where each number comes from, is
 `docs/metrics.md`. Label values are bounded: `model` is a model the upstream lists or the fixed
 value `other`; `key` is a key's admin-chosen name (`all` when `GATEWAY_METRICS_PER_KEY=false`,
 `none` before a key is known); `route` is a route template; never a raw path or a secret.
+
+Under `gateway serve --workers N` (gateway.workers) prometheus-client runs in its multiprocess
+mode: `PROMETHEUS_MULTIPROC_DIR` is set before any worker imports it, every process writes its
+values to files there, and `/metrics` reads them all back (`MultiProcessCollector`), so any
+worker answers with the totals of all. Counters and histograms add up; each gauge says how its
+workers' values combine (`multiprocess_mode`, documented in docs/metrics.md).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from prometheus_client import (
@@ -18,6 +25,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -82,6 +90,13 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
+        #: The directory every worker's values are in (`gateway.workers`); None: one process.
+        self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+        self._exposed = self.registry
+        if self.multiprocess_dir is not None:
+            # Values live in the files, not in this registry: a registry of its own reads them.
+            self._exposed = CollectorRegistry()
+            MultiProcessCollector(self._exposed, self.multiprocess_dir)  # type: ignore[no-untyped-call]
         self._series: dict[tuple[str, str, str], RequestSeries] = {}
         r = self.registry
         self.requests = Counter(
@@ -134,6 +149,7 @@ class Metrics:
             "gateway_requests_in_flight",
             "Generation requests being served right now.",
             ("model",),
+            multiprocess_mode="livesum",
             registry=r,
         )
         self.prefill_tokens_per_second = Histogram(
@@ -162,12 +178,14 @@ class Metrics:
             "gateway_upstream_up",
             "1 when the upstream answered its last readiness probe, else 0.",
             ("upstream",),
+            multiprocess_mode="livemostrecent",
             registry=r,
         )
         self.upstream_models_loaded = Gauge(
             "gateway_upstream_models_loaded",
             "Models the upstream holds in memory (Ollama /api/ps).",
             ("upstream",),
+            multiprocess_mode="livemostrecent",
             registry=r,
         )
         self.upstream_model_memory = Gauge(
@@ -175,6 +193,7 @@ class Metrics:
             "Memory of each loaded model (Ollama /api/ps): kind=total is `size`, "
             "kind=vram is `size_vram` (the part on the GPU).",
             ("upstream", "model", "kind"),
+            multiprocess_mode="livemostrecent",
             registry=r,
         )
         self._limit_metrics()
@@ -194,10 +213,14 @@ class Metrics:
         self.batch_queue_depth = Gauge(
             "gateway_batch_queue_depth",
             "Batch lines waiting to run, over every running batch (from the database).",
+            multiprocess_mode="livemostrecent",
             registry=r,
         )
         self.batch_lines_running = Gauge(
-            "gateway_batch_lines_running", "Batch lines this process runs now.", registry=r
+            "gateway_batch_lines_running",
+            "Batch lines this process runs now.",
+            multiprocess_mode="livesum",
+            registry=r,
         )
 
     def _limit_metrics(self) -> None:
@@ -225,12 +248,14 @@ class Metrics:
             "gateway_upstream_in_flight",
             "Requests in flight to each upstream (what least-in-flight balancing compares).",
             ("upstream",),
+            multiprocess_mode="livesum",
             registry=r,
         )
         self.upstream_circuit_state = Gauge(
             "gateway_upstream_circuit_state",
             "Circuit breaker of each upstream: 0 closed, 1 half-open (one trial), 2 open.",
             ("upstream",),
+            multiprocess_mode="livemax",
             registry=r,
         )
         self.upstream_failovers = Counter(
@@ -242,12 +267,14 @@ class Metrics:
             "gateway_upstream_queue_length",
             "Requests waiting for an upstream slot.",
             ("upstream",),
+            multiprocess_mode="livesum",
             registry=r,
         )
         self.upstream_slots_in_use = Gauge(
             "gateway_upstream_slots_in_use",
             "Upstream slots taken (requests in flight through the gate).",
             ("upstream",),
+            multiprocess_mode="livesum",
             registry=r,
         )
         self.upstream_connections_in_use = Gauge(
@@ -255,6 +282,7 @@ class Metrics:
             "Upstream connections held by open responses (generations, probes, model lists), "
             "at most GATEWAY_MAX_CONNECTIONS.",
             ("upstream",),
+            multiprocess_mode="livesum",
             registry=r,
         )
 
@@ -313,9 +341,22 @@ class Metrics:
         status_class = f"{status // 100}xx"
         self.requests.labels(route, OTHER_MODEL, key or NO_KEY, status_class, outcome).inc()
 
+    def forget_model_memory(self) -> None:
+        """Drop every `gateway_upstream_model_memory_bytes` series (models were unloaded).
+
+        With workers prometheus-client cannot remove a series (its value stays in this
+        process's file), so each is set to 0 instead: it reads 0 rather than disappearing.
+        """
+        gauge = self.upstream_model_memory
+        if self.multiprocess_dir is None:
+            gauge.clear()
+            return
+        for labels in list(gauge._metrics):  # the children it holds (private, no accessor)
+            gauge.labels(*labels).set(0)
+
     async def endpoint(self, _: Request) -> Response:
         """Serve `GET /metrics` in the Prometheus text format, without a redirect."""
-        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(self._exposed), media_type=CONTENT_TYPE_LATEST)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,12 +1,14 @@
-"""`gateway serve`: run the app under uvicorn, one worker per process (STYLE section 8)."""
+"""`gateway serve` in one process: the app under uvicorn, with a drain before shutting down."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import logging
+import math
 import os
 import resource
+import time
 from types import FrameType
 
 import uvicorn
@@ -37,22 +39,37 @@ class DrainingServer(uvicorn.Server):
         lifecycle: The drain state the app reads.
         drain: Seconds to keep listening, refusing new work, after the first signal.
         stream_deadline: Seconds in-flight streams may run once the listener is closed.
+        signal_grace: Seconds after a signal during which another one is the same signal,
+            not a second: a worker (`gateway.workers`) gets Ctrl-C or a process-group
+            SIGTERM both directly and forwarded by its supervisor. 0: every signal counts.
     """
 
     def __init__(
-        self, config: uvicorn.Config, lifecycle: Lifecycle, drain: float, stream_deadline: float
+        self,
+        config: uvicorn.Config,
+        lifecycle: Lifecycle,
+        drain: float,
+        stream_deadline: float,
+        *,
+        signal_grace: float = 0.0,
     ) -> None:
         super().__init__(config)
         self.lifecycle = lifecycle
         self.drain = drain
         self.stream_deadline = stream_deadline
+        self.signal_grace = signal_grace
         self.shutting_down = False
+        self._last_signal = -math.inf
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """First signal: drain, then shut down; a second one ends the drain at once.
 
         Once the shutdown has begun, a further signal is uvicorn's: SIGINT forces the exit.
         """
+        now = time.monotonic()
+        if now - self._last_signal < self.signal_grace:
+            return  # the same signal, delivered twice
+        self._last_signal = now
         if self.shutting_down:
             super().handle_exit(sig, frame)
             return
@@ -75,36 +92,69 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(settings: Settings, *, host: str | None = None, port: int | None = None) -> int:
-    """Serve the gateway until SIGINT/SIGTERM; returns the process exit code.
+    """Serve the gateway in this one process until SIGINT/SIGTERM; returns the exit code.
 
-    One uvicorn worker: Prometheus and in-process limit state live in the process, so scale
-    out with more processes or replicas behind a load balancer, not with `--workers`
-    (docs/operations.md). uvloop and httptools are used when installed (`uvicorn[standard]`).
+    `gateway serve --workers N` runs N of these under `gateway.workers` instead. uvloop and
+    httptools are used when installed (`uvicorn[standard]`).
 
     Args:
         settings: Configuration.
         host: Bind address; default `GATEWAY_HOST` (127.0.0.1).
         port: Port; default `GATEWAY_PORT` (8080).
     """
+    configure_process_logging(settings)
+    code = start_up(settings)
+    if code:
+        return code
+    server = build_server(settings, host or settings.host, port or settings.port)
+    # What exists now (modules, classes, the app: about 100,000 objects) lives as long as the
+    # process. Out of the collector's reach, a full collection walks only what requests made
+    # since: a pause of well under a millisecond instead of tens of milliseconds for every
+    # open stream (docs/performance.md; Python's `gc.freeze`).
+    gc.freeze()
+    server.run()
+    return 0
+
+
+def configure_process_logging(settings: Settings) -> None:
+    """The gateway's log format and levels, in this process (each worker calls it too)."""
     configure_logging(settings.log_level)  # every message escaped: no forged lines (gateway.logs)
-    for name in unknown_variables(os.environ):
-        logger.warning("%s is not a setting and is ignored (docs/configuration.md)", name)
     # httpx logs every request at INFO, which would be the upstream monitor's probes every few
     # seconds; the gateway's own access log already has one line per request.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("aiohttp").setLevel(logging.WARNING)
+
+
+def start_up(settings: Settings) -> int:
+    """Warn about unknown variables and bring the database up to date; 0 or an exit code."""
+    for name in unknown_variables(os.environ):
+        logger.warning("%s is not a setting and is ignored (docs/configuration.md)", name)
     try:
         asyncio.run(prepare_schema(settings))
     except DatabaseSchemaError as exc:
         # One clear line instead of uvicorn's start-up traceback around the same message.
         logger.error("%s: %s", masked_url(settings.database_url), exc)
         return 1
+    return 0
+
+
+def build_server(
+    settings: Settings, host: str, port: int, *, signal_grace: float = 0.0
+) -> DrainingServer:
+    """The app and its uvicorn server, draining on the first signal (`DrainingServer`).
+
+    Args:
+        settings: Configuration.
+        host: Bind address (a worker is handed the socket instead and only logs it).
+        port: Port.
+        signal_grace: See `DrainingServer`.
+    """
     lifecycle = Lifecycle()
     limits = door_limits(settings, raise_open_files_limit())
     config = uvicorn.Config(
         create_app(settings, lifecycle=lifecycle),
-        host=host or settings.host,
-        port=port or settings.port,
+        host=host,
+        port=port,
         loop="auto",
         http=CoalescingHttpToolsProtocol.with_limits(limits),
         workers=1,
@@ -121,13 +171,13 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
         # Annotated int, but only handed to `loop.call_later`: a float works.
         timeout_keep_alive=settings.keepalive_timeout,  # type: ignore[arg-type]
     )
-    # What exists now (modules, classes, the app: about 100,000 objects) lives as long as the
-    # process. Out of the collector's reach, a full collection walks only what requests made
-    # since: a pause of well under a millisecond instead of tens of milliseconds for every
-    # open stream (docs/performance.md; Python's `gc.freeze`).
-    gc.freeze()
-    DrainingServer(config, lifecycle, settings.shutdown_drain, settings.shutdown_timeout).run()
-    return 0
+    return DrainingServer(
+        config,
+        lifecycle,
+        settings.shutdown_drain,
+        settings.shutdown_timeout,
+        signal_grace=signal_grace,
+    )
 
 
 async def prepare_schema(settings: Settings) -> None:

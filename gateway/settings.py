@@ -79,6 +79,11 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Address `gateway serve` binds to.")
     port: int = Field(8080, ge=1, le=65535, description="Port `gateway serve` listens on.")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    workers: int | Literal["auto"] = Field(
+        1,
+        description="Worker processes behind the one listening socket (`--workers` overrides); "
+        "`auto`: one per CPU. More than 1 needs Redis limit storage (gateway.workers).",
+    )
 
     # --- client connections (gateway.door) -----------------------------------------------------
     header_timeout: float = Field(
@@ -564,6 +569,14 @@ class Settings(BaseSettings):
         for entry in self.trusted_proxies:
             ipaddress.ip_network(entry, strict=False)  # ValueError -> ValidationError
         return self
+
+    @field_validator("workers")
+    @classmethod
+    def _check_workers(cls, workers: int | str) -> int | str:
+        """At least one worker (`auto` is resolved by `gateway serve`)."""
+        if isinstance(workers, int) and workers < 1:
+            raise ValueError("GATEWAY_WORKERS must be 1 or more, or auto")
+        return workers
 
     @property
     def trusted_proxy_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:

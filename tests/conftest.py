@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -27,6 +28,9 @@ PG_URL = os.environ.get(
     "GATEWAY_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 )
 """The PostgreSQL server the `postgres` tests use (a superuser: they make roles and schemas)."""
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+"""The Redis server the multi-worker tests share limits in (each under a key prefix of its own)."""
 
 
 def _in_ci() -> bool:
@@ -74,6 +78,38 @@ def postgres_url() -> Iterator[str]:
         yield PG_URL.replace("postgres@", f"{name}@", 1)
     finally:
         asyncio.run(run(f'DROP SCHEMA "{name}" CASCADE', f'DROP ROLE "{name}"'))
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    """A Redis key prefix of this test's own, its keys deleted afterwards."""
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        message = f"Redis at {REDIS_URL} is not reachable: {exc!r}"
+        if _in_ci():
+            pytest.fail(message)
+        pytest.skip(message)
+    prefix = f"gwtest-{secrets.token_hex(6)}"
+    try:
+        yield prefix
+    finally:
+        for name in client.scan_iter(f"{prefix}*"):
+            client.delete(name)
+        client.close()
+
+
+@pytest.fixture(params=[1, 2], ids=["1-worker", "2-workers"])
+def serve_env(request: pytest.FixtureRequest) -> dict[str, str]:
+    """`GATEWAY_*` variables for `gateway serve` with one worker, then with `--workers 2`."""
+    if request.param == 1:
+        return {}
+    return {
+        "GATEWAY_WORKERS": "2",
+        "GATEWAY_RATE_LIMIT_STORAGE": REDIS_URL,
+        "GATEWAY_RATE_LIMIT_KEY_PREFIX": request.getfixturevalue("redis_prefix"),
+    }
 
 
 # --- gateway + emulator over real loopback sockets ------------------------------------------

@@ -7,12 +7,13 @@ import pytest
 from gateway.cli import main
 
 
-def test_serve_offers_no_workers_option(capsys: pytest.CaptureFixture[str]):
-    """Metrics and in-process limits live in the process: scale with processes, not workers."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(["serve", "--workers", "2"])
-    assert exit_info.value.code == 2
-    assert "unrecognized arguments: --workers" in capsys.readouterr().err
+def test_serve_rejects_a_bad_worker_count(capsys: pytest.CaptureFixture[str]):
+    """`--workers` takes 1 or more, or auto (tests/test_workers.py runs the workers)."""
+    for bad in ("0", "two", "-1"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["serve", "--workers", bad])
+        assert exit_info.value.code == 2
+        assert "invalid worker count" in capsys.readouterr().err
 
 
 def test_serve_rejects_a_bad_port(capsys: pytest.CaptureFixture[str]):

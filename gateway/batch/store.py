@@ -413,7 +413,12 @@ class BatchStore:
         key's first line before any key's second, so one key's 50,000-line batch cannot hold
         another key's two lines back. Lines of the keys in `skip_keys` (held back by their own
         rate limits) are left alone. On PostgreSQL the rows are locked `FOR UPDATE SKIP
-        LOCKED`, so replicas claiming at once take different lines; SQLite has one writer.
+        LOCKED`, so replicas claiming at once take different lines. SQLite has one writer at a
+        time but reads outside it: two processes on one file (`gateway serve --workers 2`) can
+        read the same runnable lines, so each line is taken with an UPDATE that checks again
+        that it is still runnable, and only the lines it updated are claimed (before, both ran
+        such a line: 24 of 200 lines ran twice in tests/test_workers.py, the loser's result
+        discarded as superseded).
         """
         now = as_utc(None)
         runnable = or_(
@@ -459,11 +464,21 @@ class BatchStore:
         if self._postgres:
             query = query.with_for_update(of=BatchLineRow, skip_locked=True)
         claimed: list[ClaimedLine] = []
+        expires = now + timedelta(seconds=lease_seconds)
         async with self._sessions.begin() as session:
             for line, endpoint, key_id in (await session.execute(query)).all():
-                line.state = "running"
-                line.lease_owner = owner
-                line.lease_expires = now + timedelta(seconds=lease_seconds)
+                taken = await session.execute(
+                    update(BatchLineRow)
+                    .where(
+                        BatchLineRow.batch_id == line.batch_id,
+                        BatchLineRow.line_no == line.line_no,
+                        runnable,
+                    )
+                    .values(state="running", lease_owner=owner, lease_expires=expires)
+                    .execution_options(synchronize_session=False)
+                )
+                if not getattr(taken, "rowcount", 0):  # another process took it first
+                    continue
                 claimed.append(
                     ClaimedLine(
                         line.batch_id,

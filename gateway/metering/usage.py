@@ -23,6 +23,7 @@ request's arrival.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -106,9 +107,14 @@ class UsageSink:
         self.pending_rows = Gauge(
             "gateway_usage_pending_rows",
             "Usage rows waiting to be written (the batch being written included).",
+            multiprocess_mode="livesum",
             registry=registry,
         )
-        self.pending_rows.set_function(lambda: len(self._pending) + self._writing)
+        # With workers (gateway.workers) values are read from files, not from a function:
+        # the gauge is set where the count changes instead.
+        self._set_pending = "PROMETHEUS_MULTIPROC_DIR" in os.environ
+        if not self._set_pending:
+            self.pending_rows.set_function(lambda: len(self._pending) + self._writing)
 
     def record(self, summary: RequestSummary) -> None:
         """Add one finished request (no I/O); a summary without a key id is ignored."""
@@ -140,6 +146,7 @@ class UsageSink:
                 self._unreported_drops += 1
                 return
             row = self._pending[key] = [0] * len(COLUMNS)
+            self._show_pending()
             if len(self._pending) >= self._high_water:
                 self._wake.set()
         for index, delta in enumerate(deltas):
@@ -171,6 +178,7 @@ class UsageSink:
                 return True
             batch, self._pending = self._pending, {}
             self._writing = len(batch)
+            self._show_pending()
             try:
                 await self._write(batch)
             except BaseException as exc:  # cancelled too: nothing committed, keep the sums
@@ -186,7 +194,12 @@ class UsageSink:
                 return False
             finally:
                 self._writing = 0
+                self._show_pending()
             return True
+
+    def _show_pending(self) -> None:
+        if self._set_pending:
+            self.pending_rows.set(len(self._pending) + self._writing)
 
     def _restore(self, batch: dict[RowKey, list[int]]) -> None:
         for key, sums in batch.items():

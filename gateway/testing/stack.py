@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
@@ -265,8 +265,10 @@ def matrix_model_server(workdir: Path, *, n_ctx: int = 2048) -> ManagedProcess:
     return _llama_server(argv, port, workdir)
 
 
-def gateway_process(workdir: Path, env: Mapping[str, str]) -> ManagedProcess:
-    """`gateway serve` on a free port, configured by `env` (`GATEWAY_*` variables)."""
+def gateway_process(
+    workdir: Path, env: Mapping[str, str], args: Sequence[str] = ()
+) -> ManagedProcess:
+    """`gateway serve ARGS` on a free port, configured by `env` (`GATEWAY_*` variables)."""
     port = free_port()
     full_env = {
         "GATEWAY_DATABASE_URL": f"sqlite+aiosqlite:///{workdir}/gateway.db",
@@ -275,7 +277,7 @@ def gateway_process(workdir: Path, env: Mapping[str, str]) -> ManagedProcess:
     }
     return ManagedProcess(
         "gateway",
-        [sys.executable, "-m", "gateway", "serve"],
+        [sys.executable, "-m", "gateway", "serve", *args],
         f"http://127.0.0.1:{port}",
         f"http://127.0.0.1:{port}/healthz",
         env=full_env,

@@ -91,7 +91,7 @@ class UpstreamMonitor:
         up, detail = await self.probe()
         if not up:
             logger.warning("upstream %s is down: %s", self.name, detail)
-            self._metrics.upstream_model_memory.clear()
+            self._metrics.forget_model_memory()
             self._metrics.upstream_models_loaded.labels(self.name).set(0)
             return False
         try:
@@ -113,7 +113,7 @@ class UpstreamMonitor:
             return
         memory = self._metrics.upstream_model_memory
         loaded = self._metrics.upstream_models_loaded
-        memory.clear()  # unloaded models must disappear, not linger with their last value
+        self._metrics.forget_model_memory()  # unloaded models must not linger with their value
         count = 0
         for entry in models:
             if not isinstance(entry, dict):
