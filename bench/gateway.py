@@ -127,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also a gateway with OpenTelemetry tracing on, exporting to a sink (row gw-otel)",
     )
+    add(
         "--workers-rows",
         action="store_true",
         help="also gateways with Redis limit storage: one worker (row gw-redis) and "
