@@ -523,11 +523,11 @@ def test_a_client_that_stops_reading_loses_its_stream_after_the_idle_timeout(
 ):
     """Backpressure: flow control holds the relay's write; after GATEWAY_IDLE_TIMEOUT the
     stream is closed and its slot, connection and in-flight count are given back."""
-    # The emulator builds its answer before the first byte, in this process: the first-byte
-    # timeout is generous so that a loaded machine cannot turn this into an upstream timeout
-    # (seen: 2,000,000 tokens took over 10 s). 300,000 lines (about 30 MB) still fill every
-    # socket buffer between the gateway and a client reading nothing.
-    gw = make_gateway(idle_timeout=1.0, upstream_max_concurrent=1, first_byte_timeout=120.0)
+    # The emulator makes each token as it sends it (it used to build the whole answer before
+    # the first byte: 2,000,000 tokens took over 10 s on a loaded machine, an upstream timeout
+    # instead of a client one). 300,000 lines (about 30 MB) fill every socket buffer between
+    # the gateway and a client reading nothing.
+    gw = make_gateway(idle_timeout=1.0, upstream_max_concurrent=1)
     emulator.config.tokens = 300_000
     emulator.config.inter_token = 0
     sink = socket.socket()

@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import json
 import string
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -123,26 +124,35 @@ def call_id(seed: str) -> str:
     return "call_" + "".join(chars)
 
 
-def plan(config: EmulatorConfig, limit: int | None, shape: Shape) -> tuple[list[Piece], str]:
+def plan(config: EmulatorConfig, limit: int | None, shape: Shape) -> tuple[Iterator[Piece], str]:
     """Lay out the chunks of one answer and its `done_reason` (`length` when cut by a limit).
 
     Thinking comes first (§2.3). A tool call comes after `tokens - 1` silent tokens, in one
     chunk, as Ollama's tool parser delivers it (§3.2); a JSON document is cut into `tokens`
     pieces; otherwise each token is `tok<i> `.
+
+    The pieces are made as they are sent, not before the first byte: a 2,000,000-token answer
+    used to take 7 s to build on a loaded machine before its first chunk, longer than a test
+    waits (issue 16). Only the count is known in advance, for `done_reason`.
     """
-    pieces = [Piece(thinking=f"think{i} ") for i in range(config.thinking_tokens)]
+    thinking = (Piece(thinking=f"think{i} ") for i in range(config.thinking_tokens))
+    body: Iterable[Piece]
     if shape.tool_call is not None:
-        pieces += [Piece(silent=True) for _ in range(config.tokens - 1)]
-        pieces.append(Piece(tool_call=shape.tool_call))
+        silent = (Piece(silent=True) for _ in range(config.tokens - 1))
+        body = itertools.chain(silent, [Piece(tool_call=shape.tool_call)])
+        count = max(config.tokens - 1, 0) + 1
     elif shape.document is not None:
-        pieces += [Piece(content=part) for part in _split(shape.document, config.tokens)]
+        parts = _split(shape.document, config.tokens)
+        body, count = (Piece(content=part) for part in parts), len(parts)
     else:
-        pieces += [Piece(content=f"tok{i} ") for i in range(config.tokens)]
+        body = (Piece(content=f"tok{i} ") for i in range(config.tokens))
+        count = max(config.tokens, 0)
+    pieces: Iterator[Piece] = itertools.chain(thinking, body)
     reason = "stop"
-    if limit is not None and 0 <= limit < len(pieces):
-        pieces, reason = pieces[:limit], "length"
+    if limit is not None and 0 <= limit < max(config.thinking_tokens, 0) + count:
+        pieces, reason = itertools.islice(pieces, limit), "length"
     if config.empty_first_chunk:
-        pieces.insert(0, Piece(counted=False))
+        pieces = itertools.chain([Piece(counted=False)], pieces)
     return pieces, reason
 
 

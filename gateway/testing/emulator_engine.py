@@ -14,7 +14,7 @@ return raw ASGI apps, `refusal` gives other routes the same faults before the fi
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import anyio
@@ -167,7 +167,7 @@ class _Generation:
         record: ReceivedRequest,
         *,
         stream: bool,
-        pieces: tuple[list[Piece], str],
+        pieces: tuple[Iterable[Piece], str],
         seat: Seat,
         unload: bool,
     ) -> None:
