@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import os
 import shutil
 import signal
 import tempfile
 import threading
+import time
 from socket import socket
 
 import uvicorn
@@ -51,12 +53,44 @@ SIGNAL_GRACE = 2.0
 #: Seconds a worker may take to answer the supervisor's ping before it is killed and replaced.
 WORKER_HEALTHCHECK_SECONDS = 30
 
+#: Longest wait, in seconds, between two tries to start a replacement that fails at start.
+REPLACEMENT_BACKOFF_MAX = 60.0
+
+#: The most workers `auto` starts: each holds its own pools and about 125 MB.
+AUTO_WORKERS_MAX = 16
+
+#: The cgroup v2 CPU quota (`<quota> <period>` in microseconds, or `max <period>`).
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"
+
 
 def worker_count(workers: int | str) -> int:
-    """The number of workers `workers` names: a number, or `auto` (one per CPU)."""
-    if workers == "auto":
-        return os.cpu_count() or 1
-    return int(workers)
+    """The number of workers `workers` names: a number, or `auto`.
+
+    `auto` is the CPUs this process may use: its affinity mask, and the cgroup's CPU quota
+    (`cpu.max`, cgroup v2) when one is set, as in a container with a CPU limit: a pod limited
+    to 2 CPUs on a 32-core node gets 2 workers, not 32. At most `AUTO_WORKERS_MAX`.
+    """
+    if workers != "auto":
+        return int(workers)
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    quota = _cgroup_cpus()
+    count = min(usable or 1, quota) if quota is not None else usable or 1
+    return max(1, min(count, AUTO_WORKERS_MAX))
+
+
+def _cgroup_cpus() -> int | None:
+    """CPUs the cgroup v2 quota allows (rounded up), or None when there is no quota."""
+    try:
+        with open(CGROUP_CPU_MAX, encoding="ascii") as handle:
+            quota, period = handle.read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    try:
+        return max(1, math.ceil(int(quota) / int(period)))
+    except (ValueError, ZeroDivisionError):
+        return None
 
 
 def share(total: int, workers: int, index: int) -> int:
@@ -219,6 +253,9 @@ class Supervisor(Multiprocess):
         self.settings = settings
         self.metrics_dir = metrics_dir
         self.failed = False
+        self._replacements: set[int] = set()  # slots whose worker is not the first one
+        self._due: dict[int, float] = {}  # slot -> monotonic time its next start may be tried
+        self._delay: dict[int, float] = {}  # slot -> seconds before the next try after that
 
     def _start(self, index: int) -> Worker:
         count = self.processes_num
@@ -237,20 +274,39 @@ class Supervisor(Multiprocess):
         if self.should_exit.is_set():
             return
         for index, process in enumerate(self.processes):
+            if index in self._due:
+                if time.monotonic() < self._due[index]:
+                    continue  # a replacement failed to start: wait before the next try
+                del self._due[index]
+                self.processes[index] = self._start(index)
+                continue
             if process.is_alive(timeout=self.config.timeout_worker_healthcheck):
                 continue
             process.kill()  # hung: kill it
             process.join()
             if process.pid is not None:
                 mark_process_dead(process.pid, self.metrics_dir)  # type: ignore[no-untyped-call]
-            if process.exitcode == STARTUP_FAILURE:
-                # Broken before it served: every replacement would fail the same way.
+            if process.exitcode == STARTUP_FAILURE and index not in self._replacements:
+                # A first worker broken before it served: the settings, the database or the
+                # socket are wrong, and every other worker fails the same way.
                 logger.error("worker [%s] failed to start; stopping", process.pid)
                 self.failed = True
                 self.should_exit.set()
                 return
             if self.should_exit.is_set():
                 return
+            self._replacements.add(index)
+            if process.exitcode == STARTUP_FAILURE:
+                # A replacement that failed to start (the database away for a moment): the
+                # other workers go on serving, and this slot is tried again, backing off.
+                delay = self._delay.get(index, 1.0)
+                self._delay[index] = min(delay * 2, REPLACEMENT_BACKOFF_MAX)
+                self._due[index] = time.monotonic() + delay
+                logger.error(
+                    "worker [%s] failed to start; trying again in %.0f s", process.pid, delay
+                )
+                continue
+            self._delay.pop(index, None)
             logger.warning(
                 "worker [%s] died (exit code %s); starting another", process.pid, process.exitcode
             )

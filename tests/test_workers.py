@@ -23,7 +23,7 @@ import redis
 
 from gateway.settings import Settings, UpstreamSpec
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
-from gateway.workers import SIGNAL_GRACE, refusal, share, worker_count, worker_settings
+from gateway.workers import SIGNAL_GRACE, refusal, share, worker_settings
 from tests.batch.test_batch_sdk import _chat, _jsonl, _upload, _wait
 from tests.conftest import REDIS_URL, Emulator, metric_value
 from tests.helpers import MODEL, stream_generation
@@ -133,11 +133,6 @@ def test_each_worker_gets_its_share_of_every_gate():
     assert (first.upstream_queue_size, second.upstream_queue_size) == (32, 32)
     assert [s.max_concurrent for s in first.upstream_specs] == [3, None, 0]
     assert [s.max_concurrent for s in second.upstream_specs] == [2, None, 0]
-
-
-def test_auto_is_one_worker_per_cpu():
-    assert worker_count("auto") == (os.cpu_count() or 1)
-    assert worker_count(3) == 3
 
 
 def test_workers_without_redis_or_with_an_indivisible_gate_are_refused():
@@ -297,6 +292,30 @@ def test_a_killed_worker_is_replaced_and_its_counts_stay(two_workers, emulator):
     assert metric_value(text, "gateway_requests_in_flight") == 0
 
 
+def test_a_replacement_that_fails_to_start_is_retried_while_the_other_worker_serves(
+    two_workers, emulator, tmp_path: Path
+):
+    """A worker dying during a short database outage must not take the whole gateway down."""
+    emulator.config.tokens = 1
+    database = tmp_path / "db"
+    database.mkdir()
+    gateway, key = two_workers(database_url=f"sqlite+aiosqlite:///{database}/gw.db")
+    database.rename(tmp_path / "db.away")
+    database.write_text("not a directory")  # the replacement cannot open its database
+    victim = min(worker_pids(gateway))
+    os.kill(victim, signal.SIGKILL)
+    _until(lambda: "failed to start; trying again in" in gateway.log_tail(2000), "a retry")
+    assert gateway.process is not None
+    assert gateway.process.poll() is None  # still serving
+    # The surviving worker still answers (its database is away too: liveness, not a key).
+    assert httpx.get(f"{gateway.url}/healthz", timeout=10).status_code == 200
+    database.unlink()
+    (tmp_path / "db.away").rename(database)
+    _until(lambda: len(worker_pids(gateway)) == 2 and victim not in worker_pids(gateway), "back")
+    for _ in range(4):
+        assert generate(gateway.url, key).status_code == 200
+
+
 def test_the_upstream_gate_is_divided_between_the_workers(two_workers, emulator):
     emulator.config.tokens = 1
     gateway, _ = two_workers(upstream_max_concurrent="3", upstream_queue_size="10")
@@ -399,3 +418,20 @@ def test_tpm_limit_holds_across_workers(two_workers, emulator, redis_prefix):
     assert statuses == [200, 200, 429, 429]
     text = httpx.get(f"{gateway.url}/metrics").text
     assert metric_value(text, "gateway_rate_limited_total", kind="tpm") == 2
+
+
+def test_auto_counts_the_cpus_this_process_may_use(tmp_path, monkeypatch):
+    """A pod limited to 2 CPUs on a 32-core node starts 2 workers, not 32."""
+    from gateway import workers
+
+    cpu_max = tmp_path / "cpu.max"
+    monkeypatch.setattr(workers, "CGROUP_CPU_MAX", str(cpu_max))
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda _pid: set(range(32)))
+    cpu_max.write_text("150000 100000\n")
+    assert workers.worker_count("auto") == 2  # 1.5 CPUs of quota, rounded up
+    cpu_max.write_text("max 100000\n")
+    assert workers.worker_count("auto") == workers.AUTO_WORKERS_MAX  # 32 usable, capped
+    cpu_max.unlink()  # no cgroup v2: the affinity alone
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda _pid: {0, 1, 2})
+    assert workers.worker_count("auto") == 3
+    assert workers.worker_count("5") == 5
