@@ -8,6 +8,7 @@ subcommand's `handler`, so tests can run any command in-process.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -43,6 +44,15 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     host = settings.host if args.host is None else args.host
     port = settings.port if args.port is None else args.port
     workers = worker_count(settings.workers if args.workers is None else args.workers)
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # Inherited from the shell or a unit file: one process would write its metrics there
+        # and read a previous run's files back (stale counters, dead processes' gauges).
+        print(
+            "gateway serve: PROMETHEUS_MULTIPROC_DIR is set; unset it: with --workers N the "
+            "gateway makes and removes its own multiprocess directory",
+            file=sys.stderr,
+        )
+        return 2
     if workers > 1:
         return serve_workers(settings, host, port, workers)
     return serve(settings, host=host, port=port)

@@ -164,6 +164,25 @@ def test_serve_with_two_workers_and_memory_limits_exits_with_a_clear_error(tmp_p
     assert not (tmp_path / "gateway.db").exists()  # refused before touching anything
 
 
+def test_an_inherited_multiprocess_directory_is_refused(tmp_path: Path):
+    """One process would write there and read a previous run's counters back as its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "PROMETHEUS_"))}
+    env["GATEWAY_DATABASE_URL"] = f"sqlite+aiosqlite:///{tmp_path}/gateway.db"
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp_path / "stale")
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "PROMETHEUS_MULTIPROC_DIR is set; unset it" in done.stderr
+    assert not (tmp_path / "gateway.db").exists()
+
+
 # --- two real workers ---------------------------------------------------------------------
 
 
