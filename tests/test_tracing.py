@@ -196,6 +196,47 @@ def test_a_request_without_traceparent_starts_a_trace(
     assert received.headers["traceparent"].split("-")[1] == f"{server.context.trace_id:032x}"
 
 
+def test_a_client_cannot_turn_its_trace_off_or_fork_it(
+    make_gateway: Callable[..., Gateway], emulator: Emulator
+) -> None:
+    """A `-00` (not sampled) traceparent is still traced (the gateway samples what it
+    serves); two traceparent lines are no parent; repeated tracestate lines are one list."""
+    exporter = InMemorySpanExporter()
+    gateway = make_gateway(span_exporter=exporter)
+    body = {"model": MODEL, "prompt": "hi", "stream": False}
+    unsampled = {**gateway.headers(), "traceparent": TRACEPARENT[:-2] + "00"}
+    assert httpx.post(f"{gateway.url}/api/generate", json=body, headers=unsampled).is_success
+    server = by_kind(wait_spans(exporter, 2), SpanKind.SERVER)[0]
+    assert f"{server.context.trace_id:032x}" == TRACE_ID  # still the client's trace
+    exporter.clear()
+    other = "00-" + "e" * 32 + "-" + "1" * 16 + "-01"
+    headers = [
+        *gateway.headers().items(),
+        ("traceparent", TRACEPARENT),
+        ("traceparent", other),
+        ("tracestate", "a=1"),
+        ("tracestate", "b=2"),
+    ]
+    assert httpx.post(f"{gateway.url}/api/generate", json=body, headers=headers).is_success
+    server = by_kind(wait_spans(exporter, 2), SpanKind.SERVER)[0]
+    assert server.parent is None  # neither of the two is trusted
+    assert f"{server.context.trace_id:032x}" not in (TRACE_ID, "e" * 32)
+    exporter.clear()
+    headers = [*headers[:-3], ("tracestate", "a=1"), ("tracestate", "b=2")]
+    assert httpx.post(f"{gateway.url}/api/generate", json=body, headers=headers).is_success
+    server = by_kind(wait_spans(exporter, 2), SpanKind.SERVER)[0]
+    assert server.context.trace_state.to_header() == "a=1,b=2"
+
+
+def test_a_long_path_is_cut_in_the_span(make_gateway: Callable[..., Gateway]) -> None:
+    exporter = InMemorySpanExporter()
+    gateway = make_gateway(span_exporter=exporter)
+    httpx.get(f"{gateway.url}/v1/{'x' * 3000}", headers=gateway.headers())
+    (server,) = wait_spans(exporter, 1)
+    assert server.attributes is not None
+    assert len(str(server.attributes["url.path"])) == 1024
+
+
 def test_an_upstream_500_marks_both_spans_as_errors(
     make_gateway: Callable[..., Gateway], emulator: Emulator
 ) -> None:

@@ -87,7 +87,26 @@ def open_tracing(
     )
     if name:
         resource["service.name"] = name
-    # The sampler comes from OTEL_TRACES_SAMPLER (default: parent-based, always on).
-    provider = TracerProvider(resource=Resource.create(resource), shutdown_on_exit=False)
+    # OTEL_TRACES_SAMPLER chooses the sampler when set. The SDK's own default (parent-based)
+    # would let any client turn its traces off with a `-00` traceparent, keeping its slow or
+    # failing requests from the collector: the gateway samples every request it serves.
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+
+    sampler = None if environ.get("OTEL_TRACES_SAMPLER") else ALWAYS_ON
+    # Attribute values are client-supplied (the path): bounded unless the operator says so.
+    from opentelemetry.sdk.trace import SpanLimits
+
+    limits = SpanLimits(
+        max_attribute_length=None if environ.get("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT") else 1024
+    )
+    # The SDK warns once per malformed `tracestate` member with the client's whole value:
+    # log volume any client could drive without a key. The header is dropped either way.
+    logging.getLogger("opentelemetry.trace.span").setLevel(logging.ERROR)
+    provider = TracerProvider(
+        resource=Resource.create(resource),
+        shutdown_on_exit=False,
+        sampler=sampler,
+        span_limits=limits,
+    )
     provider.add_span_processor(BatchSpanProcessor(exporter))
     return Tracing(provider, capture_content=settings.otel_capture_content)

@@ -60,12 +60,17 @@ class Tracing:
 
     def start_server(self, scope: Scope) -> Span:
         """Start the SERVER span of one HTTP request, child of the client's `traceparent`."""
-        carrier = {
-            name.decode("latin-1"): value.decode("latin-1")
-            for name, value in scope["headers"]
-            if name in _PROPAGATED
-        }
-        parent = self.propagator.extract(carrier) if carrier else None
+        carrier: dict[str, list[str]] = {}
+        for name, value in scope["headers"]:
+            if name in _PROPAGATED:
+                carrier.setdefault(name.decode("latin-1"), []).append(value.decode("latin-1"))
+        # W3C Trace Context: repeated `tracestate` lines are one list (section 3.3.1.1); two
+        # `traceparent` lines are no usable parent (section 3.2), so a new trace starts.
+        parents = carrier.pop("traceparent", [])
+        merged = {"tracestate": ",".join(carrier["tracestate"])} if "tracestate" in carrier else {}
+        if len(parents) == 1:
+            merged["traceparent"] = parents[0]
+        parent = self.propagator.extract(merged) if "traceparent" in merged else None
         method = scope["method"]
         attributes = {
             "http.request.method": method if method in METHODS else "_OTHER",
@@ -124,8 +129,9 @@ def end_upstream_failure(span: Span, error: BaseException) -> None:
     if status is not None:
         span.set_attribute("http.response.status_code", status)
     span.set_attribute("error.type", outcome)
-    message = getattr(error, "message", None) or outcome
-    span.set_status(Status(StatusCode.ERROR, str(message)[:_MESSAGE_CHARS]))
+    # The outcome, not the message: an upstream's 400/422 text may quote the request's own
+    # content, and spans carry none unless content capture is on.
+    span.set_status(Status(StatusCode.ERROR, str(outcome)[:_MESSAGE_CHARS]))
     span.end()
 
 
