@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, HttpUrl, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -561,6 +562,14 @@ class Settings(BaseSettings):
             "change-me",
         }:
             raise ValueError("GATEWAY_UPSTREAM_API_KEY still holds the placeholder value")
+        # The replicated Kubernetes overlay ships `change-me` passwords in its Secret.
+        for name, url in (
+            ("GATEWAY_DATABASE_URL", self.database_url),
+            ("GATEWAY_RATE_LIMIT_STORAGE", self.rate_limit_storage),
+        ):
+            password = urlsplit(url).password if "://" in url else None
+            if password is not None and password.lower() in {"changeme", "change-me"}:
+                raise ValueError(f"{name} still holds the placeholder password: set a real one")
         return self
 
     @model_validator(mode="after")

@@ -290,6 +290,11 @@ def test_gateway_settings_parse_and_refuse_the_placeholder_admin_secret(
         Settings(_env_file=None)
 
     monkeypatch.setenv("GATEWAY_ADMIN_JWT_SECRET", "k3J9-vQx7_pLm2Zt8RwYb4Nc6HdUe1Fs0GaTiOoE")
+    for name in ("GATEWAY_DATABASE_URL", "GATEWAY_RATE_LIMIT_STORAGE"):
+        if ":change-me@" in env.get(name, ""):  # the replicated overlay's placeholders too
+            with pytest.raises(ValidationError, match=f"{name} still holds the placeholder"):
+                Settings(_env_file=None)
+            monkeypatch.setenv(name, env[name].replace(":change-me@", ":s3cr3t-Pa55@"))
     settings = Settings(_env_file=None)
     assert str(settings.upstream_url).rstrip("/") == f"http://ollama:{OLLAMA_PORT}"
     assert settings.port == 8080
