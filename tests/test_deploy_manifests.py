@@ -415,6 +415,23 @@ def test_only_gateway_pods_reach_ollama_and_only_on_its_port(overlay: str):
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_gateway_port_is_not_open_to_every_pod(overlay: str):
+    """/metrics, /readyz and /admin share the API's port: only named namespaces reach it."""
+    objects = _render(overlay)
+    gateway_labels = _template_labels(_gateway(objects))
+    [policy] = [
+        p
+        for p in _kinds(objects, "NetworkPolicy")
+        if _selects(p["spec"]["podSelector"], gateway_labels)
+    ]
+    [rule] = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8080}]
+    assert rule["from"]  # an empty list would admit everyone
+    assert all(set(peer) == {"namespaceSelector"} for peer in rule["from"])
+    assert all(peer["namespaceSelector"] for peer in rule["from"])  # {} is every namespace
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_ollama_has_a_gpu_and_a_model_volume(overlay: str):
     objects = _render(overlay)
     ollama = _one(objects, "StatefulSet", "ollama")
@@ -474,6 +491,11 @@ def test_compose_replicas_profile_runs_two_gateways_behind_nginx_on_postgres_and
     mounts = services["nginx"]["volumes"]
     assert "./nginx/nginx.conf:/etc/nginx/nginx.conf:ro" in mounts
     assert "proxy_buffering off;" in nginx_conf
+    # The client API only: no /metrics, /readyz or admin API through the published port.
+    [location] = re.findall(r"location ~ (\S+) \{", nginx_conf)
+    assert location == "^/(api|v1)/"
+    for name in gateways:  # nginx's address is a proxy's: the log shows the client's
+        assert services[name]["environment"]["GATEWAY_TRUSTED_PROXIES"]
     port = services["nginx"]["ports"][0]
     assert port.startswith("127.0.0.1:")
     assert re.search(rf"listen {port.rsplit(':', 1)[1]};", nginx_conf)
