@@ -29,9 +29,9 @@ def _port(text: str) -> int:
 
 
 def _workers(text: str) -> int | str:
-    if text == "auto":
-        return text
-    if not text.isdigit() or int(text) < 1:
+    if text.strip().lower() == "auto":
+        return "auto"
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"invalid worker count {text!r}: use 1 or more, or auto")
     return int(text)
 

@@ -517,6 +517,37 @@ class Settings(BaseSettings):
             )
         return self
 
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _parse_workers(cls, value: object) -> object:
+        """A whole number from 1, or `auto` in any case: one clear message for anything else."""
+        if isinstance(value, str):
+            text = value.strip().lower()
+            if text == "auto":
+                return "auto"
+            if not (text.isascii() and text.isdigit()) or int(text) < 1:
+                raise ValueError(f"invalid worker count {value!r}: use 1 or more, or auto")
+            return int(text)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ValueError(f"invalid worker count {value!r}: use 1 or more, or auto")
+        return value
+
+    @field_validator("otel_exporter_otlp_endpoint")
+    @classmethod
+    def _check_otlp_endpoint(cls, value: str | None) -> str | None:
+        """An http:// or https:// URL (unset or empty: tracing off, unless OTEL_* says on).
+
+        Without a scheme the exporter takes the value at start and then fails every export
+        (`No connection adapters were found`), losing each span with an error in the log.
+        """
+        if not value or not value.strip():
+            return None
+        if not value.strip().lower().startswith(("http://", "https://")):
+            raise ValueError(
+                f"{value!r} is not an http:// or https:// URL (e.g. http://collector:4318)"
+            )
+        return value.strip()
+
     @field_validator("cors_origins", mode="before")
     @classmethod
     def _parse_cors_origins(cls, value: object) -> object:

@@ -127,3 +127,26 @@ def test_cors_origins_refuse_what_no_browser_sends(monkeypatch, origin: str):
     monkeypatch.setenv("GATEWAY_CORS_ORIGINS", origin)
     with pytest.raises(ValidationError, match="is not an origin"):
         Settings(_env_file=None)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("auto", "auto"), ("AUTO", "auto"), (" 3 ", 3), (2, 2)]
+)
+def test_the_worker_count_reads_numbers_and_auto_in_any_case(value, expected):
+    assert Settings(workers=value).workers == expected
+
+
+@pytest.mark.parametrize("value", ["two", "0", "-1", "1.5", "\u0663", 0])
+def test_a_bad_worker_count_gets_one_clear_error(value):
+    with pytest.raises(ValidationError) as caught:
+        Settings(workers=value)
+    assert caught.value.error_count() == 1
+    assert "use 1 or more, or auto" in str(caught.value)
+
+
+def test_an_otlp_endpoint_without_a_scheme_is_refused_at_start():
+    with pytest.raises(ValidationError, match="not an http:// or https:// URL"):
+        Settings(otel_exporter_otlp_endpoint="127.0.0.1:4318")
+    assert Settings(otel_exporter_otlp_endpoint="").otel_exporter_otlp_endpoint is None
+    url = Settings(otel_exporter_otlp_endpoint="http://collector:4318").otel_exporter_otlp_endpoint
+    assert url == "http://collector:4318"
