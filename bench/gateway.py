@@ -265,45 +265,21 @@ def _generate_variants(
 ) -> list[Target]:
     """The optional rows of the generate surface: gw-httpx, floor, nginx (started on `stack`)."""
     targets = []
+    variants: list[tuple[str, str, dict[str, str]]] = []
     if args.httpx_row:
+        variants.append(("gw-httpx", "gateway-httpx", {"GATEWAY_UPSTREAM_HTTP_CLIENT": "httpx"}))
+    if args.tracing_row:
+        sink = stack.enter_context(otlp_sink_process(workdir))
+        endpoint = {"GATEWAY_OTEL_EXPORTER_OTLP_ENDPOINT": sink.url}
+        variants.append(("gw-otel", "gateway-otel", endpoint))
+    for name, directory, extra_env in variants:  # the gateway as shipped, one setting changed
         variant, variant_key = gateway_with_key(
-            workdir / "gateway-httpx",
-            upstream_url,
-            limits=not args.no_key_limits,
-            extra_env={"GATEWAY_UPSTREAM_HTTP_CLIENT": "httpx"},
+            workdir / directory, upstream_url, limits=not args.no_key_limits, extra_env=extra_env
         )
         stack.enter_context(variant)
         assert variant.process is not None  # noqa: S101
-        targets.append(
-            Target(
-                "gw-httpx",
-                variant.url,
-                "/v1/generate",
-                BODY,
-                key=variant_key,
-                pids=(variant.process.pid,),
-            )
-        )
-    if args.tracing_row:
-        sink = stack.enter_context(otlp_sink_process(workdir))
-        traced, traced_key = gateway_with_key(
-            workdir / "gateway-otel",
-            upstream_url,
-            limits=not args.no_key_limits,
-            extra_env={"GATEWAY_OTEL_EXPORTER_OTLP_ENDPOINT": sink.url},
-        )
-        stack.enter_context(traced)
-        assert traced.process is not None  # noqa: S101
-        targets.append(
-            Target(
-                "gw-otel",
-                traced.url,
-                "/v1/generate",
-                BODY,
-                key=traced_key,
-                pids=(traced.process.pid,),
-            )
-        )
+        pids = (variant.process.pid,)
+        targets.append(Target(name, variant.url, "/v1/generate", BODY, key=variant_key, pids=pids))
     if args.workers_rows:
         targets += _worker_rows(args, workdir, upstream_url, stack)
     if args.floor_row:

@@ -143,22 +143,23 @@ def test_workers_without_redis_or_with_an_indivisible_gate_are_refused():
     assert refusal(gated, 1) is None
 
 
-def test_serve_with_two_workers_and_memory_limits_exits_with_a_clear_error(tmp_path: Path):
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("GATEWAY_", "PROMETHEUS_"))
-    }
-    env["GATEWAY_DATABASE_URL"] = f"sqlite+aiosqlite:///{tmp_path}/gateway.db"
-    done = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve", "--workers", "2"],
-        env=env,
+def _refused_serve(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run `gateway serve ARGS` with only `env` set (no GATEWAY_* or PROMETHEUS_* inherited)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "PROMETHEUS_"))}
+    clean["GATEWAY_DATABASE_URL"] = f"sqlite+aiosqlite:///{tmp_path}/gateway.db"
+    return subprocess.run(  # noqa: S603 - our own command
+        [sys.executable, "-m", "gateway", "serve", *args],
+        env={**clean, **env},
         cwd=tmp_path,  # no .env there
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
+
+
+def test_serve_with_two_workers_and_memory_limits_exits_with_a_clear_error(tmp_path: Path):
+    done = _refused_serve(tmp_path, "--workers", "2")
     assert done.returncode == 2
     assert "GATEWAY_RATE_LIMIT_STORAGE=redis://" in done.stderr
     assert not (tmp_path / "gateway.db").exists()  # refused before touching anything
@@ -166,18 +167,7 @@ def test_serve_with_two_workers_and_memory_limits_exits_with_a_clear_error(tmp_p
 
 def test_an_inherited_multiprocess_directory_is_refused(tmp_path: Path):
     """One process would write there and read a previous run's counters back as its own."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "PROMETHEUS_"))}
-    env["GATEWAY_DATABASE_URL"] = f"sqlite+aiosqlite:///{tmp_path}/gateway.db"
-    env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp_path / "stale")
-    done = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = _refused_serve(tmp_path, PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "stale"))
     assert done.returncode == 2
     assert "PROMETHEUS_MULTIPROC_DIR is set; unset it" in done.stderr
     assert not (tmp_path / "gateway.db").exists()
