@@ -47,6 +47,21 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ManagedPro
             yield gateway, str(key["key"])
 
 
+def _assert_counted(content: object, eval_count: int | None, limit: int) -> None:
+    """A chat answer and its count agree: text with 1..limit tokens, or none with no count.
+
+    Even greedy, Gemma 3 270M sometimes ends 'Say hello.' at once (which one depends on the
+    server's cache state, seen in CI): that is the model's answer, and Ollama omits a zero
+    `eval_count`. What the gateway must get right is that the two agree.
+    """
+    assert isinstance(content, str)
+    if content:
+        assert eval_count is not None
+        assert 0 < eval_count <= limit
+    else:
+        assert not eval_count
+
+
 def _headers(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
@@ -94,8 +109,7 @@ def test_non_streamed_chat_answer(stack):
     result = response.json()
     assert result["done"] is True
     assert result["message"]["role"] == "assistant"
-    assert result["message"]["content"].strip()
-    assert 0 < result["eval_count"] <= 16
+    _assert_counted(result["message"]["content"], result.get("eval_count"), 16)
 
 
 def test_rejected_key(stack):
@@ -237,9 +251,7 @@ def test_the_ollama_client_streams_from_the_real_model(stack):
             options={"num_predict": 8, **DETERMINISTIC},
         )
         assert chat.message.role == "assistant"
-        assert chat.message.content, "the greedy answer to 'Say hello.' is not empty"
-        assert chat.eval_count is not None
-        assert 0 < chat.eval_count <= 8
+        _assert_counted(chat.message.content, chat.eval_count, 8)
 
 
 def test_a_batch_runs_against_the_real_model_with_the_openai_sdk(stack):
