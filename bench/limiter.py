@@ -48,6 +48,7 @@ async def _async_cost(storage_url: str | None, requests: int) -> float:
         admission = await limiter.admit(principal)
         await limiter.release(admission, 42)
     elapsed = time.perf_counter() - start
+    await limiter.aclose()
     await close_storage(storage)
     return elapsed / requests
 

@@ -102,11 +102,13 @@ def create_app(
             admin_verifier = AdminTokenVerifier.from_settings(settings)
             if admin_verifier is not None:
                 stack.push_async_callback(admin_verifier.aclose)
+            limiter = KeyLimiter(limit_storage, settings, metrics)
+            stack.push_async_callback(limiter.aclose)
             relay = Relay(
                 settings=settings,
                 metrics=metrics,
                 pool=pool,
-                limiter=KeyLimiter(limit_storage, settings, metrics),
+                limiter=limiter,
                 lifecycle=lifecycle,
                 usage=usage,
                 tracing=tracing,
@@ -118,6 +120,7 @@ def create_app(
             async with anyio.create_task_group() as background:
                 for upstream in pool.upstreams:
                     background.start_soon(upstream.monitor.run)
+                background.start_soon(limiter.run)
                 if runner is not None:
                     background.start_soon(runner.run)
                 yield GatewayState(

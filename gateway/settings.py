@@ -351,6 +351,14 @@ class Settings(BaseSettings):
     rate_limit_timeout: float = Field(
         0.25, gt=0, description="Seconds a limiter storage call may take before the policy applies."
     )
+    rate_limit_lease_seconds: float = Field(
+        30.0,
+        ge=1,
+        le=3600,
+        description="With Redis: seconds a request in flight counts against its key's "
+        "max_concurrent without its process renewing it (every third of this); the requests of a "
+        "process that died stop counting this long after its last renewal.",
+    )
     upstream_max_concurrent: int = Field(
         0, ge=0, description="Requests in flight to the upstream at once (per process); 0: no gate."
     )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import threading
 import time
@@ -255,6 +257,50 @@ def test_two_gateway_processes_share_one_limit_through_redis(emulator: Emulator,
     assert sorted(statuses) == [200] * 5 + [429] * 5
     assert statuses[:5] == [200] * 5
     assert len(_generations(emulator)) == 5
+
+
+@pytest.mark.skipif(not _redis_up(), reason="Redis is not running on 127.0.0.1:6379")
+def test_a_killed_replicas_in_flight_requests_stop_counting_within_a_lease(
+    emulator: Emulator, tmp_path: Path
+):
+    """A replica killed with SIGKILL mid-stream cannot give its in-flight slot back: its lease
+    lapses instead, and the key's next request on another replica is admitted."""
+    emulator.config.tokens = 10_000
+    emulator.config.inter_token = 0.05  # a stream that outlives the test
+    env = {
+        "GATEWAY_UPSTREAM_URL": emulator.url,
+        "GATEWAY_RATE_LIMIT_STORAGE": REDIS_URL,
+        "GATEWAY_RATE_LIMIT_KEY_PREFIX": f"test-{uuid.uuid4().hex}",
+        "GATEWAY_RATE_LIMIT_LEASE_SECONDS": "3",
+        "GATEWAY_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path}/shared.db",
+    }
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with gateway_process(tmp_path / "a", env) as a, gateway_process(tmp_path / "b", env) as b:
+        key = str(create_key(a.extra_env, "one-at-a-time", "--max-concurrent", "1")["key"])
+        headers = {"Authorization": f"Bearer {key}"}
+        body = {"model": MODEL, "prompt": "x"}
+        with httpx.stream(
+            "POST", f"{a.url}/v1/generate", json=body, headers=headers, timeout=30
+        ) as held:
+            assert held.status_code == 200
+            lines = held.iter_lines()  # kept: a dropped iterator would close the stream
+            next(lines)  # the stream runs on replica a
+            refused = httpx.post(f"{b.url}/v1/generate", json=body, headers=headers, timeout=30)
+            assert refused.status_code == 429
+            assert "at most 1 in flight" in refused.json()["error"]
+            assert a.process is not None
+            os.killpg(a.process.pid, signal.SIGKILL)
+            a.process.wait(30)
+        quick = {**body, "stream": False, "options": {"num_predict": 1}}
+        deadline = time.monotonic() + 30  # far above the 3 s lease, for a loaded machine
+        while True:
+            answer = httpx.post(f"{b.url}/v1/generate", json=quick, headers=headers, timeout=30)
+            if answer.status_code == 200 or time.monotonic() > deadline:
+                break
+            assert answer.status_code == 429
+            time.sleep(0.2)
+        assert answer.status_code == 200
 
 
 class _SilentServer:

@@ -217,8 +217,8 @@ def test_in_flight_limit_holds_across_workers(two_workers, emulator, redis_prefi
     client = redis.Redis.from_url(REDIS_URL)
 
     def in_flight() -> int:
-        names = client.scan_iter(f"{redis_prefix}*concurrency*")
-        return sum(int(client.get(name) or 0) for name in names)
+        names = client.scan_iter(f"{redis_prefix}:inflight/*")  # one leased member a request
+        return sum(int(client.zcard(name)) for name in names)
 
     assert in_flight() == 2  # the count both workers share
     refused = [generate(gateway.url, key) for _ in range(4)]

@@ -7,8 +7,9 @@ Redis (`GATEWAY_RATE_LIMIT_STORAGE=redis://...`, shared by every replica).
 
 * RPM: a moving window over the last 60 s (exact), one hit per request, counted at admission
   (`admit`), before the body is read: a flood of junk bodies spends the key's own RPM.
-* Concurrency: a counter per key, incremented at admission and decremented when the response
-  ends; in Redis it carries a one-hour expiry as a guard against counts leaked by a crash.
+* Concurrency: a count per key, taken at admission and given back when the response ends;
+  in Redis one lease per request that its process renews, so the requests of a process that
+  died stop counting one lease later (`gateway.ratelimit.inflight`).
 * TPM: fixed one-minute windows. Once the body is parsed, the request reserves what it may use
   (`reserve`; `gateway.ratelimit.estimate`: its `num_predict`, else
   `GATEWAY_TPM_RESERVE_TOKENS`, plus its prompt's bytes / 4) and is refused when the window
@@ -44,12 +45,10 @@ from gateway.auth.principal import Principal
 from gateway.errors import GatewayError, RateLimitedError, ServiceUnavailableError
 from gateway.metrics import Metrics
 from gateway.ratelimit.estimate import TokenEstimate
+from gateway.ratelimit.inflight import InFlight, LeasedInFlight, LocalInFlight
 from gateway.settings import Settings
 
 logger = logging.getLogger("gateway.ratelimit")
-
-#: Expiry (seconds) of a key's in-flight counter: a guard against counts leaked by a crash.
-_CONCURRENCY_TTL = 3600
 
 #: Seconds two reads of one TPM window's end may differ by (Redis TTLs are whole seconds).
 _WINDOW_SLACK = 5.0
@@ -129,13 +128,14 @@ class Admission:
     Attributes:
         reserved: Tokens reserved against TPM and not yet settled.
         window_ends: When the TPM window holding `reserved` ends (epoch seconds).
+        ticket: The in-flight count's ticket (`InFlight.acquire`) while the request holds one.
         released: `KeyLimiter.release` ran; later calls do nothing.
     """
 
     key_id: str
     limits: Limits
     headers: dict[str, str] = field(default_factory=dict)
-    holds_concurrency: bool = False
+    ticket: str | None = None
     reserved: int = 0
     window_ends: float = 0.0
     released: bool = False
@@ -146,15 +146,24 @@ class KeyLimiter:
 
     A request calls `admit` (RPM, in-flight), then `reserve` (TPM) once its body is known, and
     `release` exactly once after `admit` succeeded, whatever happened since: it gives the
-    in-flight slot back and settles the reservation.
+    in-flight slot back and settles the reservation. With a shared storage, `run` must run
+    for as long as the limiter serves: it renews the leases of the requests in flight.
 
     Args:
         storage: A `limits.aio` storage (memory or Redis).
-        settings: Defaults, fail policy and storage timeout (seconds).
+        settings: Defaults, fail policy, storage timeout and lease (seconds).
         metrics: For `gateway_rate_limited_total{kind}` and storage errors.
+        in_flight: The in-flight counts; by default in this process with the memory storage,
+            else leases in the Redis of `GATEWAY_RATE_LIMIT_STORAGE`.
     """
 
-    def __init__(self, storage: Storage, settings: Settings, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        settings: Settings,
+        metrics: Metrics,
+        in_flight: InFlight | None = None,
+    ) -> None:
         self._storage = storage
         self._settings = settings
         self._metrics = metrics
@@ -162,6 +171,35 @@ class KeyLimiter:
         self._fixed = FixedWindowRateLimiter(storage)
         # The in-process storage never waits on anything: no deadline to arm for it.
         self._remote = not isinstance(storage, MemoryStorage)
+        if in_flight is None:
+            in_flight = LeasedInFlight.from_settings(settings) if self._remote else LocalInFlight()
+        self._in_flight = in_flight
+
+    async def run(self) -> None:
+        """Renew this process's in-flight leases until cancelled; returns at once in memory.
+
+        A renewal that fails is logged and counted (`gateway_rate_limit_storage_errors_total`)
+        and tried again at the next interval: with a third of the lease between renewals, two
+        may fail before a request stops counting.
+        """
+        interval = self._in_flight.renew_interval
+        if interval is None:
+            return
+        while True:
+            await anyio.sleep(interval)
+            try:
+                with anyio.fail_after(interval):
+                    await self._in_flight.renew()
+            except Exception as exc:
+                self._metrics.rate_limit_storage_errors.inc()
+                logger.warning(
+                    "rate-limit storage failed while renewing leases: %s",
+                    type(exc).__name__ or "timeout",
+                )
+
+    async def aclose(self) -> None:
+        """Close the in-flight counts' own connections (the storage is closed apart)."""
+        await self._in_flight.aclose()
 
     def _deadline(self) -> AbstractContextManager[object]:
         """`GATEWAY_RATE_LIMIT_TIMEOUT` around a shared storage's calls; nothing in-process."""
@@ -199,12 +237,10 @@ class KeyLimiter:
                 what = f"{limits.rpm} requests per minute"
                 raise self._refuse("rpm", what, admission.headers, stats.reset_time)
         if limits.max_concurrent:
-            count = await self._in_flight(key_id, 1)
-            if count > limits.max_concurrent:
-                await self._in_flight(key_id, -1)
+            admission.ticket = await self._in_flight.acquire(key_id, limits.max_concurrent)
+            if admission.ticket is None:
                 what = f"at most {limits.max_concurrent} in flight"
                 raise self._refuse("concurrency", what, admission.headers, time.time() + 1)
-            admission.holds_concurrency = True
 
     async def reserve(self, admission: Admission, estimate: TokenEstimate) -> None:
         """Reserve the request's expected tokens in its key's TPM window.
@@ -272,7 +308,7 @@ class KeyLimiter:
             return
         admission.released = True
         settles = admission.limits.tpm and (tokens or admission.reserved)
-        if not settles and not admission.holds_concurrency:
+        if not settles and admission.ticket is None:
             return
         try:
             if self._remote:  # the caller may be cancelled; the charge must still happen
@@ -288,9 +324,9 @@ class KeyLimiter:
         if admission.limits.tpm:
             reserved, admission.reserved = admission.reserved, 0
             await self._settle(admission, tokens - reserved)
-        if admission.holds_concurrency:
-            admission.holds_concurrency = False
-            await self._in_flight(admission.key_id, -1)
+        if admission.ticket is not None:
+            ticket, admission.ticket = admission.ticket, None
+            await self._in_flight.release(admission.key_id, ticket)
 
     async def _settle(self, admission: Admission, extra: int) -> None:
         """Charge `extra` tokens beyond the reservation, or refund `-extra` of it.
@@ -309,19 +345,6 @@ class KeyLimiter:
         left = await self._storage.incr(key, item.get_expiry(), amount=extra)
         if left < 0:  # the window ended between the two calls: give the new one no credit
             await self._storage.incr(key, item.get_expiry(), amount=-left)
-
-    async def _in_flight(self, key_id: str, amount: int) -> int:
-        """Add `amount` to the key's in-flight count; never let it stay below zero.
-
-        The count expires an hour after it was created (a guard against counts leaked by a
-        crash); if it expired while requests were in flight, their releases would drive it
-        negative, so a negative count is put back to zero.
-        """
-        key = f"concurrency/{key_id}"
-        count = await self._storage.incr(key, _CONCURRENCY_TTL, amount=amount)
-        if count < 0:
-            count = await self._storage.incr(key, _CONCURRENCY_TTL, amount=-count)
-        return count
 
     def _refuse(
         self,
