@@ -22,16 +22,16 @@ new clients are reset. So, per connection:
   has arrived, so idle connections still pile up, and it counts in-flight tasks too).
 
 Once the head is in, nothing here bounds the response: a generation streams as long as the
-relay's own deadlines allow. Refusals are `{"error": ...}` bodies, as Ollama's, with
-`Connection: close`; where the client may still be sending, the gateway reads and discards for
-up to `LINGER` seconds after its answer (nginx's lingering close), so the answer is not lost to a
-TCP reset.
+relay's own deadlines allow. Refusals are error bodies in the dialect of the path the request
+line named (`gateway.errors.speaks_openai`: OpenAI's error object on the OpenAI API, Ollama's
+`{"error": ...}` elsewhere and before any path arrived), with `Connection: close`; where the
+client may still be sending, the gateway reads and discards for up to `LINGER` seconds after its
+answer (nginx's lingering close), so the answer is not lost to a TCP reset.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import Counter
@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self, cast
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from gateway.errors import ollama_error_body, openai_error_body, speaks_openai
 
 # The name from before the door had a module of its own: log lines and filters stay the same.
 logger = logging.getLogger("gateway.coalesce")
@@ -87,9 +89,21 @@ class DoorReport:
             self.logged_at = now
 
 
-def _answer(status: int, message: str, headers: list[tuple[bytes, bytes]]) -> bytes:
-    """A whole HTTP/1.1 response ending the connection, with an Ollama-style error body."""
-    body = json.dumps({"error": message}).encode()
+def _answer(
+    status: int, message: str, headers: list[tuple[bytes, bytes]], target: bytes = b""
+) -> bytes:
+    """A whole HTTP/1.1 response ending the connection, with an error body for `target`.
+
+    Args:
+        status: The HTTP status.
+        message: The error's text.
+        headers: Extra header lines (the server's default headers, `Retry-After`).
+        target: The request target received so far (possibly cut short); its path chooses the
+            dialect of the body. Empty (no request line yet): Ollama's.
+    """
+    path = target.split(b"?", 1)[0].decode("latin-1")
+    openai = speaks_openai(path)
+    body = openai_error_body(message, status) if openai else ollama_error_body(message)
     lines = [STATUS_LINE[status]]
     for name, value in [
         *headers,
@@ -129,6 +143,7 @@ class DoorProtocol(HttpToolsProtocol):
         self._header_count = 0
         self._too_large = False
         self._body_seen_at = 0.0
+        self.url = b""  # uvicorn sets it per request head; an answer before one reads it
 
     # --- connection ---------------------------------------------------------------------------
 
@@ -269,7 +284,8 @@ class DoorProtocol(HttpToolsProtocol):
             return
         seconds = self.limits.header_timeout
         message = f"the request head did not arrive within {seconds:g} s"
-        self._end(_answer(408, message, self.server_state.default_headers), linger=False)
+        answer = _answer(408, message, self.server_state.default_headers, self.url)
+        self._end(answer, linger=False)
 
     def _body_timed_out(self) -> None:
         """Nothing of the body for `body_timeout` seconds: 408 (or a close once answering)."""
@@ -296,7 +312,8 @@ class DoorProtocol(HttpToolsProtocol):
             self.transport.close()
             return
         message = f"the request body stopped arriving for {timeout:g} s"
-        self._end(_answer(408, message, self.server_state.default_headers), linger=False)
+        answer = _answer(408, message, self.server_state.default_headers, self.url)
+        self._end(answer, linger=False)
 
     def _refuse_head(self) -> None:
         """431, or a plain close if a pipelined response is still being written."""
@@ -310,7 +327,8 @@ class DoorProtocol(HttpToolsProtocol):
             f"request header fields too large (at most {limits.max_header_bytes} bytes "
             f"and {limits.max_headers} fields)"
         )
-        self._end(_answer(431, message, self.server_state.default_headers), linger=True)
+        answer = _answer(431, message, self.server_state.default_headers, self.url)
+        self._end(answer, linger=True)
 
     def _end(self, answer: bytes, *, linger: bool) -> None:
         """Write `answer` and close the connection.

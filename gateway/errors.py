@@ -320,6 +320,7 @@ _OPENAI_ERRORS: dict[int, tuple[str, str | None]] = {
     413: ("invalid_request_error", "request_too_large"),
     422: ("invalid_request_error", None),
     429: ("rate_limit_error", "rate_limit_exceeded"),
+    431: ("invalid_request_error", "request_too_large"),
 }
 
 

@@ -282,3 +282,50 @@ def test_the_connection_cap_is_fitted_to_the_open_files_limit():
     assert door_limits(settings, open_files=1_048_576).max_connections == 1000
     unset = Settings(max_client_connections=0, max_connections=256)
     assert door_limits(unset, open_files=4096).max_connections == 4096 - 256 - RESERVED_FDS
+
+
+def test_door_refusals_answer_in_the_dialect_of_the_path(emulator: Emulator, tmp_path: Path):
+    """431 and both 408s name the path in the request line: the OpenAI API gets OpenAI's error
+    object (its SDKs read `error.message`), Ollama's paths `{"error": "..."}`."""
+
+    def error(answer: bytes) -> object:
+        return json.loads(answer.partition(b"\r\n\r\n")[2])["error"]
+
+    big = b"X-Big: " + b"a" * 20000 + b"\r\n\r\n"
+    with _gateway(
+        tmp_path, emulator, max_header_bytes="8192", header_timeout="0.5", body_timeout="0.5"
+    ) as gateway:
+        key = str(create_key(gateway.extra_env, "k")["key"]).encode()
+        for path, openai_shape in [
+            (b"/v1/chat/completions", True),
+            (b"/v1/chat/completions?x=1", True),
+            (b"/api/chat", False),
+            (b"/v1/chat", False),
+        ]:
+            with _connect(gateway) as sock:  # too large
+                sock.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: g\r\n" + big)
+                body = error(_read_until_closed(sock, within=5))
+            with _connect(gateway) as sock:  # a head that stops before its end
+                sock.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: g\r\nX-Slow: a")
+                head_late = error(_read_until_closed(sock, within=10))
+            with _connect(gateway) as sock:  # a body that stops
+                sock.sendall(
+                    b"POST "
+                    + path
+                    + b" HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer "
+                    + key
+                    + b"\r\nContent-Length: 50\r\n\r\n{"
+                )
+                body_late = error(_read_until_closed(sock, within=10))
+            for value, status, words in [
+                (body, 431, "too large"),
+                (head_late, 408, "request head"),
+                (body_late, 408, "body stopped"),
+            ]:
+                if openai_shape:
+                    assert isinstance(value, dict), (path, status, value)
+                    assert words in value["message"]
+                    assert value["type"] == "invalid_request_error"
+                else:
+                    assert isinstance(value, str), (path, status, value)
+                    assert words in value
