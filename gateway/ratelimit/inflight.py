@@ -22,11 +22,12 @@ import secrets
 import socket
 from collections.abc import Sequence
 from itertools import count
-from typing import Protocol
-
-import redis.asyncio as aioredis
+from typing import TYPE_CHECKING, Protocol
 
 from gateway.settings import Settings
+
+if TYPE_CHECKING:  # imported when used: redis-py 8 imports the OpenTelemetry SDK with it
+    import redis.asyncio as aioredis
 
 # KEYS[1] the key's set; ARGV[1] the member, ARGV[2] the limit, ARGV[3] the lease (ms).
 # Returns 1 (admitted, the member added) or 0 (the limit is reached).
@@ -153,6 +154,7 @@ class LeasedInFlight:
     @classmethod
     def from_settings(cls, settings: Settings) -> LeasedInFlight:
         """A client of its own on `GATEWAY_RATE_LIMIT_STORAGE`, with the limiter's timeouts."""
+        import redis.asyncio as aioredis  # here, not at the top: see the module's imports
         client = aioredis.Redis.from_url(
             settings.rate_limit_storage,
             socket_timeout=settings.rate_limit_timeout,
