@@ -19,8 +19,9 @@ from gateway.errors import ForbiddenError
 from gateway.metrics import ALL_KEYS
 from gateway.ratelimit.estimate import estimate_tokens
 from gateway.ratelimit.slots import NoSpareCapacity
+from gateway.relay.generation import Generation
 from gateway.relay.meter import RequestMeter
-from gateway.relay.pipeline import Generation, Relay
+from gateway.relay.pipeline import Relay
 from gateway.relay.surface import Endpoint
 from gateway.upstream.headers import upstream_request_headers
 

@@ -38,7 +38,7 @@ from gateway.relay.surface import Codec
 
 if TYPE_CHECKING:
     from gateway.relay.exchange import Exchange
-    from gateway.relay.pipeline import Generation
+    from gateway.relay.generation import Generation
 
 logger = logging.getLogger("gateway.relay")
 
@@ -55,7 +55,7 @@ class RelayResponse(Response):
     A `Response` subclass only so that FastAPI passes it through untouched; it renders itself.
 
     Args:
-        generation: The admitted request (`gateway.relay.pipeline.Generation`).
+        generation: The admitted request (`gateway.relay.generation.Generation`).
         codec: Writes the answer in the client's format (`gateway.relay.surface.Codec`).
         lifecycle: Its stop signal ends the request; a running stream ends with an error chunk.
     """

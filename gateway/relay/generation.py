@@ -1,0 +1,276 @@
+"""One admitted generation request: the upstream it runs on and everything it gives back.
+
+`Relay.handle` (`gateway.relay.pipeline`) admits the request and builds its `Generation`;
+`RelayResponse` (`gateway.relay.response`) then drives it: `connect` (choose an upstream, its
+slot, open the exchange with failover), the stream or `collect`, and `finish` or `withdraw`,
+which give back the slot and the key's limits exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from opentelemetry.trace import Span
+
+from gateway.errors import (
+    GatewayError,
+    ServiceUnavailableError,
+    UntranslatableRequestError,
+    UpstreamError,
+)
+from gateway.neutral import Chunk, GenerationRequest
+from gateway.ratelimit.limiter import Admission
+from gateway.relay.exchange import Exchange
+from gateway.relay.meter import RequestMeter
+from gateway.relay.surface import Codec
+from gateway.tracing.spans import end_upstream, end_upstream_failure
+from gateway.upstream.pool import Upstream
+
+if TYPE_CHECKING:
+    from gateway.relay.pipeline import Relay
+
+
+class Generation:
+    """One admitted generation request: its upstream, and everything it must give back.
+
+    Attributes:
+        meter: The request's measurements.
+        headers: Extra response headers (the key's rate-limit headers).
+        request: The neutral request.
+        streams: The client asked for a stream (NDJSON, SSE) rather than one object.
+        key: The API key's id, given to the circuit breaker with a failure the request may
+            have caused (`gateway.upstream.breaker`).
+        background: For a batch line (`gateway.relay.background`), its cancel scope: it takes
+            only a spare upstream slot, and an interactive request may cancel it for the slot.
+        span: The current upstream attempt's CLIENT span, when tracing (`gateway.tracing`);
+            ended by the attempt's failure or by `finish`.
+        observe: What each chunk passes through before the client gets it: the meter's
+            `observe`, or, with `GATEWAY_OTEL_CAPTURE_CONTENT`, one that also keeps the text
+            for the span (chosen once here, so no chunk pays for a test).
+    """
+
+    def __init__(
+        self,
+        relay: Relay,
+        state: dict[str, Any],
+        request: GenerationRequest,
+        upstream_headers: dict[str, str],
+        meter: RequestMeter,
+        admission: Admission,
+        *,
+        key: str,
+        background: anyio.CancelScope | None = None,
+    ) -> None:
+        self.relay = relay
+        self.background = background
+        self.key = key  # the API key's id: whose request an ambiguous upstream failure was
+        self.state = state
+        self.request = request
+        self.upstream_headers = upstream_headers
+        self.meter = meter
+        self.admission = admission
+        self.headers = admission.headers
+        self.streams = request.stream
+        self.upstream: Upstream | None = None
+        self.exchange: Exchange | None = None
+        self.holds_slot = False
+        self.holds_background = False
+        self.done = False
+        self.span: Span | None = None
+        self.answer: list[str] | None = None  # the text, kept only for a span that shows it
+        self.observe: Callable[[Chunk], None] = meter.observe
+        if relay.tracing is not None and relay.tracing.capture_content:
+            self.answer = []
+            self.observe = self._observe_keeping_text
+
+    async def connect(self) -> Exchange:
+        """Open an exchange with the best upstream, failing over to the next ones.
+
+        An upstream that fails before the first byte (after its own retries) is left for the
+        next choice: unreachable, timed out, 5xx, its queue full, rate-limited (429), or unable
+        to take the request in its dialect. A 4xx other than 429 is the client's and is raised
+        at once. A `Retry-After` the upstream sent keeps it out of rotation that long. The
+        breaker hears only what the upstream is to blame for (`_verdict`). The caller watches
+        for the client leaving.
+
+        Raises:
+            GatewayError: the last upstream's failure, or 503 when none is available.
+        """
+        relay = self.relay
+        tried: set[str] = set()
+        last: GatewayError | None = None
+        while (upstream := relay.pool.choose(self.request.model, tried)) is not None:
+            if tried:
+                relay.metrics.upstream_failovers.inc()
+            tried.add(upstream.name)
+            self.meter.upstream_timings = upstream.dialect.reports_timings
+            self.meter.upstream = upstream.name
+            self.upstream = upstream
+            try:
+                if self.background is None:
+                    self.holds_slot = await upstream.slots.acquire()
+                else:
+                    self.holds_slot = upstream.slots.try_acquire_background(
+                        self.background,
+                        relay.settings.batch_reserved_slots,
+                        relay.settings.batch_max_concurrent,
+                    )
+                    self.holds_background = True
+                headers = self.upstream_headers
+                if relay.tracing is not None:  # the span starts once the upstream's slot is held
+                    span = self.span = relay.tracing.start_upstream(
+                        self.state.get("span"), self.request, upstream
+                    )
+                    headers = relay.tracing.inject(span, headers)
+                self.exchange = exchange = Exchange(
+                    client=upstream.generation,
+                    dialect=upstream.dialect,
+                    request=self.request,
+                    headers=headers,
+                    settings=relay.settings,
+                    meter=self.meter,
+                )
+                await exchange.open()
+                relay.pool.answering(upstream)
+            except UntranslatableRequestError as exc:
+                self._end_span(exc)
+                await self._release(None)  # another upstream's dialect may express it
+                last = exc
+                continue
+            except (UpstreamError, ServiceUnavailableError) as exc:
+                self._end_span(exc)
+                status = getattr(exc, "upstream_status", None)
+                retry_after = getattr(exc, "retry_after", None)
+                if retry_after:
+                    relay.pool.defer(upstream, retry_after)
+                if exc.status_code < 500 and status != 429:
+                    raise
+                await self._release(*self._verdict(exc))
+                last = exc
+                continue
+            return exchange
+        if last is not None:
+            raise last
+        wait = relay.pool.retry_after(relay.settings.circuit_cooldown)
+        raise ServiceUnavailableError(
+            "no upstream is available: all are down or out of rotation",
+            headers={"Retry-After": str(wait)},
+        )
+
+    def _observe_keeping_text(self, chunk: Chunk) -> None:
+        self.meter.observe(chunk)
+        if chunk.text and self.answer is not None:
+            self.answer.append(chunk.text)
+
+    def _end_span(self, error: BaseException) -> None:
+        """End the attempt's CLIENT span, if tracing, with the failure that ended it."""
+        if self.span is not None:
+            end_upstream_failure(self.span, error)
+            self.span = None
+
+    def _verdict(self, error: GatewayError | None) -> tuple[bool | None, str | None]:
+        """What the circuit breaker hears of a failure: (healthy, key), see `_release`.
+
+        The upstream's fault (refused, reset, silent, malformed) is a failure from any request.
+        An overloaded upstream (its queue, the gate's, a 503 or 429 answer) is not a broken one,
+        and a failure the request caused (its total deadline ran out) says nothing about it.
+        A failure either side may have caused (a 500, an error line) is a failure attributed
+        to this key (`gateway.upstream.breaker`).
+        """
+        if not isinstance(error, UpstreamError):
+            return None, None  # the gateway's own limits, or nothing known
+        if error.status_code in (429, 503) or getattr(error, "upstream_status", 0) in (429, 503):
+            return None, None
+        if error.blame == "request":
+            return None, None
+        return False, self.key if error.blame == "either" else None
+
+    async def collect(self, exchange: Exchange, codec: Codec) -> bytes:
+        """Aggregate the whole stream for `stream:false` (reference section 2.4); JSON bytes.
+
+        Raises:
+            GatewayError: the upstream failed mid-answer; nothing was sent yet, so the client
+                gets a real status and the partial text is discarded, as Ollama does.
+        """
+        async with aclosing(exchange.batches()) as batches:
+            async for batch in batches:
+                for chunk in batch:
+                    self.observe(chunk)
+                    if chunk.error is None:
+                        codec.add(chunk)
+        if exchange.failure is not None:
+            raise exchange.failure
+        return codec.result()
+
+    async def _release(self, healthy: bool | None, key: str | None = None) -> None:
+        """Give the current upstream back: close the exchange, free the slot, tell the pool.
+
+        Args:
+            healthy: For the circuit breaker: True answered, False failed, None neither.
+            key: With a failure, the API key id when the request may have caused it.
+        """
+        with anyio.CancelScope(shield=True):
+            if self.exchange is not None:
+                await self.exchange.aclose()
+            if self.upstream is not None:
+                if self.holds_background and self.background is not None:
+                    self.upstream.slots.release_background(
+                        self.background, holds_slot=self.holds_slot
+                    )
+                elif self.holds_slot:
+                    self.upstream.slots.release()
+                self.relay.pool.finished(self.upstream, healthy, key)
+        self.holds_slot = self.holds_background = False
+        self.upstream = self.exchange = None
+
+    async def withdraw(self) -> None:
+        """End a request that never reached an upstream, recording nothing (shielded; once).
+
+        For a batch line that found no spare slot (`NoSpareCapacity`): it is not a request
+        the key made yet, so neither metrics nor usage hear of it; it runs again later.
+        """
+        if self.done:
+            return
+        self.done = True
+        if self.span is not None:  # not the key's request: the attempt is left unmeasured
+            self.span.end()
+            self.span = None
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._release(None)
+            finally:
+                await self.relay.limiter.release(self.admission, 0)
+
+    async def finish(self, outcome: str, status: int | None = None) -> None:
+        """Release the upstream, charge tokens, record metrics (shielded); once."""
+        if self.done:
+            return
+        self.done = True
+        healthy = {"completed": True, "client_error": True}.get(outcome)
+        key = None
+        if outcome in ("upstream_error", "timeout"):
+            # An idle timeout or a broken stream is the upstream's; the request's total
+            # deadline running out while tokens flowed is not; an error line may be either.
+            failure = self.exchange.failure if self.exchange is not None else None
+            healthy, key = self._verdict(failure) if failure is not None else (False, None)
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._release(healthy, key)
+                summary = self.state["summary"] = self.meter.finish(outcome, status)
+                if self.relay.usage is not None:
+                    self.relay.usage.record(summary)
+                if self.span is not None:
+                    end_upstream(
+                        self.span,
+                        summary,
+                        finish_reason=self.meter.finish_reason,
+                        response_model=self.meter.response_model,
+                        answer=None if self.answer is None else "".join(self.answer),
+                    )
+                    self.span = None
+            finally:  # whatever failed above, the key's in-flight count and TPM are settled
+                tokens = self.meter.input_tokens + self.meter.output_tokens
+                await self.relay.limiter.release(self.admission, tokens)
