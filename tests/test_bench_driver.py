@@ -255,6 +255,14 @@ async def test_check_target_describes_an_openai_server(emulator):
 
 
 @pytest.mark.parametrize("api", ["ollama", "openai"])
+async def test_a_name_without_its_tag_is_the_latest_on_both_apis(emulator, api):
+    """`llama3.2` is `llama3.2:latest` (Ollama's rule, which its /v1 follows too)."""
+    assert MODEL == "llama3.2:latest"
+    info = await check_target(Target(emulator.url, api), "Llama3.2")
+    assert info["server"].get("id", info["server"].get("model")) == MODEL
+
+
+@pytest.mark.parametrize("api", ["ollama", "openai"])
 async def test_check_target_refuses_an_unknown_model(emulator, api):
     with pytest.raises(BenchError, match=r"has no model 'mistral:7b' \(it lists: llama3.2:latest"):
         await check_target(Target(emulator.url, api), "mistral:7b")

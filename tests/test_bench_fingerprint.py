@@ -144,10 +144,29 @@ def test_repeats_host_and_target_do_not_refuse_a_comparison(proc: Path) -> None:
     assert mismatches(base, new) == []
 
 
-def test_a_model_in_one_run_only_is_a_mismatch(proc: Path) -> None:
+def test_a_base_model_missing_from_new_is_a_mismatch_and_one_more_in_new_is_not(
+    proc: Path,
+) -> None:
     base = collect_fingerprint({"a": _ollama(), "b": _ollama()}, PARAMETERS, [], proc=proc)
     new = collect_fingerprint({"a": _ollama(), "c": _ollama()}, PARAMETERS, [], proc=proc)
-    assert mismatches(base, new) == ["model 'b': only in BASE", "model 'c': only in NEW"]
+    assert mismatches(base, new) == ["model 'b': only in BASE"]
+    more = collect_fingerprint(
+        {"a": _ollama(), "b": _ollama()} | {"c": _ollama()}, PARAMETERS, [], proc=proc
+    )
+    assert mismatches(base, more) == []
+
+
+def test_more_sweep_levels_in_new_are_no_mismatch_but_fewer_or_others_are(proc: Path) -> None:
+    def levels(*values: int) -> dict[str, Any]:
+        return collect_fingerprint(
+            {"m": _ollama()}, {**PARAMETERS, "levels": list(values)}, [], proc=proc
+        )
+
+    assert mismatches(levels(1, 4), levels(1, 2, 4)) == []
+    assert mismatches(levels(1, 2, 4), levels(1, 4)) == [
+        "parameter levels: [1, 2, 4] in BASE, [1, 4] in NEW"
+    ]
+    assert mismatches(levels(1, 4), levels(2, 8)) != []
 
 
 def test_cpu_only_machines_match_and_a_gpu_appearing_does_not(proc: Path) -> None:

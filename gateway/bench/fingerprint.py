@@ -179,8 +179,10 @@ def mismatches(base_fp: object, new_fp: object) -> list[str]:
     A field unknown (None) on both sides is no mismatch (a server that never reports its
     version cannot be held against itself); unknown on one side only is one, since nothing
     shows the two are the same ("runtime version: unknown in BASE, '0.5.1' in NEW"). Models are
-    matched by name; a model in one run only is a mismatch, and so is a model whose digest or
-    quantization differs. A fingerprint (or its `models`) that is no object counts as empty.
+    matched by name; a model of BASE missing from NEW is a mismatch, and so is a model whose
+    digest or quantization differs. What NEW measured beyond BASE (another model, more levels
+    of a sweep) is no mismatch: every point of BASE still has its counterpart, and `compare`
+    notes the rest. A fingerprint (or its `models`) that is no object counts as empty.
 
     Returns:
         One sentence per mismatch, in a fixed order; `[]` when the runs are comparable. The
@@ -189,6 +191,8 @@ def mismatches(base_fp: object, new_fp: object) -> list[str]:
     found: list[str] = []
     base, new = mapping(base_fp), mapping(new_fp)
     for label, read in _FIELDS.items():
+        if label == "parameter levels" and _covers(read(new), read(base)):
+            continue
         _differ(found, label, read(base), read(new))
     # A hand-edited `models` that is no object (a list) holds no model: as good as none.
     base_models = mapping(nested(base, "models"))
@@ -196,13 +200,21 @@ def mismatches(base_fp: object, new_fp: object) -> list[str]:
     for name in sorted(set(base_models) | set(new_models), key=str):
         if name not in new_models:
             found.append(f"model {name!r}: only in BASE")
-        elif name not in base_models:
-            found.append(f"model {name!r}: only in NEW")
-        else:
+        elif name in base_models:
             for key in _MODEL_FIELDS:
                 label = f"model {name!r} {key}"
                 _differ(found, label, nested(base_models, name, key), nested(new_models, name, key))
     return found
+
+
+def _covers(new: Any, base: Any) -> bool:
+    """NEW's sweep levels include every one of BASE's (both lists of numbers)."""
+    if not (isinstance(new, list) and isinstance(base, list)):
+        return False
+    try:
+        return set(base) <= set(new)
+    except TypeError:  # a hand-edited list holding objects
+        return False
 
 
 def _differ(found: list[str], label: str, base: Any, new: Any) -> None:

@@ -18,6 +18,7 @@ from gateway.bench.exchange import Client
 from gateway.bench.protocol import Target, build_request, error_text
 from gateway.bench.stats import escape_error
 from gateway.bench.workload import Prompt, Sampling
+from gateway.model_names import canonical_model
 
 #: Seconds to connect and to answer one check.
 CHECK_TIMEOUT = 10.0
@@ -84,17 +85,15 @@ def _text(value: object) -> str | None:
 
 
 def _same_model(listed: str, model: str) -> bool:
-    """Ollama names without a tag mean `:latest`, and match case-insensitively."""
-
-    def full(name: str) -> str:
-        return (name if ":" in name else f"{name}:latest").lower()
-
-    return full(listed) == full(model)
+    """The gateway's own name rule (`gateway.model_names`): `:latest` by default, any case."""
+    return canonical_model(listed) == canonical_model(model)
 
 
-def _unknown(model: str, names: list[str]) -> BenchError:
+def _unknown(model: str, names: list[str], through: bool) -> BenchError:
     shown = ", ".join(escape_error(n, 60) for n in names[:10]) or "none"
-    return BenchError(f"the target has no model {model!r} (it lists: {shown})")
+    # The gateway lists only the models the key may use: absent may mean not allowed.
+    whose = " or the key may not use it" if through else ""
+    return BenchError(f"the target has no model {model!r}{whose} (it lists: {shown})")
 
 
 async def check_target(target: Target, model: str) -> dict[str, Any]:
@@ -121,10 +120,18 @@ async def check_target(target: Target, model: str) -> dict[str, Any]:
         listing = _json(target, "/v1/models", *await _ask(target, "GET", "/v1/models"))
         data = listing.get("data")
         entries = [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
-        entry = next((e for e in entries if e.get("id") == model), None)
+        # The exact id first; then Ollama's rule (`llama3.2` is `llama3.2:latest`), which
+        # Ollama's own /v1 and the gateway's OpenAI surface follow when they answer.
+        entry = next((e for e in entries if e.get("id") == model), None) or next(
+            (e for e in entries if _same_model(str(e.get("id")), model)), None
+        )
         if entry is None:
-            raise _unknown(model, [str(e.get("id")) for e in entries])
-        server = {"api": "openai", "id": model, "owned_by": _text(entry.get("owned_by"))}
+            raise _unknown(model, [str(e.get("id")) for e in entries], through)
+        server = {
+            "api": "openai",
+            "id": _text(entry.get("id")),
+            "owned_by": _text(entry.get("owned_by")),
+        }
         return {"through_gateway": through, "server": server}
     tags = _json(target, "/api/tags", *await _ask(target, "GET", "/api/tags"))
     listed = tags.get("models")
@@ -133,7 +140,7 @@ async def check_target(target: Target, model: str) -> dict[str, Any]:
         (m for m in models if _same_model(str(m.get("name") or m.get("model")), model)), None
     )
     if tag is None:
-        raise _unknown(model, [str(m.get("name") or m.get("model")) for m in models])
+        raise _unknown(model, [str(m.get("name") or m.get("model")) for m in models], through)
     status, body = await _ask(target, "GET", "/api/version")
     answer = _object(body) if status == 200 else None
     version = None if answer is None else _text(answer.get("version"))
