@@ -12,10 +12,43 @@ from pathlib import Path
 #: The largest key file read, in bytes: a key is about 60 characters, so a bigger file is
 #: the wrong file (and is not read whole).
 KEY_FILE_MAX = 4096
+#: What stands where a key (or the start of one) was.
+REDACTED = "[key redacted]"
+#: The shortest start of a key redacted where a cut ended text (`redact_key`): shorter ones
+#: show too little of the key to matter and would turn up in ordinary text.
+KEY_PREFIX_MIN = 8
+#: The mark a cut leaves (`gateway.bench.stats.escape_error`).
+_CUT = "\u2026"
 
 
 class KeyInputError(ValueError):
     """The key file or variable cannot give a key; the message names which and why."""
+
+
+def redact_key(text: str, key: str | None) -> str:
+    """`text` with every copy of `key` replaced by `REDACTED`, and any start of it a cut left.
+
+    Server text (an error body quoting the `Authorization` header) is cut short before it is
+    shown, and a cut through the key leaves its first characters: a start of the key of at
+    least `KEY_PREFIX_MIN` characters that ends `text` or stands before a cut mark (`…`) is
+    redacted too. Returns `text` unchanged when `key` is empty or None.
+    """
+    if not key:
+        return text
+    text = text.replace(key, REDACTED)
+    if len(key) <= KEY_PREFIX_MIN:
+        return text
+    ends = [i for i, c in enumerate(text) if c == _CUT] + [len(text)]
+    pieces: list[str] = []
+    done = 0
+    for end in ends:
+        longest = min(len(key) - 1, end - done)
+        for size in range(longest, KEY_PREFIX_MIN - 1, -1):
+            if text.endswith(key[:size], done, end):
+                pieces += [text[done : end - size], REDACTED]
+                done = end
+                break
+    return "".join(pieces) + text[done:]
 
 
 def read_client_key(key_file: Path | None, env: str) -> str:

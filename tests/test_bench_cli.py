@@ -187,6 +187,23 @@ def test_a_key_the_server_echoes_is_redacted_everywhere(emulator, tmp_path, monk
     assert "[key redacted]" in saved
 
 
+@pytest.mark.parametrize("pad", [163, 180])
+def test_an_echoed_key_cut_short_is_redacted_too(emulator, tmp_path, monkeypatch, capsys, pad):
+    model = _fast(emulator)
+    key = "gw_SECRETKEY0123456789abcdef"
+    monkeypatch.setenv(KEY_ENV, key)
+    emulator.config.fault = "status_before"
+    # The 200-character cut of the error text falls inside the key.
+    emulator.config.fault_message = "p" * pad + key
+    code, _ = _run(tmp_path, "--target", emulator.url, "--model", model, "--requests", "2")
+    assert code == 1
+    saved = (tmp_path / "run.json").read_text()
+    printed = capsys.readouterr()
+    for shown in (saved, printed.out, printed.err):
+        assert key[:8] not in shown
+    assert "[key" in saved  # the mark itself may be cut
+
+
 def test_a_target_with_credentials_or_a_control_character_key_is_refused(
     emulator, tmp_path, monkeypatch, capsys
 ):

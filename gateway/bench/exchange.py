@@ -57,7 +57,7 @@ class Client:
         self, request: bytes, model: str, prompt_id: str, warmup: bool
     ) -> RequestRecord:
         """Send one request and read its answer into a record; never raises for the target."""
-        target, reader = self.target, AnswerReader(self.target.api)
+        target, reader = self.target, AnswerReader(self.target.api, self.target.key)
         clock = time.perf_counter
         start = clock()
         connection = self.connection

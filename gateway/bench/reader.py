@@ -48,22 +48,23 @@ def _seconds(value: Any, scale: float) -> float | None:
     return float(value) * scale
 
 
-def error_text(body: bytes) -> str:
+def error_text(body: bytes, key: str | None = None) -> str:
     """The error message in a failed answer's body (`{"error": "..."}`, `{"error": {"message"}}`).
 
-    Falls back to the body's text; either way escaped and cut short (`stats.escape_error`).
+    Falls back to the body's text; either way escaped and cut short, `key` redacted first
+    (`stats.escape_error`).
     """
     text = body.decode("utf-8", "replace").strip()
     try:
         data = json.loads(text)
     except ValueError:
-        return escape_error(text)
+        return escape_error(text, key=key)
     if isinstance(data, dict) and "error" in data:
         error = data["error"]
         if isinstance(error, dict):
             error = error.get("message", error)
-        return escape_error(str(error))
-    return escape_error(text)
+        return escape_error(str(error), key=key)
+    return escape_error(text, key=key)
 
 
 class AnswerReader:
@@ -80,8 +81,9 @@ class AnswerReader:
             JSON), escaped, or None.
     """
 
-    def __init__(self, api: Api) -> None:
+    def __init__(self, api: Api, key: str | None = None) -> None:
         self.api: Api = api
+        self._key = key  # redacted from error text before it is cut (`stats.escape_error`)
         self.first_token: float | None = None
         self.chunk_times: list[float] = []
         self.done = False
@@ -146,7 +148,7 @@ class AnswerReader:
 
     def _fail(self, text: str) -> None:
         if self.error is None:
-            self.error = escape_error(text)
+            self.error = escape_error(text, key=self._key)
 
     def _chunk(self, now: float) -> None:
         if self.first_token is None:
@@ -282,9 +284,10 @@ class AnswerReader:
         """
         error = self.error
         if status is not None and status != 200:
-            error = f"HTTP {status}: {error_text(bytes(self._error_body))}".rstrip(": ")
+            body = error_text(bytes(self._error_body), self._key)
+            error = f"HTTP {status}: {body}".rstrip(": ")
         if failure is not None:
-            error = escape_error(failure)
+            error = escape_error(failure, key=self._key)
         if error is None and status == 200 and not self.done:
             error = "answer ended without a final chunk"
         if error is None and status is None:
