@@ -11,6 +11,8 @@ summed over many tokens, so scheduling jitter on a loaded machine stays well bel
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import math
 import os
@@ -19,7 +21,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
@@ -27,6 +29,7 @@ import pytest
 from gateway.bench import wire
 from gateway.bench.driver import (
     CAP_REACHED,
+    NOT_SENT_BACKOFF,
     BenchError,
     arrival_offsets,
     check_target,
@@ -297,6 +300,81 @@ async def test_errors_back_off_and_retry_after_is_honoured(emulator):
     assert all(r.status == 503 for r in run.records)
 
 
+@contextlib.asynccontextmanager
+async def busy_server(retry_after: bytes) -> AsyncIterator[tuple[str, list[bytes]]]:
+    """A keep-alive server answering every request 503 with `Retry-After: <retry_after>`.
+
+    Yields its URL and the list of requests it read (one item per request).
+    """
+    seen: list[bytes] = []
+    body = b'{"error":"busy"}'
+    answer = (
+        b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: " + retry_after + b"\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
+
+    writers: list[asyncio.StreamWriter] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.lower().split(b"\r\n")
+                    if line.startswith(b"content-length:")
+                )
+                await reader.readexactly(length)
+                seen.append(head)
+                writer.write(answer)
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", seen
+    finally:
+        server.close()
+        for writer in writers:
+            writer.close()
+        await server.wait_closed()
+
+
+async def test_retry_after_zero_does_not_turn_the_backoff_off():
+    async with busy_server(b"0") as (url, seen):
+        run = await run_concurrency(Target(url, "ollama"), WORKLOAD, MODEL, 1, duration=1.0)
+    # Retry-After: 0 taken as given let one worker send thousands of requests a second; the
+    # backoff (0.05 + 0.1 + 0.2 + 0.4 + ... s) lets it send about five.
+    assert all(r.status == 503 for r in run.records)
+    assert 2 <= len(seen) <= 10
+
+
+async def test_the_open_loop_holds_arrivals_back_while_the_server_asks_to_wait():
+    async with busy_server(b"30") as (url, seen):
+        run = await run_rate(Target(url, "ollama"), WORKLOAD, MODEL, 20.0, requests=20)
+    # Arrivals are 50 ms apart: the first answer asks for 30 s, so the rest are not sent.
+    assert len(run.records) == 20
+    assert len(seen) <= 3
+    held = [r for r in run.records if r.status is None]
+    assert len(held) == 20 - len(seen)
+    assert {r.error for r in held} == {"not sent: the server asked to wait 30 s"}
+
+
+async def test_the_open_loop_backs_off_after_failures_in_a_row(emulator):
+    fast(emulator, fault="status_before", fault_status=500)
+    run = await run_rate(Target(emulator.url, "ollama"), WORKLOAD, MODEL, 20.0, requests=40)
+    sent = len(emulator.state.records)
+    # Without the backoff all 40 arrivals (2 s) reach the failing server; with it three do,
+    # then one after 0.2 s, 0.4 s, 0.8 s.
+    assert len(run.records) == 40
+    assert 3 <= sent <= 12
+    held = [r for r in run.records if r.status is None]
+    assert len(held) == 40 - sent
+    assert {r.error for r in held} == {NOT_SENT_BACKOFF}
+
+
 def test_the_pause_follows_retry_after_then_doubles():
     client = Client(Target("http://127.0.0.1:1", "ollama"))
     failed = RequestRecord(0, 1, False, 429, "HTTP 429", None, (), 0, "client")
@@ -312,6 +390,8 @@ def test_the_pause_follows_retry_after_then_doubles():
     assert max(pauses) == 5.0
     assert client.pause(ok) == 0.0
     assert client.pause(failed) == pytest.approx(0.05)  # a success resets the backoff
+    client.retry_after = 0.0  # would turn the backoff off
+    assert client.pause(failed) == pytest.approx(0.1)
 
 
 async def test_cold_load_reports_the_servers_load_time(emulator):
