@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench.cli import KEY_ENV, main
+from gateway.bench.cli import KEY_ENV, _save, main
 from gateway.testing.stack import free_port
 from tests.conftest import Emulator, Gateway
 
@@ -214,3 +214,14 @@ def test_a_target_with_credentials_or_a_control_character_key_is_refused(
     code, _ = _run(tmp_path, "--target", emulator.url, "--model", "m")
     assert code == 1
     assert "control character" in capsys.readouterr().err
+
+
+def test_the_run_document_is_strict_json(tmp_path):
+    doc = {"created": "2026-01-01T00:00:00Z", "rate": float("inf"), "spread": [float("nan"), 1.5]}
+    path = _save(doc, tmp_path / "run.json")
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    saved = json.loads(path.read_text(), parse_constant=refuse)
+    assert saved == {"created": "2026-01-01T00:00:00Z", "rate": None, "spread": [None, 1.5]}

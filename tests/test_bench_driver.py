@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import math
 import os
 import random
@@ -300,18 +301,22 @@ async def test_errors_back_off_and_retry_after_is_honoured(emulator):
     assert all(r.status == 503 for r in run.records)
 
 
+def busy_server(retry_after: bytes) -> contextlib.AbstractAsyncContextManager:
+    """`canned_server` answering 503 with `Retry-After: <retry_after>`."""
+    body = b'{"error":"busy"}'
+    return canned_server(
+        b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: " + retry_after + b"\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
+
+
 @contextlib.asynccontextmanager
-async def busy_server(retry_after: bytes) -> AsyncIterator[tuple[str, list[bytes]]]:
-    """A keep-alive server answering every request 503 with `Retry-After: <retry_after>`.
+async def canned_server(answer: bytes) -> AsyncIterator[tuple[str, list[bytes]]]:
+    """A keep-alive server answering every request with the bytes `answer`.
 
     Yields its URL and the list of requests it read (one item per request).
     """
     seen: list[bytes] = []
-    body = b'{"error":"busy"}'
-    answer = (
-        b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: " + retry_after + b"\r\n"
-        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
-    )
 
     writers: list[asyncio.StreamWriter] = []
 
@@ -373,6 +378,38 @@ async def test_the_open_loop_backs_off_after_failures_in_a_row(emulator):
     held = [r for r in run.records if r.status is None]
     assert len(held) == 40 - sent
     assert {r.error for r in held} == {NOT_SENT_BACKOFF}
+
+
+def ndjson_answer(*lines: dict) -> bytes:
+    """A 200 answer whose body is `lines` as NDJSON."""
+    body = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nContent-Length: %d\r\n\r\n"
+    return head % len(body) + body
+
+
+CHUNK = {"message": {"role": "assistant", "content": "a"}, "done": False}
+
+
+async def test_nonsense_server_counts_fail_the_request_over_a_socket():
+    done = {"message": {"role": "assistant", "content": ""}, "done": True, "eval_count": 100_000}
+    async with canned_server(ndjson_answer(CHUNK, done | {"eval_duration": 1e-300})) as (url, _):
+        run = await run_concurrency(Target(url, "ollama"), WORKLOAD, MODEL, 1, requests=2)
+    assert [r.ok for r in run.records] == [False, False]
+    assert {r.error for r in run.records} == {
+        "the server reported 100000 output tokens for at most 64 asked"
+    }
+    assert all(r.decode_seconds is None for r in run.records)  # 1e-300 ns is no duration
+
+
+async def test_lines_after_the_final_chunk_fail_the_request_over_a_socket():
+    first = {"message": {"role": "assistant", "content": ""}, "done": True, "eval_count": 2}
+    second = first | {"eval_count": 60}
+    answer = ndjson_answer(CHUNK, CHUNK, first, CHUNK, second)
+    async with canned_server(answer) as (url, _):
+        run = await run_concurrency(Target(url, "ollama"), WORKLOAD, MODEL, 1, requests=1)
+    (record,) = run.records
+    assert (record.ok, record.error) == (False, "answer went on after its final chunk")
+    assert (record.output_tokens, len(record.chunk_times)) == (2, 2)  # the first end's
 
 
 def test_the_pause_follows_retry_after_then_doubles():

@@ -354,7 +354,9 @@ def _save(doc: dict[str, Any], path: Path | None) -> Path:
         stamp = doc["created"].replace(":", "").replace("-", "")
         path = Path("bench-results") / f"run-{stamp}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    # A non-finite number (a server's nonsense) becomes null: NaN and Infinity are not JSON.
+    text = json.dumps(compare.json_safe(doc), indent=2, ensure_ascii=False, allow_nan=False)
+    path.write_text(text + "\n", encoding="utf-8")
     return path
 
 

@@ -187,7 +187,7 @@ async def run_concurrency(
             if pause:
                 await asyncio.sleep(pause)
 
-    clients = [Client(target) for _ in range(concurrency)]
+    clients = [Client(target, workload.sampling.max_tokens) for _ in range(concurrency)]
     try:
         async with asyncio.TaskGroup() as group:
             for client in clients:
@@ -318,7 +318,7 @@ async def run_rate(
                     records.append(_capped(now, model, prompt_id, warm))
                     continue
                 if not idle:
-                    everyone.append(Client(target))
+                    everyone.append(Client(target, workload.sampling.max_tokens))
                     idle.append(everyone[-1])
                 group.create_task(one(idle.pop(), request, prompt_id, warm))
     except* BenchError as refused:

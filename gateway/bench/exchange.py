@@ -42,8 +42,14 @@ def backoff(failures: int, retry_after: float | None) -> float:
 class Client:
     """One worker's keep-alive connection to the target, reopened when it is lost."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, max_tokens: int | None = None) -> None:
+        """A client of `target`.
+
+        `max_tokens` is what each request asks: a server count above it fails the record
+        (`AnswerReader`); None does not check.
+        """
         self.target = target
+        self.max_tokens = max_tokens
         self.connection: wire.Connection | None = None
         self.failures = 0
         self.retry_after: float | None = None
@@ -67,7 +73,10 @@ class Client:
         self, request: bytes, model: str, prompt_id: str, warmup: bool
     ) -> RequestRecord:
         """Send one request and read its answer into a record; never raises for the target."""
-        target, reader = self.target, AnswerReader(self.target.api, self.target.key)
+        target, reader = (
+            self.target,
+            AnswerReader(self.target.api, self.target.key, self.max_tokens),
+        )
         clock = time.perf_counter
         start = clock()
         connection = self.connection
