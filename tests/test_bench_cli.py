@@ -225,3 +225,15 @@ def test_the_run_document_is_strict_json(tmp_path):
 
     saved = json.loads(path.read_text(), parse_constant=refuse)
     assert saved == {"created": "2026-01-01T00:00:00Z", "rate": None, "spread": [None, 1.5]}
+
+
+def test_the_run_document_replaces_a_symlink_instead_of_writing_through_it(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    link = tmp_path / "run.json"
+    link.symlink_to(victim)
+    _save({"created": "2026-01-01T00:00:00Z"}, link)
+    assert victim.read_text() == "precious\n"
+    assert not link.is_symlink()
+    assert json.loads(link.read_text()) == {"created": "2026-01-01T00:00:00Z"}
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []

@@ -356,7 +356,8 @@ def _save(doc: dict[str, Any], path: Path | None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     # A non-finite number (a server's nonsense) becomes null: NaN and Infinity are not JSON.
     text = json.dumps(compare.json_safe(doc), indent=2, ensure_ascii=False, allow_nan=False)
-    path.write_text(text + "\n", encoding="utf-8")
+    # Through a new file and a rename: a symlink planted at `path` is replaced, not followed.
+    plots.replace_file(path, lambda handle: handle.write(text.encode("utf-8") + b"\n"))
     return path
 
 
