@@ -7,11 +7,14 @@ first line of a `--key-file`, or from an environment variable. Nothing here does
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 #: The largest key file read, in bytes: a key is about 60 characters, so a bigger file is
 #: the wrong file (and is not read whole).
 KEY_FILE_MAX = 4096
+#: How the gateway's keys start (`gateway.auth.apikey`).
+KEY_PREFIX = "gw_"
 #: What stands where a key (or the start of one) was.
 REDACTED = "[key redacted]"
 #: The shortest start of a key redacted where a cut ended text (`redact_key`): shorter ones
@@ -61,24 +64,43 @@ def read_client_key(key_file: Path | None, env: str) -> str:
     Raises:
         KeyInputError: the file is no regular file, cannot be read, is over `KEY_FILE_MAX`
             bytes, is not UTF-8 or is empty; or the key holds a control character (it would
-            break the `Authorization` header line).
+            break the `Authorization` header line). A path that looks like a key (`gw_...`)
+            is never shown in the message.
+
+    A key file readable by group or others is read, with a one-line warning on stderr.
     """
     if key_file is not None:
+        # A key passed where the path goes (`--key gw_...` once matched `--key-file`) must not
+        # be echoed back in the error.
+        looks_like_key = key_file.name.startswith(KEY_PREFIX)
+        shown = (
+            "--key-file (a path that looks like a key)"
+            if looks_like_key
+            else f"--key-file {key_file}"
+        )
         try:
             if not key_file.is_file():
-                raise KeyInputError(f"--key-file {key_file} is not a regular file")
+                if looks_like_key:
+                    raise KeyInputError(
+                        "the key file given looks like a key itself: pass a file's path"
+                    )
+                raise KeyInputError(f"{shown} is not a regular file")
             with key_file.open("rb") as handle:
+                mode = os.fstat(handle.fileno()).st_mode
                 raw = handle.read(KEY_FILE_MAX + 1)
         except OSError as exc:
-            raise KeyInputError(f"cannot read --key-file {key_file}: {exc.strerror}") from None
+            raise KeyInputError(f"cannot read {shown}: {exc.strerror}") from None
+        if mode & 0o077:
+            # Not an error: the key may be meant for a group; but say so, once.
+            sys.stderr.write(f"warning: {shown} is readable by others than its owner (chmod 600)\n")
         if len(raw) > KEY_FILE_MAX:
-            raise KeyInputError(f"--key-file {key_file} is over {KEY_FILE_MAX} bytes: no key file?")
+            raise KeyInputError(f"{shown} is over {KEY_FILE_MAX} bytes: no key file?")
         try:
             text = raw.decode("utf-8").strip()
         except UnicodeDecodeError:
-            raise KeyInputError(f"--key-file {key_file} is not UTF-8 text") from None
+            raise KeyInputError(f"{shown} is not UTF-8 text") from None
         if not text:
-            raise KeyInputError(f"--key-file {key_file} is empty")
+            raise KeyInputError(f"{shown} is empty")
         key = text.splitlines()[0].strip()
     else:
         key = os.environ.get(env, "").strip()

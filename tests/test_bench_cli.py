@@ -237,3 +237,18 @@ def test_the_run_document_replaces_a_symlink_instead_of_writing_through_it(tmp_p
     assert not link.is_symlink()
     assert json.loads(link.read_text()) == {"created": "2026-01-01T00:00:00Z"}
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+@pytest.mark.parametrize("option", ["--key", "--key=", "--key-f", "--ke"])
+def test_a_key_on_the_command_line_is_refused_and_not_echoed(tmp_path, capsys, option):
+    key = "gw_TOPSECRET123"
+    args = [option + key] if option.endswith("=") else [option, key]
+    with pytest.raises(SystemExit) as stopped:
+        main(["run", *args, "--model", "m", "--no-save"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    if option in ("--key", "--key="):
+        assert key not in err
+        assert "the key is never an argument" in err
+    else:  # no prefix is taken for --key-file (that one echoed the key as a path)
+        assert "unrecognized arguments" in err

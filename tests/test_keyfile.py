@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.cli import build_parser
 from gateway.keyfile import KEY_FILE_MAX, KeyInputError, read_client_key, redact_key
 
 
@@ -57,3 +58,30 @@ KEY = "gw_SECRETKEY0123456789abcdef"
 def test_redact_key_replaces_the_key_and_any_start_a_cut_left(text: str, expected: str) -> None:
     assert redact_key(text, KEY) == expected
     assert redact_key(text, None) == redact_key(text, "") == text
+
+
+def test_a_path_that_looks_like_a_key_is_not_echoed(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(KeyInputError, match="looks like a key itself") as caught:
+        read_client_key(Path("gw_TOPSECRET123"), "UNUSED_VARIABLE")
+    assert "TOPSECRET" not in str(caught.value)
+
+
+def test_a_key_file_others_can_read_is_read_with_a_warning(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "key"
+    path.write_text("gw_abc\n")
+    path.chmod(0o600)
+    assert read_client_key(path, "UNUSED_VARIABLE") == "gw_abc"
+    assert capsys.readouterr().err == ""
+    path.chmod(0o644)
+    assert read_client_key(path, "UNUSED_VARIABLE") == "gw_abc"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "readable by others" in err
+
+
+@pytest.mark.parametrize("command", [["batch", "list"], ["bench", "run", "--model", "m"]])
+def test_no_client_command_takes_a_prefix_of_key_file(command: list[str], capsys) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*command, "--key-fi", "gw_TOPSECRET123"])
+    assert "unrecognized arguments" in capsys.readouterr().err
