@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     """Build the `gateway` argument parser with all its subcommands."""
     parser = argparse.ArgumentParser(
         prog="gateway",
+        allow_abbrev=False,
         description="Authenticated inference gateway for Ollama-compatible model servers. "
         "Configuration comes from GATEWAY_* environment variables and .env.",
     )

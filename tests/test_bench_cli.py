@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench.cli import KEY_ENV, main
+from gateway.bench.cli import KEY_ENV, _save, main
 from gateway.testing.stack import free_port
 from tests.conftest import Emulator, Gateway
 
@@ -187,6 +187,23 @@ def test_a_key_the_server_echoes_is_redacted_everywhere(emulator, tmp_path, monk
     assert "[key redacted]" in saved
 
 
+@pytest.mark.parametrize("pad", [163, 180])
+def test_an_echoed_key_cut_short_is_redacted_too(emulator, tmp_path, monkeypatch, capsys, pad):
+    model = _fast(emulator)
+    key = "gw_SECRETKEY0123456789abcdef"
+    monkeypatch.setenv(KEY_ENV, key)
+    emulator.config.fault = "status_before"
+    # The 200-character cut of the error text falls inside the key.
+    emulator.config.fault_message = "p" * pad + key
+    code, _ = _run(tmp_path, "--target", emulator.url, "--model", model, "--requests", "2")
+    assert code == 1
+    saved = (tmp_path / "run.json").read_text()
+    printed = capsys.readouterr()
+    for shown in (saved, printed.out, printed.err):
+        assert key[:8] not in shown
+    assert "[key" in saved  # the mark itself may be cut
+
+
 def test_a_target_with_credentials_or_a_control_character_key_is_refused(
     emulator, tmp_path, monkeypatch, capsys
 ):
@@ -197,3 +214,41 @@ def test_a_target_with_credentials_or_a_control_character_key_is_refused(
     code, _ = _run(tmp_path, "--target", emulator.url, "--model", "m")
     assert code == 1
     assert "control character" in capsys.readouterr().err
+
+
+def test_the_run_document_is_strict_json(tmp_path):
+    doc = {"created": "2026-01-01T00:00:00Z", "rate": float("inf"), "spread": [float("nan"), 1.5]}
+    path = _save(doc, tmp_path / "run.json")
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    saved = json.loads(path.read_text(), parse_constant=refuse)
+    assert saved == {"created": "2026-01-01T00:00:00Z", "rate": None, "spread": [None, 1.5]}
+
+
+def test_the_run_document_replaces_a_symlink_instead_of_writing_through_it(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    link = tmp_path / "run.json"
+    link.symlink_to(victim)
+    _save({"created": "2026-01-01T00:00:00Z"}, link)
+    assert victim.read_text() == "precious\n"
+    assert not link.is_symlink()
+    assert json.loads(link.read_text()) == {"created": "2026-01-01T00:00:00Z"}
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+@pytest.mark.parametrize("option", ["--key", "--key=", "--key-f", "--ke"])
+def test_a_key_on_the_command_line_is_refused_and_not_echoed(tmp_path, capsys, option):
+    key = "gw_TOPSECRET123"
+    args = [option + key] if option.endswith("=") else [option, key]
+    with pytest.raises(SystemExit) as stopped:
+        main(["run", *args, "--model", "m", "--no-save"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    if option in ("--key", "--key="):
+        assert key not in err
+        assert "the key is never an argument" in err
+    else:  # no prefix is taken for --key-file (that one echoed the key as a path)
+        assert "unrecognized arguments" in err

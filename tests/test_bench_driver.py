@@ -11,7 +11,10 @@ summed over many tokens, so scheduling jitter on a loaded machine stays well bel
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
+import json
 import math
 import os
 import random
@@ -19,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
@@ -27,6 +30,7 @@ import pytest
 from gateway.bench import wire
 from gateway.bench.driver import (
     CAP_REACHED,
+    NOT_SENT_BACKOFF,
     BenchError,
     arrival_offsets,
     check_target,
@@ -305,6 +309,117 @@ async def test_errors_back_off_and_retry_after_is_honoured(emulator):
     assert all(r.status == 503 for r in run.records)
 
 
+def busy_server(retry_after: bytes) -> contextlib.AbstractAsyncContextManager:
+    """`canned_server` answering 503 with `Retry-After: <retry_after>`."""
+    body = b'{"error":"busy"}'
+    return canned_server(
+        b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: " + retry_after + b"\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
+
+
+@contextlib.asynccontextmanager
+async def canned_server(answer: bytes) -> AsyncIterator[tuple[str, list[bytes]]]:
+    """A keep-alive server answering every request with the bytes `answer`.
+
+    Yields its URL and the list of requests it read (one item per request).
+    """
+    seen: list[bytes] = []
+
+    writers: list[asyncio.StreamWriter] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.lower().split(b"\r\n")
+                    if line.startswith(b"content-length:")
+                )
+                await reader.readexactly(length)
+                seen.append(head)
+                writer.write(answer)
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", seen
+    finally:
+        server.close()
+        for writer in writers:
+            writer.close()
+        await server.wait_closed()
+
+
+async def test_retry_after_zero_does_not_turn_the_backoff_off():
+    async with busy_server(b"0") as (url, seen):
+        run = await run_concurrency(Target(url, "ollama"), WORKLOAD, MODEL, 1, duration=1.0)
+    # Retry-After: 0 taken as given let one worker send thousands of requests a second; the
+    # backoff (0.05 + 0.1 + 0.2 + 0.4 + ... s) lets it send about five.
+    assert all(r.status == 503 for r in run.records)
+    assert 2 <= len(seen) <= 10
+
+
+async def test_the_open_loop_holds_arrivals_back_while_the_server_asks_to_wait():
+    async with busy_server(b"30") as (url, seen):
+        run = await run_rate(Target(url, "ollama"), WORKLOAD, MODEL, 20.0, requests=20)
+    # Arrivals are 50 ms apart: the first answer asks for 30 s, so the rest are not sent.
+    assert len(run.records) == 20
+    assert len(seen) <= 3
+    held = [r for r in run.records if r.status is None]
+    assert len(held) == 20 - len(seen)
+    assert {r.error for r in held} == {"not sent: the server asked to wait 30 s"}
+
+
+async def test_the_open_loop_backs_off_after_failures_in_a_row(emulator):
+    fast(emulator, fault="status_before", fault_status=500)
+    run = await run_rate(Target(emulator.url, "ollama"), WORKLOAD, MODEL, 20.0, requests=40)
+    sent = len(emulator.state.records)
+    # Without the backoff all 40 arrivals (2 s) reach the failing server; with it three do,
+    # then one after 0.2 s, 0.4 s, 0.8 s.
+    assert len(run.records) == 40
+    assert 3 <= sent <= 12
+    held = [r for r in run.records if r.status is None]
+    assert len(held) == 40 - sent
+    assert {r.error for r in held} == {NOT_SENT_BACKOFF}
+
+
+def ndjson_answer(*lines: dict) -> bytes:
+    """A 200 answer whose body is `lines` as NDJSON."""
+    body = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nContent-Length: %d\r\n\r\n"
+    return head % len(body) + body
+
+
+CHUNK = {"message": {"role": "assistant", "content": "a"}, "done": False}
+
+
+async def test_nonsense_server_counts_fail_the_request_over_a_socket():
+    done = {"message": {"role": "assistant", "content": ""}, "done": True, "eval_count": 100_000}
+    async with canned_server(ndjson_answer(CHUNK, done | {"eval_duration": 1e-300})) as (url, _):
+        run = await run_concurrency(Target(url, "ollama"), WORKLOAD, MODEL, 1, requests=2)
+    assert [r.ok for r in run.records] == [False, False]
+    assert {r.error for r in run.records} == {
+        "the server reported 100000 output tokens for at most 64 asked"
+    }
+    assert all(r.decode_seconds is None for r in run.records)  # 1e-300 ns is no duration
+
+
+async def test_lines_after_the_final_chunk_fail_the_request_over_a_socket():
+    first = {"message": {"role": "assistant", "content": ""}, "done": True, "eval_count": 2}
+    second = first | {"eval_count": 60}
+    answer = ndjson_answer(CHUNK, CHUNK, first, CHUNK, second)
+    async with canned_server(answer) as (url, _):
+        run = await run_concurrency(Target(url, "ollama"), WORKLOAD, MODEL, 1, requests=1)
+    (record,) = run.records
+    assert (record.ok, record.error) == (False, "answer went on after its final chunk")
+    assert (record.output_tokens, len(record.chunk_times)) == (2, 2)  # the first end's
+
+
 def test_the_pause_follows_retry_after_then_doubles():
     client = Client(Target("http://127.0.0.1:1", "ollama"))
     failed = RequestRecord(0, 1, False, 429, "HTTP 429", None, (), 0, "client")
@@ -320,6 +435,8 @@ def test_the_pause_follows_retry_after_then_doubles():
     assert max(pauses) == 5.0
     assert client.pause(ok) == 0.0
     assert client.pause(failed) == pytest.approx(0.05)  # a success resets the backoff
+    client.retry_after = 0.0  # would turn the backoff off
+    assert client.pause(failed) == pytest.approx(0.1)
 
 
 async def test_cold_load_reports_the_servers_load_time(emulator):

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from gateway.bench.protocol import AnswerReader, Target, build_request, error_text
+from gateway.bench.records import RequestRecord
 from gateway.bench.workload import Prompt, Sampling
 from tests.helpers import sse
 
@@ -414,3 +415,47 @@ def test_absurd_server_counters_count_as_unreported(counters):
     assert record.output_source == "client"
     assert record.decode_seconds is None
     assert record.tpot is not None  # a finite value, never an overflow
+
+
+def test_the_first_final_event_ends_an_sse_answer():
+    events = [
+        {"choices": [{"index": 0, "delta": {"content": "a"}}]},
+        {"choices": [], "usage": {"completion_tokens": 1, "prompt_tokens": 3}},
+    ]
+    body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+    later = {"choices": [], "usage": {"completion_tokens": 50, "prompt_tokens": 3}}
+    body += b"data: [DONE]\n\n" + b"data: " + json.dumps(later).encode() + b"\n\n"
+    reader = AnswerReader("openai", max_tokens=16)
+    reader.feed(body, 1.0)
+    reader.close(2.0)
+    record = reader.record(0.0, 2.0, 200)
+    assert (record.ok, record.error) == (False, "answer went on after its final chunk")
+    assert (record.output_tokens, record.output_source) == (1, "openai.usage")
+
+
+@pytest.mark.parametrize(("reported", "ok"), [(16, True), (24, True), (25, False), (10**12, False)])
+def test_a_server_count_above_what_was_asked_fails_the_answer(reported: int, ok: bool):
+    events = [
+        {"choices": [{"index": 0, "delta": {"content": "a"}}]},
+        {"choices": [], "usage": {"completion_tokens": reported, "prompt_tokens": 3}},
+    ]
+    body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+    reader = AnswerReader("openai", max_tokens=16)  # 16 + 8 allowed
+    reader.feed(body + b"data: [DONE]\n\n", 1.0)
+    reader.close(2.0)
+    record = reader.record(0.0, 2.0, 200)
+    assert record.ok is ok
+    if not ok:
+        assert record.error == f"the server reported {reported} output tokens for at most 16 asked"
+
+
+def test_rates_that_overflow_are_missing_not_infinite():
+    record = RequestRecord(
+        0.0, 1.0, True, 200, None, 0.5, (0.5, 0.6), 10**12, "ollama",
+        prompt_tokens=10**12, prompt_source="ollama", decode_seconds=5e-324,
+        prefill_seconds=5e-324, timing_source="ollama",
+    )  # fmt: skip
+    assert record.prefill_rate is None
+    decode = record.decode_rate
+    assert decode is not None
+    assert decode[1] == "client"

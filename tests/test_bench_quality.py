@@ -153,3 +153,15 @@ async def test_an_unreachable_server_scores_zero_without_raising() -> None:
     result = await probe_quality(f"http://127.0.0.1:{free_port()}", "m", api="openai")
     assert result["errors"] == result["total"] == len(QUESTIONS)
     assert result["answers"][0]["error"].startswith("ConnectError")
+
+
+@pytest.mark.anyio
+async def test_an_echoed_key_cut_short_is_redacted(emulator: Any) -> None:
+    key = "gw_SECRETKEY0123456789abcdef"
+    emulator.config.fault = "status_before"
+    emulator.config.fault_message = "p" * 170 + key  # the body's 200-character cut is in the key
+    notes: list[str] = []
+    result = await probe_quality(emulator.url, "llama3.2", key=key, notes=notes)
+    shown = json.dumps(result) + "".join(notes)
+    assert key[:8] not in shown
+    assert "[key" in result["answers"][0]["error"]  # the mark itself may be cut

@@ -28,7 +28,7 @@ from gateway.bench.report import (
     render_matrix,
     render_table,
 )
-from gateway.bench.tables import Column, number, text_table, width
+from gateway.bench.tables import Column, markdown_text, number, text_table, width
 from tests.bench_docs import model_entry, run_doc
 
 HOSTILE = "evil\x1b[2J\x1b]0;owned\x07|name\u202e\x9b31m"
@@ -405,3 +405,21 @@ def test_the_command_exits_2_on_an_unexpected_failure(
     assert err.count("\n") == 1
     assert "OverflowError" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [
+        ("https://evil.example/login", "`https://evil.example/login`"),
+        ("@octocat/team", "`@octocat/team`"),
+        ("see WWW.evil.example", "`see WWW.evil.example`"),
+        ("a|b@c", "`a\\|b@c`"),  # the cell still splits on no pipe
+        ("``@x", "``` ``@x ```"),
+        ("&#64;octocat", "\\&\\#64;octocat"),  # no entity that renders as @
+        ("llama3.2:1b", "llama3.2:1b"),
+    ],
+)
+def test_markdown_shows_links_and_mentions_as_text(name: str, shown: str) -> None:
+    assert markdown_text(name) == shown
+    out = render_markdown(run_doc([model_entry(name)]))
+    assert f"## {shown}" in out

@@ -159,3 +159,21 @@ def test_cycle_hands_out_prompts_round_robin_in_a_fixed_order():
     order = [p.id for p in workload.prompts]
     assert ids == order + order + order[:1]
     assert [p.id for p in itertools.islice(workload.cycle(), 2)] == order[:2]  # fresh start
+
+
+def test_a_key_name_with_terminal_escapes_is_shown_escaped(tmp_path: Path):
+    path = tmp_path / "esc.jsonl"
+    path.write_text('{"prompt": "a", "\\u001b]0;PWNED\\u0007\\u001b[2J": 1}\n', encoding="utf-8")
+    with pytest.raises(WorkloadError, match="unsupported keys") as caught:
+        load_workload(str(path), SAMPLING)
+    message = str(caught.value)
+    assert "\x1b" not in message
+    assert "\x07" not in message
+    assert "\\x1b]0;PWNED\\x07" in message
+
+
+def test_a_raw_line_separator_inside_a_json_string_is_text(tmp_path: Path):
+    path = tmp_path / "u2028.jsonl"
+    path.write_text('{"prompt": "one\u2028two"}\r\n{"prompt": "three"}\n', encoding="utf-8")
+    workload = load_workload(str(path), SAMPLING)
+    assert [p.text for p in workload.prompts] == ["one\u2028two", "three"]

@@ -317,3 +317,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     download.add_argument("id")
     download.add_argument("--out", type=Path, default=Path(), help="directory (default: .)")
     batch.set_defaults(bench_handler=_main)
+    # No prefixes: `--key gw_...` would be taken as `--key-file` and the key echoed back.
+    batch.allow_abbrev = False
+    for leaf in commands.choices.values():
+        leaf.allow_abbrev = False

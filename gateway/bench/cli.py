@@ -67,6 +67,12 @@ def _count(text: str) -> int:
     return int(text)
 
 
+def _no_key(_text: str) -> str:
+    # A key on the command line is visible to every user (ps) and kept in shell history; the
+    # message does not repeat it.
+    raise argparse.ArgumentTypeError(f"the key is never an argument: set ${KEY_ENV} or --key-file")
+
+
 def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = commands.add_parser(
         "run",
@@ -94,6 +100,7 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "/v1/completions); default chat",
     )
     where.add_argument("--key-file", type=Path, help=f"file holding the key (else ${KEY_ENV})")
+    where.add_argument("--key", type=_no_key, help=argparse.SUPPRESS)
     where.add_argument(
         "--model",
         "--models",
@@ -224,6 +231,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     rep = commands.add_parser("report", help="print a saved run as a table, Markdown, CSV, JSON")
     report.add_arguments(rep)
     rep.set_defaults(bench_handler=report.main_report)
+    # No prefixes: `--key gw_...` would be taken as `--key-file` and the key echoed back.
+    bench.allow_abbrev = False
+    for leaf in commands.choices.values():
+        leaf.allow_abbrev = False
 
 
 def read_key(key_file: Path | None) -> str | None:
@@ -354,7 +365,10 @@ def _save(doc: dict[str, Any], path: Path | None) -> Path:
         stamp = doc["created"].replace(":", "").replace("-", "")
         path = Path("bench-results") / f"run-{stamp}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    # A non-finite number (a server's nonsense) becomes null: NaN and Infinity are not JSON.
+    text = json.dumps(compare.json_safe(doc), indent=2, ensure_ascii=False, allow_nan=False)
+    # Through a new file and a rename: a symlink planted at `path` is replaced, not followed.
+    plots.replace_file(path, lambda handle: handle.write(text.encode("utf-8") + b"\n"))
     return path
 
 
@@ -417,7 +431,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `gateway bench ...` on its own (tests; `gateway.cli` is the usual entry)."""
-    parser = argparse.ArgumentParser(prog="gateway")
+    parser = argparse.ArgumentParser(prog="gateway", allow_abbrev=False)
     add_parser(parser.add_subparsers(required=True))
     args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
     handler = args.bench_handler

@@ -194,21 +194,21 @@ class Comparison:
             "regressions": [r for r in rows if r["verdict"] == "worse"],
             "rows": rows,
         }
-        return dict(_json_safe(result))
+        return dict(json_safe(result))
 
 
 def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """`value` with every non-finite float None, so `json.dumps(allow_nan=False)` succeeds."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gateway.bench import wire
-from gateway.bench.exchange import Client
+from gateway.bench.exchange import Client, backoff
 from gateway.bench.preflight import BenchError, check_target, cold_load
 from gateway.bench.protocol import Target, build_request
 from gateway.bench.records import RequestRecord
@@ -36,6 +36,8 @@ from gateway.bench.workload import Workload
 
 __all__ = [
     "CAP_REACHED",
+    "HOLD_AFTER",
+    "NOT_SENT_BACKOFF",
     "BenchError",
     "Progress",
     "arrival_offsets",
@@ -49,6 +51,10 @@ Progress = Callable[[int, int], None]
 """Called with (counted requests finished, counted requests planned; 0 in duration mode)."""
 
 CAP_REACHED = "in-flight cap reached"
+#: The open loop: failures in a row (without `Retry-After`) after which arrivals are held back.
+HOLD_AFTER = 3
+#: The open loop: the error of an arrival held back by the backoff.
+NOT_SENT_BACKOFF = "not sent: backing off after failures in a row"
 
 
 class _Requests:
@@ -181,7 +187,7 @@ async def run_concurrency(
             if pause:
                 await asyncio.sleep(pause)
 
-    clients = [Client(target) for _ in range(concurrency)]
+    clients = [Client(target, workload.sampling.max_tokens) for _ in range(concurrency)]
     try:
         async with asyncio.TaskGroup() as group:
             for client in clients:
@@ -231,7 +237,11 @@ async def run_rate(
     """Open loop: requests arrive on a seeded Poisson schedule at `rate` per second.
 
     An arrival that finds `max_in_flight` requests unanswered is not sent: it becomes a failed
-    record with the error "in-flight cap reached" (the client's limit, not the server's). The
+    record with the error "in-flight cap reached" (the client's limit, not the server's). So is
+    an arrival while the target asked to wait (a positive `Retry-After`, error "not sent: the
+    server asked to wait N s") or while backing off after `HOLD_AFTER` or more failures in a
+    row (`exchange.backoff`, error `NOT_SENT_BACKOFF`): the error rate shows the overload and
+    the target is not hammered. The
     first `warmup` arrivals are flagged warm-up; the window starts at the first counted
     arrival's scheduled time and ends `duration` seconds later (arrivals stop there; answers in
     flight are awaited), or with the last counted answer (`requests`).
@@ -251,6 +261,25 @@ async def run_rate(
     clock = time.perf_counter
     begin = clock()
     window: list[float | None] = [begin if warmup == 0 else None, None]
+    # Failures in a row, and until when (perf_counter seconds) arrivals are held back, why.
+    hold: dict[str, Any] = {"failures": 0, "until": 0.0, "reason": ""}
+
+    def held_back(record: RequestRecord, retry_after: float | None) -> None:
+        if record.ok:
+            hold["failures"] = 0
+            return
+        hold["failures"] += 1
+        asked = retry_after is not None and retry_after > 0
+        if not asked and hold["failures"] < HOLD_AFTER:
+            return  # one failure among successes is the server's answer, not a reason to stop
+        until = clock() + backoff(hold["failures"], retry_after)
+        if until > hold["until"]:
+            hold["until"] = until
+            hold["reason"] = (
+                f"not sent: the server asked to wait {retry_after:g} s"
+                if asked
+                else NOT_SENT_BACKOFF
+            )
 
     async def one(client: Client, request: bytes, prompt_id: str, warm: bool) -> None:
         try:
@@ -259,6 +288,7 @@ async def run_rate(
         finally:
             idle.append(client)
         _refused(record)
+        held_back(record, client.retry_after)
         if not warm:
             counted[0] += 1
             if progress is not None:
@@ -280,12 +310,15 @@ async def run_rate(
                 await asyncio.sleep(max(0.0, at - clock()))
                 prompt_id, request = prepared.next()
                 warm = index < warmup
+                now = clock()
+                if now < hold["until"]:
+                    records.append(_capped(now, model, prompt_id, warm, hold["reason"]))
+                    continue
                 if len(everyone) - len(idle) >= max_in_flight:
-                    now = clock()
                     records.append(_capped(now, model, prompt_id, warm))
                     continue
                 if not idle:
-                    everyone.append(Client(target))
+                    everyone.append(Client(target, workload.sampling.max_tokens))
                     idle.append(everyone[-1])
                 group.create_task(one(idle.pop(), request, prompt_id, warm))
     except* BenchError as refused:
@@ -299,13 +332,16 @@ async def run_rate(
     return _measurement(records, start, end if end is not None else start)
 
 
-def _capped(now: float, model: str, prompt_id: str, warmup: bool) -> RequestRecord:
+def _capped(
+    now: float, model: str, prompt_id: str, warmup: bool, error: str = CAP_REACHED
+) -> RequestRecord:
+    """The failed record of an arrival the open loop did not send (`error` says why)."""
     return RequestRecord(
         start=now,
         end=now,
         ok=False,
         status=None,
-        error=CAP_REACHED,
+        error=error,
         first_token=None,
         chunk_times=(),
         output_tokens=None,

@@ -26,11 +26,30 @@ BACKOFF_MAX = 5.0
 RETRY_AFTER_MAX = 60.0
 
 
+def backoff(failures: int, retry_after: float | None) -> float:
+    """Seconds to wait after `failures` (at least 1) failed requests in a row.
+
+    The server's `Retry-After` (seconds) when it sent a positive one, at least `BACKOFF_FIRST`
+    and at most `RETRY_AFTER_MAX`; else (none, or `Retry-After: 0`, which would turn the
+    backoff off) `BACKOFF_FIRST` doubling per failure up to `BACKOFF_MAX`. Never 0.
+    """
+    if retry_after is not None and retry_after > 0:
+        return min(max(retry_after, BACKOFF_FIRST), RETRY_AFTER_MAX)
+    pause: float = BACKOFF_FIRST * 2.0 ** min(failures - 1, 16)
+    return min(pause, BACKOFF_MAX)
+
+
 class Client:
     """One worker's keep-alive connection to the target, reopened when it is lost."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, max_tokens: int | None = None) -> None:
+        """A client of `target`.
+
+        `max_tokens` is what each request asks: a server count above it fails the record
+        (`AnswerReader`); None does not check.
+        """
         self.target = target
+        self.max_tokens = max_tokens
         self.connection: wire.Connection | None = None
         self.failures = 0
         self.retry_after: float | None = None
@@ -38,26 +57,26 @@ class Client:
     def pause(self, record: RequestRecord) -> float:
         """Seconds this worker waits before its next request, after `record`.
 
-        0 after a success. After a failure: the server's `Retry-After` when it sent one (a 429
-        or 503, capped at `RETRY_AFTER_MAX`), else an exponential backoff from `BACKOFF_FIRST`
-        doubling per consecutive failure up to `BACKOFF_MAX`. A failing server (or a gateway
-        limiting the key) is thus never hammered: a closed loop that answered errors at once
-        would otherwise send thousands of requests a second.
+        0 after a success. After a failure `backoff`: the server's positive `Retry-After` (a
+        429 or 503, capped at `RETRY_AFTER_MAX`), else an exponential backoff from
+        `BACKOFF_FIRST` doubling per consecutive failure up to `BACKOFF_MAX`. A failing server
+        (or a gateway limiting the key) is thus never hammered: a closed loop that answered
+        errors at once would otherwise send thousands of requests a second.
         """
         if record.ok:
             self.failures = 0
             return 0.0
         self.failures += 1
-        if self.retry_after is not None:
-            return min(self.retry_after, RETRY_AFTER_MAX)
-        backoff: float = BACKOFF_FIRST * 2.0 ** min(self.failures - 1, 16)
-        return min(backoff, BACKOFF_MAX)
+        return backoff(self.failures, self.retry_after)
 
     async def exchange(
         self, request: bytes, model: str, prompt_id: str, warmup: bool
     ) -> RequestRecord:
         """Send one request and read its answer into a record; never raises for the target."""
-        target, reader = self.target, AnswerReader(self.target.api)
+        target, reader = (
+            self.target,
+            AnswerReader(self.target.api, self.target.key, self.max_tokens),
+        )
         clock = time.perf_counter
         start = clock()
         connection = self.connection

@@ -19,9 +19,9 @@ import importlib
 import os
 import re
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from gateway.bench.document import models, nested, points, real, stat
 from gateway.bench.tables import safe
@@ -134,18 +134,27 @@ def plot_run(
 
 
 def _write(figure: Any, path: Path) -> None:
-    """Save `figure` as PNG at `path` through a new file in the same directory and a rename.
+    """Save `figure` as PNG at `path` (`replace_file`)."""
+    replace_file(path, lambda handle: figure.savefig(handle, format="png", dpi=100))
+
+
+def replace_file(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write a file at `path` with `write(handle)`, through a new file in the same directory.
 
     `mkstemp` creates the file exclusively (no symlink followed); `os.replace` then replaces
-    whatever `path` is, a symlink included, instead of writing to its target.
+    whatever `path` is, a symlink included, instead of writing to its target. The file gets
+    the permissions a plain `open` would give it (0666 less the umask).
+
+    Raises:
+        OSError: the directory is not writable (nothing is left behind).
     """
     fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         umask = os.umask(0)
         os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would hide the plot from others
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would hide the file from others
         with os.fdopen(fd, "wb") as handle:
-            figure.savefig(handle, format="png", dpi=100)
+            write(handle)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -32,6 +32,7 @@ from typing import Any, Literal
 import httpx
 
 from gateway.bench.stats import escape_error
+from gateway.keyfile import redact_key
 
 QUESTION_SET = "builtin-12"
 
@@ -160,11 +161,15 @@ async def ask(
     return text
 
 
-def _failure(exc: Exception) -> str:
-    """The failure for the record: the status and the start of the body, escaped and cut."""
+def _failure(exc: Exception, key: str | None) -> str:
+    """The failure for the record: the status and the start of the body, escaped and cut.
+
+    `key` is redacted before any cut (`stats.escape_error`), so none of it survives one.
+    """
     if isinstance(exc, httpx.HTTPStatusError):
-        return escape_error(f"HTTP {exc.response.status_code}: {exc.response.text[:200]}")
-    return escape_error(f"{type(exc).__name__}: {exc}")
+        body = redact_key(exc.response.text, key)[:200]
+        return escape_error(f"HTTP {exc.response.status_code}: {body}", key=key)
+    return escape_error(f"{type(exc).__name__}: {exc}", key=key)
 
 
 async def probe_quality(
@@ -215,7 +220,7 @@ async def probe_quality(
                     client, api, model, question.prompt, seed=seed, max_tokens=max_tokens
                 )
             except (httpx.HTTPError, ValueError) as exc:
-                error = _failure(exc)
+                error = _failure(exc, key)
             answers.append(
                 {
                     "id": question.id,

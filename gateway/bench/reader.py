@@ -30,6 +30,19 @@ ERROR_BODY = 1024
 
 #: The largest token count or duration a server may report; above it the value is nonsense.
 _MAX_COUNT = 10**12
+#: The shortest server duration taken as measured, seconds: below it a rate is nonsense.
+_MIN_SECONDS = 1e-6
+#: The error of an answer that went on after its final chunk.
+AFTER_DONE = "answer went on after its final chunk"
+
+
+def output_allowance(max_tokens: int) -> int:
+    """The most output tokens a server may report for `max_tokens` asked and still be trusted.
+
+    A little over `max_tokens` (the larger of 8 tokens and 10%): a server may count an end
+    token or a chunk boundary differently; far more is a count that cannot be true.
+    """
+    return max_tokens + max(8, max_tokens // 10)
 
 
 def _int(value: Any) -> int | None:
@@ -40,30 +53,32 @@ def _int(value: Any) -> int | None:
 
 
 def _seconds(value: Any, scale: float) -> float | None:
-    """A reported duration in seconds: finite and positive (units of `scale`), else None."""
+    """A reported duration in seconds: finite, at least 1 us (units of `scale`), else None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     if not 0 < value <= _MAX_COUNT * 1e9 or not math.isfinite(value):
         return None
-    return float(value) * scale
+    seconds = float(value) * scale
+    return seconds if seconds >= _MIN_SECONDS else None
 
 
-def error_text(body: bytes) -> str:
+def error_text(body: bytes, key: str | None = None) -> str:
     """The error message in a failed answer's body (`{"error": "..."}`, `{"error": {"message"}}`).
 
-    Falls back to the body's text; either way escaped and cut short (`stats.escape_error`).
+    Falls back to the body's text; either way escaped and cut short, `key` redacted first
+    (`stats.escape_error`).
     """
     text = body.decode("utf-8", "replace").strip()
     try:
         data = json.loads(text)
     except ValueError:
-        return escape_error(text)
+        return escape_error(text, key=key)
     if isinstance(data, dict) and "error" in data:
         error = data["error"]
         if isinstance(error, dict):
             error = error.get("message", error)
-        return escape_error(str(error))
-    return escape_error(text)
+        return escape_error(str(error), key=key)
+    return escape_error(text, key=key)
 
 
 class AnswerReader:
@@ -71,6 +86,11 @@ class AnswerReader:
 
     Feed the body of a 200 answer with `feed`, a failed answer's body with `feed_error`, then
     call `close` once the body ended and `record` to get the `RequestRecord`.
+
+    The first final chunk ends the answer: a line or event after it is not read (its chunks
+    and counters would override the real ones) and fails the answer (`AFTER_DONE`). With
+    `max_tokens`, a server's output count above `output_allowance(max_tokens)` fails it too:
+    such a count cannot be true, so neither can the server's other numbers.
 
     Attributes:
         first_token: Client seconds of the first chunk with non-empty content or thinking.
@@ -80,8 +100,10 @@ class AnswerReader:
             JSON), escaped, or None.
     """
 
-    def __init__(self, api: Api) -> None:
+    def __init__(self, api: Api, key: str | None = None, max_tokens: int | None = None) -> None:
         self.api: Api = api
+        self._max_tokens = max_tokens
+        self._key = key  # redacted from error text before it is cut (`stats.escape_error`)
         self.first_token: float | None = None
         self.chunk_times: list[float] = []
         self.done = False
@@ -131,6 +153,9 @@ class AnswerReader:
             line = line[:-1]
         if not self._sse:
             if line.strip():
+                if self.done:
+                    self._fail(AFTER_DONE)
+                    return
                 self._ndjson(line, now)
             return
         if not line:  # a blank line ends an SSE event
@@ -146,7 +171,7 @@ class AnswerReader:
 
     def _fail(self, text: str) -> None:
         if self.error is None:
-            self.error = escape_error(text)
+            self.error = escape_error(text, key=self._key)
 
     def _chunk(self, now: float) -> None:
         if self.first_token is None:
@@ -192,6 +217,9 @@ class AnswerReader:
     def _dispatch(self, now: float) -> None:
         payload = b"\n".join(self._data)
         event, self._data, self._event = self._event, [], b""
+        if self.done:
+            self._fail(AFTER_DONE)
+            return
         if payload.strip() == b"[DONE]":
             self.done = True
             return
@@ -282,14 +310,24 @@ class AnswerReader:
         """
         error = self.error
         if status is not None and status != 200:
-            error = f"HTTP {status}: {error_text(bytes(self._error_body))}".rstrip(": ")
+            body = error_text(bytes(self._error_body), self._key)
+            error = f"HTTP {status}: {body}".rstrip(": ")
         if failure is not None:
-            error = escape_error(failure)
+            error = escape_error(failure, key=self._key)
         if error is None and status == 200 and not self.done:
             error = "answer ended without a final chunk"
         if error is None and status is None:
             error = "no answer"
         output, output_source, prompt, prompt_source = self._counted()
+        limit = self._max_tokens
+        if (
+            error is None
+            and limit is not None
+            and output is not None
+            and output_source != "client"
+            and output > output_allowance(limit)
+        ):
+            error = f"the server reported {output} output tokens for at most {limit} asked"
         decode = prefill = load = None
         timing_source: Source | None = None
         if self._durations is not None:

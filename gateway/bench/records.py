@@ -15,6 +15,7 @@ client's own count of content chunks, and the record says so (`Source`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Literal
@@ -100,15 +101,25 @@ class RequestRecord:
 
     @property
     def decode_rate(self) -> tuple[float, Source] | None:
-        """Decode tokens/s and its source: the server's counters, else the client's TPOT."""
+        """Decode tokens/s and its source: the server's counters, else the client's TPOT.
+
+        A rate that is not finite (a count over a vanishing duration) is missing, not infinite.
+        """
         if self.decode_seconds and self.output_tokens and self.timing_source is not None:
-            return self.output_tokens / self.decode_seconds, self.timing_source
+            rate = self.output_tokens / self.decode_seconds
+            if math.isfinite(rate):
+                return rate, self.timing_source
         tpot = self.tpot
-        return None if not tpot else (1.0 / tpot, "client")
+        return None if not tpot or not math.isfinite(1.0 / tpot) else (1.0 / tpot, "client")
 
     @property
     def prefill_rate(self) -> tuple[float, Source] | None:
-        """Prefill (prompt processing) tokens/s from the server's counters, or None."""
+        """Prefill (prompt processing) tokens/s from the server's counters, or None.
+
+        None too when it is not finite (a count over a vanishing duration).
+        """
         if self.prefill_seconds and self.prompt_tokens and self.timing_source is not None:
-            return self.prompt_tokens / self.prefill_seconds, self.timing_source
+            rate = self.prompt_tokens / self.prefill_seconds
+            if math.isfinite(rate):
+                return rate, self.timing_source
         return None

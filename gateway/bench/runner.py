@@ -45,6 +45,7 @@ from gateway.bench.shapes import (
     search_knee,
 )
 from gateway.bench.workload import Workload
+from gateway.keyfile import redact_key
 
 Mode = Literal["fixed", "sweep", "knee"]
 Say = Callable[[str], None]
@@ -330,20 +331,19 @@ async def run_model(plan: Plan, model: str, say: Say, notes: list[str]) -> dict[
     return entry
 
 
-REDACTED = "[key redacted]"
-
-
 def redact(value: Any, key: str | None) -> Any:
     """`value` (a run document or any part of one) with `key` replaced by `REDACTED`.
 
     A server may echo the key (an error body quoting the `Authorization` header), and run
     documents are shared (CI artefacts): the key must not travel in one. Keys of mappings are
-    redacted too; numbers and None pass through.
+    redacted too; numbers and None pass through. A start of the key left by a cut is redacted
+    too (`gateway.keyfile.redact_key`); server text is also redacted where it enters a record,
+    before it is cut, so this is the last net, not the only one.
     """
     if not key:
         return value
     if isinstance(value, str):
-        return value.replace(key, REDACTED)
+        return redact_key(value, key)
     if isinstance(value, dict):
         return {redact(k, key): redact(v, key) for k, v in value.items()}
     if isinstance(value, list | tuple):

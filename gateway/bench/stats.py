@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gateway.bench.records import RequestRecord, Source
+from gateway.keyfile import redact_key
 
 if TYPE_CHECKING:
     from gateway.bench.slo import Slo
@@ -128,8 +129,13 @@ def client_decode_rate(record: RequestRecord) -> float | None:
     return (chunks - 1) / (record.end - record.first_token)
 
 
-def escape_error(text: str, limit: int = ERROR_EXAMPLE_CHARS) -> str:
-    """`text` fit for a report: control characters escaped, cut to `limit` characters with `…`."""
+def escape_error(text: str, limit: int = ERROR_EXAMPLE_CHARS, key: str | None = None) -> str:
+    """`text` fit for a report: control characters escaped, cut to `limit` characters with `…`.
+
+    `key` (the client's key, when the text came from the server) is redacted first
+    (`gateway.keyfile.redact_key`): after the cut, part of it would no longer be recognised.
+    """
+    text = redact_key(text, key)
     safe = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return safe if len(safe) <= limit else safe[: limit - 1] + "…"
 

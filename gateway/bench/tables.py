@@ -11,6 +11,7 @@ lines up too.
 from __future__ import annotations
 
 import math
+import re
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,8 +23,12 @@ from gateway.bench.stats import escape_error
 MISSING = "-"
 #: The longest a free-text cell (error example, reason) may be in a table.
 TEXT_LIMIT = 200
-#: Characters Markdown gives a meaning inside a table cell or inline text.
-_MARKDOWN = frozenset("\\`*_[]<>|#")
+#: Characters Markdown gives a meaning inside a table cell or inline text (`&` starts an entity:
+#: `&#64;` would render as an `@`).
+_MARKDOWN = frozenset("\\`*_[]<>|#&")
+#: What GitHub turns into a link or a ping in text (GFM autolinks, @mentions): a backslash
+#: does not stop a mention, a code span stops both.
+_LINKISH = re.compile(r"@|://|www\.", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +125,17 @@ def text_table(columns: Sequence[Column], rows: Sequence[Sequence[str]]) -> str:
 
 
 def markdown_text(text: str) -> str:
-    """Escape Markdown's structural characters (a backslash before each, as GFM allows)."""
+    """`text` rendered as itself in GFM, never as structure, a link or a mention.
+
+    Structural characters get a backslash (as GFM allows). Text GitHub would turn into a link
+    or a ping (`https://...`, `www.`, `@team`) becomes a code span instead, with a fence longer
+    than any backtick run in it (a `|` stays escaped: tables split cells before code spans).
+    """
+    if _LINKISH.search(text):
+        runs = re.findall(r"`+", text)
+        fence = "`" * (max((len(run) for run in runs), default=0) + 1)
+        pad = " " if text.startswith("`") or text.endswith("`") else ""
+        return fence + pad + text.replace("|", "\\|") + pad + fence
     return "".join("\\" + c if c in _MARKDOWN else c for c in text)
 
 

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.bench.stats import escape_error
+
 BUILTIN = "builtin"
 """The built-in suite's name; `builtin:short`, `builtin:long`, `builtin:en`, `builtin:zh` pick."""
 
@@ -251,7 +253,8 @@ def _line_prompt(where: str, stem: str, number: int, line: str) -> Prompt:
         raise WorkloadError(f"{where}: expected a JSON object")
     unknown = set(item) - {"id", "prompt", "messages"}
     if unknown:
-        names = ", ".join(sorted(unknown))
+        # The keys are the file's text: escaped, as all outside text the tool prints.
+        names = ", ".join(escape_error(name, 60) for name in sorted(unknown))
         raise WorkloadError(f"{where}: unsupported keys {names} (one sampling per run)")
     prompt_id = item.get("id", f"{stem}-{number}")
     if not isinstance(prompt_id, str) or not prompt_id:
@@ -277,7 +280,9 @@ def _line_prompt(where: str, stem: str, number: int, line: str) -> Prompt:
 
 def _read_jsonl(path: Path) -> tuple[Prompt, ...]:
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        # "\n" only: str.splitlines also splits on U+2028 and others, which JSON allows raw
+        # inside a string (the line's own "\r" is stripped below).
+        lines = path.read_text(encoding="utf-8").split("\n")
     except (OSError, UnicodeDecodeError) as exc:
         raise WorkloadError(f"cannot read workload {path}: {exc}") from None
     prompts: list[Prompt] = []

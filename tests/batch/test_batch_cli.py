@@ -104,6 +104,7 @@ def test_a_bad_key_exits_2_with_the_servers_message(
 ) -> None:
     key_file = tmp_path / "key"
     key_file.write_text("gw-not-a-real-key\n")
+    key_file.chmod(0o600)  # a key others can read is read with a warning
     code = main(["batch", "list", "--url", gw.url, "--key-file", str(key_file)])
     err = capsys.readouterr().err
     assert code == 2
