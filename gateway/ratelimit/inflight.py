@@ -155,6 +155,7 @@ class LeasedInFlight:
     def from_settings(cls, settings: Settings) -> LeasedInFlight:
         """A client of its own on `GATEWAY_RATE_LIMIT_STORAGE`, with the limiter's timeouts."""
         import redis.asyncio as aioredis  # here, not at the top: see the module's imports
+
         client = aioredis.Redis.from_url(
             settings.rate_limit_storage,
             socket_timeout=settings.rate_limit_timeout,
