@@ -119,7 +119,8 @@ def _sentence(policy: Mapping[str, Any], rate: float) -> str:
         f"Allow {policy['level']} requests at once ({why}){share}: {gate}{each}. At that load the "
         f"server completes {rate:.3g} requests/s, so a wait of at most "
         f"{policy['target_queue_wait_seconds']:g} s holds "
-        f"GATEWAY_UPSTREAM_QUEUE_SIZE={policy['upstream_queue_size']} waiting requests; "
-        f"GATEWAY_UPSTREAM_QUEUE_TIMEOUT={policy['upstream_queue_timeout']:g} refuses the rest "
-        "with a 503."
+        f"GATEWAY_UPSTREAM_QUEUE_SIZE={policy['upstream_queue_size']} waiting requests{each}; "
+        f"GATEWAY_UPSTREAM_QUEUE_TIMEOUT={policy['upstream_queue_timeout']:g} (that wait plus "
+        "one answer's p95 time, rounded up) refuses a request still waiting then with a 503, "
+        "as a full queue refuses the rest."
     )
