@@ -84,7 +84,8 @@ def read_client_key(key_file: Path | None, env: str) -> str:
                     raise KeyInputError(
                         "the key file given looks like a key itself: pass a file's path"
                     )
-                raise KeyInputError(f"{shown} is not a regular file")
+                what = "is not a regular file" if key_file.exists() else "does not exist"
+                raise KeyInputError(f"{shown} {what}")
             with key_file.open("rb") as handle:
                 mode = os.fstat(handle.fileno()).st_mode
                 raw = handle.read(KEY_FILE_MAX + 1)

@@ -212,7 +212,7 @@ def test_a_target_with_credentials_or_a_control_character_key_is_refused(
     assert "user or password" in capsys.readouterr().err
     monkeypatch.setenv(KEY_ENV, "gw_abc\x1b[2J")
     code, _ = _run(tmp_path, "--target", emulator.url, "--model", "m")
-    assert code == 1
+    assert code == 2  # a malformed key is a usage error, as a bad key file is
     assert "control character" in capsys.readouterr().err
 
 
@@ -252,3 +252,52 @@ def test_a_key_on_the_command_line_is_refused_and_not_echoed(tmp_path, capsys, o
         assert "the key is never an argument" in err
     else:  # no prefix is taken for --key-file (that one echoed the key as a path)
         assert "unrecognized arguments" in err
+
+
+def test_an_out_path_that_cannot_be_written_is_refused_before_anything_is_sent(
+    emulator, tmp_path, capsys
+):
+    model = _fast(emulator)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = blocker / "run.json"  # its directory is a file: cannot be made
+    code = main(
+        ["run", "--target", emulator.url, "--model", model, "--requests", "2", "--out", str(out)]
+    )
+    assert code == 2
+    assert "--out" in capsys.readouterr().err
+    assert [r for r in emulator.state.records if r.method == "POST"] == []
+
+
+def test_a_run_whose_document_cannot_be_saved_still_prints_its_report(
+    emulator, tmp_path, capsys, monkeypatch
+):
+    model = _fast(emulator)
+
+    def disk_full(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("gateway.bench.plots.replace_file", disk_full)
+    code = main(
+        ["run", "--target", emulator.url, "--model", model, "--requests", "2", "--no-gpu",
+         "--out", str(tmp_path / "run.json")]
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "could not save" in captured.err
+    assert "No space left on device" in captured.err
+    assert "TTFT" in captured.out  # what was measured is not lost
+
+
+def test_a_missing_key_file_is_a_usage_error_that_says_so(tmp_path, capsys):
+    missing = tmp_path / "nope.txt"
+    code = main(["run", "--target", "http://127.0.0.1:1", "--api", "ollama", "--model", "m",
+                 "--key-file", str(missing), "--no-save"])  # fmt: skip
+    assert code == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_target_without_a_scheme_is_shown_as_typed(capsys):
+    code = main(["run", "--target", "127.0.0.1:18436", "--model", "m", "--no-save"])
+    assert code == 2
+    assert "'127.0.0.1:18436'" in capsys.readouterr().err

@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,9 @@ from gateway.bench.protocol import Api, Target
 from gateway.bench.runner import Mode, Plan, redact, run_benchmark
 from gateway.bench.shapes import Shape, ShapeOptions
 from gateway.bench.slo import parse_slo
+from gateway.bench.stats import escape_error
 from gateway.bench.workload import Sampling, WorkloadError, load_workload
-from gateway.keyfile import KeyInputError, read_client_key
+from gateway.keyfile import read_client_key
 
 KEY_ENV = "GATEWAY_BENCH_API_KEY"
 TARGET_ENV = "GATEWAY_BENCH_TARGET"
@@ -241,12 +243,9 @@ def read_key(key_file: Path | None) -> str | None:
     """The key from `--key-file` (first line, stripped) or `GATEWAY_BENCH_API_KEY`, or None.
 
     Raises:
-        BenchError: `read_client_key` refuses the file or the key.
+        KeyInputError: `read_client_key` refuses the file or the key (a usage error: exit 2).
     """
-    try:
-        return read_client_key(key_file, KEY_ENV) or None
-    except KeyInputError as exc:
-        raise BenchError(str(exc)) from None
+    return read_client_key(key_file, KEY_ENV) or None
 
 
 async def detect_api(url: str, key: str | None, wait: float = 10.0) -> Api:
@@ -360,10 +359,26 @@ def _say(quiet: bool) -> Any:
     return say
 
 
-def _save(doc: dict[str, Any], path: Path | None) -> Path:
-    if path is None:
-        stamp = doc["created"].replace(":", "").replace("-", "")
-        path = Path("bench-results") / f"run-{stamp}.json"
+def _out_path(out: Path | None) -> Path:
+    """Where the run document goes, checked before anything is measured.
+
+    Raises:
+        ValueError: its directory cannot be made or written (a long run must not be lost to a
+            typo found only at the end).
+    """
+    path = out or Path("bench-results") / time.strftime("run-%Y%m%dT%H%M%SZ.json", time.gmtime())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--out {path}: cannot make {path.parent}: {exc.strerror}") from None
+    if path.is_dir():
+        raise ValueError(f"--out {path} is a directory")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {path}: {path.parent} is not writable")
+    return path
+
+
+def _save(doc: dict[str, Any], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     # A non-finite number (a server's nonsense) becomes null: NaN and Infinity are not JSON.
     text = json.dumps(compare.json_safe(doc), indent=2, ensure_ascii=False, allow_nan=False)
@@ -380,7 +395,8 @@ def _run(args: argparse.Namespace) -> int:
         key = read_key(args.key_file)
         parts = urlsplit(args.target)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"--target must be an http:// or https:// URL, got {parts.scheme!r}")
+            shown = escape_error(args.target, 80)
+            raise ValueError(f"--target must be an http:// or https:// URL, got {shown!r}")
         if parts.username is not None or parts.password is not None:
             # It would land in the saved run, the report and this process's visible argv.
             raise ValueError(f"--target must not carry a user or password; use ${KEY_ENV}")
@@ -391,6 +407,7 @@ def _run(args: argparse.Namespace) -> int:
             url=args.target, api=api, key=key, chat=args.endpoint == "chat", timeout=args.timeout
         )
         plan = _plan(args, target)
+        out = None if args.no_save else _out_path(args.out)
     except (BenchError, WorkloadError, ValueError) as exc:
         print(f"gateway bench: {redact(str(exc), key)}", file=sys.stderr)
         return 2 if not isinstance(exc, BenchError) else 1
@@ -402,10 +419,15 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("gateway bench: interrupted; nothing saved", file=sys.stderr)
         return 130
-    if not args.no_save:
-        path = _save(doc, args.out)
-        if say is not None:
-            say(f"saved {path}")
+    saved = True
+    if out is not None:
+        try:
+            _save(doc, out)
+            if say is not None:
+                say(f"saved {out}")
+        except OSError as exc:  # the report below still shows what was measured
+            saved = False
+            print(f"gateway bench: could not save {out}: {exc.strerror or exc}", file=sys.stderr)
     sys.stdout.write(report.RENDERERS[args.format](doc))
     if args.plots is not None:
         notes: list[str] = []
@@ -426,7 +448,7 @@ def _run(args: argparse.Namespace) -> int:
     if completed == 0:
         print("gateway bench: no request succeeded", file=sys.stderr)
         return 1
-    return 0
+    return 0 if saved else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
