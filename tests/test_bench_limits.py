@@ -1,0 +1,156 @@
+"""`gateway bench` against hostile servers and files: memory and time stay bounded.
+
+Each server here is a few lines of asyncio on a real socket that answers every request with
+what a hostile or broken server might send: an SSE event that never ends, an endless header,
+JSON nested past Python's recursion limit, an answer trickled forever. The benchmark must turn
+each into a failed sample, a note or a one-line error, never a traceback, a hang or a heap that
+grows with what the server sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from gateway.bench import reader
+from gateway.bench.cli import main
+from gateway.bench.driver import BenchError, run_concurrency
+from gateway.bench.preflight import check_target
+from gateway.bench.protocol import Api, Target
+from gateway.bench.records import RequestRecord
+from gateway.bench.workload import Sampling, load_workload
+from tests.helpers import MODEL
+
+pytestmark = pytest.mark.anyio
+
+WORKLOAD = load_workload("builtin", Sampling(max_tokens=8))
+#: The nesting that makes Python's `json` raise RecursionError (its limit is about 1000).
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+Answer = Callable[[asyncio.StreamWriter], Awaitable[None]]
+
+
+@asynccontextmanager
+async def hostile(answer: Answer) -> AsyncIterator[str]:
+    """A server on 127.0.0.1 that reads each request's head and body, then calls `answer`."""
+
+    writers: set[asyncio.StreamWriter] = set()
+
+    async def handle(reader_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.add(writer)
+        try:
+            head = await reader_.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":", 1)[1])
+            await reader_.readexactly(length)
+            await answer(writer)
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+        for writer in writers:  # a trickling handler would otherwise go on writing
+            writer.transport.abort()
+
+
+def body(content: bytes, ctype: bytes = b"application/x-ndjson", status: int = 200) -> Answer:
+    """An answer with a `Content-Length`, closed after."""
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            b"HTTP/1.1 %d X\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n"
+            b"\r\n%s" % (status, ctype, len(content), content)
+        )
+
+    return answer
+
+
+async def one_record(url: str, api: Api = "ollama", seconds: float = 60.0) -> RequestRecord:
+    """One request of the closed loop against `url` (allowed `seconds`), its record."""
+    target = Target(url, api, timeout=seconds)
+    run = await run_concurrency(target, WORKLOAD, MODEL, 1, requests=1)
+    (record,) = run.records
+    return record
+
+
+# --- 3: JSON nested past the recursion limit ------------------------------------------------------
+
+
+@pytest.mark.parametrize("newline", [b"", b"\n"])
+async def test_a_deeply_nested_answer_line_fails_the_sample(newline: bytes) -> None:
+    async with hostile(body(DEEP + newline)) as url:
+        record = await one_record(url)
+    assert not record.ok
+    assert (record.error or "").startswith("answer line is not JSON (JSON nested too deeply)")
+
+
+async def test_a_deeply_nested_event_fails_the_sample() -> None:
+    async with hostile(body(b"data: " + DEEP + b"\n\n", b"text/event-stream")) as url:
+        record = await one_record(url, "openai")
+    assert (record.error or "").startswith("event data is not JSON (JSON nested too deeply)")
+
+
+async def test_a_deeply_nested_error_body_is_shown_as_text() -> None:
+    async with hostile(body(DEEP, status=500)) as url:
+        record = await one_record(url)
+    assert (record.error or "").startswith("HTTP 500: [[[[")
+
+
+# --- 1: memory bounded by limits, not by what the server sends ------------------------------------
+
+
+async def test_data_lines_without_a_blank_line_are_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(reader, "MAX_LINE", 4096)
+    event = (b"data: " + b"x" * 100 + b"\n") * 2000  # 200 kB, no blank line: one event
+    async with hostile(body(event, b"text/event-stream")) as url:
+        record = await one_record(url, "openai")
+    assert record.error == "answer event longer than 4096 bytes"
+
+
+async def test_an_endless_stream_of_chunks_is_cut_at_max_chunks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(reader, "MAX_CHUNKS", 50)
+    chunk = b'{"message":{"role":"assistant","content":"a"},"done":false}\n'
+    done = b'{"done":true,"eval_count":200}\n'
+    async with hostile(body(chunk * 200 + done)) as url:
+        record = await one_record(url)
+    assert record.error == "answer exceeded 50 content chunks"
+    assert len(record.chunk_times) == 50
+
+
+def test_a_deeply_nested_workload_line_exits_2_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workload = tmp_path / "prompts.jsonl"
+    workload.write_bytes(b'{"prompt": "fine"}\n' + DEEP + b"\n")
+    code = main(
+        ["run", "--target", "http://127.0.0.1:1", "--api", "ollama", "--model", MODEL,
+         "--requests", "1", "--no-gpu", "--workload", str(workload), "--out",
+         str(tmp_path / "run.json")]
+    )  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"{workload}:2: not readable JSON (JSON nested too deeply)" in err
+    assert "Traceback" not in err
+
+
+async def test_a_deeply_nested_error_in_the_checks_is_a_bench_error() -> None:
+    async with hostile(body(DEEP, status=500)) as url:
+        with pytest.raises(BenchError, match=r"answered HTTP 500: \[\[\["):
+            await check_target(Target(url, "ollama"), MODEL)
