@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench import reader
+from gateway.bench import reader, wire
 from gateway.bench.cli import main
 from gateway.bench.driver import BenchError, run_concurrency
 from gateway.bench.preflight import check_target
@@ -154,3 +154,21 @@ async def test_a_deeply_nested_error_in_the_checks_is_a_bench_error() -> None:
     async with hostile(body(DEEP, status=500)) as url:
         with pytest.raises(BenchError, match=r"answered HTTP 500: \[\[\["):
             await check_target(Target(url, "ollama"), MODEL)
+
+
+async def endless(writer: asyncio.StreamWriter, start: bytes, piece: bytes) -> None:
+    """Write `start`, then `piece` again and again until the client goes away."""
+    writer.write(start)
+    while not writer.is_closing():
+        writer.write(piece)
+        await writer.drain()
+
+
+@pytest.mark.parametrize("piece", [b"a" * 4096, b"\r\nX-Pad: " + b"b" * 100])
+async def test_an_endless_response_head_fails_the_request(piece: bytes) -> None:
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        await endless(writer, b"HTTP/1.1 200 OK\r\nX-Pad: ", piece)
+
+    async with hostile(answer) as url:
+        record = await one_record(url)
+    assert record.error == f"HttpParserError: response head longer than {wire.MAX_HEAD} bytes"
