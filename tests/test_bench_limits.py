@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench import reader, wire
-from gateway.bench.cli import main
+from gateway.bench import cli, reader, wire
+from gateway.bench.cli import detect_api, main
 from gateway.bench.driver import BenchError, run_concurrency
 from gateway.bench.preflight import check_target
 from gateway.bench.protocol import Api, Target
@@ -172,3 +172,12 @@ async def test_an_endless_response_head_fails_the_request(piece: bytes) -> None:
     async with hostile(answer) as url:
         record = await one_record(url)
     assert record.error == f"HttpParserError: response head longer than {wire.MAX_HEAD} bytes"
+
+
+async def test_auto_detection_reads_a_bounded_start_of_api_version() -> None:
+    # A version padded past the bound: read whole (what an endless answer would be, in
+    # memory) it is Ollama's; read up to MAX_VERSION_ANSWER it is no version, and /v1/models
+    # answering 200 makes the target OpenAI.
+    padded = b'{"version": "0.1"}' + b" " * (cli.MAX_VERSION_ANSWER + 1)
+    async with hostile(body(padded, b"application/json")) as url:
+        assert await detect_api(url, None, wait=60.0) == "openai"
