@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench import cli, reader, wire
+from gateway.bench import cli, quality, reader, wire
 from gateway.bench.cli import detect_api, main
 from gateway.bench.driver import BenchError, run_concurrency
 from gateway.bench.preflight import check_target
 from gateway.bench.protocol import Api, Target
+from gateway.bench.quality import probe_quality
 from gateway.bench.records import RequestRecord
 from gateway.bench.workload import Sampling, load_workload
 from tests.helpers import MODEL
@@ -181,3 +182,30 @@ async def test_auto_detection_reads_a_bounded_start_of_api_version() -> None:
     padded = b'{"version": "0.1"}' + b" " * (cli.MAX_VERSION_ANSWER + 1)
     async with hostile(body(padded, b"application/json")) as url:
         assert await detect_api(url, None, wait=60.0) == "openai"
+
+
+# --- the quality probe: bounded in bytes and in time per question -------------------------------
+
+
+async def test_a_quality_answer_past_max_answer_is_an_error() -> None:
+    # Read whole, this is a right answer; the probe stops reading at MAX_ANSWER.
+    padded = b'{"response": "Paris"}' + b" " * (quality.MAX_ANSWER + 1)
+    async with hostile(body(padded, b"application/json")) as url:
+        result = await probe_quality(url, MODEL, questions=quality.QUESTIONS[3:4])
+    (answer,) = result["answers"]
+    assert answer["error"] == f"ValueError: the answer is longer than {quality.MAX_ANSWER} bytes"
+
+
+async def test_a_trickled_quality_answer_hits_the_per_question_deadline() -> None:
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
+        while not writer.is_closing():  # a byte well within httpx's per-read timeout
+            writer.write(b" ")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    async with hostile(answer) as url:
+        result = await probe_quality(
+            url, MODEL, request_timeout=5.0, questions=quality.QUESTIONS[:2]
+        )
+    assert [a["error"] for a in result["answers"]] == ["no answer within 5 s"] * 2

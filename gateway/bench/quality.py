@@ -23,6 +23,7 @@ so scores are only compared between runs of the same set.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import unicodedata
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from typing import Any, Literal
 
 import httpx
 
+from gateway.bench.jsontext import loads
 from gateway.bench.stats import escape_error
 
 QUESTION_SET = "builtin-12"
@@ -108,6 +110,29 @@ def is_correct(answer: str, accepted: Sequence[str]) -> bool:
     return False
 
 
+#: Bytes of an answer read; an answer of 32 tokens is well under 1 KiB, and a larger one is
+#: refused before it fills memory (httpx alone reads any answer whole).
+MAX_ANSWER = 1024 * 1024
+
+
+class AnswerStatusError(ValueError):
+    """The target answered an error status; the message holds it and the body's start."""
+
+
+async def _read(response: httpx.Response) -> bytes:
+    """The body of a streamed answer, at most `MAX_ANSWER` bytes.
+
+    Raises:
+        ValueError: The body is longer.
+    """
+    body = bytearray()
+    async for piece in response.aiter_bytes():
+        body += piece
+        if len(body) > MAX_ANSWER:
+            raise ValueError(f"the answer is longer than {MAX_ANSWER} bytes")
+    return bytes(body)
+
+
 async def ask(
     client: httpx.AsyncClient,
     api: Literal["ollama", "openai"],
@@ -121,7 +146,7 @@ async def ask(
 
     Ollama: `POST /api/generate` with `stream: false` and `options` `temperature`, `seed`,
     `num_predict`; its `response`. OpenAI: `POST /v1/chat/completions` with `temperature`,
-    `seed`, `max_tokens`; `choices[0].message.content`.
+    `seed`, `max_tokens`; `choices[0].message.content`. At most `MAX_ANSWER` bytes are read.
 
     Args:
         client: A client whose `base_url` is the target (with the key in its headers).
@@ -135,22 +160,29 @@ async def ask(
         The answer text.
 
     Raises:
-        httpx.HTTPError: Unreachable, timed out, or an error status.
-        ValueError: The answer is not the API's JSON shape.
+        httpx.HTTPError: Unreachable, or a read timed out.
+        AnswerStatusError: An error status.
+        ValueError: The answer is longer than `MAX_ANSWER` bytes or not the API's JSON shape.
     """
     if api == "ollama":
         options = {"temperature": 0.0, "seed": seed, "num_predict": max_tokens}
         body: dict[str, Any] = {"model": model, "prompt": prompt, "stream": False}
-        response = await client.post("/api/generate", json=body | {"options": options})
+        path, body = "/api/generate", body | {"options": options}
     else:
         body = {"model": model, "messages": [{"role": "user", "content": prompt}]}
         body |= {"temperature": 0.0, "seed": seed, "max_tokens": max_tokens, "stream": False}
-        response = await client.post("/v1/chat/completions", json=body)
-    response.raise_for_status()
-    try:
-        data = response.json()
-    except RecursionError:  # nested past Python's limit: no answer of any API
-        raise ValueError(f"the {api} answer is nested too deep") from None
+        path = "/v1/chat/completions"
+    async with client.stream("POST", path, json=body) as response:
+        if response.is_error:
+            start = b""
+            async for piece in response.aiter_bytes():
+                start += piece
+                if len(start) >= 200:
+                    break
+            text = start[:200].decode("utf-8", "replace")
+            raise AnswerStatusError(f"HTTP {response.status_code}: {text}")
+        raw = await _read(response)
+    data = loads(raw)
     try:
         text = data["response"] if api == "ollama" else data["choices"][0]["message"]["content"]
     except (KeyError, IndexError, TypeError) as exc:
@@ -162,8 +194,8 @@ async def ask(
 
 def _failure(exc: Exception) -> str:
     """The failure for the record: the status and the start of the body, escaped and cut."""
-    if isinstance(exc, httpx.HTTPStatusError):
-        return escape_error(f"HTTP {exc.response.status_code}: {exc.response.text[:200]}")
+    if isinstance(exc, AnswerStatusError):
+        return escape_error(str(exc))
     return escape_error(f"{type(exc).__name__}: {exc}")
 
 
@@ -192,7 +224,8 @@ async def probe_quality(
         key: Sent as `Authorization: Bearer` (never stored in the result).
         seed: The sampling seed.
         max_tokens: The most tokens per answer.
-        request_timeout: Seconds allowed per question (the first may include the model's load).
+        request_timeout: Seconds allowed per question in all, however slowly the answer
+            arrives (the first may include the model's load).
         questions: The set; `QUESTIONS` by default.
         question_set: The set's name, reported as `set`.
         notes: When given, the failure note is appended to it.
@@ -211,9 +244,14 @@ async def probe_quality(
             text: str | None = None
             error: str | None = None
             try:
-                text = await ask(
-                    client, api, model, question.prompt, seed=seed, max_tokens=max_tokens
-                )
+                # httpx's timeout bounds each read, not the answer: a server trickling a byte
+                # at a time would hold the probe for ever without a deadline of its own.
+                async with asyncio.timeout(request_timeout):
+                    text = await ask(
+                        client, api, model, question.prompt, seed=seed, max_tokens=max_tokens
+                    )
+            except TimeoutError:
+                error = f"no answer within {request_timeout:g} s"
             except (httpx.HTTPError, ValueError) as exc:
                 error = _failure(exc)
             answers.append(
