@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench import cli, quality, reader, wire
+from gateway.bench import cli, gateway_metrics, quality, reader, wire
 from gateway.bench.cli import detect_api, main
 from gateway.bench.driver import BenchError, run_concurrency
 from gateway.bench.preflight import check_target
 from gateway.bench.protocol import Api, Target
 from gateway.bench.quality import probe_quality
 from gateway.bench.records import RequestRecord
+from gateway.bench.resources import ResourceMonitor
 from gateway.bench.workload import Sampling, load_workload
 from tests.helpers import MODEL
 
@@ -209,3 +210,36 @@ async def test_a_trickled_quality_answer_hits_the_per_question_deadline() -> Non
             url, MODEL, request_timeout=5.0, questions=quality.QUESTIONS[:2]
         )
     assert [a["error"] for a in result["answers"]] == ["no answer within 5 s"] * 2
+
+
+# --- the gateway /metrics sampler: bounded in time and bytes per scrape --------------------------
+
+
+async def drip(writer: asyncio.StreamWriter) -> None:
+    """An answer that promises a megabyte and sends a byte every 50 ms."""
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
+    while not writer.is_closing():
+        writer.write(b"#")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+
+
+async def test_a_trickled_metrics_scrape_is_a_note_not_a_hang(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gateway_metrics, "SCRAPE_DEADLINE", 1.0)
+    async with hostile(drip) as url:
+        monitor = ResourceMonitor(url, api="openai", through_gateway=True, gpu=False)
+        await monitor.start()
+        assert await monitor.stop() == []
+    assert "gateway /metrics took more than 1 s: not sampled" in monitor.notes
+
+
+async def test_a_metrics_text_past_max_text_is_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gateway_metrics, "MAX_TEXT", 1000)
+    text = b"# TYPE gateway_requests_in_flight gauge\n" + b"gateway_requests_in_flight 1\n" * 100
+    async with hostile(body(text, b"text/plain")) as url:
+        monitor = ResourceMonitor(url, api="openai", through_gateway=True, gpu=False)
+        await monitor.start()
+        assert await monitor.stop() == []
+    assert "gateway /metrics longer than 1000 bytes: not sampled" in monitor.notes
