@@ -10,14 +10,16 @@ grows with what the server sends.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
-from gateway.bench import cli, gateway_metrics, quality, reader, wire
+from gateway.bench import cli, document, gateway_metrics, quality, reader, wire
 from gateway.bench.cli import detect_api, main
+from gateway.bench.document import SCHEMA, RunFileError, load_run
 from gateway.bench.driver import BenchError, run_concurrency
 from gateway.bench.preflight import check_target
 from gateway.bench.protocol import Api, Target
@@ -243,3 +245,38 @@ async def test_a_metrics_text_past_max_text_is_a_note(monkeypatch: pytest.Monkey
         await monitor.start()
         assert await monitor.stop() == []
     assert "gateway /metrics longer than 1000 bytes: not sampled" in monitor.notes
+
+
+# --- run documents: values and depth bounded before they become Python objects -----------------
+
+
+def test_a_run_file_of_many_tiny_values_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(document, "MAX_VALUES", 1000)
+    run = {"schema": SCHEMA, "models": [], "padding": [{}] * 2000}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    with pytest.raises(RunFileError, match="more than 1000 JSON values"):
+        load_run(path)
+    assert main(["compare", str(path), str(path)]) == 2
+    assert main(["report", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("more than 1000 JSON values") == 2
+    assert "Traceback" not in err
+
+
+def test_a_run_file_nested_past_max_depth_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "run.json"
+    deep = "[" * (document.MAX_DEPTH + 1) + "]" * (document.MAX_DEPTH + 1)
+    path.write_text(f'{{"schema": "{SCHEMA}", "models": [], "x": {deep}}}')
+    with pytest.raises(RunFileError, match="nested too deeply"):
+        load_run(path)
+
+
+def test_a_real_run_file_is_far_within_the_bounds(tmp_path: Path) -> None:
+    point = {"level": 1, "summary": {f"k{i}": {"median": 1.0, "min": 1.0} for i in range(50)}}
+    run = {"schema": SCHEMA, "models": [{"model": "m", "points": [point] * 250}]}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    assert len(load_run(path)["models"][0]["points"]) == 250
