@@ -215,7 +215,9 @@ async def probe_quality(
     """Ask every question of the set, one at a time, and score the answers.
 
     A question whose request fails (error status, timeout, no answer text) is counted as wrong
-    with its error recorded, and one note summarises the failures.
+    with its error recorded, and one note summarises the failures. After a question timed out
+    the rest are not asked (counted wrong, `not asked: ...`): the probe takes at most one
+    `request_timeout` beyond the answers that came.
 
     Args:
         url: The target's base URL (the upstream, or the gateway).
@@ -240,20 +242,29 @@ async def probe_quality(
     async with httpx.AsyncClient(
         base_url=url.rstrip("/"), headers=headers, timeout=httpx.Timeout(request_timeout)
     ) as client:
+        stalled: str | None = None  # why the questions left are not asked
         for question in questions:
             text: str | None = None
             error: str | None = None
-            try:
-                # httpx's timeout bounds each read, not the answer: a server trickling a byte
-                # at a time would hold the probe for ever without a deadline of its own.
-                async with asyncio.timeout(request_timeout):
-                    text = await ask(
-                        client, api, model, question.prompt, seed=seed, max_tokens=max_tokens
-                    )
-            except TimeoutError:
-                error = f"no answer within {request_timeout:g} s"
-            except (httpx.HTTPError, ValueError) as exc:
-                error = _failure(exc)
+            if stalled is not None:
+                error = f"not asked: {stalled}"
+            else:
+                try:
+                    # httpx's timeout bounds each read, not the answer: a server trickling a
+                    # byte at a time would hold the probe for ever without a deadline of its own.
+                    async with asyncio.timeout(request_timeout):
+                        text = await ask(
+                            client, api, model, question.prompt, seed=seed, max_tokens=max_tokens
+                        )
+                except (TimeoutError, httpx.TimeoutException) as exc:
+                    error = f"no answer within {request_timeout:g} s"
+                    if isinstance(exc, httpx.TimeoutException):
+                        error = _failure(exc)
+                    # A server that cannot answer one short question in time will not answer
+                    # the next: asking them all would hold the run for one timeout each.
+                    stalled = f"an earlier question got no answer within {request_timeout:g} s"
+                except (httpx.HTTPError, ValueError) as exc:
+                    error = _failure(exc)
             answers.append(
                 {
                     "id": question.id,
