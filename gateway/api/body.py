@@ -158,7 +158,7 @@ def check_spelling(obj: dict[str, Any], where: str) -> None:
             )
 
 
-def _depth(value: Any, limit: int) -> int:
+def nesting_depth(value: Any, limit: int) -> int:
     """Return the nesting depth of `value` (a scalar counts one), stopping once past `limit`.
 
     One level at a time, the per-element work in a list comprehension: at the value limit
@@ -217,7 +217,7 @@ def parse_object(raw: bytes, *, max_depth: int, max_values: int = 100_000) -> di
         raise BadRequestError(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise UnprocessableError("request body must be a JSON object")
-    if _depth(body, max_depth) > max_depth:
+    if nesting_depth(body, max_depth) > max_depth:
         raise BadRequestError(f"request body is nested deeper than {max_depth} levels")
     check_spelling(body, "request body")
     model = body.get("model")

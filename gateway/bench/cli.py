@@ -266,10 +266,12 @@ async def detect_api(url: str, key: str | None, wait: float = 10.0) -> Api:
             asyncio.timeout(wait),
             httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=wait) as client,
         ):
-            answer = await client.get("/api/version")
-            if answer.status_code == 200 and _has_version(answer.content):
-                return "ollama"
-            answer = await client.get("/v1/models")
+            async with client.stream("GET", "/api/version") as answer:
+                if answer.status_code == 200 and _has_version(await _head_of(answer)):
+                    return "ollama"
+            # Only the status counts here: the body is never read, however large.
+            async with client.stream("GET", "/v1/models") as answer:
+                pass
     except TimeoutError:
         raise BenchError(f"{url} did not answer within {wait:g} s") from None
     except httpx.ConnectError:
@@ -286,6 +288,21 @@ async def detect_api(url: str, key: str | None, wait: float = 10.0) -> Api:
         f"{url} answers neither /api/version (Ollama) nor /v1/models (OpenAI): "
         f"HTTP {answer.status_code}; pass --api"
     )
+
+
+#: Bytes of `/api/version` read for auto-detection: Ollama's answer is about 20; a larger one
+#: is no version, and reading it all would let the target fill memory.
+MAX_VERSION_ANSWER = 64 * 1024
+
+
+async def _head_of(answer: httpx.Response) -> bytes:
+    """The start of a streamed answer's body: at most `MAX_VERSION_ANSWER` bytes (more: none)."""
+    body = bytearray()
+    async for piece in answer.aiter_bytes():
+        body += piece
+        if len(body) > MAX_VERSION_ANSWER:
+            return b""
+    return bytes(body)
 
 
 def _has_version(body: bytes) -> bool:

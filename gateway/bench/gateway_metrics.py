@@ -11,6 +11,7 @@ docs/metrics.md.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,6 +45,12 @@ GENERATION_ROUTES = frozenset(
     {"/api/generate", "/api/chat", "/v1/generate", "/v1/chat", "/v1/chat/completions",
      "/v1/completions"}
 )  # fmt: skip
+
+#: Seconds one scrape may take in all: httpx's timeout bounds each read, so a gateway (or a
+#: proxy in front) trickling its answer would otherwise hold the monitor, and the run's end.
+SCRAPE_DEADLINE = 10.0
+#: Bytes of one scrape read; the gateway's labels are bounded, its text far smaller.
+MAX_TEXT = 8 * 1024 * 1024
 
 _SUFFIXES = {"gauge": ("",), "counter": ("_total",), "histogram": ("_sum", "_count")}
 
@@ -110,16 +117,27 @@ class GatewayMetricsSampler:
             "queue_wait_seconds_mean", "ttft_seconds_mean"}` (increases are None on the first
             scrape, the means None when nothing was observed in the interval; a metric the
             gateway does not export is None), or `(None, note)` when `/metrics` could not be
-            read (unreachable, an error status such as 401, not the Prometheus format).
+            read (unreachable, an error status such as 401, slower than `SCRAPE_DEADLINE`
+            seconds in all, longer than `MAX_TEXT` bytes, not the Prometheus format).
         """
         try:
-            response = await self._client.get(self._url, headers=self._headers)
+            async with (
+                asyncio.timeout(SCRAPE_DEADLINE),
+                self._client.stream("GET", self._url, headers=self._headers) as response,
+            ):
+                if response.status_code != 200:
+                    return None, f"gateway /metrics answered {response.status_code}: not sampled"
+                text = bytearray()
+                async for piece in response.aiter_bytes():
+                    text += piece
+                    if len(text) > MAX_TEXT:
+                        return None, f"gateway /metrics longer than {MAX_TEXT} bytes: not sampled"
+        except TimeoutError:
+            return None, f"gateway /metrics took more than {SCRAPE_DEADLINE:g} s: not sampled"
         except httpx.HTTPError as exc:
             return None, f"gateway /metrics unreachable ({type(exc).__name__}): not sampled"
-        if response.status_code != 200:
-            return None, f"gateway /metrics answered {response.status_code}: not sampled"
         try:
-            totals = parse_totals(response.text)
+            totals = parse_totals(text.decode("utf-8", "replace"))
         except ValueError as exc:
             return None, f"gateway /metrics is not the Prometheus format ({exc}): not sampled"
         previous, self._previous = self._previous, totals

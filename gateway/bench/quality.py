@@ -23,6 +23,7 @@ so scores are only compared between runs of the same set.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import unicodedata
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from typing import Any, Literal
 
 import httpx
 
+from gateway.bench.jsontext import loads
 from gateway.bench.stats import escape_error
 from gateway.keyfile import redact_key
 
@@ -109,6 +111,29 @@ def is_correct(answer: str, accepted: Sequence[str]) -> bool:
     return False
 
 
+#: Bytes of an answer read; an answer of 32 tokens is well under 1 KiB, and a larger one is
+#: refused before it fills memory (httpx alone reads any answer whole).
+MAX_ANSWER = 1024 * 1024
+
+
+class AnswerStatusError(ValueError):
+    """The target answered an error status; the message holds it and the body's start."""
+
+
+async def _read(response: httpx.Response) -> bytes:
+    """The body of a streamed answer, at most `MAX_ANSWER` bytes.
+
+    Raises:
+        ValueError: The body is longer.
+    """
+    body = bytearray()
+    async for piece in response.aiter_bytes():
+        body += piece
+        if len(body) > MAX_ANSWER:
+            raise ValueError(f"the answer is longer than {MAX_ANSWER} bytes")
+    return bytes(body)
+
+
 async def ask(
     client: httpx.AsyncClient,
     api: Literal["ollama", "openai"],
@@ -122,7 +147,7 @@ async def ask(
 
     Ollama: `POST /api/generate` with `stream: false` and `options` `temperature`, `seed`,
     `num_predict`; its `response`. OpenAI: `POST /v1/chat/completions` with `temperature`,
-    `seed`, `max_tokens`; `choices[0].message.content`.
+    `seed`, `max_tokens`; `choices[0].message.content`. At most `MAX_ANSWER` bytes are read.
 
     Args:
         client: A client whose `base_url` is the target (with the key in its headers).
@@ -136,22 +161,29 @@ async def ask(
         The answer text.
 
     Raises:
-        httpx.HTTPError: Unreachable, timed out, or an error status.
-        ValueError: The answer is not the API's JSON shape.
+        httpx.HTTPError: Unreachable, or a read timed out.
+        AnswerStatusError: An error status.
+        ValueError: The answer is longer than `MAX_ANSWER` bytes or not the API's JSON shape.
     """
     if api == "ollama":
         options = {"temperature": 0.0, "seed": seed, "num_predict": max_tokens}
         body: dict[str, Any] = {"model": model, "prompt": prompt, "stream": False}
-        response = await client.post("/api/generate", json=body | {"options": options})
+        path, body = "/api/generate", body | {"options": options}
     else:
         body = {"model": model, "messages": [{"role": "user", "content": prompt}]}
         body |= {"temperature": 0.0, "seed": seed, "max_tokens": max_tokens, "stream": False}
-        response = await client.post("/v1/chat/completions", json=body)
-    response.raise_for_status()
-    try:
-        data = response.json()
-    except RecursionError:  # nested past Python's limit: no answer of any API
-        raise ValueError(f"the {api} answer is nested too deep") from None
+        path = "/v1/chat/completions"
+    async with client.stream("POST", path, json=body) as response:
+        if response.is_error:
+            start = b""
+            async for piece in response.aiter_bytes():
+                start += piece
+                if len(start) >= 200:
+                    break
+            text = start[:200].decode("utf-8", "replace")
+            raise AnswerStatusError(f"HTTP {response.status_code}: {text}")
+        raw = await _read(response)
+    data = loads(raw)
     try:
         text = data["response"] if api == "ollama" else data["choices"][0]["message"]["content"]
     except (KeyError, IndexError, TypeError) as exc:
@@ -166,9 +198,8 @@ def _failure(exc: Exception, key: str | None) -> str:
 
     `key` is redacted before any cut (`stats.escape_error`), so none of it survives one.
     """
-    if isinstance(exc, httpx.HTTPStatusError):
-        body = redact_key(exc.response.text, key)[:200]
-        return escape_error(f"HTTP {exc.response.status_code}: {body}", key=key)
+    if isinstance(exc, AnswerStatusError):
+        return escape_error(redact_key(str(exc), key), key=key)
     return escape_error(f"{type(exc).__name__}: {exc}", key=key)
 
 
@@ -188,7 +219,9 @@ async def probe_quality(
     """Ask every question of the set, one at a time, and score the answers.
 
     A question whose request fails (error status, timeout, no answer text) is counted as wrong
-    with its error recorded, and one note summarises the failures.
+    with its error recorded, and one note summarises the failures. After a question timed out
+    the rest are not asked (counted wrong, `not asked: ...`): the probe takes at most one
+    `request_timeout` beyond the answers that came.
 
     Args:
         url: The target's base URL (the upstream, or the gateway).
@@ -197,7 +230,8 @@ async def probe_quality(
         key: Sent as `Authorization: Bearer` (never stored in the result).
         seed: The sampling seed.
         max_tokens: The most tokens per answer.
-        request_timeout: Seconds allowed per question (the first may include the model's load).
+        request_timeout: Seconds allowed per question in all, however slowly the answer
+            arrives (the first may include the model's load).
         questions: The set; `QUESTIONS` by default.
         question_set: The set's name, reported as `set`.
         notes: When given, the failure note is appended to it.
@@ -212,15 +246,29 @@ async def probe_quality(
     async with httpx.AsyncClient(
         base_url=url.rstrip("/"), headers=headers, timeout=httpx.Timeout(request_timeout)
     ) as client:
+        stalled: str | None = None  # why the questions left are not asked
         for question in questions:
             text: str | None = None
             error: str | None = None
-            try:
-                text = await ask(
-                    client, api, model, question.prompt, seed=seed, max_tokens=max_tokens
-                )
-            except (httpx.HTTPError, ValueError) as exc:
-                error = _failure(exc, key)
+            if stalled is not None:
+                error = f"not asked: {stalled}"
+            else:
+                try:
+                    # httpx's timeout bounds each read, not the answer: a server trickling a
+                    # byte at a time would hold the probe for ever without a deadline of its own.
+                    async with asyncio.timeout(request_timeout):
+                        text = await ask(
+                            client, api, model, question.prompt, seed=seed, max_tokens=max_tokens
+                        )
+                except (TimeoutError, httpx.TimeoutException) as exc:
+                    error = f"no answer within {request_timeout:g} s"
+                    if isinstance(exc, httpx.TimeoutException):
+                        error = _failure(exc, key)
+                    # A server that cannot answer one short question in time will not answer
+                    # the next: asking them all would hold the run for one timeout each.
+                    stalled = f"an earlier question got no answer within {request_timeout:g} s"
+                except (httpx.HTTPError, ValueError) as exc:
+                    error = _failure(exc, key)
             answers.append(
                 {
                     "id": question.id,

@@ -16,14 +16,19 @@ import json
 import math
 from typing import Any, Literal
 
+from gateway.bench.jsontext import loads
 from gateway.bench.records import RequestRecord, Source
 from gateway.bench.stats import escape_error
 
 Api = Literal["ollama", "openai"]
 """`ollama`: the native `/api/chat`, `/api/generate`; `openai`: `/v1/chat/completions`, ..."""
 
-#: An answer line longer than this is refused (a runaway body must not eat the generator).
+#: An answer line longer than this is refused (a runaway body must not eat the generator), and
+#: so is an SSE event whose `data:` lines add up to more.
 MAX_LINE = 1 << 20
+#: Content chunks timed per answer; past it the answer fails. Far above any `--max-tokens` a
+#: benchmark uses, and it keeps an endless stream's timestamps to about 3 MB.
+MAX_CHUNKS = 100_000
 #: Bytes of a failed answer's body kept for its error text.
 ERROR_BODY = 1024
 
@@ -62,6 +67,11 @@ def _seconds(value: Any, scale: float) -> float | None:
     return seconds if seconds >= _MIN_SECONDS else None
 
 
+def _why(exc: ValueError) -> str:
+    """Why a line is not JSON, when it is not plain invalid text (nested too deeply, ...)."""
+    return "" if isinstance(exc, json.JSONDecodeError) else f" ({exc})"
+
+
 def error_text(body: bytes, key: str | None = None) -> str:
     """The error message in a failed answer's body (`{"error": "..."}`, `{"error": {"message"}}`).
 
@@ -70,7 +80,7 @@ def error_text(body: bytes, key: str | None = None) -> str:
     """
     text = body.decode("utf-8", "replace").strip()
     try:
-        data = json.loads(text)
+        data = loads(text)
     except ValueError:
         return escape_error(text, key=key)
     if isinstance(data, dict) and "error" in data:
@@ -111,6 +121,7 @@ class AnswerReader:
         self._sse = api == "openai"
         self._buffer = bytearray()  # grows in place: a line trickled byte by byte stays linear
         self._data: list[bytes] = []  # the `data:` lines of the SSE event being read
+        self._data_size = 0  # their bytes: without a blank line they would pile up unbounded
         self._event = b""  # the SSE event's `event:` field
         self._error_body = bytearray()
         self._counts: dict[str, tuple[int | None, int | None, Source]] = {}
@@ -164,6 +175,11 @@ class AnswerReader:
             return
         if line.startswith(b"data:"):
             value = line[5:]
+            self._data_size += len(value) + 1
+            if self._data_size > MAX_LINE:
+                self._fail(f"answer event longer than {MAX_LINE} bytes")
+                self._data, self._data_size = [], 0
+                return
             self._data.append(value[1:] if value.startswith(b" ") else value)
         elif line.startswith(b"event:"):
             self._event = line[6:].strip()
@@ -176,15 +192,19 @@ class AnswerReader:
     def _chunk(self, now: float) -> None:
         if self.first_token is None:
             self.first_token = now
+        if len(self.chunk_times) >= MAX_CHUNKS:
+            self._fail(f"answer exceeded {MAX_CHUNKS} content chunks")
+            return
         self.chunk_times.append(now)
 
     # --- Ollama NDJSON -----------------------------------------------------------------------
 
     def _ndjson(self, line: bytes, now: float) -> None:
         try:
-            data = json.loads(line)
-        except ValueError:
-            self._fail(f"answer line is not JSON: {line[:80].decode('utf-8', 'replace')}")
+            data = loads(line)
+        except ValueError as exc:
+            shown = line[:80].decode("utf-8", "replace")
+            self._fail(f"answer line is not JSON{_why(exc)}: {shown}")
             return
         if not isinstance(data, dict):
             self._fail("answer line is not a JSON object")
@@ -217,6 +237,7 @@ class AnswerReader:
     def _dispatch(self, now: float) -> None:
         payload = b"\n".join(self._data)
         event, self._data, self._event = self._event, [], b""
+        self._data_size = 0
         if self.done:
             self._fail(AFTER_DONE)
             return
@@ -224,9 +245,10 @@ class AnswerReader:
             self.done = True
             return
         try:
-            data = json.loads(payload)
-        except ValueError:
-            self._fail(f"event data is not JSON: {payload[:80].decode('utf-8', 'replace')}")
+            data = loads(payload)
+        except ValueError as exc:
+            shown = payload[:80].decode("utf-8", "replace")
+            self._fail(f"event data is not JSON{_why(exc)}: {shown}")
             return
         if not isinstance(data, dict):
             self._fail("event data is not a JSON object")

@@ -24,6 +24,11 @@ import httptools
 Sink = Callable[[bytes], None]
 """Takes each piece of a response body (de-chunked) as it arrives."""
 
+#: Bytes a response's status line and headers may take. httptools sets no limit and keeps a
+#: header's pieces until it ends, so an endless header would grow memory for as long as it
+#: lasts; real model servers send well under 2 KiB.
+MAX_HEAD = 64 * 1024
+
 
 def request_bytes(
     method: str,
@@ -63,6 +68,8 @@ class Connection(asyncio.Protocol):
         self.status = 0
         self.retry_after: float | None = None
         self.reusable = True
+        self._head = 0  # bytes received before the headers ended: at most MAX_HEAD
+        self._headers_done = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # noqa: D102
         self.transport = cast(asyncio.Transport, transport)  # TCP; uvloop's is no subclass
@@ -71,9 +78,16 @@ class Connection(asyncio.Protocol):
         try:
             if self.parser is not None:
                 self.parser.feed_data(data)
+                if not self._headers_done:
+                    self._head += len(data)
+                    if self._head > MAX_HEAD:
+                        raise httptools.HttpParserError(
+                            f"response head longer than {MAX_HEAD} bytes"
+                        )
         except (httptools.HttpParserError, ValueError) as exc:
             self.reusable = False
             self._finish(exc)
+            self.close()  # what the server sends next would go on piling up in the parser
 
     def connection_lost(self, exc: Exception | None) -> None:  # noqa: D102
         self.reusable = False
@@ -86,6 +100,7 @@ class Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:  # noqa: D102 - httptools callbacks
         assert self.parser is not None  # noqa: S101
         self.status = self.parser.get_status_code()
+        self._headers_done = True
 
     def on_body(self, body: bytes) -> None:  # noqa: D102
         self.sink(body)
@@ -112,7 +127,8 @@ class Connection(asyncio.Protocol):
         Raises:
             TimeoutError: no end of the answer within `timeout`.
             ConnectionError: the connection failed or the server closed it mid-answer.
-            httptools.HttpParserError: the answer is not HTTP.
+            httptools.HttpParserError: the answer is not HTTP, or its status line and headers
+                pass `MAX_HEAD` bytes.
         """
         if self.transport is None or self.transport.is_closing():
             raise ConnectionResetError("connection closed")
@@ -120,6 +136,7 @@ class Connection(asyncio.Protocol):
         self.sink = sink
         self.status = 0
         self.retry_after = None
+        self._head, self._headers_done = 0, False
         waiter = self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(request)
         try:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.bench.jsontext import loads
 from gateway.bench.stats import escape_error
 
 BUILTIN = "builtin"
@@ -246,9 +247,11 @@ def builtin_prompts(selector: str = "") -> tuple[Prompt, ...]:
 
 def _line_prompt(where: str, stem: str, number: int, line: str) -> Prompt:
     try:
-        item = json.loads(line)
+        item = loads(line)
     except json.JSONDecodeError as exc:
         raise WorkloadError(f"{where}: not JSON ({exc.msg})") from None
+    except ValueError as exc:  # nested too deeply, an integer of too many digits
+        raise WorkloadError(f"{where}: not readable JSON ({exc})") from None
     if not isinstance(item, dict):
         raise WorkloadError(f"{where}: expected a JSON object")
     unknown = set(item) - {"id", "prompt", "messages"}
