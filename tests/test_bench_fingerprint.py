@@ -15,7 +15,7 @@ from tests.bench_docs import GPUS, run_doc
 PARAMETERS: dict[str, Any] = {
     "target": "http://10.0.0.7:11434",
     "api": "ollama",
-    "through_gateway": True,
+    "through_gateway": False,
     "shape": "knee",
     "levels": [1, 64],
     "repeat": 3,
@@ -40,9 +40,24 @@ def proc(tmp_path: Path) -> Path:
 def _ollama(digest: str | None = "sha256:1") -> dict[str, Any]:
     details = {"quantization_level": "Q4_K_M", "parameter_size": "8B", "family": "llama"}
     return {
-        "through_gateway": True,
+        "through_gateway": False,
         "server": {"version": "0.5.7", "digest": digest, "details": {**details, "format": "gguf"}},
     }
+
+
+def test_behind_the_gateway_the_runtime_is_not_claimed(proc: Path) -> None:
+    """The gateway answers /api/version itself: that is not the model server's version."""
+    info = {**_ollama(), "through_gateway": True}
+    fp = collect_fingerprint({"m": info}, PARAMETERS, [], proc=proc)
+    assert fp["runtime"] == {"kind": "behind the gateway", "version": None}
+    assert fp["gateway"]["through"] is True
+    direct = collect_fingerprint({"m": _ollama()}, PARAMETERS, [], proc=proc)
+    assert "through the gateway: False in BASE, True in NEW" in mismatches(direct, fp)
+
+
+def test_an_empty_digest_is_unknown(proc: Path) -> None:
+    fp = collect_fingerprint({"m": _ollama(digest="")}, PARAMETERS, [], proc=proc)
+    assert fp["models"]["m"]["digest"] is None
 
 
 def test_the_fingerprint_holds_model_runtime_hardware_gateway_and_load(proc: Path) -> None:
@@ -63,7 +78,7 @@ def test_the_fingerprint_holds_model_runtime_hardware_gateway_and_load(proc: Pat
     assert hardware["gpus"] == [
         {"name": "NVIDIA GeForce RTX 4090", "memory_bytes": 25_757_220_864, "driver": "550.54"}
     ]
-    assert fp["gateway"] == {"version": gateway.__version__, "through": True}
+    assert fp["gateway"] == {"version": gateway.__version__, "through": False}
     assert set(fp["host"]) == {"os", "python"}
     # The target's address is where, not what: it stays out of the fingerprint.
     assert "target" not in fp["parameters"]

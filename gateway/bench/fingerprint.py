@@ -58,7 +58,13 @@ def collect_fingerprint(
     )
     return {
         "models": {name: _model(server) for name, server in servers.items()},
-        "runtime": _runtime(parameters.get("api"), list(servers.values())),
+        # Behind the gateway, /api/version and /v1/models are the gateway's answers, not the
+        # model server's: recording them as its runtime would be a claim nobody checked.
+        "runtime": (
+            {"kind": "behind the gateway", "version": None}
+            if through
+            else _runtime(parameters.get("api"), list(servers.values()))
+        ),
         "hardware": {
             "cpu": _cpu_model(proc / "cpuinfo"),
             "cores": os.cpu_count(),
@@ -91,7 +97,8 @@ def collect_fingerprint(
 def _field(server: Mapping[str, Any], *names: str) -> Any:
     for name in names:
         for source in (server, server.get("details")):
-            if isinstance(source, Mapping) and source.get(name) is not None:
+            # An empty string (the gateway lists an OpenAI upstream's digest as '') is unknown.
+            if isinstance(source, Mapping) and source.get(name) not in (None, ""):
                 return source[name]
     return None
 

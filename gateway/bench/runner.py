@@ -378,6 +378,11 @@ async def run_benchmark(
     entries = [await run_model(plan, model, speak, notes) for model in plan.models]
     through = any(entry["through_gateway"] for entry in entries)
     parameters = plan.parameters(through)
+    if through:
+        notes.append(
+            "through the gateway the model server's runtime and version are not visible (the "
+            "gateway answers for it): bench the server directly to gate a runtime upgrade"
+        )
     doc = {
         "schema": SCHEMA,
         "created": created,
