@@ -270,6 +270,24 @@ async def test_a_name_without_its_tag_is_the_latest_on_both_apis(emulator, api):
     assert info["server"].get("id", info["server"].get("model")) == MODEL
 
 
+async def test_a_404_on_one_apis_path_suggests_the_other_api():
+    """A server of the other API answers 404 on this one's paths: the error names --api."""
+
+    async def not_found(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(not_found, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(BenchError, match=r"404.*--api openai"):
+            await check_target(Target(f"http://127.0.0.1:{port}", "ollama"), MODEL)
+    finally:
+        server.close()
+
+
 @pytest.mark.parametrize("api", ["ollama", "openai"])
 async def test_check_target_refuses_an_unknown_model(emulator, api):
     with pytest.raises(BenchError, match=r"has no model 'mistral:7b' \(it lists: llama3.2:latest"):
@@ -292,10 +310,12 @@ async def test_a_refused_key_is_named_but_never_shown(gateway: Gateway, emulator
     wrong = "gw_nosuchkey_" + "s" * 32
     target = Target(gateway.url, api, key=wrong)
     with pytest.raises(
-        BenchError, match=r"refused the key \(401\): set GATEWAY_BENCH_API_KEY"
+        BenchError, match=r"refused the key \(401\): check GATEWAY_BENCH_API_KEY"
     ) as caught:
         await check_target(target, MODEL)
     assert wrong not in str(caught.value)
+    with pytest.raises(BenchError, match=r"wants an API key \(401\): set GATEWAY_BENCH_API_KEY"):
+        await check_target(Target(gateway.url, api), MODEL)  # none sent: say so, not "refused"
     # Mid-run (a key revoked while the benchmark runs) the run stops at the first refusal.
     with pytest.raises(BenchError, match=r"refused the key during the run \(401\)") as caught:
         await run_concurrency(target, WORKLOAD, MODEL, 2, requests=50)

@@ -274,20 +274,30 @@ async def detect_api(url: str, key: str | None, wait: float = 10.0) -> Api:
                 pass
     except TimeoutError:
         raise BenchError(f"{url} did not answer within {wait:g} s") from None
-    except httpx.ConnectError:
-        raise BenchError(f"cannot reach {url}: connection refused or host unreachable") from None
+    except httpx.ConnectError as exc:
+        # httpx wraps the OS error; its text tells a refused port from a name that never
+        # resolved ("Name or service not known").
+        reason = str(exc)
+        if not reason or reason == "All connection attempts failed":  # httpx's word for refused
+            reason = "connection refused or host unreachable"
+        raise BenchError(f"cannot reach {url}: {escape_error(reason)}") from None
     except httpx.TransportError as exc:
         raise BenchError(f"cannot reach {url}: {type(exc).__name__}") from None
     if answer.status_code in (401, 403):
-        raise BenchError(
-            f"the target refused the key ({answer.status_code}): set {KEY_ENV} or --key-file"
-        )
+        raise BenchError(_refused(answer.status_code, key))
     if answer.status_code == 200:
         return "openai"
     raise BenchError(
         f"{url} answers neither /api/version (Ollama) nor /v1/models (OpenAI): "
         f"HTTP {answer.status_code}; pass --api"
     )
+
+
+def _refused(status: int, key: str | None) -> str:
+    """Why a 401/403 stopped the run: a key refused, or none sent where one is needed."""
+    if key is None:
+        return f"the target wants an API key ({status}): set {KEY_ENV} or pass --key-file"
+    return f"the target refused the key ({status}): check {KEY_ENV} or --key-file"
 
 
 #: Bytes of `/api/version` read for auto-detection: Ollama's answer is about 20; a larger one

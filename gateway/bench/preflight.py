@@ -57,11 +57,30 @@ async def _ask(
 def _json(target: Target, path: str, status: int, body: bytes) -> dict[str, Any]:
     """The JSON answer of a check, or a `BenchError` naming the refusal or the bad answer."""
     if status in {401, 403}:
+        if not target.key:
+            raise BenchError(
+                f"the target wants an API key ({status}): set GATEWAY_BENCH_API_KEY or pass "
+                "--key-file"
+            )
         raise BenchError(
-            f"the target refused the key ({status}): set GATEWAY_BENCH_API_KEY or --key-file"
+            f"the target refused the key ({status}): check GATEWAY_BENCH_API_KEY or --key-file"
         )
     if status != 200:
-        raise BenchError(f"{target.safe_url}{path} answered HTTP {status}: {error_text(body)}")
+        # A 404 on one API's path usually means the server speaks the other one.
+        hint = ""
+        if status == 404:
+            other, kind = (
+                ("openai", "OpenAI-compatible")
+                if target.api == "ollama"
+                else (
+                    "ollama",
+                    "Ollama",
+                )
+            )
+            hint = f" (is it an {kind} server? --api {other})"
+        raise BenchError(
+            f"{target.safe_url}{path} answered HTTP {status}: {error_text(body)}{hint}"
+        )
     found = _object(body)
     if found is None:
         raise BenchError(f"{target.safe_url}{path} answered something that is no JSON object")
