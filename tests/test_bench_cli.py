@@ -301,3 +301,10 @@ def test_a_target_without_a_scheme_is_shown_as_typed(capsys):
     code = main(["run", "--target", "127.0.0.1:18436", "--model", "m", "--no-save"])
     assert code == 2
     assert "'127.0.0.1:18436'" in capsys.readouterr().err
+
+
+def test_knee_only_options_without_knee_are_refused(capsys):
+    code = main(["run", "--target", "http://127.0.0.1:1", "--api", "ollama", "--model", "m",
+                 "--max-concurrency", "8", "--no-save"])  # fmt: skip
+    assert code == 2
+    assert "--max-concurrency applies only with --knee" in capsys.readouterr().err

@@ -112,7 +112,7 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="model to measure; comma-separated or repeated for a matrix",
     )
     where.add_argument(
-        "--timeout", type=_positive, default=300.0, help="seconds allowed per request"
+        "--timeout", type=_positive, default=300.0, help="seconds allowed per request (default 300)"
     )
 
     work = run.add_argument_group("workload")
@@ -121,7 +121,9 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         default="builtin",
         help="builtin, builtin:short, builtin:long, builtin:en, builtin:zh, or a JSONL file",
     )
-    work.add_argument("--max-tokens", type=_count, default=128, help="tokens per answer")
+    work.add_argument(
+        "--max-tokens", type=_count, default=128, help="tokens per answer (default 128)"
+    )
     work.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
     work.add_argument("--seed", type=int, default=1234, help="sampling seed")
 
@@ -139,7 +141,6 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     load.add_argument(
         "--max-concurrency",
         type=_count,
-        default=64,
         help="knee search: the highest concurrency (default 64)",
     )
     load.add_argument(
@@ -148,7 +149,7 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="knee search over request rates up to this rate (requests/s), from --rate-start",
     )
     load.add_argument(
-        "--rate-start", type=_positive, default=0.5, help="rate knee search: the lowest rate"
+        "--rate-start", type=_positive, help="rate knee search: the lowest rate (default 0.5)"
     )
     span = load.add_mutually_exclusive_group()
     span.add_argument("--duration", type=_positive, help="seconds per run (default 30)")
@@ -158,7 +159,9 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         type=_count,
         help="requests before each run, not counted (default: one per concurrent slot)",
     )
-    load.add_argument("--repeat", type=_count, default=1, help="runs per point (median, spread)")
+    load.add_argument(
+        "--repeat", type=_count, default=1, help="runs per point: median and spread (default 1)"
+    )
     load.add_argument("--slo", help="e.g. 'ttft_p99<=2s,tpot_p50<=100ms' (judges points)")
     load.add_argument(
         "--knee-gain",
@@ -181,7 +184,10 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     more.add_argument("--quality", action="store_true", help="the quality probe (builtin-12)")
     more.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
     more.add_argument(
-        "--sample-interval", type=_positive, default=1.0, help="seconds between resource samples"
+        "--sample-interval",
+        type=_positive,
+        default=1.0,
+        help="seconds between resource samples (default 1)",
     )
 
     policy = run.add_argument_group("policy")
@@ -189,7 +195,10 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--queue-wait", type=float, default=2.0, help="target queue wait, seconds (default 2)"
     )
     policy.add_argument(
-        "--replicas", type=_count, default=1, help="gateway processes sharing the upstream"
+        "--replicas",
+        type=_count,
+        default=1,
+        help="gateway processes sharing the upstream (default 1)",
     )
     policy.add_argument(
         "--upstream-url", help="name this upstream's GATEWAY_UPSTREAMS entry in the policy"
@@ -330,12 +339,20 @@ def _plan(args: argparse.Namespace, target: Target) -> Plan:
     mode: Mode
     shape: Shape
     levels: tuple[float, ...]
+    knee_only = {
+        "--max-concurrency": args.max_concurrency,
+        "--max-rate": args.max_rate,
+        "--rate-start": args.rate_start,
+    }
+    if not args.knee and (given := [name for name, value in knee_only.items() if value]):
+        verb = "applies" if len(given) == 1 else "apply"
+        raise ValueError(f"{', '.join(given)} {verb} only with --knee")
     if args.knee:
         mode = "knee"
         if args.max_rate is not None:
-            shape, levels = "rate", (args.rate_start, args.max_rate)
+            shape, levels = "rate", (args.rate_start or 0.5, args.max_rate)
         else:
-            shape, levels = "concurrency", (1.0, float(args.max_concurrency))
+            shape, levels = "concurrency", (1.0, float(args.max_concurrency or 64))
     elif args.rate is not None:
         shape, levels = "rate", args.rate
         mode = "fixed" if len(levels) == 1 else "sweep"
