@@ -286,6 +286,9 @@ def test_the_command_exits_2_on_a_mismatch_unless_allowed(
     assert "--allow-mismatch" in out
     assert main_compare(_cli(base, other, "--allow-mismatch")) == 0
     assert "mismatch (allowed)" in capsys.readouterr().out
+    # With --json the reason goes to stderr too, so a CI log shows it without parsing.
+    assert main_compare(_cli(base, other, "--json")) == 2
+    assert "refused: fingerprints differ: model" in capsys.readouterr().err
 
 
 def test_the_command_exits_2_on_a_bad_file_with_one_line_and_no_traceback(

@@ -450,7 +450,10 @@ def _compare_files(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.as_dict(), indent=2, ensure_ascii=True, allow_nan=False))
         # The reasons are in the JSON too; stderr tells the CI log without parsing it.
-        for reason in result.refusals:
+        reasons = [*result.refusals]
+        if not result.mismatch_allowed:
+            reasons += [f"fingerprints differ: {m}" for m in result.mismatches]
+        for reason in reasons:
             print(f"gateway bench compare: refused: {safe(reason, 500)}", file=sys.stderr)
     else:
         print(render_comparison(result))
