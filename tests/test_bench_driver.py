@@ -587,33 +587,41 @@ def wake(capacity_url: str) -> float:
     return statistics.median(trips)
 
 
-def truth(concurrency: int, wake: float = 0.0) -> dict[str, float]:
-    """The emulator's truth for a closed loop at `concurrency` (emulator_capacity's docstring).
+def truth(concurrency: int, wake: float = 0.0) -> dict[str, tuple[float, float]]:
+    """The emulator's truth for a closed loop at `concurrency` (emulator_capacity's docstring),
+    as (lowest, highest) per measure: one value when `wake` is 0.
 
-    `wake` (the `wake` fixture) is the loopback's own latency. Up to `P` workers each wait it
-    once per answer (their TTFT, and so their cycle, grows by it); past `P` requests queue, the
-    server never idles and its throughput and the queue wait are as computed.
+    `wake` (the `wake` fixture) is the loopback's own latency after a silence, which the knobs
+    leave out. A client that was idle through prefill sees its first token up to `wake` late
+    (TTFT up to `wake` longer, the rest of the answer, measured from that token, up to `wake`
+    shorter: ITL and TPOT up to wake / (N - 1) less) and, up to `P` workers, its cycle up to
+    `wake` longer (throughput lower); past `P` requests queue and the server never idles. Whether
+    a client pays it depends on whether it was idle (one worker always, more workers seldom),
+    hence a range rather than a guess.
     """
     batch = min(concurrency, P)
     tpot = T_I * (1 + K * (batch - 1))
     service = TTFT + N * tpot
-    if concurrency <= P:
-        return {
-            "ttft": TTFT + wake,
-            "itl": tpot,
-            "tpot": tpot * N / (N - 1),
-            "decode": 1 / tpot,
-            "throughput": batch * N / (service + wake),
-        }
+    spread = wake / (N - 1)
+    ttft = TTFT + max(0.0, concurrency / P - 1) * service
+    # TPOT over the answer is (end - first token) / (n - 1), and the emulator's answer ends
+    # one gap after its last token (the final chunk): n gaps over n - 1 tokens.
+    answer_tpot = tpot * N / (N - 1)
+    throughput = batch * N / service
+    slower = batch * N / (service + wake) if concurrency <= P else throughput
     return {
-        "ttft": TTFT + max(0.0, concurrency / P - 1) * service,
-        "itl": tpot,
-        # TPOT over the answer is (end - first token) / (n - 1), and the emulator's answer ends
-        # one gap after its last token (the final chunk): n gaps over n - 1 tokens.
-        "tpot": tpot * N / (N - 1),
-        "decode": 1 / tpot,
-        "throughput": batch * N / service,
+        "ttft": (ttft, ttft + wake),
+        "itl": (tpot - spread, tpot),
+        "tpot": (answer_tpot - spread, answer_tpot),
+        "decode": (1 / tpot, 1 / tpot),  # the server's own counters: no loopback in them
+        "throughput": (slower, throughput),
     }
+
+
+def within(value: float, bounds: tuple[float, float], rel: float = 0.03) -> bool:
+    """`value` lies in `bounds` widened by `rel` on each side."""
+    low, high = bounds
+    return low * (1 - rel) <= value <= high * (1 + rel)
 
 
 def measured(repeat: dict) -> dict[str, float]:
@@ -661,8 +669,8 @@ async def test_knee_search_finds_the_configured_capacity(capacity_url, wake):
         repeat = point["repeats"][0]
         assert repeat["errors"] == 0
         got, want = measured(repeat), truth(level, wake)
-        for name, value in want.items():
-            assert got[name] == pytest.approx(value, rel=0.03), (level, name, got, want)
+        for name, bounds in want.items():
+            assert within(got[name], bounds), (level, name, got, want)
 
 
 @pytest.mark.parametrize("chat", [True, False])
@@ -674,5 +682,5 @@ async def test_openai_measures_the_truth_too(capacity_url, wake, chat):
     assert repeat["errors"] == 0
     got, want = measured(repeat), truth(P, wake)
     for name in ("ttft", "itl", "tpot", "throughput"):  # /v1 carries no decode duration
-        assert got[name] == pytest.approx(want[name], rel=0.03), (name, got, want)
+        assert within(got[name], want[name]), (name, got, want)
     assert repeat["sources"]["output_tokens"] == "openai.usage"

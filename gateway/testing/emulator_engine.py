@@ -309,5 +309,6 @@ async def _sleep_until(deadline: float) -> None:
     if left > _LANDING:
         await anyio.sleep(left - _LANDING)
         left = deadline - time.monotonic()
-    if left > 0:
-        await anyio.sleep(left)
+    # Always once, even when due already: sleep(0) lets the loop run (the client's flow
+    # control, a disconnect) between two tokens sent at full speed.
+    await anyio.sleep(max(0.0, left))
