@@ -112,7 +112,7 @@ def test_non_streamed_ttft_is_the_first_token_at_the_gateway(
     result = httpx.post(f"{gw.url}/v1/generate", json=body, headers=gw.headers(), timeout=30)
     assert result.json()["eval_count"] == TOKENS
     exported = {k: v - before[k] for k, v in _exported(gw).items()}
-    assert exported["ttft"] == pytest.approx(TTFT, rel=0.15)
+    assert_ttft(exported["ttft"], None, TTFT)
     assert exported["rate"] == pytest.approx(1 / INTER_TOKEN, rel=0.15)
 
 
@@ -124,7 +124,7 @@ def test_empty_first_chunk_does_not_start_the_ttft_clock_early(
     client = _client_stream(gateway, {"model": MODEL, "prompt": "x"})
     exported = _exported(gateway)
     assert client["ttft"] > TTFT + INTER_TOKEN * 0.5
-    assert exported["ttft"] == pytest.approx(client["ttft"], rel=0.05, abs=0.02)
+    assert_ttft(exported["ttft"], client["ttft"], None)
 
 
 def test_thinking_counts_as_the_first_token(gateway: Gateway, emulator: Emulator):
@@ -146,7 +146,7 @@ def test_client_leaving_halfway_still_records_what_was_observed(
     _configure(emulator, tokens=200)
     client = _client_stream(gw, {"model": MODEL, "prompt": "x"}, stop_after=10)
     exported = _exported(gw, wait_for_outcome="client_disconnect")
-    assert exported["ttft"] == pytest.approx(client["ttft"], rel=0.05, abs=0.02)
+    assert_ttft(exported["ttft"], client["ttft"], None)
     assert exported["rate"] == pytest.approx(1 / INTER_TOKEN, rel=0.15)
     # What was relayed until the disconnect was noticed: at least what the client read.
     assert 10 <= exported["tokens_out"] <= 20
