@@ -55,7 +55,7 @@ router = APIRouter(
     responses=_ERRORS,
     dependencies=[Depends(get_verifier)],
     tags=["admin"],
-    route_class=BoundedBodyRoute,  # bodies read within a limit, before the token is checked
+    route_class=BoundedBodyRoute,  # the token checked first, then the body read within a limit
 )
 
 PageSize = Annotated[int, Query(ge=1, le=MAX_PAGE)]
