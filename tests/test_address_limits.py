@@ -148,6 +148,25 @@ def test_the_address_behind_a_trusted_proxy_is_counted_and_a_forged_one_is_not(
     assert forged == [401, 401, 401, 429]
 
 
+def test_a_failing_limit_storage_leaves_each_failure_its_own_answer(make_gateway) -> None:
+    # Nothing listens on port 1: every storage call fails at once. The request is refused
+    # either way, so its 401 is kept (not a 500, not a 503 from the fail-closed policy).
+    gateway = make_gateway(
+        rate_limit_storage="redis://127.0.0.1:1/0",
+        rate_limit_fail_open=False,
+        auth_failures_per_minute=1,
+    )
+    wrong = {"Authorization": f"Bearer {_wrong_secret(gateway.key)}"}
+
+    statuses = [httpx.get(f"{gateway.url}/api/tags", headers=wrong).status_code for _ in range(3)]
+
+    assert statuses == [401, 401, 401]
+    assert httpx.get(f"{gateway.url}/api/tags", headers=gateway.headers()).status_code == 200
+    text = gateway.metrics_text()
+    assert metric_value(text, "gateway_rate_limit_storage_errors_total") >= 3
+    assert metric_value(text, "gateway_address_limited_total") == 0
+
+
 def test_addresses_are_counted_by_ipv4_address_and_ipv6_slash_64() -> None:
     from gateway.ratelimit.address import address_bucket
 
