@@ -239,6 +239,15 @@ def test_admin_requests_are_refused_before_their_body_is_read(make_gateway) -> N
     forged = _head_only(on, "/admin/v1/keys/abc", token, method="PATCH")
     assert forged.startswith(b"HTTP/1.1 401 ")
     assert _head_only(on, "/admin/v1/keys", f"Bearer {on.key}").startswith(b"HTTP/1.1 401 ")
+    # The same holds on every API route that takes a body (they all read it after the key).
+    for path in (
+        "/api/generate",
+        "/api/create",
+        "/v1/chat/completions",
+        "/v1/files",
+        "/v1/batches",
+    ):
+        assert _head_only(on, path).startswith(b"HTTP/1.1 401 "), path
 
 
 # --- two workers sharing the budget through Redis ----------------------------------------------
