@@ -48,6 +48,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (403, "The token lacks the scope"),
         (404, "No such key"),
         (422, "Invalid body, query or cursor"),
+        (429, "Too many failed authentications from this address"),
     )
 }
 router = APIRouter(
