@@ -31,6 +31,7 @@ from gateway.keys.store import KeyStore
 from gateway.lifecycle import Lifecycle
 from gateway.metering.usage import open_usage
 from gateway.metrics import Metrics
+from gateway.ratelimit.address import AddressLimiter
 from gateway.ratelimit.limiter import KeyLimiter, build_storage, close_storage
 from gateway.relay.pipeline import Relay
 from gateway.settings import Settings
@@ -130,6 +131,7 @@ def create_app(
                         ttl=settings.key_cache_seconds,
                         last_used_interval=settings.last_used_interval,
                     ),
+                    address_limiter=AddressLimiter(limit_storage, settings, metrics),
                     metrics=metrics,
                     pool=pool,
                     relay=relay,

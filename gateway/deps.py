@@ -17,6 +17,7 @@ from gateway.batch.store import BatchStore
 from gateway.keys.store import KeyStore
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import Metrics
+from gateway.ratelimit.address import AddressLimiter
 from gateway.relay.pipeline import Relay
 from gateway.settings import Settings
 from gateway.upstream.pool import UpstreamPool
@@ -27,6 +28,7 @@ class GatewayState(TypedDict):
 
     settings: Settings
     authenticator: KeyAuthenticator
+    address_limiter: AddressLimiter
     metrics: Metrics
     pool: UpstreamPool
     relay: Relay
@@ -47,6 +49,12 @@ async def get_authenticator(request: Request) -> KeyAuthenticator:
     """Return the key authenticator (the key store behind its cache)."""
     authenticator: KeyAuthenticator = request.state.authenticator
     return authenticator
+
+
+async def get_address_limiter(request: Request) -> AddressLimiter:
+    """Return the per-address budget of failed authentications."""
+    limiter: AddressLimiter = request.state.address_limiter
+    return limiter
 
 
 async def get_keys(request: Request) -> KeyStore:

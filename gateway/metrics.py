@@ -77,6 +77,7 @@ class Metrics:
         upstream_model_memory: Gauge `gateway_upstream_model_memory_bytes{upstream, model, kind}`,
             `kind` is `total` (`size`) or `vram` (`size_vram`), from Ollama's /api/ps.
         rate_limited: Counter `gateway_rate_limited_total{kind}`.
+        address_limited: Counter `gateway_address_limited_total{budget}`.
         rate_limit_storage_errors: Counter `gateway_rate_limit_storage_errors_total`.
         upstream_retries: Counter `gateway_upstream_retries_total{reason}`.
         upstream_in_flight: Gauge `gateway_upstream_in_flight{upstream}`.
@@ -231,6 +232,13 @@ class Metrics:
             "Requests refused by a limit, by kind: rpm, tpm, concurrency (per key), "
             "queue_full, queue_timeout (per upstream).",
             ("kind",),
+            registry=r,
+        )
+        self.address_limited = Counter(
+            "gateway_address_limited",
+            "Failed authentications refused with 429 by their client address's budget, by "
+            "budget: api (API keys), admin (admin tokens).",
+            ("budget",),
             registry=r,
         )
         self.rate_limit_storage_errors = Counter(

@@ -359,6 +359,19 @@ class Settings(BaseSettings):
         "max_concurrent without its process renewing it (every third of this); the requests of a "
         "process that died stop counting this long after its last renewal.",
     )
+    auth_failures_per_minute: int = Field(
+        20,
+        ge=0,
+        description="Failed authentications (no key, a wrong one, a repeated credential header) "
+        "one client address may make on the API in a moving minute; more get 429. Valid keys "
+        "are never refused by it. 0: no limit.",
+    )
+    admin_auth_failures_per_minute: int = Field(
+        5,
+        ge=0,
+        description="The same per-address budget for the admin API's tokens (`/admin/v1`), "
+        "counted apart. 0: no limit.",
+    )
     upstream_max_concurrent: int = Field(
         0, ge=0, description="Requests in flight to the upstream at once (per process); 0: no gate."
     )

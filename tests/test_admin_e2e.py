@@ -162,6 +162,8 @@ def test_keys_rotated_at_the_identity_provider_come_and_go_with_the_jwks_refresh
         # at most one load per second instead of the default 30.
         "GATEWAY_ADMIN_JWKS_CACHE_SECONDS": "3600",
         "GATEWAY_ADMIN_JWKS_MIN_REFRESH_SECONDS": "1",
+        # The polls below see many 401s: off, the per-address budget cannot turn them into 429.
+        "GATEWAY_ADMIN_AUTH_FAILURES_PER_MINUTE": "0",
     }
     old = _kid(idp, "RSA")
     with gateway_process(tmp_path, env) as gateway:
@@ -354,6 +356,9 @@ def test_attack_tokens_over_http_are_refused_clearly_and_never_logged(
         **_sso_env(emulator, idp, jwks_url),
         "GATEWAY_ADMIN_JWT_SECRET": SECRET,
         "GATEWAY_LOG_LEVEL": "debug",  # every log line the gateway can write
+        # Each attack is refused as itself, not by the per-address budget (tested apart:
+        # tests/test_address_limits.py).
+        "GATEWAY_ADMIN_AUTH_FAILURES_PER_MINUTE": "0",
     }
     sent: list[str] = [reader, nobody, admin]
     with gateway_process(tmp_path, env) as gateway:

@@ -4,6 +4,9 @@
   (`GATEWAY_ADMIN_JWT_SECRET` or a JWKS): an unconfigured gateway shows no admin surface.
 - A request needs `Authorization: Bearer <JWT>`, verified by `gateway.auth.jwt`. An app key
   (`gw_...`) is refused with 401 before any JWT parsing: app keys never open the admin API.
+- Both are checked before the body is read (`gateway.admin.body`), and every refused token
+  spends the client address's admin budget (`GATEWAY_ADMIN_AUTH_FAILURES_PER_MINUTE`; past
+  it, 429: `gateway.ratelimit.address`). A valid token is never refused by that budget.
 - `read` tokens may list and get keys, read usage and the audit trail; every change needs
   `admin`. A valid token without the needed scope gets 403.
 
@@ -21,7 +24,8 @@ from gateway.access import client_address
 from gateway.auth.apikey import KEY_PREFIX
 from gateway.auth.identity import AdminAuthError, AdminIdentity, Scope
 from gateway.auth.jwt import AdminTokenVerifier
-from gateway.errors import ForbiddenError, NotFoundError, UnauthorizedError
+from gateway.deps import get_address_limiter
+from gateway.errors import ForbiddenError, GatewayError, NotFoundError, UnauthorizedError
 from gateway.keys.audit import Actor
 
 logger = logging.getLogger("gateway.admin")
@@ -49,29 +53,40 @@ VerifierDep = Annotated[AdminTokenVerifier, Depends(get_verifier)]
 async def require_admin_identity(request: Request, verifier: VerifierDep) -> AdminIdentity:
     """Verify the request's admin token and return who it names.
 
+    Verified once per request: `BoundedBodyRoute` calls this before it reads the body, and the
+    router's dependency then gets the identity it left in the request's state.
+
     Raises:
         UnauthorizedError: no token, several, an app key, or a token `gateway.auth.jwt`
             refuses (401 with `WWW-Authenticate: Bearer`, RFC 6750 section 3).
+        RateLimitedError: any of those from a client address past its budget of failures
+            (429, `gateway.ratelimit.address`).
         ForbiddenError: a valid token that grants no admin scope.
     """
+    state = request.scope.setdefault("state", {})
+    known = state.get("admin_identity")
+    if isinstance(known, AdminIdentity):
+        return known
     authorizations = request.headers.getlist("authorization")
     if len(authorizations) != 1:
         reason = "missing admin token" if not authorizations else "send one Authorization header"
-        raise _refused(request, reason)
+        raise await _refused(request, reason)
     scheme, _, token = authorizations[0].partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
-        raise _refused(request, "missing admin token: send Authorization: Bearer <token>")
+        raise await _refused(request, "missing admin token: send Authorization: Bearer <token>")
     if token.startswith(KEY_PREFIX):
-        raise _refused(request, "API keys cannot open the admin API: use an admin token", _INVALID)
+        reason = "API keys cannot open the admin API: use an admin token"
+        raise await _refused(request, reason, _INVALID)
     try:
         identity = await verifier.verify(token)
     except AdminAuthError as exc:
         if exc.status == 403:
             _log_refusal(request, exc.message)
             raise ForbiddenError(exc.message) from None
-        raise _refused(request, exc.message, exc.www_authenticate) from None
-    request.scope.setdefault("state", {})["admin_subject"] = identity.subject
+        raise await _refused(request, exc.message, exc.www_authenticate) from None
+    state["admin_subject"] = identity.subject
+    state["admin_identity"] = identity
     return identity
 
 
@@ -102,9 +117,13 @@ AdminDep = Annotated[Actor, Depends(_scope_checker("admin"))]
 """An `admin` token; the actor the audit trail records."""
 
 
-def _refused(request: Request, reason: str, challenge: str = _CHALLENGE) -> UnauthorizedError:
+async def _refused(request: Request, reason: str, challenge: str = _CHALLENGE) -> GatewayError:
+    """The 401 for `reason`, or a 429 once the client's address has spent its admin budget."""
     _log_refusal(request, reason)
-    return UnauthorizedError(reason, challenge=challenge)
+    limiter = await get_address_limiter(request)
+    return await limiter.failed(
+        request.scope, "admin", UnauthorizedError(reason, challenge=challenge)
+    )
 
 
 def _log_refusal(request: Request, reason: str) -> None:

@@ -1,10 +1,13 @@
-"""The admin API's request bodies: read within a small limit before anything parses them.
+"""The admin API's request bodies: read only for a valid token, and within a small limit.
 
 FastAPI reads a route's body before it runs the route's dependencies, so before the admin token
-is checked: without a limit, an anonymous client could make the gateway buffer any amount of
-memory and only then be told 401. `BoundedBodyRoute` (the admin router's `route_class`) reads
-the body itself with `gateway.relay.body.read_body` (413 past `MAX_ADMIN_BODY_BYTES`, by the
-declared `Content-Length` at once) and hands FastAPI a request that replays those bytes.
+would be checked: an anonymous client could make the gateway buffer and parse a body only to be
+told 401 (or 404 with the admin API off). `BoundedBodyRoute` (the admin router's `route_class`)
+therefore checks first that the admin API exists (404) and the token (401, 429 past the
+address's budget: `gateway.admin.auth`), then reads the body itself with
+`gateway.relay.body.read_body` (413 past `MAX_ADMIN_BODY_BYTES`, by the declared
+`Content-Length` at once) and hands FastAPI a request that replays those bytes. A refused
+request's body is never read.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message
 
+from gateway.admin.auth import get_verifier, require_admin_identity
 from gateway.relay.body import read_body
 
 MAX_ADMIN_BODY_BYTES = 1024 * 1024
@@ -28,15 +32,18 @@ class BoundedBodyRoute(APIRoute):
     """An `APIRoute` whose body is read within `MAX_ADMIN_BODY_BYTES` before FastAPI sees it."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        """The route's handler, behind the bounded read.
+        """The route's handler, behind the token check and the bounded read.
 
         Raises:
+            gateway.errors.NotFoundError: the admin API is off (404).
+            gateway.errors.UnauthorizedError: no valid admin token (401; 429 past the budget).
             gateway.errors.PayloadTooLargeError: the body is larger than the limit (413).
             gateway.errors.ClientClosedRequestError: the client left while sending it.
         """
         handler = super().get_route_handler()
 
         async def bounded(request: Request) -> Response:
+            await require_admin_identity(request, await get_verifier(request))
             body = await read_body(request, MAX_ADMIN_BODY_BYTES)
             replayed = False
 

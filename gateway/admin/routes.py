@@ -48,6 +48,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (403, "The token lacks the scope"),
         (404, "No such key"),
         (422, "Invalid body, query or cursor"),
+        (429, "Too many failed authentications from this address"),
     )
 }
 router = APIRouter(
@@ -55,7 +56,7 @@ router = APIRouter(
     responses=_ERRORS,
     dependencies=[Depends(get_verifier)],
     tags=["admin"],
-    route_class=BoundedBodyRoute,  # bodies read within a limit, before the token is checked
+    route_class=BoundedBodyRoute,  # the token checked first, then the body read within a limit
 )
 
 PageSize = Annotated[int, Query(ge=1, le=MAX_PAGE)]

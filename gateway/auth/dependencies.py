@@ -9,8 +9,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from gateway.auth.principal import Principal
-from gateway.deps import AuthenticatorDep
-from gateway.errors import BadRequestError, UnauthorizedError
+from gateway.deps import AuthenticatorDep, get_address_limiter
+from gateway.errors import BadRequestError, GatewayError, UnauthorizedError
 from gateway.keys.store import InvalidKeyError
 
 logger = logging.getLogger("gateway.auth")
@@ -48,26 +48,42 @@ async def require_principal(request: Request, authenticator: AuthenticatorDep) -
     """Authenticate the request's API key and return its principal.
 
     The principal is also stored in `request.state.principal` (the rate limiter keys on it).
+    Each failure spends the client address's budget (`gateway.ratelimit.address`); a valid key
+    is never counted there, nor refused by it.
 
     Raises:
         UnauthorizedError: the key is missing, malformed, unknown, revoked or expired (401).
+        BadRequestError: repeated credential headers (400, `presented_key`).
+        RateLimitedError: any of these failures from an address past its budget (429).
     """
-    key = presented_key(request)
+    try:
+        key = presented_key(request)
+    except BadRequestError as exc:
+        raise await _failed(request, exc) from None
     if key is None:
-        raise UnauthorizedError("missing API key: send Authorization: Bearer <key>")
+        raise await _failed(
+            request, UnauthorizedError("missing API key: send Authorization: Bearer <key>")
+        )
     try:
         record = await authenticator.authenticate(key)
     except InvalidKeyError as exc:
         logger.info("rejected API key: %s", exc.reason)
         if exc.reason == "malformed" and _looks_like_jwt(key):
-            raise UnauthorizedError(
-                "admin tokens cannot open the generation routes: use an API key"
+            raise await _failed(
+                request,
+                UnauthorizedError("admin tokens cannot open the generation routes: use an API key"),
             ) from exc
-        raise UnauthorizedError(str(exc)) from exc
+        raise await _failed(request, UnauthorizedError(str(exc))) from exc
     principal = Principal.from_record(record)  # every field, the permission included
     request.state.principal = principal  # the error handlers label refusals with it
     request.scope.setdefault("state", {})["key_id"] = record.id
     return principal
+
+
+async def _failed(request: Request, error: GatewayError) -> GatewayError:
+    """`error`, or a 429 once the client's address has spent its budget of failures."""
+    limiter = await get_address_limiter(request)
+    return await limiter.failed(request.scope, "api", error)
 
 
 def _looks_like_jwt(credential: str) -> bool:
