@@ -349,7 +349,7 @@ def test_a_silent_upstream_is_not_asked_again_but_fails_over(make_gateway, flaky
     upstream, url = flaky
     other, other_url = spare
     upstream.always = HANG
-    gw = _in_front_of(make_gateway, url, other_url, first_byte_timeout=0.5)
+    gw = _in_front_of(make_gateway, url, other_url, first_byte_timeout=1.0)
     response = _generate(gw.url, gw.key)
     assert response.status_code == 200
     assert (upstream.calls, other.calls) == (1, 1)
@@ -439,3 +439,26 @@ def test_the_requests_own_deadline_is_not_failed_over(make_gateway, flaky, spare
     assert "longer than 1 s" in response.json()["error"]
     assert (upstream.calls, other.calls) == (1, 0)
     assert metric_value(gw.metrics_text(), "gateway_upstream_failovers_total") == 0
+
+
+def test_a_busy_answer_is_what_the_client_gets_after_panic_mode_tried_an_open_circuit(
+    make_gateway, flaky, spare
+):
+    """A busy upstream turns the request away; the only other one's circuit is open, so the
+    request tries it too (panic mode) and it fails. The client gets the busy answer and its
+    `Retry-After`, not the open circuit's 502: that says when to come back."""
+    upstream, url = flaky
+    other, other_url = spare
+    gw = _in_front_of(
+        make_gateway, url, other_url, circuit_failures=1, circuit_cooldown=60, retry_attempts=1
+    )
+    upstream.always, other.always = 500, 502
+    assert _generate(gw.url, gw.key).status_code == 502  # B's own 502 opens its circuit
+    name = other_url.removeprefix("http://")
+    text = gw.metrics_text()
+    assert metric_value(text, "gateway_upstream_circuit_state", upstream=name) == 2
+    upstream.always, upstream.retry_after = 503, "5"
+    response = _generate(gw.url, gw.key)
+    assert other.calls == 2  # tried past its open circuit
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "5"

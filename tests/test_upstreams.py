@@ -250,7 +250,7 @@ def test_a_request_fails_over_past_an_open_circuit_when_the_last_closed_upstream
     try:
         gw = make_gateway(
             upstreams=_upstreams(a_server.url, second.url),
-            first_byte_timeout=0.5,
+            first_byte_timeout=2.0,  # B's hangs (and a silent A) cost this each
             retry_backoff=0.01,
             circuit_failures=2,  # one failure of A leaves its circuit closed
             circuit_cooldown=60,

@@ -102,11 +102,13 @@ class Generation:
         for the access log. The caller watches for the client leaving.
 
         Raises:
-            GatewayError: the last upstream's failure, or 503 when none is available.
+            GatewayError: the first "busy" answer (429, 503: it says when to come back) if an
+                upstream gave one, else the last upstream's failure; 503 when none is available.
         """
         relay = self.relay
         tried: set[str] = set()
         last: GatewayError | None = None
+        busy: GatewayError | None = None  # an upstream that turned it away for load
         server_errors = 0  # upstream 500s this request got, on any upstream
         while (upstream := relay.pool.choose(self.request.model, tried)) is not None:
             if tried:
@@ -164,8 +166,14 @@ class Generation:
                 if not _fails_over(exc) or server_errors > 1:
                     raise
                 last = exc
+                if busy is None and exc.status_code in (429, 503):
+                    busy = exc
                 continue
             return exchange
+        # A busy upstream's 503 or 429 says when to come back; an open circuit tried after it
+        # (panic mode) failing too says less.
+        if busy is not None:
+            raise busy
         if last is not None:
             raise last
         wait = relay.pool.retry_after(relay.settings.circuit_cooldown)
