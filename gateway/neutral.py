@@ -218,6 +218,8 @@ class RequestSummary:
         model: The model label (bounded by the catalogue).
         key: The key label.
         upstream: `host:port` of the upstream that answered last, or None if none was tried.
+        tried: The upstreams the request went to before its first byte, in failover order
+            (each once; retries on the same upstream are not repeated here); empty when none.
         outcome: `completed`, `client_disconnect`, `upstream_error`, `timeout`, ...
         status: The HTTP status the client got (499 when it left before the first byte).
         duration_s: Arrival to the end, seconds.
@@ -249,12 +251,18 @@ class RequestSummary:
     prefill_tokens_per_s: float | None = None
     key_id: str | None = None
     requested_model: str | None = None
+    tried: tuple[str, ...] = ()
 
     def log_fields(self) -> dict[str, Any]:
-        """The fields the access log line carries (docs/operations.md), rounded."""
+        """The fields the access log line carries (docs/operations.md), rounded.
+
+        `tried` only when the request failed over: the upstreams in the order it tried them.
+        """
+        fields: dict[str, Any] = {"outcome": self.outcome, "upstream": self.upstream}
+        if len(self.tried) > 1:
+            fields["tried"] = list(self.tried)
         return {
-            "outcome": self.outcome,
-            "upstream": self.upstream,
+            **fields,
             "ttft_s": None if self.ttft_s is None else round(self.ttft_s, 6),
             "tokens_in": self.tokens_in,
             "tokens_out": self.tokens_out,

@@ -166,8 +166,9 @@ class Settings(BaseSettings):
     retry_attempts: int = Field(
         3,
         ge=1,
-        description="Tries of an upstream request before its first byte (connection refused or "
-        "reset, 500/502/503/504); 1: no retries.",
+        description="Tries of an upstream request on the same upstream before its first byte "
+        "(connection refused or reset, 502/503/504; a 500 at most twice, only when no other "
+        "upstream is left); 1: no retries.",
     )
     retry_backoff: float = Field(
         0.1, ge=0, description="Seconds before the first retry; doubles each time (with jitter)."

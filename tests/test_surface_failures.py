@@ -575,7 +575,7 @@ def test_sse_events_with_crlf_line_ends_cut_anywhere_reach_the_client_whole(scri
 
 #: (upstream status, its headers) -> (client status, Retry-After, upstream tries).
 STATUSES: dict[tuple[int, tuple[tuple[str, str], ...]], tuple[int, str | None, int]] = {
-    (500, ()): (502, None, 3),  # retried (GATEWAY_RETRY_ATTEMPTS), then the gateway's 502
+    (500, ()): (502, None, 2),  # one more try (no other upstream), then the gateway's 502
     (503, ()): (503, "1", 3),  # Ollama's "server busy": retried, then a Retry-After of its own
     (503, (("Retry-After", "5"),)): (503, "5", 1),  # not sooner than asked: no retry
     (404, ()): (404, None, 1),  # the client's error, passed on

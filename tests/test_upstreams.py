@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AsyncExitStack
+from typing import Any
 
+import anyio
 import httpx
 import pytest
 
 from gateway.errors import UpstreamStatusError
+from gateway.metrics import Metrics
+from gateway.settings import Settings
 from gateway.testing.emulator import EmulatorConfig, create_emulator_app
 from gateway.testing.server import LoopbackServer
+from gateway.upstream.breaker import CircuitBreaker, CircuitState
 from gateway.upstream.headers import upstream_request_id
+from gateway.upstream.pool import open_pool
 from tests.conftest import Emulator, Gateway, metric_value
 from tests.helpers import MODEL, wait_polled
 
@@ -208,3 +216,110 @@ def test_an_upstream_4xx_without_a_message_still_says_what_happened():
     assert error.status_code == 400
     assert error.message == "upstream answered 400 with no error message"
     assert UpstreamStatusError(404, "model 'x' not found").message == "model 'x' not found"
+
+
+# --- failover past open circuits within one request (panic mode) ------------------------------
+
+
+def _access_line(caplog: pytest.LogCaptureFixture, request_id: str) -> dict[str, Any]:
+    """The access log line of `request_id`, waiting for it (it is written as the response ends)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        for record in list(caplog.records):
+            if record.name == "gateway.access":
+                line = json.loads(record.getMessage())
+                if line["request_id"] == request_id:
+                    return line
+        time.sleep(0.02)
+    raise AssertionError(f"no access log line for {request_id}")
+
+
+@pytest.mark.parametrize("death", ["killed", "502", "silent"])
+def test_a_request_fails_over_past_an_open_circuit_when_the_last_closed_upstream_dies(
+    make_gateway, second, caplog, death
+):
+    """B's circuit is open after hangs; then A dies mid-run. The request that finds A dead goes
+    on to B within itself (panic mode for its own failover) instead of answering 502, and the
+    access log shows the order it tried them in. Three ways to die: the process is gone
+    (refused), every answer is a 502, the upstream is silent."""
+    caplog.set_level(logging.INFO, logger="gateway.access")
+    a_app = create_emulator_app(EmulatorConfig())
+    a_server = LoopbackServer(a_app)
+    a_server.start()
+    a, b = a_server.url.removeprefix("http://"), second.url.removeprefix("http://")
+    try:
+        gw = make_gateway(
+            upstreams=_upstreams(a_server.url, second.url),
+            first_byte_timeout=2.0,  # B's hangs (and a silent A) cost this each
+            retry_backoff=0.01,
+            circuit_failures=2,  # one failure of A leaves its circuit closed
+            circuit_cooldown=60,
+        )
+        wait_polled(gw, 2)
+
+        def circuit(name: str) -> float:
+            return metric_value(gw.metrics_text(), "gateway_upstream_circuit_state", upstream=name)
+
+        second.config.fault = "hang_before"
+        for _ in range(40):  # ties go to a random upstream: ask until B timed out twice
+            assert _generate(gw).status_code == 200  # A served each time
+            if circuit(b) == 2:
+                break
+        assert circuit(b) == 2  # open, for a minute
+        second.config.fault = None  # B would answer again; its circuit does not know yet
+        served_by_b = _generations(second)
+        statuses = []
+        for i in range(10):
+            if i == 3:  # A dies mid-run, between two of its health probes
+                if death == "killed":
+                    a_server.stop()
+                elif death == "502":
+                    a_app.state.emulator.config.fault = "status_before"
+                    a_app.state.emulator.config.fault_status = 502
+                else:
+                    a_app.state.emulator.config.fault = "hang_before"
+            response = httpx.post(
+                f"{gw.url}/v1/generate",
+                json={"model": MODEL, "prompt": "x", "stream": False},
+                headers={**gw.headers(), "X-Request-ID": f"run-{i}"},
+                timeout=30,
+            )
+            statuses.append(response.status_code)
+        assert statuses == [200] * 10
+        first_after = _access_line(caplog, "run-3")
+        assert first_after["tried"] == [a, b]  # the failover order: A, then B past its circuit
+        assert first_after["upstream"] == b
+        assert _generations(second) >= served_by_b + 7
+        assert "tried" not in _access_line(caplog, "run-0")  # A alone served it
+    finally:
+        a_server.stop()
+
+
+@pytest.mark.anyio
+async def test_panic_mode_offers_every_upstream_once_nearest_to_closing_first():
+    """The order of one request's failover: closed circuits first, then half-open, then open
+    ones by how long ago they opened; each upstream once; then none."""
+    urls = [f"http://127.0.0.1:{port}" for port in (1, 2, 3, 4)]
+    settings = Settings(upstreams=[{"url": url} for url in urls])
+    transport = httpx.MockTransport(lambda _: httpx.Response(500))
+    async with AsyncExitStack() as stack:
+        pool = await open_pool(settings, Metrics(), stack, transport)
+        closed, half_open, old, young = pool.upstreams
+        for upstream in (old, young):
+            upstream.breaker = CircuitBreaker(failures=1, cooldown=60)
+        half_open.breaker = CircuitBreaker(failures=1, cooldown=0.001)
+        old.breaker.record_failure()
+        await anyio.sleep(0.01)  # opened later than `old`
+        young.breaker.record_failure()
+        half_open.breaker.record_failure()
+        await anyio.sleep(0.01)
+        assert half_open.breaker.acquire()  # its trial is running: not available
+        assert half_open.breaker.state is CircuitState.HALF_OPEN
+        tried: set[str] = set()
+        order = []
+        while (upstream := pool.choose(MODEL, tried)) is not None:
+            tried.add(upstream.name)
+            order.append(upstream)
+            pool.finished(upstream, None)
+        assert order == [closed, half_open, old, young]
+        assert young.breaker.state is CircuitState.OPEN  # panic mode passes a circuit by

@@ -8,9 +8,10 @@ error chunk, which the client surface writes in its own format (an NDJSON `{"err
 reference section 4.3, or an SSE error event), and is kept in `failure`.
 
 Every upstream error carries its `blame` (`gateway.errors.Blame`): the caller feeds the circuit
-breaker from it, and only failures that are not the request's are retried. The upstream request
-is built once, before any try, so a body the gateway cannot translate is the client's 422, never
-an upstream fault.
+breaker from it, and only failures that are not the request's are retried (the rule by kind of
+fault is `Exchange._retrying`; docs/operations.md, "Retries and failover by kind of fault"). The
+upstream request is built once, before any try, so a body the gateway cannot translate is the
+client's 422, never an upstream fault.
 
 The exchange reads the body itself and feeds each read to the dialect's decoder; the chunks one
 read completes travel together as a batch, so the client gets them in one write.
@@ -70,9 +71,16 @@ _DRAIN_SECONDS = 1.0
 class Exchange:
     """The upstream side of one request.
 
+    Args:
+        retry_server_error: Whether an upstream 500 (one not blamed on the request) may be
+            tried once more on this upstream: only when the request has no other upstream
+            left and saw no 500 before (`Generation.connect`).
+
     Attributes:
         outcome: None while running; then `completed`, `upstream_error` or `timeout`.
         failure: The error that ended the stream after its first chunk, if any.
+        server_errors: Upstream 500s (and error first lines) not blamed on the request that
+            this exchange's tries got; the caller's budget for them spans its failover.
     """
 
     def __init__(
@@ -84,8 +92,10 @@ class Exchange:
         headers: dict[str, str],
         settings: Settings,
         meter: RequestMeter,
+        retry_server_error: bool = False,
     ) -> None:
         self._client = client
+        self._retry_server_error = retry_server_error
         self._dialect = dialect
         self._generation = request
         self._headers = headers
@@ -100,6 +110,7 @@ class Exchange:
         self._request: httpx.Request | None = None
         self.outcome: str | None = None
         self.failure: GatewayError | None = None
+        self.server_errors = 0
 
     async def open(self) -> None:
         """Send the request and wait for the first chunk.
@@ -131,12 +142,6 @@ class Exchange:
             logger.exception("unexpected upstream answer")
             message = "upstream sent an answer the gateway could not read"
             raise self._count(UpstreamUnavailableError(message), "stream") from exc
-        assert self._first is not None  # noqa: S101 - set by a successful attempt
-        first = self._first[0]
-        if first.error is not None:
-            await self.aclose()
-            error = UpstreamStatusError(500, first.error)
-            raise self._count(error, _status_kind(error))
 
     def _build_request(self) -> httpx.Request:
         """The upstream request for this body, built once for every try.
@@ -165,7 +170,7 @@ class Exchange:
             await self._attempt()
             return
         except Exception as exc:
-            if not _retryable(exc) or self._settings.retry_attempts < 2:
+            if not self._retryable(exc) or self._settings.retry_attempts < 2:
                 raise
             failure: Exception | None = exc
         async for attempt in self._retrying():
@@ -198,6 +203,10 @@ class Exchange:
         else:
             self._reads = response.aiter_bytes()
         self._first = await self._next_batch()
+        if self._first[0].error is not None:  # an error as the first line: a 500 (section 4.2)
+            error = UpstreamStatusError(500, self._first[0].error)
+            self._note_server_error(error)
+            raise self._count(error, _status_kind(error))
 
     async def _next_batch(self) -> list[Chunk]:
         """Read until the decoder completes a chunk; return those chunks (at least one).
@@ -225,15 +234,19 @@ class Exchange:
                 return chunks
 
     def _retrying(self) -> AsyncRetrying:
-        """Retries before the first byte only (tenacity), with exponential backoff and jitter.
+        """Retries on this upstream before the first byte (tenacity), with backoff and jitter.
 
-        Retried: refused or reset connections, and upstream 500/502/503/504 answers (Ollama's
-        "server busy" 503, reference section 8); `_attempts` says when the loop starts. Never a
-        timeout (the upstream may still be generating), never a 4xx, never a 500 that blames the
-        request (`gateway.errors.REQUEST_BLAMING_500`: the same request fails the same way),
-        never an answer with `Retry-After` (not sooner than asked: the caller moves on to another
-        upstream), and never once a chunk has been relayed: `open()` is the only caller, and the
-        client has received nothing while it runs (field failure F-06).
+        Retried up to `GATEWAY_RETRY_ATTEMPTS` tries: refused or reset connections, and upstream
+        502/503/504 answers (Ollama's "server busy" 503, reference section 8); `_attempts` says
+        when the loop starts. A 500 not blamed on the request at most once, and only when
+        `retry_server_error` (no other upstream is left): a model server's 500 is usually the
+        same for the same request, and each try costs a generation. Never a timeout (the
+        upstream may still be generating: the caller moves on), never a 4xx, never what the
+        request caused (`blame == "request"`, such as a 500 in
+        `gateway.errors.REQUEST_BLAMING_500`: it fails the same way anywhere), never an answer
+        with `Retry-After` (not sooner than asked: the caller moves on to another upstream), and
+        never once a chunk has been relayed: `open()` is the only caller, and the client has
+        received nothing while it runs (field failure F-06).
         """
         settings = self._settings
         return AsyncRetrying(
@@ -241,10 +254,25 @@ class Exchange:
             wait=wait_exponential_jitter(
                 multiplier=settings.retry_backoff, max=2.0, jitter=settings.retry_backoff
             ),
-            retry=retry_if_exception(_retryable),
+            retry=retry_if_exception(self._retryable),
             before_sleep=self._count_retry,
             reraise=True,
         )
+
+    def _retryable(self, exc: BaseException) -> bool:
+        """Whether a failed try may be repeated on the same upstream (see `_retrying`)."""
+        if isinstance(exc, UpstreamStatusError):
+            if exc.blame == "request" or exc.retry_after is not None:
+                return False
+            if exc.upstream_status == 500:
+                return self._retry_server_error and self.server_errors < 2
+            return exc.upstream_status in (502, 503, 504)
+        return isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError)
+
+    def _note_server_error(self, error: UpstreamStatusError) -> None:
+        """Count a 500 that is not the request's fault (`server_errors`)."""
+        if error.upstream_status == 500 and error.blame != "request":
+            self.server_errors += 1
 
     def _count_retry(self, state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
@@ -367,6 +395,7 @@ class Exchange:
         logger.warning("upstream answered %s: %s", response.status_code, message[:200])
         retry_after = parse_retry_after(response.headers.get("retry-after"))
         error = UpstreamStatusError(response.status_code, message, retry_after=retry_after)
+        self._note_server_error(error)
         return self._count(error, _status_kind(error))
 
     def _classify(
@@ -408,17 +437,6 @@ class Exchange:
     def _count(self, error: E, kind: str) -> E:
         self._metrics.upstream_errors.labels(kind).inc()
         return error
-
-
-def _retryable(exc: BaseException) -> bool:
-    """Whether a failed try may be repeated on the same upstream (see `Exchange._retrying`)."""
-    if isinstance(exc, UpstreamStatusError):
-        return (
-            exc.upstream_status in (500, 502, 503, 504)
-            and exc.blame != "request"
-            and exc.retry_after is None
-        )
-    return isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError)
 
 
 def _status_kind(error: UpstreamStatusError) -> str:

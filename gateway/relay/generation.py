@@ -20,6 +20,7 @@ from gateway.errors import (
     ServiceUnavailableError,
     UntranslatableRequestError,
     UpstreamError,
+    UpstreamStatusError,
 )
 from gateway.neutral import Chunk, GenerationRequest
 from gateway.ratelimit.limiter import Admission
@@ -91,24 +92,33 @@ class Generation:
 
         An upstream that fails before the first byte (after its own retries) is left for the
         next choice: unreachable, timed out, 5xx, its queue full, rate-limited (429), or unable
-        to take the request in its dialect. A 4xx other than 429 is the client's and is raised
-        at once. A `Retry-After` the upstream sent keeps it out of rotation that long. The
-        breaker hears only what the upstream is to blame for (`_verdict`). The caller watches
-        for the client leaving.
+        to take the request in its dialect. What the request caused (a 4xx other than 429, a
+        500 that blames it, its own deadline) is raised at once (`_fails_over`). A 500 gets
+        one more try, on another upstream when one is left (else on the same one, by the
+        exchange's retry); a second 500 is raised. Each upstream is tried at most once; when
+        no closed circuit is left, the pool's panic mode offers the open ones. A `Retry-After`
+        the upstream sent keeps it out of rotation that long. The breaker hears only what the
+        upstream is to blame for (`_verdict`). The meter keeps the upstreams tried, in order,
+        for the access log. The caller watches for the client leaving.
 
         Raises:
-            GatewayError: the last upstream's failure, or 503 when none is available.
+            GatewayError: the first "busy" answer (429, 503: it says when to come back) if an
+                upstream gave one, else the last upstream's failure; 503 when none is available.
         """
         relay = self.relay
         tried: set[str] = set()
         last: GatewayError | None = None
+        busy: GatewayError | None = None  # an upstream that turned it away for load
+        server_errors = 0  # upstream 500s this request got, on any upstream
         while (upstream := relay.pool.choose(self.request.model, tried)) is not None:
             if tried:
                 relay.metrics.upstream_failovers.inc()
             tried.add(upstream.name)
             self.meter.upstream_timings = upstream.dialect.reports_timings
             self.meter.upstream = upstream.name
+            self.meter.tried.append(upstream.name)
             self.upstream = upstream
+            exchange = None
             try:
                 if self.background is None:
                     self.holds_slot = await upstream.slots.acquire()
@@ -132,6 +142,9 @@ class Generation:
                     headers=headers,
                     settings=relay.settings,
                     meter=self.meter,
+                    # A 500's one more try goes to another upstream while one is left.
+                    retry_server_error=not server_errors
+                    and len(tried) == len(relay.pool.upstreams),
                 )
                 await exchange.open()
                 relay.pool.answering(upstream)
@@ -142,16 +155,25 @@ class Generation:
                 continue
             except (UpstreamError, ServiceUnavailableError) as exc:
                 self._end_span(exc)
-                status = getattr(exc, "upstream_status", None)
                 retry_after = getattr(exc, "retry_after", None)
                 if retry_after:
                     relay.pool.defer(upstream, retry_after)
-                if exc.status_code < 500 and status != 429:
-                    raise
+                if exc.status_code < 500 and getattr(exc, "upstream_status", None) != 429:
+                    raise  # the upstream answered (a 4xx): `finish` records it as an answer
                 await self._release(*self._verdict(exc))
+                if exchange is not None:
+                    server_errors += exchange.server_errors
+                if not _fails_over(exc) or server_errors > 1:
+                    raise
                 last = exc
+                if busy is None and exc.status_code in (429, 503):
+                    busy = exc
                 continue
             return exchange
+        # A busy upstream's 503 or 429 says when to come back; an open circuit tried after it
+        # (panic mode) failing too says less.
+        if busy is not None:
+            raise busy
         if last is not None:
             raise last
         wait = relay.pool.retry_after(relay.settings.circuit_cooldown)
@@ -274,3 +296,15 @@ class Generation:
             finally:  # whatever failed above, the key's in-flight count and TPM are settled
                 tokens = self.meter.input_tokens + self.meter.output_tokens
                 await self.relay.limiter.release(self.admission, tokens)
+
+
+def _fails_over(error: GatewayError) -> bool:
+    """Whether another upstream may be tried after `error`, a 5xx or 429, before the first byte.
+
+    Not after what the request caused (`blame == "request"`, such as its own deadline running
+    out): it fails the same way anywhere, or has no time left. An upstream 429 is load, not
+    the request's fault, although it is passed on as a 4xx.
+    """
+    if isinstance(error, UpstreamStatusError) and error.upstream_status == 429:
+        return True
+    return getattr(error, "blame", "upstream") != "request"

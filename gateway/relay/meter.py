@@ -42,6 +42,7 @@ class RequestMeter:
         response_model: The model the upstream says answered (final chunk), when it said.
         outcome: `completed`, `client_disconnect`, `upstream_error`, `timeout`, ...
         upstream: The upstream tried last (`host:port`), or None.
+        tried: Every upstream tried before the first byte, in order (`Generation.connect`).
         key_id: The API key's id, carried into the summary (usage accounting).
         requested_model: The model the client named, carried into the summary.
         summary: The request's summary once `finish` ran.
@@ -61,6 +62,7 @@ class RequestMeter:
     outcome: str | None = None
     status: int = 200
     upstream: str | None = None
+    tried: list[str] = field(default_factory=list)
     key_id: str | None = None
     requested_model: str | None = None
     summary: RequestSummary | None = field(default=None, repr=False)
@@ -134,6 +136,7 @@ class RequestMeter:
             model=self.model,
             key=self.key,
             upstream=self.upstream,
+            tried=tuple(self.tried),
             outcome=outcome,
             status=self.status,
             duration_s=time.perf_counter() - self.arrival,

@@ -58,6 +58,14 @@ class CircuitBreaker:
             return time.monotonic() - self._opened_at >= self._cooldown
         return not self._trial_running
 
+    def recovery_rank(self) -> tuple[CircuitState, float]:
+        """Sort key for panic mode: the circuit nearest to closing first.
+
+        Closed before half-open (its trial got past the cooldown) before open; among open
+        ones, the one opened longest ago (`time.monotonic()` of its opening).
+        """
+        return self.state, self._opened_at
+
     def acquire(self) -> bool:
         """Take permission to send one request; False when it must go elsewhere.
 

@@ -9,11 +9,12 @@ the next one tried (`gateway.relay.pipeline`).
 
 An upstream that asked to be left alone (a 429 or 503 with `Retry-After`) is skipped until that
 time while another upstream is left to try. Panic mode (Envoy's panic threshold, at zero): when
-a pool of several upstreams has no circuit that lets a request through, the open ones are tried
-anyway rather than none, so an upstream that serves again is used at once instead of after the
-whole cooldown, and its success closes its circuit. A single upstream keeps its breaker (fast
-503s while it is down, one trial after the cooldown): there is no other upstream whose recovery
-panic mode could find.
+a request's failover has no upstream left whose circuit lets a request through (at its start,
+or after the closed ones failed it), it goes on with the half-open and open ones, nearest to
+closing first, rather than giving up, so an upstream that serves again is used at once instead
+of after the whole cooldown, and its success closes its circuit. A single upstream keeps its
+breaker (fast 503s while it is down, one trial after the cooldown): there is no other upstream
+whose recovery panic mode could find.
 """
 
 from __future__ import annotations
@@ -100,8 +101,10 @@ class UpstreamPool:
 
         Takes the circuit's permission (a half-open circuit admits one trial at a time) and
         counts the request in flight to the chosen upstream at once, so that requests choosing
-        at the same moment see each other; `finished` must follow. In panic mode (no circuit
-        in the pool lets a request through) the open circuits are passed by (module docstring).
+        at the same moment see each other; `finished` must follow. When no upstream left to
+        this request has a circuit that lets it through, and the pool has several, the others
+        are tried anyway (panic mode, module docstring): half-open before open, the one opened
+        longest ago first. So with several upstreams each one is tried once before None.
         """
         now = time.monotonic()
         untried = [u for u in self.upstreams if u.name not in tried]
@@ -109,6 +112,34 @@ class UpstreamPool:
         # nothing else is left: the 429 may have been about one request (too large for its
         # limit), and one key must not take the upstream away from every other key.
         left = [u for u in untried if u.not_before <= now] or untried
+        self._note_panic()
+        usable = [u for u in left if u.breaker.available()]
+        # Panic within this request: its failover ran out of closed circuits (or never had
+        # one), yet a server it has not tried may answer.
+        panic = not usable and len(self.upstreams) > 1
+        if panic:
+            usable = left
+        # Prefer upstreams whose last probe answered; when none did, still try the others: the
+        # client then gets the upstream's real error rather than a guess.
+        usable = [u for u in usable if u.monitor.up is not False] or usable
+        knowing = [u for u in usable if u.catalog.label(model) != OTHER_MODEL]
+        candidates = knowing or usable
+        random.shuffle(candidates)  # ties go to a random upstream, not always the first
+        if panic:
+            order = sorted(
+                candidates, key=lambda u: (u.breaker.recovery_rank(), u.in_flight / u.spec.weight)
+            )
+        else:
+            order = sorted(candidates, key=lambda u: u.in_flight / u.spec.weight)
+        for upstream in order:
+            if panic or upstream.breaker.acquire():
+                self._set_state(upstream)
+                self._started(upstream)
+                return upstream
+        return None
+
+    def _note_panic(self) -> None:
+        """Log when the whole pool enters or leaves panic mode (every circuit open)."""
         panic = len(self.upstreams) > 1 and not any(u.breaker.available() for u in self.upstreams)
         if panic != self._panicking:
             self._panicking = panic
@@ -116,19 +147,6 @@ class UpstreamPool:
                 logger.warning("panic mode: every circuit is open; trying the upstreams anyway")
             else:
                 logger.info("panic mode over: a circuit lets requests through")
-        usable = left if panic else [u for u in left if u.breaker.available()]
-        # Prefer upstreams whose last probe answered; when none did, still try the others: the
-        # client then gets the upstream's real error rather than a guess.
-        usable = [u for u in usable if u.monitor.up is not False] or usable
-        knowing = [u for u in usable if u.catalog.label(model) != OTHER_MODEL]
-        candidates = knowing or usable
-        random.shuffle(candidates)  # ties go to a random upstream, not always the first
-        for upstream in sorted(candidates, key=lambda u: u.in_flight / u.spec.weight):
-            if panic or upstream.breaker.acquire():
-                self._set_state(upstream)
-                self._started(upstream)
-                return upstream
-        return None
 
     def _started(self, upstream: Upstream) -> None:
         """A request was assigned to `upstream`."""
