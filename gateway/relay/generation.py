@@ -110,7 +110,11 @@ class Generation:
         last: GatewayError | None = None
         busy: GatewayError | None = None  # an upstream that turned it away for load
         server_errors = 0  # upstream 500s this request got, on any upstream
-        while (upstream := relay.pool.choose(self.request.model, tried)) is not None:
+        # After a busy answer no open circuit is tried (panic=False): the client gets that
+        # answer's Retry-After at once rather than after a dead upstream's first-byte timeout.
+        while (
+            upstream := relay.pool.choose(self.request.model, tried, panic=busy is None)
+        ) is not None:
             if tried:
                 relay.metrics.upstream_failovers.inc()
             tried.add(upstream.name)

@@ -96,7 +96,7 @@ class UpstreamPool:
                 return label
         return OTHER_MODEL
 
-    def choose(self, model: str, tried: set[str]) -> Upstream | None:
+    def choose(self, model: str, tried: set[str], *, panic: bool = True) -> Upstream | None:
         """Pick the upstream for the next try, or None when none is left.
 
         Takes the circuit's permission (a half-open circuit admits one trial at a time) and
@@ -105,6 +105,8 @@ class UpstreamPool:
         this request has a circuit that lets it through, and the pool has several, the others
         are tried anyway (panic mode, module docstring): half-open before open, the one opened
         longest ago first. So with several upstreams each one is tried once before None.
+        `panic=False` keeps to closed circuits: the caller already holds a busy answer (503 or
+        429 with when to come back), which beats waiting on an upstream whose circuit is open.
         """
         now = time.monotonic()
         untried = [u for u in self.upstreams if u.name not in tried]
@@ -116,7 +118,7 @@ class UpstreamPool:
         usable = [u for u in left if u.breaker.available()]
         # Panic within this request: its failover ran out of closed circuits (or never had
         # one), yet a server it has not tried may answer.
-        panic = not usable and len(self.upstreams) > 1
+        panic = panic and not usable and len(self.upstreams) > 1
         if panic:
             usable = left
         # Prefer upstreams whose last probe answered; when none did, still try the others: the
