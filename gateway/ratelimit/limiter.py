@@ -13,14 +13,16 @@ Redis (`GATEWAY_RATE_LIMIT_STORAGE=redis://...`, shared by every replica).
 * TPM: fixed one-minute windows. Once the body is parsed, the request reserves what it may use
   (`reserve`; `gateway.ratelimit.estimate`: its `num_predict`, else
   `GATEWAY_TPM_RESERVE_TOKENS`, plus its prompt's bytes / 4) and is refused when the window
-  has not that much left. When it ends, `release` settles the reservation with what it really
-  used (prompt + output tokens; a stream cut short: what was relayed): the difference is
-  refunded, or the excess charged. Parallel requests therefore share the window instead of
-  all passing the same "tokens left" check (issue 11, class 5); only a request that uses more
-  than it reserved (no `num_predict`, an answer longer than the default) can overshoot, by
-  its own excess. The reservation and the refund are `limits`' own counter operations
-  (`FixedWindowRateLimiter.hit(cost=n)`, `Storage.incr` with a negative amount on the same
-  key), atomic in Redis, so every replica sees them at once.
+  has not that much left (429), or for good when its prompt alone, or its own `num_predict`,
+  exceeds the key's whole TPM (413: no window could ever hold it). When it ends, `release`
+  settles the reservation with what it really used (`RequestMeter.charged_tokens`: output
+  tokens, plus the prompt at least at its estimate once the upstream took it, a client that
+  hung up included): the difference is refunded, or the excess charged. Parallel requests
+  therefore share the window instead of all passing the same "tokens left" check (issue 11,
+  class 5); only a request that uses more than it reserved (no `num_predict`, an answer longer
+  than the default) can overshoot, by its own excess. The reservation and the refund are
+  `limits`' own counter operations (`FixedWindowRateLimiter.hit(cost=n)`, `Storage.incr` with
+  a negative amount on the same key), atomic in Redis, so every replica sees them at once.
 
 When the storage fails or is slower than `GATEWAY_RATE_LIMIT_TIMEOUT`, the configured policy
 applies (`GATEWAY_RATE_LIMIT_FAIL_OPEN`): admit (open) or answer 503 (closed); each such event
@@ -42,7 +44,12 @@ from limits.aio.storage import MemoryStorage, RedisStorage, Storage
 from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
 
 from gateway.auth.principal import Principal
-from gateway.errors import GatewayError, RateLimitedError, ServiceUnavailableError
+from gateway.errors import (
+    GatewayError,
+    OverTokenLimitError,
+    RateLimitedError,
+    ServiceUnavailableError,
+)
 from gateway.metrics import Metrics
 from gateway.ratelimit.estimate import TokenEstimate
 from gateway.ratelimit.inflight import InFlight, LeasedInFlight, LocalInFlight
@@ -245,20 +252,25 @@ class KeyLimiter:
     async def reserve(self, admission: Admission, estimate: TokenEstimate) -> None:
         """Reserve the request's expected tokens in its key's TPM window.
 
-        The reservation is `estimate.total`, capped at the key's TPM: a guess (no `num_predict`)
-        or a prompt estimate larger than the whole limit must not make a request unservable.
-        A `num_predict` above the whole limit is refused instead: the answer it allows could
-        never fit in a window, and admitting it would let one request overshoot by any amount.
-        `X-RateLimit-Tokens-Remaining` is what the window had left before this reservation.
+        A request that can never fit a window is refused before anything is counted: its
+        estimated prompt alone exceeds the key's TPM, or its own output bound (`num_predict`,
+        `max_tokens`) does. Admitting it would let one request overshoot by any amount, once
+        per window (a 2,000,000-token prompt a minute on a 1,000-token key). Otherwise the
+        reservation is `estimate.total` capped at the key's TPM: a guessed output (no bound)
+        must not make a servable request unservable. `X-RateLimit-Tokens-Remaining` is what the
+        window had left before this reservation.
 
         Raises:
-            RateLimitedError: the window has less left than the reservation, or `num_predict`
-                exceeds the key's TPM (429; the message says which).
+            OverTokenLimitError: the prompt or the output bound exceeds the key's TPM (413; the
+                message says which and what to change).
+            RateLimitedError: the window has less left than the reservation (429).
             ServiceUnavailableError: the storage failed and the policy is fail-closed (503).
         """
         tpm = admission.limits.tpm
         if not tpm:
             return
+        if estimate.prompt > tpm or (estimate.asked and estimate.output > tpm):
+            raise self._never(tpm, estimate)
         try:
             with self._deadline():
                 await self._reserve(admission, estimate)
@@ -267,18 +279,27 @@ class KeyLimiter:
         except Exception as exc:  # fail open: no reservation, the whole use is charged later
             self._storage_failed(exc)
 
+    def _never(self, tpm: int, estimate: TokenEstimate) -> OverTokenLimitError:
+        """Count and build the refusal of a request no TPM window of its key can hold."""
+        self._metrics.rate_limited.labels("tpm").inc()
+        if estimate.prompt > tpm:
+            needs = f"its prompt is about {estimate.prompt} tokens: shorten the prompt"
+        else:
+            needs = (
+                f"it asks for up to {estimate.output} output tokens "
+                "(options.num_predict or max_tokens): lower it"
+            )
+        return OverTokenLimitError(
+            f"request exceeds this key's limit of {tpm} tokens per minute and can never be "
+            f"admitted; {needs}"
+        )
+
     async def _reserve(self, admission: Admission, estimate: TokenEstimate) -> None:
         tpm = admission.limits.tpm
         item = RateLimitItemPerMinute(tpm)
         cost = max(min(estimate.total, tpm), 1)  # at least one token must be left, as before
         refusal = ""
-        never = estimate.asked and estimate.output > tpm
-        if never:
-            refusal = (
-                f"; this request asks for up to {estimate.output} output tokens "
-                "(options.num_predict) and can never be admitted: lower num_predict"
-            )
-        elif not await self._fixed.hit(item, "tpm", admission.key_id, cost=cost):
+        if not await self._fixed.hit(item, "tpm", admission.key_id, cost=cost):
             # `hit` counted the cost even though it failed: take it back at once, or this
             # refusal would crowd out requests that fit.
             with anyio.CancelScope(shield=True):
@@ -294,9 +315,7 @@ class KeyLimiter:
         admission.headers.update(_headers(tpm, left, stats.reset_time, prefix="Tokens-"))
         if refusal:
             what = f"{tpm} tokens per minute"
-            raise self._refuse(
-                "tpm", what, admission.headers, stats.reset_time, refusal, permanent=never
-            )
+            raise self._refuse("tpm", what, admission.headers, stats.reset_time, refusal)
 
     async def release(self, admission: Admission, tokens: int) -> None:
         """Settle the TPM reservation with `tokens` (prompt + output) and give back the slot.
@@ -353,8 +372,6 @@ class KeyLimiter:
         headers: dict[str, str],
         reset_time: float,
         detail: str = "",
-        *,
-        permanent: bool = False,
     ) -> RateLimitedError:
         """Count the refusal and build the 429 with `Retry-After` (RFC 9110 section 10.2.3).
 
@@ -364,14 +381,12 @@ class KeyLimiter:
             headers: The `X-RateLimit-*` headers so far; `Retry-After` is added.
             reset_time: When retrying can succeed (epoch seconds).
             detail: Appended to the message, e.g. how much this request needed.
-            permanent: The request can never be admitted (`RateLimitedError.permanent`).
         """
         self._metrics.rate_limited.labels(kind).inc()
         retry_after = str(max(math.ceil(reset_time - time.time()), 1))
         return RateLimitedError(
             f"rate limit exceeded: {what} for this key{detail}",
             headers={**headers, "Retry-After": retry_after},
-            permanent=permanent,
         )
 
     def _storage_failed(self, exc: Exception) -> None:
