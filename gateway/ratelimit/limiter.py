@@ -6,7 +6,9 @@ request, so the gateway calls `limits.aio` directly; the storage is in memory (o
 Redis (`GATEWAY_RATE_LIMIT_STORAGE=redis://...`, shared by every replica).
 
 * RPM: a moving window over the last 60 s (exact), one hit per request, counted at admission
-  (`admit`), before the body is read: a flood of junk bodies spends the key's own RPM.
+  (`admit`), before the body is read: a flood of junk bodies spends the key's own RPM. Routes
+  that spend no tokens but make an upstream work (model lists, `/api/show`, management) count
+  too (`admitted`).
 * Concurrency: a count per key, taken at admission and given back when the response ends;
   in Redis one lease per request that its process renews, so the requests of a process that
   died stop counting one lease later (`gateway.ratelimit.inflight`).
@@ -35,6 +37,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import AsyncIterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
@@ -233,6 +236,25 @@ class KeyLimiter:
         except Exception as exc:  # storage down or slow: apply the policy
             self._storage_failed(exc)
         return admission
+
+    @contextlib.asynccontextmanager
+    async def admitted(self, principal: Principal) -> AsyncIterator[Admission]:
+        """`admit` around a request that spends no tokens (model lists, management), then release.
+
+        Every route that can make an upstream work counts against its key's RPM and holds an
+        in-flight slot while it runs, so a key cannot call its upstreams faster than its limit
+        through a route that carries no generation (`/api/tags`: 300 upstream calls in 0.8 s
+        from a 5-per-minute key).
+
+        Raises:
+            RateLimitedError, ServiceUnavailableError: as `admit`.
+        """
+        admission = await self.admit(principal)
+        try:
+            yield admission
+        finally:
+            with anyio.CancelScope(shield=True):  # a cancelled request still gives its slot back
+                await self.release(admission, 0)
 
     async def _check(self, key_id: str, limits: Limits, admission: Admission) -> None:
         if limits.rpm:
