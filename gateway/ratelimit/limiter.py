@@ -11,7 +11,8 @@ Redis (`GATEWAY_RATE_LIMIT_STORAGE=redis://...`, shared by every replica).
   too (`admitted`).
 * Concurrency: a count per key, taken at admission and given back when the response ends;
   in Redis one lease per request that its process renews, so the requests of a process that
-  died stop counting one lease later (`gateway.ratelimit.inflight`).
+  died stop counting one lease later, and what a storage stall left counted is voided as soon
+  as the storage answers again (`gateway.ratelimit.inflight`).
 * TPM: fixed one-minute windows. Once the body is parsed, the request reserves what it may use
   (`reserve`; `gateway.ratelimit.estimate`: its `num_predict`, else
   `GATEWAY_TPM_RESERVE_TOKENS`, plus its prompt's bytes / 4) and is refused when the window
@@ -37,7 +38,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
@@ -55,7 +56,7 @@ from gateway.errors import (
 )
 from gateway.metrics import Metrics
 from gateway.ratelimit.estimate import TokenEstimate
-from gateway.ratelimit.inflight import InFlight, LeasedInFlight, LocalInFlight
+from gateway.ratelimit.inflight import SWEEP_INTERVAL, InFlight, LeasedInFlight, LocalInFlight
 from gateway.settings import Settings
 
 logger = logging.getLogger("gateway.ratelimit")
@@ -190,22 +191,33 @@ class KeyLimiter:
 
         A renewal that fails is logged and counted (`gateway_rate_limit_storage_errors_total`)
         and tried again at the next interval: with a third of the lease between renewals, two
-        may fail before a request stops counting.
+        may fail before a request stops counting. Between renewals, every `SWEEP_INTERVAL`
+        seconds, what failed acquires and releases may have left counted is voided
+        (`InFlight.sweep`), so a storage stall does not hold a key's slots for a lease after.
         """
         interval = self._in_flight.renew_interval
         if interval is None:
             return
+        renew_at = time.monotonic() + interval
         while True:
-            await anyio.sleep(interval)
-            try:
-                with anyio.fail_after(interval):
-                    await self._in_flight.renew()
-            except Exception as exc:
-                self._metrics.rate_limit_storage_errors.inc()
-                logger.warning(
-                    "rate-limit storage failed while renewing leases: %s",
-                    type(exc).__name__ or "timeout",
-                )
+            await anyio.sleep(max(min(SWEEP_INTERVAL, renew_at - time.monotonic()), 0))
+            await self._upkeep("voiding failed calls", self._in_flight.sweep, interval)
+            if time.monotonic() >= renew_at:
+                renew_at = time.monotonic() + interval
+                await self._upkeep("renewing leases", self._in_flight.renew, interval)
+
+    async def _upkeep(
+        self, what: str, call: Callable[[], Awaitable[None]], deadline: float
+    ) -> None:
+        """Run one in-flight upkeep call within `deadline` s; a failure is logged and counted."""
+        try:
+            with anyio.fail_after(deadline):
+                await call()
+        except Exception as exc:
+            self._metrics.rate_limit_storage_errors.inc()
+            logger.warning(
+                "rate-limit storage failed while %s: %s", what, type(exc).__name__ or "timeout"
+            )
 
     async def aclose(self) -> None:
         """Close the in-flight counts' own connections (the storage is closed apart)."""
