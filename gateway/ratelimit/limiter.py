@@ -193,31 +193,45 @@ class KeyLimiter:
         and tried again at the next interval: with a third of the lease between renewals, two
         may fail before a request stops counting. Between renewals, every `SWEEP_INTERVAL`
         seconds, what failed acquires and releases may have left counted is voided
-        (`InFlight.sweep`), so a storage stall does not hold a key's slots for a lease after.
+        (`InFlight.sweep`), so a storage stall does not hold a key's slots for a lease after;
+        a sweep that keeps failing is counted each time and logged once per renewal interval.
         """
         interval = self._in_flight.renew_interval
         if interval is None:
             return
         renew_at = time.monotonic() + interval
+        quiet_until = 0.0  # a failing sweep is retried twice a second: log it once an interval
         while True:
             await anyio.sleep(max(min(SWEEP_INTERVAL, renew_at - time.monotonic()), 0))
-            await self._upkeep("voiding failed calls", self._in_flight.sweep, interval)
+            now = time.monotonic()
+            if not await self._upkeep(
+                "voiding failed calls", self._in_flight.sweep, interval, log=now >= quiet_until
+            ):
+                quiet_until = max(quiet_until, now + interval)
             if time.monotonic() >= renew_at:
                 renew_at = time.monotonic() + interval
                 await self._upkeep("renewing leases", self._in_flight.renew, interval)
 
     async def _upkeep(
-        self, what: str, call: Callable[[], Awaitable[None]], deadline: float
-    ) -> None:
-        """Run one in-flight upkeep call within `deadline` s; a failure is logged and counted."""
+        self, what: str, call: Callable[[], Awaitable[None]], deadline: float, *, log: bool = True
+    ) -> bool:
+        """Run one in-flight upkeep call within `deadline` s; False if it failed.
+
+        A failure is counted (`gateway_rate_limit_storage_errors_total`), and logged if `log`.
+        """
         try:
             with anyio.fail_after(deadline):
                 await call()
         except Exception as exc:
             self._metrics.rate_limit_storage_errors.inc()
-            logger.warning(
-                "rate-limit storage failed while %s: %s", what, type(exc).__name__ or "timeout"
-            )
+            if log:
+                logger.warning(
+                    "rate-limit storage failed while %s: %s",
+                    what,
+                    type(exc).__name__ or "timeout",
+                )
+            return False
+        return True
 
     async def aclose(self) -> None:
         """Close the in-flight counts' own connections (the storage is closed apart)."""
