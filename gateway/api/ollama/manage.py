@@ -133,11 +133,9 @@ def _check_fields(principal: Principal, path: str, body: dict[str, Any]) -> None
     allowed = _FIELDS[path]
     for field in body:
         value = body[field]
-        if field == "insecure" and value is False:
-            continue
         if field in allowed and field not in _BEYOND:
             continue
-        if value is None or value is False or value in ("", {}, []):
+        if value is None or value is False or value in ("", {}, []):  # `insecure: false`
             continue
         why = _BEYOND.get(field, "the gateway does not know what it may name")
         raise ForbiddenError(
