@@ -112,8 +112,8 @@ class RequestMeter:
 
         Once the upstream processed the prompt, the prompt counts at least at its estimate:
         an upstream's count can be far below what it was sent (a prompt truncated to the
-        context, a cached prefix, an emulator's constant), and the window must bound what the
-        key sends, so repeated large prompts are limited.
+        context, a server that reports no usage, an emulator's constant), and the window must
+        bound what the key sends, so repeated large prompts are limited.
         """
         prompt = self.input_tokens
         if self._prompt_processed():
