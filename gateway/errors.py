@@ -8,6 +8,7 @@ Hierarchy (each carries an HTTP status and a message that is safe to show a clie
     ├── ForbiddenError             403  the key may not use this model (or this endpoint)
     ├── NotFoundError              404  no such model (`/v1/models/{model}`, `/api/show`)
     ├── PayloadTooLargeError       413  body over GATEWAY_MAX_BODY_BYTES
+    │   └── OverTokenLimitError    413  the request needs more tokens than its key's whole TPM
     ├── UnprocessableError         422  not an object, or the wrong shape (model missing, ...)
     │   └── UntranslatableRequestError 422 the upstream's dialect cannot express the request
     ├── RateLimitedError           429  a per-key limit is reached (+ Retry-After, X-RateLimit-*)
@@ -119,6 +120,16 @@ class PayloadTooLargeError(GatewayError):
     """The request body is larger than `GATEWAY_MAX_BODY_BYTES` (413)."""
 
     status_code = 413
+    outcome = "bad_request"
+
+
+class OverTokenLimitError(PayloadTooLargeError):
+    """The request needs more tokens than its key's whole TPM allows (413): it can never pass.
+
+    Its prompt alone, or the output it asks for, exceeds what one minute's window holds, so
+    waiting cannot help; a 429 would make clients and SDKs retry it for ever.
+    """
+
     outcome = "bad_request"
 
 

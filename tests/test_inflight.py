@@ -103,10 +103,12 @@ async def test_a_renewal_never_brings_back_a_released_lease(redis_prefix: str) -
 
 
 async def test_an_acquire_whose_answer_was_lost_lapses(redis_prefix: str) -> None:
-    """The script ran in Redis but the caller timed out: nobody knows the ticket to renew."""
+    """The script ran in Redis but nobody knows the ticket to renew (nor to sweep: a process
+    that died): it lapses within a lease."""
     async with leased(redis_prefix, 2) as counts, leased(redis_prefix, 2) as other:
         key = f"{redis_prefix}:inflight/k"
-        await counts._acquire(keys=[key], args=["lost/0", 1, 2000])
+        void = f"{redis_prefix}:inflight-void/lost/0"
+        await counts._acquire(keys=[key, void], args=["lost/0", 1, 2000])
         await counts.renew()  # renews what this process knows of: not the lost one
         assert await other.acquire("k", 1) is None
         await _until(lambda: other.acquire("k", 1), "the lost lease to lapse")
@@ -155,3 +157,41 @@ async def test_the_limiter_renews_in_the_background_and_counts_renewal_failures(
         await limiter.run()
     assert metrics.rate_limit_storage_errors._value.get() >= 2
     await limiter.aclose()
+
+
+async def test_a_failed_release_is_retried_by_the_sweep(redis_prefix: str) -> None:
+    """The release never reached Redis (the connection was cut): its ticket waits for `sweep`."""
+    async with leased(redis_prefix, 60) as counts, leased(redis_prefix, 60) as other:
+        ticket = await counts.acquire("k", 1)
+        assert ticket is not None
+        real = counts._client
+        counts._client = aioredis.Redis.from_url("redis://127.0.0.1:1/0")  # Redis unreachable
+        with pytest.raises(redis.RedisError):
+            await counts.release("k", ticket)
+        await counts._client.aclose()
+        counts._client = real
+        assert await other.acquire("k", 1) is None  # still counted: the release was lost
+        await counts.sweep()
+        assert await other.acquire("k", 1) is not None  # at once, not a lease later
+
+
+async def test_an_acquire_redis_runs_after_the_sweep_adds_nothing(redis_prefix: str) -> None:
+    """A stall held the acquire in Redis past its caller's deadline; it may run before or after
+    the sweep: either way the slot is free once both ran."""
+    client = redis.Redis.from_url(REDIS_URL)
+    async with leased(redis_prefix, 60) as counts, leased(redis_prefix, 60) as other:
+        key = f"{redis_prefix}:inflight/k"
+        for sweep_first in (True, False):
+            counts._orphan("k", lost := f"lost/{sweep_first}")
+            late = counts._acquire(keys=[key, counts._void_mark(lost)], args=[lost, 1, 60_000])
+            if sweep_first:
+                await counts.sweep()
+                assert await late == 0
+            else:
+                assert await late == 1
+                await counts.sweep()
+            assert client.zcard(key) == 0
+            ticket = await other.acquire("k", 1)
+            assert ticket is not None
+            await other.release("k", ticket)
+    client.close()

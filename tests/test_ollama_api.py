@@ -318,6 +318,93 @@ def test_management_follows_the_allow_list(gateway: Gateway, emulator: Emulator)
     assert "/api/copy" not in _paths(emulator)
 
 
+DIGEST = f"sha256:{'1' * 64}"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "field"),
+    [
+        ("POST", "/api/create", {"model": "mine", "files": {"m.gguf": DIGEST}}, "files"),
+        (
+            "POST",
+            "/api/create",
+            {"model": "mine", "from": "llama3.2", "adapters": {"a.gguf": DIGEST}},
+            "adapters",
+        ),
+        (
+            "POST",
+            "/api/create",
+            {"model": "mine", "from": "llama3.2", "remote_host": "http://203.0.113.9:11434"},
+            "remote_host",
+        ),
+        ("POST", "/api/create", {"model": "mine", "modelfile": f"FROM {OTHER}"}, "modelfile"),
+        ("POST", "/api/create", {"model": "mine", "path": "/root/Modelfile"}, "path"),
+        ("POST", "/api/pull", {"model": "llama3.2", "insecure": True}, "insecure"),
+        ("POST", "/api/push", {"model": "mine", "insecure": True}, "insecure"),
+        # A field the gateway does not know may name anything in a later Ollama.
+        ("POST", "/api/create", {"model": "mine", "from": "llama3.2", "base": OTHER}, "base"),
+        ("POST", "/api/pull", {"model": "llama3.2", "username": "someone"}, "username"),
+        (
+            "POST",
+            "/api/copy",
+            {"source": "llama3.2", "destination": "mine", "overwrite": True},
+            "overwrite",
+        ),
+        ("DELETE", "/api/delete", {"model": "mine", "all": True}, "all"),
+    ],
+)
+def test_a_narrow_key_cannot_reach_past_its_allow_list_through_management_fields(
+    gateway: Gateway, emulator: Emulator, method: str, path: str, body: dict, field: str
+):
+    """Before: `files`, `remote_host` and the like were relayed for a key limited to one model."""
+    _, narrow = gateway.create_key("narrow", models=["llama3.2", "mine"], manage_models=True, rpm=0)
+    refused = _call(gateway, method, path, narrow, json=body)
+    assert refused.status_code == 403
+    message = refused.json()["error"]
+    assert message.startswith("this API key may only manage the models on its allow-list")
+    assert json.dumps(field) in message
+    assert not _sent(emulator, method, path)
+
+
+def test_a_narrow_key_cannot_use_blobs_and_may_send_empty_or_model_only_fields(
+    gateway: Gateway, emulator: Emulator
+):
+    _, narrow = gateway.create_key("narrow", models=["llama3.2", "mine"], manage_models=True)
+    for method in ("HEAD", "POST"):
+        blob = _call(gateway, method, f"/api/blobs/{DIGEST}", narrow, content=b"x")
+        assert blob.status_code == 403
+        assert not _sent(emulator, method, f"/api/blobs/{DIGEST}")
+    body = {
+        "model": "mine",
+        "from": "llama3.2",
+        "system": "be brief",
+        "parameters": {"temperature": 0.1},
+        "files": {},  # Go's zero value: the same as absent
+        "remote_host": "",
+        "insecure": False,
+        "stream": False,
+    }
+    created = _call(gateway, "POST", "/api/create", narrow, json=body)
+    assert created.status_code == 200, created.text
+    assert "mine:latest" in emulator.config.models
+    pulled = _call(
+        gateway,
+        "POST",
+        "/api/pull",
+        narrow,
+        json={"model": "llama3.2", "insecure": False, "stream": False},
+    )
+    assert pulled.status_code == 200
+
+
+def test_a_key_without_an_allow_list_may_create_from_files(gateway: Gateway, emulator, admin):
+    """Every model is its own: nothing it names is beyond it, so the body goes as it is."""
+    body = {"model": "mine", "files": {"m.gguf": DIGEST}, "stream": False}
+    _call(gateway, "POST", "/api/create", admin, json=body)
+    [record] = [r for r in emulator.state.records if r.path == "/api/create"]
+    assert record.body == body
+
+
 def test_copy_delete_and_create_are_relayed(gateway: Gateway, emulator: Emulator, admin):
     copy = {"source": "llama3.2", "destination": "mine:1"}
     assert _call(gateway, "POST", "/api/copy", admin, json=copy).status_code == 200
@@ -509,3 +596,43 @@ def test_show_counts_against_the_keys_rpm(make_gateway, emulator: Emulator):
     assert "requests per minute" in refused.json()["error"]
     shows = [r for r in emulator.state.records if r.path == "/api/show"]
     assert len(shows) == 1
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "upstream_path"),
+    [
+        ("GET", "/api/tags", None, "/api/tags"),
+        ("HEAD", "/api/tags", None, "/api/tags"),
+        ("GET", "/api/ps", None, "/api/ps"),
+        ("GET", "/v1/models", None, None),
+        ("GET", f"/v1/models/{MODEL}", None, None),
+        ("POST", "/api/copy", {"source": MODEL, "destination": "mine"}, "/api/copy"),
+        ("DELETE", "/api/delete", {"model": "nothing-here"}, "/api/delete"),
+        ("POST", "/api/pull", {"model": MODEL, "stream": False}, "/api/pull"),
+        ("HEAD", f"/api/blobs/sha256:{'0' * 64}", None, "/api/blobs/sha256:" + "0" * 64),
+    ],
+)
+def test_model_lists_and_management_count_against_the_keys_rpm(
+    make_gateway, emulator: Emulator, method: str, path: str, body, upstream_path
+):
+    """Before: /api/tags and /api/ps ignored the key's limits (300 upstream calls in 0.8 s from
+    a 5-per-minute key); so did /v1/models and the management routes."""
+    gw = make_gateway(upstream_poll_interval=60)
+    _, key = gw.create_key("slow", rpm=2, manage_models=True)
+
+    def calls() -> int:
+        return sum(r.path == upstream_path for r in emulator.state.records)
+
+    before = calls()
+    statuses = [_call(gw, method, path, key, json=body).status_code for _ in range(12)]
+    assert statuses[2:] == [429] * 10
+    assert all(status != 429 for status in statuses[:2])
+    if upstream_path:  # the two admitted, and the monitor's own polls (one a minute here)
+        assert calls() - before <= 2 + 2
+    text = gw.metrics_text()
+    assert metric_value(text, "gateway_rate_limited_total", kind="rpm") == 10
+    if method != "HEAD":
+        refused = _call(gw, method, path, key, json=body)
+        error = refused.json()["error"]
+        message = error["message"] if path.startswith("/v1/") else error
+        assert "requests per minute" in message

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -390,3 +391,168 @@ async def test_the_memory_storage_prunes_at_most_once_a_second_and_stays_exact(m
     assert len(calls) == 1
     with pytest.raises(RateLimitedError):
         await limiter.admit(principal)
+
+
+# --- a storage stall does not hold a one-at-a-time key's slot (issue 29) ------------------------
+
+#: Busies Redis for ARGV[1] ms: a real stall of its one thread, as `DEBUG SLEEP` would be (that
+#: command is off by default since Redis 7, `enable-debug-command no`).
+_STALL = """
+local t = redis.call('TIME')
+local stop = tonumber(t[1]) * 1000000 + tonumber(t[2]) + tonumber(ARGV[1]) * 1000
+while true do
+  t = redis.call('TIME')
+  if tonumber(t[1]) * 1000000 + tonumber(t[2]) >= stop then return 1 end
+end
+"""
+
+
+def _stall_redis(ms: int) -> threading.Thread:
+    """Stall Redis for `ms` from a thread of its own; return once the stall has begun."""
+    import redis
+
+    def stall() -> None:
+        with redis.Redis.from_url(REDIS_URL, socket_timeout=ms / 1000 + 30) as client:
+            client.eval(_STALL, 0, ms)
+
+    thread = threading.Thread(target=stall, daemon=True)
+    thread.start()
+    probe = redis.Redis.from_url(REDIS_URL, socket_timeout=0.05)
+    deadline = time.monotonic() + 10
+    try:
+        while time.monotonic() < deadline:
+            try:
+                probe.ping()
+            except redis.TimeoutError:
+                return thread
+            time.sleep(0.01)
+        raise AssertionError("Redis never stalled")
+    finally:
+        probe.close()
+
+
+class _RedisLink:
+    """A TCP relay to Redis that a test can cut (every connection dropped, new ones refused
+    until `heal`): a network partition between the gateway and Redis."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.cut_off = False
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            if self.cut_off:
+                client.close()
+                continue
+            server = socket.create_connection(("127.0.0.1", 6379))
+            self.conns += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            sink.close()
+
+    def cut(self) -> None:
+        self.cut_off = True
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+        self.conns.clear()
+
+    def heal(self) -> None:
+        self.cut_off = False
+
+    def close(self) -> None:
+        self.cut()
+        self.sock.close()
+
+
+def _stall_gateway(make_gateway, redis_prefix: str, url: str = REDIS_URL) -> Gateway:
+    """One at a time per key, leases of a minute, in Redis behind `url`."""
+    return make_gateway(
+        default_max_concurrent=1,
+        rate_limit_storage=url,
+        rate_limit_key_prefix=redis_prefix,
+        rate_limit_timeout=0.3,
+        rate_limit_lease_seconds=60,  # far longer than the test waits: a lapse cannot pass it
+    )
+
+
+def _served_again_soon(gw: Gateway) -> None:
+    """One request at a time gets its slot again well within the 60 s lease."""
+    deadline = time.monotonic() + 15
+    while (status := _post(gw).status_code) != 200:
+        assert status == 429
+        assert time.monotonic() < deadline, "the key's slot stayed taken after the stall"
+        time.sleep(0.2)
+
+
+def test_a_request_admitted_during_a_redis_stall_leaves_no_slot_behind(
+    make_gateway, emulator: Emulator, redis_prefix: str
+):
+    """Before: its acquire timed out, the request was served (fail open), and Redis ran the
+    acquire once it woke: a member nobody renewed or released held the key's one slot for a
+    whole lease (~30 s by default)."""
+    gw = _stall_gateway(make_gateway, redis_prefix)
+    emulator.config.ttft = emulator.config.inter_token = 0.001
+    assert _post(gw).status_code == 200
+    stall = _stall_redis(2000)
+    assert _post(gw).status_code == 200  # fail open while Redis is stalled
+    stall.join(30)
+    _served_again_soon(gw)
+    # ...and the limit still holds afterwards.
+    emulator.config.inter_token = 0.1
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(_post, gw)
+        deadline = time.monotonic() + 10
+        while len(_generations(emulator)) < 4:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert _post(gw).status_code == 429
+        assert slow.result().status_code == 200
+
+
+def test_a_release_lost_to_a_cut_connection_is_retried_once_redis_answers(
+    make_gateway, emulator: Emulator, redis_prefix: str
+):
+    """Before: the request ended while Redis could not be reached; its release was lost, and the
+    key's one slot stayed taken for a whole lease."""
+    link = _RedisLink()
+    try:
+        gw = _stall_gateway(make_gateway, redis_prefix, f"redis://127.0.0.1:{link.port}/0")
+        emulator.config.ttft = 0.001
+        emulator.config.inter_token = 0.001
+        assert _post(gw).status_code == 200
+        emulator.config.tokens, emulator.config.inter_token = 20, 0.05  # ~1 s in flight
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(_post, gw)
+            deadline = time.monotonic() + 10
+            while len(_generations(emulator)) < 2:  # admitted: its lease is in Redis
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            link.cut()
+            assert running.result().status_code == 200
+        deadline = time.monotonic() + 10
+        while not metric_value(gw.metrics_text(), "gateway_rate_limit_storage_errors_total"):
+            assert time.monotonic() < deadline, "the release never failed"
+            time.sleep(0.05)
+        link.heal()
+        emulator.config.inter_token = 0.001
+        _served_again_soon(gw)
+    finally:
+        link.close()

@@ -140,13 +140,13 @@ def test_a_reservation_holds_while_running_and_is_refunded_when_it_ends(
 def test_a_num_predict_above_the_whole_tpm_is_refused_with_a_clear_message(
     make_gateway, emulator: Emulator
 ):
-    """It could never fit a window, so it is refused rather than clamped (docs/keys.md)."""
+    """It could never fit a window, so it is refused (413, not a 429 to retry) (docs/keys.md)."""
     gw = make_gateway(default_tpm=50)
     refused = _generate(gw, num_predict=500)
-    assert refused.status_code == 429
+    assert refused.status_code == 413
     assert "can never be admitted" in refused.json()["error"]
     assert "num_predict" in refused.json()["error"]
-    assert refused.headers["retry-after"]
+    assert "retry-after" not in refused.headers
     assert _generations(emulator) == []
     # Without num_predict the default reserve (256) is capped at the key's TPM: it is served.
     emulator.config.ttft = emulator.config.inter_token = 0.001
@@ -175,7 +175,7 @@ def test_rpm_is_spent_before_the_body_and_refusals_after_it_leak_no_slot(
     _, fenced = gw.create_key("fenced", models=["qwen2.5:7b"], rpm=5, max_concurrent=1)
     junk = httpx.post(f"{gw.url}/v1/generate", content=b"{nope", headers=gw.headers())
     assert junk.status_code == 400
-    assert _generate(gw, num_predict=5000).status_code == 429  # TPM, after the RPM hit
+    assert _generate(gw, num_predict=5000).status_code == 413  # TPM, after the RPM hit
     _abandon_body(gw)
     deadline = time.monotonic() + 10
     while not metric_value(
@@ -245,3 +245,209 @@ async def test_a_refund_never_credits_a_window_that_did_not_hold_the_reservation
     await limiter.release(second, 70)
     await limiter.release(second, 70)  # a second release settles nothing
     await limiter.reserve(third, estimate_tokens({"options": {"num_predict": 30}}, 0))
+
+
+# --- the prompt counts: bounded by the key's TPM, charged when the client hangs up (issue 29) --
+
+#: A prompt of 4,000 bytes: estimated at 1,000 tokens.
+BIG = "word " * 800
+
+
+def _tokens_left(gw: Gateway, key: str | None = None) -> int:
+    """What the key's TPM window has left, as a 1-token request is told before it reserves."""
+    probe = _generate(gw, num_predict=1, key=key)
+    assert probe.status_code == 200, probe.text
+    return int(probe.headers["x-ratelimit-tokens-remaining"])
+
+
+def _until_disconnects(gw: Gateway, count: int) -> None:
+    """Wait until the gateway has finished `count` requests whose client left."""
+    deadline = time.monotonic() + 30  # generous: a loaded machine is slow, never wrong
+    while (
+        metric_value(gw.metrics_text(), "gateway_requests_total", outcome="client_disconnect")
+        < count
+    ):
+        assert time.monotonic() < deadline, "the gateway never saw the client leave"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "openai_shaped"),
+    [
+        ("/api/generate", {"prompt": "x" * 8000}, False),
+        ("/api/chat", {"messages": [{"role": "user", "content": "x" * 8000}]}, False),
+        ("/api/generate", {"prompt": "hi", "context": list(range(2001))}, False),
+        ("/api/embed", {"input": ["x" * 4000] * 2}, False),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 8000}]}, True),
+        ("/v1/completions", {"prompt": "x" * 8000}, True),
+        ("/v1/embeddings", {"input": "x" * 8000}, True),
+    ],
+)
+def test_a_prompt_larger_than_the_whole_tpm_is_refused_for_good(
+    make_gateway, emulator: Emulator, path: str, body: dict[str, Any], openai_shaped: bool
+):
+    """Before: the reservation was capped at the TPM, so one 2,000,000-token prompt passed
+    each minute on a 1,000-token key. Now it is a 413 in the client's format, not a 429 that
+    clients retry: no window can ever hold it."""
+    gw = make_gateway(default_tpm=1000)
+    refused = httpx.post(
+        f"{gw.url}{path}", json={"model": MODEL, **body}, headers=gw.headers(), timeout=60
+    )
+    assert refused.status_code == 413
+    error = refused.json()["error"]
+    if openai_shaped:
+        assert error["type"] == "invalid_request_error"
+        message = error["message"]
+    else:
+        message = error
+    assert "1000 tokens per minute" in message
+    assert "prompt" in message
+    assert "can never be admitted" in message
+    assert "retry-after" not in refused.headers
+    assert [r for r in emulator.state.records if r.method == "POST"] == []
+    assert metric_value(gw.metrics_text(), "gateway_rate_limited_total", kind="tpm") == 1
+    # The refusal charged nothing: the whole window is left.
+    emulator.config.ttft = emulator.config.inter_token = 0.001
+    assert _tokens_left(gw) == 1000
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/generate", {"prompt": BIG, "options": {"num_predict": 10}}),
+        ("/api/embed", {"input": [BIG]}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": BIG}]}),
+    ],
+)
+def test_large_prompts_count_in_the_window_whatever_the_upstream_reports(
+    make_gateway, emulator: Emulator, path: str, body: dict[str, Any]
+):
+    """TPM 1,500; a 1,000-token prompt the upstream reports as 12 tokens. Before: the
+    reservation was refunded down to the upstream's count, so the same prompt passed again at
+    once, without end. Now the prompt counts at least at its estimate: the second is a 429."""
+    gw = make_gateway(default_tpm=1500)
+    emulator.config.ttft = emulator.config.inter_token = 0.001
+    emulator.config.tokens = 10
+    emulator.config.prompt_eval_count = 12
+
+    def send() -> httpx.Response:
+        return httpx.post(
+            f"{gw.url}{path}",
+            json={"model": MODEL, "stream": False, **body},
+            headers=gw.headers(),
+            timeout=60,
+        )
+
+    assert send().status_code == 200
+    again = send()
+    assert again.status_code == 429, again.text
+    left = int(again.headers["x-ratelimit-tokens-remaining"])
+    assert left <= 1500 - 1000
+
+
+def _hang_up_streaming(gw: Gateway, path: str, body: dict[str, Any], lines: int) -> None:
+    """Stream `body`, read `lines` non-empty lines, then close the connection."""
+    with (
+        httpx.Client(timeout=60) as client,
+        client.stream("POST", f"{gw.url}{path}", json=body, headers=gw.headers()) as answer,
+    ):
+        assert answer.status_code == 200
+        seen = 0
+        for line in answer.iter_lines():
+            seen += bool(line.strip())
+            if seen >= lines:
+                return
+
+
+def _hang_up_waiting(gw: Gateway, path: str, body: dict[str, Any]) -> None:
+    """Send `body` and give up after 1 s, before any byte of the answer came."""
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{gw.url}{path}",
+            json=body,
+            headers=gw.headers(),
+            timeout=httpx.Timeout(10, read=1.0),
+        )
+
+
+def _usage_input_tokens(gw: Gateway) -> int:
+    """The key's input tokens in `gateway_usage`, once a flush wrote the disconnected one."""
+    import asyncio
+
+    from gateway.keys.store import KeyStore
+    from gateway.metering.report import read_usage
+
+    async def read() -> int:
+        store = KeyStore.from_url(gw.database_url)
+        try:
+            return (await read_usage(store.engine, key_id=gw.key_id)).totals.input_tokens
+        finally:
+            await store.close()
+
+    deadline = time.monotonic() + 30
+    while not (tokens := asyncio.run(read())):
+        assert time.monotonic() < deadline, "usage never recorded the request's prompt"
+        time.sleep(0.1)
+    return tokens
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["stream-ollama", "stream-openai", "before-first-byte", "non-streamed-mid-answer"],
+)
+def test_a_client_that_hangs_up_is_charged_the_prompt_the_upstream_took(
+    make_gateway, emulator: Emulator, how: str
+):
+    """Before: a client that left before the final line was charged no prompt, in TPM or in
+    usage (the count comes with the final line). The upstream had the prompt and ran its
+    prefill: the key is charged its estimate (1,000 tokens), plus the tokens relayed."""
+    gw = make_gateway(default_tpm=5000, usage_flush_seconds=0.2)
+    config = emulator.config
+    config.tokens, config.inter_token, config.prompt_eval_count = 500, 0.02, 12
+    ollama = {"model": MODEL, "prompt": BIG}
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": BIG}], "stream": True}
+    if how == "stream-ollama":
+        _hang_up_streaming(gw, "/api/generate", ollama, lines=3)
+    elif how == "stream-openai":
+        _hang_up_streaming(gw, "/v1/chat/completions", chat, lines=3)
+    elif how == "before-first-byte":
+        config.ttft = 5.0  # a long prefill: the client gives up during it
+        _hang_up_waiting(gw, "/api/generate", ollama)
+    else:
+        _hang_up_waiting(gw, "/api/generate", {**ollama, "stream": False})
+    _until_disconnects(gw, 1)
+    assert len(_generations(emulator)) == 1  # it was sent upstream
+    config.ttft = config.inter_token = 0.001
+    config.tokens = 1
+    charged = 5000 - _tokens_left(gw)
+    assert 1000 <= charged <= 1000 + 500
+    text = gw.metrics_text()
+    assert metric_value(text, "gateway_input_tokens_total") >= 1000
+    assert _usage_input_tokens(gw) >= 1000
+
+
+def test_a_client_that_leaves_before_its_request_is_sent_is_charged_nothing(
+    make_gateway, emulator: Emulator
+):
+    """Waiting for an upstream slot, the prompt reached no upstream: nothing is charged."""
+    gw = make_gateway(
+        default_tpm=5000,
+        upstream_max_concurrent=1,
+        upstream_queue_size=4,
+        upstream_queue_timeout=30,
+    )
+    emulator.config.tokens, emulator.config.inter_token = 200, 0.02  # ~4 s holding the slot
+    emulator.config.prompt_eval_count = 1
+    with ThreadPoolExecutor(1) as pool:
+        holder = pool.submit(_generate, gw, 200)
+        deadline = time.monotonic() + 10
+        while not _generations(emulator):
+            assert time.monotonic() < deadline, "the first request never reached the upstream"
+            time.sleep(0.01)
+        _hang_up_waiting(gw, "/api/generate", {"model": MODEL, "prompt": BIG})
+        _until_disconnects(gw, 1)
+        assert holder.result().status_code == 200
+    assert len(_generations(emulator)) == 1
+    emulator.config.inter_token = 0.001
+    # The holder's 1 + 200 tokens are charged; the one that left in the queue nothing.
+    assert _tokens_left(gw) == 5000 - 1 - 200

@@ -47,6 +47,10 @@ class Seen:
     first_token: bool = False
 
 
+#: The gateway's estimate of the prompt `hi` (2 bytes / 4, rounded up): what a client that
+#: hangs up after its request was sent upstream is charged for its prompt.
+PROMPT_ESTIMATE = 1
+
 Job = Callable[[], tuple[str, str, Seen]]
 """One client request: returns (key id, canonical model, what it saw)."""
 
@@ -100,8 +104,8 @@ def request(
                     return Seen(0, chunks, error=True, first_token=chunks > 0)
                 if _text(surface, event):
                     chunks += 1
-                    if chunks == cut_after:
-                        return Seen(0, chunks, first_token=True)  # and hangs up
+                    if chunks == cut_after:  # and hangs up: charged the prompt it sent
+                        return Seen(PROMPT_ESTIMATE, chunks, first_token=True)
                 if surface == "ollama" and event.get("done"):
                     return Seen(event.get("prompt_eval_count", 0), event["eval_count"], False, True)
                 if surface == "openai" and event.get("usage"):

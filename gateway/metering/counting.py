@@ -3,10 +3,13 @@
 Pure rules, no I/O (docs/keys.md, "Usage"). A finished request (`summary_deltas`) adds:
 requests 1; errors 1 unless it `completed` with a status below 400 or the client left
 (`client_disconnect`: the client's choice, not a failure); input and output tokens as the
-summary counts them (what the client was told), but only when the answer was sent (status below
-400: an error status means the client received none of it); the TTFT when a first token was
-sent; its duration into `generation_us_sum` when an upstream request was sent. A request refused
-after authentication (`rejection_deltas`) adds the request and, unless its client left, an error.
+summary counts them (what the client was told; for a client that left after its request was
+sent upstream, the prompt's estimate and the tokens generated so far), but only when the answer
+was sent (status below 400: an error status means the client received none of it) or the client
+left (the upstream did the work it was sent, whenever the client hung up); the TTFT when a
+first token was sent; its duration into `generation_us_sum` when an upstream request was sent.
+A request refused after authentication (`rejection_deltas`) adds the request and, unless its
+client left, an error.
 """
 
 from __future__ import annotations
@@ -56,11 +59,13 @@ def summary_deltas(summary: RequestSummary) -> tuple[int, ...]:
     """What a finished request adds, in `COLUMNS` order (durations in whole microseconds)."""
     sent = summary.status < 400  # else the client got an error, none of the answer
     ttft = summary.ttft_s if sent else None
+    # A client that left (499 before the first byte) still had the upstream work for it.
+    charged = sent or summary.outcome == "client_disconnect"
     return (
         1,
         int(is_error(summary.outcome, summary.status)),
-        summary.tokens_in if sent else 0,
-        summary.tokens_out if sent else 0,
+        summary.tokens_in if charged else 0,
+        summary.tokens_out if charged else 0,
         0 if ttft is None else 1,
         0 if ttft is None else round(ttft * 1e6),
         0 if summary.queue_wait_s is None else round(summary.duration_s * 1e6),

@@ -9,9 +9,17 @@ renews nothing, so its requests stop counting one lease after its last renewal i
 holding the key's slots until a counter expires.
 
 Each step is one atomic Redis call (a Lua script, or `ZREM`), and every script reads the time
-from Redis itself (`TIME`), so replicas with skewed clocks agree on which leases run. An
-acquire whose answer is lost (a timeout) leaves at most a member nobody renews: it lapses
-within one lease. Renewal uses `ZADD XX`, which never brings back a member a release removed.
+from Redis itself (`TIME`), so replicas with skewed clocks agree on which leases run. Renewal
+uses `ZADD XX`, which never brings back a member a release removed.
+
+A call that fails must not hold a slot for a lease after its request ended. When Redis stalls
+(a slow disk, `DEBUG SLEEP`, a failover), a call that timed out may still run once Redis wakes:
+an acquire whose caller gave up adds a member nobody renews or releases, and a release that did
+not get through leaves its member counted. Both tickets are kept as "orphans" and voided by
+`sweep`, which the limiter retries every `SWEEP_INTERVAL` seconds until Redis answers: it
+removes the member and marks the ticket void for a lease, and the acquire script adds nothing
+for a void ticket, so an acquire Redis runs after the sweep cannot bring the slot back. A slot
+is therefore usable again within a sweep interval of Redis answering, not a lease later.
 Needs Redis 5 or later (scripts replicated by their effects, so `TIME` may precede writes).
 """
 
@@ -29,9 +37,11 @@ from gateway.settings import Settings
 if TYPE_CHECKING:  # imported when used: redis-py 8 imports the OpenTelemetry SDK with it
     import redis.asyncio as aioredis
 
-# KEYS[1] the key's set; ARGV[1] the member, ARGV[2] the limit, ARGV[3] the lease (ms).
-# Returns 1 (admitted, the member added) or 0 (the limit is reached).
+# KEYS[1] the key's set, KEYS[2] the member's void mark; ARGV[1] the member, ARGV[2] the limit,
+# ARGV[3] the lease (ms). Returns 1 (admitted, the member added) or 0 (the limit is reached, or
+# the member was voided: its caller gave up long ago).
 _ACQUIRE = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[3])
@@ -60,7 +70,26 @@ end
 return #KEYS
 """
 
-#: Keys renewed per script call: bounds one call's size and the time it holds Redis.
+# KEYS[1] the key's set, then each member's void mark; ARGV[1] the lease (ms), then the members
+# in the marks' order. Removes each member and marks it void for a lease.
+_VOID = """
+local lease = tonumber(ARGV[1])
+for i = 2, #ARGV do
+  redis.call('ZREM', KEYS[1], ARGV[i])
+  redis.call('SET', KEYS[i], '1', 'PX', lease)
+end
+return #ARGV - 1
+"""
+
+#: Seconds between two tries to void the tickets of failed calls (`LeasedInFlight.sweep`).
+SWEEP_INTERVAL = 0.5
+
+#: Most tickets kept for `sweep`; beyond it (Redis down for long under load) a failed call's
+#: member, if Redis ever ran it, lapses one lease later, as with no sweep at all.
+MAX_ORPHANS = 10_000
+
+#: Keys renewed (or tickets voided) per script call: bounds one call's size and the time it
+#: holds Redis.
 _RENEW_BATCH = 200
 
 
@@ -81,6 +110,10 @@ class InFlight(Protocol):
 
     async def renew(self) -> None:
         """Keep this process's requests counted for another lease."""
+        ...
+
+    async def sweep(self) -> None:
+        """Void what failed calls may have left counted; a no-op when nothing failed."""
         ...
 
     async def aclose(self) -> None:
@@ -123,6 +156,9 @@ class LocalInFlight:
     async def renew(self) -> None:
         """Nothing to renew."""
 
+    async def sweep(self) -> None:
+        """Nothing can fail here."""
+
     async def aclose(self) -> None:
         """Nothing to close."""
 
@@ -148,8 +184,12 @@ class LeasedInFlight:
         self._holder = f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(3)}"
         self._serial = count()
         self._held: dict[str, set[str]] = {}
+        # Tickets of acquires and releases that failed, per key id, until `sweep` voids them.
+        self._orphans: dict[str, set[str]] = {}
+        self._orphan_count = 0
         self._acquire = client.register_script(_ACQUIRE)
         self._renew = client.register_script(_RENEW)
+        self._void = client.register_script(_VOID)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LeasedInFlight:
@@ -171,25 +211,73 @@ class LeasedInFlight:
     def _key(self, key_id: str) -> str:
         return f"{self._prefix}:inflight/{key_id}"
 
+    def _void_mark(self, ticket: str) -> str:
+        return f"{self._prefix}:inflight-void/{ticket}"
+
+    def _orphan(self, key_id: str, ticket: str) -> None:
+        if self._orphan_count < MAX_ORPHANS:
+            self._orphans.setdefault(key_id, set()).add(ticket)
+            self._orphan_count += 1
+
     async def acquire(self, key_id: str, limit: int) -> str | None:
-        """Add a leased member for one request of `key_id` unless `limit` leases run."""
+        """Add a leased member for one request of `key_id` unless `limit` leases run.
+
+        A call that fails (or is cancelled: the limiter's deadline) leaves its ticket to
+        `sweep`: Redis may still run the script later.
+        """
         ticket = f"{self._holder}/{next(self._serial)}"
-        admitted = await self._acquire(
-            keys=[self._key(key_id)], args=[ticket, limit, self._lease_ms]
-        )
+        try:
+            admitted = await self._acquire(
+                keys=[self._key(key_id), self._void_mark(ticket)],
+                args=[ticket, limit, self._lease_ms],
+            )
+        except BaseException:
+            self._orphan(key_id, ticket)
+            raise
         if not admitted:
             return None
         self._held.setdefault(key_id, set()).add(ticket)
         return ticket
 
     async def release(self, key_id: str, ticket: str) -> None:
-        """Remove the request's member; it is no longer renewed even if this call fails."""
+        """Remove the request's member; it is no longer renewed even if this call fails.
+
+        A release that fails leaves its ticket to `sweep`, which removes the member as soon
+        as Redis answers again (not a lease later).
+        """
         members = self._held.get(key_id)
         if members is not None:
             members.discard(ticket)
             if not members:
                 del self._held[key_id]
-        await self._client.zrem(self._key(key_id), ticket)
+        try:
+            await self._client.zrem(self._key(key_id), ticket)
+        except BaseException:
+            self._orphan(key_id, ticket)
+            raise
+
+    async def sweep(self) -> None:
+        """Remove and void the members of failed acquires and releases (module docstring).
+
+        Raises:
+            redis.RedisError, OSError: Redis failed; the tickets not voided stay for the next
+                sweep.
+        """
+        while self._orphans:
+            key_id, tickets = self._orphans.popitem()
+            members = sorted(tickets)[:_RENEW_BATCH]
+            rest = tickets.difference(members)
+            if rest:
+                self._orphans.setdefault(key_id, set()).update(rest)
+            try:
+                await self._void(
+                    keys=[self._key(key_id), *map(self._void_mark, members)],
+                    args=[self._lease_ms, *members],
+                )
+            except BaseException:
+                self._orphans.setdefault(key_id, set()).update(members)
+                raise
+            self._orphan_count -= len(members)
 
     async def renew(self) -> None:
         """Extend the lease of every request this process has in flight (none: no call)."""

@@ -6,21 +6,26 @@ request, so the gateway calls `limits.aio` directly; the storage is in memory (o
 Redis (`GATEWAY_RATE_LIMIT_STORAGE=redis://...`, shared by every replica).
 
 * RPM: a moving window over the last 60 s (exact), one hit per request, counted at admission
-  (`admit`), before the body is read: a flood of junk bodies spends the key's own RPM.
+  (`admit`), before the body is read: a flood of junk bodies spends the key's own RPM. Routes
+  that spend no tokens but make an upstream work (model lists, `/api/show`, management) count
+  too (`admitted`).
 * Concurrency: a count per key, taken at admission and given back when the response ends;
   in Redis one lease per request that its process renews, so the requests of a process that
-  died stop counting one lease later (`gateway.ratelimit.inflight`).
+  died stop counting one lease later, and what a storage stall left counted is voided as soon
+  as the storage answers again (`gateway.ratelimit.inflight`).
 * TPM: fixed one-minute windows. Once the body is parsed, the request reserves what it may use
   (`reserve`; `gateway.ratelimit.estimate`: its `num_predict`, else
   `GATEWAY_TPM_RESERVE_TOKENS`, plus its prompt's bytes / 4) and is refused when the window
-  has not that much left. When it ends, `release` settles the reservation with what it really
-  used (prompt + output tokens; a stream cut short: what was relayed): the difference is
-  refunded, or the excess charged. Parallel requests therefore share the window instead of
-  all passing the same "tokens left" check (issue 11, class 5); only a request that uses more
-  than it reserved (no `num_predict`, an answer longer than the default) can overshoot, by
-  its own excess. The reservation and the refund are `limits`' own counter operations
-  (`FixedWindowRateLimiter.hit(cost=n)`, `Storage.incr` with a negative amount on the same
-  key), atomic in Redis, so every replica sees them at once.
+  has not that much left (429), or for good when its prompt alone, or its own `num_predict`,
+  exceeds the key's whole TPM (413: no window could ever hold it). When it ends, `release`
+  settles the reservation with what it really used (`RequestMeter.charged_tokens`: output
+  tokens, plus the prompt at least at its estimate once the upstream took it, a client that
+  hung up included): the difference is refunded, or the excess charged. Parallel requests
+  therefore share the window instead of all passing the same "tokens left" check (issue 11,
+  class 5); only a request that uses more than it reserved (no `num_predict`, an answer longer
+  than the default) can overshoot, by its own excess. The reservation and the refund are
+  `limits`' own counter operations (`FixedWindowRateLimiter.hit(cost=n)`, `Storage.incr` with
+  a negative amount on the same key), atomic in Redis, so every replica sees them at once.
 
 When the storage fails or is slower than `GATEWAY_RATE_LIMIT_TIMEOUT`, the configured policy
 applies (`GATEWAY_RATE_LIMIT_FAIL_OPEN`): admit (open) or answer 503 (closed); each such event
@@ -33,6 +38,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
@@ -42,10 +48,15 @@ from limits.aio.storage import MemoryStorage, RedisStorage, Storage
 from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
 
 from gateway.auth.principal import Principal
-from gateway.errors import GatewayError, RateLimitedError, ServiceUnavailableError
+from gateway.errors import (
+    GatewayError,
+    OverTokenLimitError,
+    RateLimitedError,
+    ServiceUnavailableError,
+)
 from gateway.metrics import Metrics
 from gateway.ratelimit.estimate import TokenEstimate
-from gateway.ratelimit.inflight import InFlight, LeasedInFlight, LocalInFlight
+from gateway.ratelimit.inflight import SWEEP_INTERVAL, InFlight, LeasedInFlight, LocalInFlight
 from gateway.settings import Settings
 
 logger = logging.getLogger("gateway.ratelimit")
@@ -180,22 +191,47 @@ class KeyLimiter:
 
         A renewal that fails is logged and counted (`gateway_rate_limit_storage_errors_total`)
         and tried again at the next interval: with a third of the lease between renewals, two
-        may fail before a request stops counting.
+        may fail before a request stops counting. Between renewals, every `SWEEP_INTERVAL`
+        seconds, what failed acquires and releases may have left counted is voided
+        (`InFlight.sweep`), so a storage stall does not hold a key's slots for a lease after;
+        a sweep that keeps failing is counted each time and logged once per renewal interval.
         """
         interval = self._in_flight.renew_interval
         if interval is None:
             return
+        renew_at = time.monotonic() + interval
+        quiet_until = 0.0  # a failing sweep is retried twice a second: log it once an interval
         while True:
-            await anyio.sleep(interval)
-            try:
-                with anyio.fail_after(interval):
-                    await self._in_flight.renew()
-            except Exception as exc:
-                self._metrics.rate_limit_storage_errors.inc()
+            await anyio.sleep(max(min(SWEEP_INTERVAL, renew_at - time.monotonic()), 0))
+            now = time.monotonic()
+            if not await self._upkeep(
+                "voiding failed calls", self._in_flight.sweep, interval, log=now >= quiet_until
+            ):
+                quiet_until = max(quiet_until, now + interval)
+            if time.monotonic() >= renew_at:
+                renew_at = time.monotonic() + interval
+                await self._upkeep("renewing leases", self._in_flight.renew, interval)
+
+    async def _upkeep(
+        self, what: str, call: Callable[[], Awaitable[None]], deadline: float, *, log: bool = True
+    ) -> bool:
+        """Run one in-flight upkeep call within `deadline` s; False if it failed.
+
+        A failure is counted (`gateway_rate_limit_storage_errors_total`), and logged if `log`.
+        """
+        try:
+            with anyio.fail_after(deadline):
+                await call()
+        except Exception as exc:
+            self._metrics.rate_limit_storage_errors.inc()
+            if log:
                 logger.warning(
-                    "rate-limit storage failed while renewing leases: %s",
+                    "rate-limit storage failed while %s: %s",
+                    what,
                     type(exc).__name__ or "timeout",
                 )
+            return False
+        return True
 
     async def aclose(self) -> None:
         """Close the in-flight counts' own connections (the storage is closed apart)."""
@@ -227,6 +263,25 @@ class KeyLimiter:
             self._storage_failed(exc)
         return admission
 
+    @contextlib.asynccontextmanager
+    async def admitted(self, principal: Principal) -> AsyncIterator[Admission]:
+        """`admit` around a request that spends no tokens (model lists, management), then release.
+
+        Every route that can make an upstream work counts against its key's RPM and holds an
+        in-flight slot while it runs, so a key cannot call its upstreams faster than its limit
+        through a route that carries no generation (`/api/tags`: 300 upstream calls in 0.8 s
+        from a 5-per-minute key).
+
+        Raises:
+            RateLimitedError, ServiceUnavailableError: as `admit`.
+        """
+        admission = await self.admit(principal)
+        try:
+            yield admission
+        finally:
+            with anyio.CancelScope(shield=True):  # a cancelled request still gives its slot back
+                await self.release(admission, 0)
+
     async def _check(self, key_id: str, limits: Limits, admission: Admission) -> None:
         if limits.rpm:
             item = RateLimitItemPerMinute(limits.rpm)
@@ -245,20 +300,25 @@ class KeyLimiter:
     async def reserve(self, admission: Admission, estimate: TokenEstimate) -> None:
         """Reserve the request's expected tokens in its key's TPM window.
 
-        The reservation is `estimate.total`, capped at the key's TPM: a guess (no `num_predict`)
-        or a prompt estimate larger than the whole limit must not make a request unservable.
-        A `num_predict` above the whole limit is refused instead: the answer it allows could
-        never fit in a window, and admitting it would let one request overshoot by any amount.
-        `X-RateLimit-Tokens-Remaining` is what the window had left before this reservation.
+        A request that can never fit a window is refused before anything is counted: its
+        estimated prompt alone exceeds the key's TPM, or its own output bound (`num_predict`,
+        `max_tokens`) does. Admitting it would let one request overshoot by any amount, once
+        per window (a 2,000,000-token prompt a minute on a 1,000-token key). Otherwise the
+        reservation is `estimate.total` capped at the key's TPM: a guessed output (no bound)
+        must not make a servable request unservable. `X-RateLimit-Tokens-Remaining` is what the
+        window had left before this reservation.
 
         Raises:
-            RateLimitedError: the window has less left than the reservation, or `num_predict`
-                exceeds the key's TPM (429; the message says which).
+            OverTokenLimitError: the prompt or the output bound exceeds the key's TPM (413; the
+                message says which and what to change).
+            RateLimitedError: the window has less left than the reservation (429).
             ServiceUnavailableError: the storage failed and the policy is fail-closed (503).
         """
         tpm = admission.limits.tpm
         if not tpm:
             return
+        if estimate.prompt > tpm or (estimate.asked and estimate.output > tpm):
+            raise self._never(tpm, estimate)
         try:
             with self._deadline():
                 await self._reserve(admission, estimate)
@@ -267,18 +327,27 @@ class KeyLimiter:
         except Exception as exc:  # fail open: no reservation, the whole use is charged later
             self._storage_failed(exc)
 
+    def _never(self, tpm: int, estimate: TokenEstimate) -> OverTokenLimitError:
+        """Count and build the refusal of a request no TPM window of its key can hold."""
+        self._metrics.rate_limited.labels("tpm").inc()
+        if estimate.prompt > tpm:
+            needs = f"its prompt is about {estimate.prompt} tokens: shorten the prompt"
+        else:
+            needs = (
+                f"it asks for up to {estimate.output} output tokens "
+                "(options.num_predict or max_tokens): lower it"
+            )
+        return OverTokenLimitError(
+            f"request exceeds this key's limit of {tpm} tokens per minute and can never be "
+            f"admitted; {needs}"
+        )
+
     async def _reserve(self, admission: Admission, estimate: TokenEstimate) -> None:
         tpm = admission.limits.tpm
         item = RateLimitItemPerMinute(tpm)
         cost = max(min(estimate.total, tpm), 1)  # at least one token must be left, as before
         refusal = ""
-        never = estimate.asked and estimate.output > tpm
-        if never:
-            refusal = (
-                f"; this request asks for up to {estimate.output} output tokens "
-                "(options.num_predict) and can never be admitted: lower num_predict"
-            )
-        elif not await self._fixed.hit(item, "tpm", admission.key_id, cost=cost):
+        if not await self._fixed.hit(item, "tpm", admission.key_id, cost=cost):
             # `hit` counted the cost even though it failed: take it back at once, or this
             # refusal would crowd out requests that fit.
             with anyio.CancelScope(shield=True):
@@ -294,9 +363,7 @@ class KeyLimiter:
         admission.headers.update(_headers(tpm, left, stats.reset_time, prefix="Tokens-"))
         if refusal:
             what = f"{tpm} tokens per minute"
-            raise self._refuse(
-                "tpm", what, admission.headers, stats.reset_time, refusal, permanent=never
-            )
+            raise self._refuse("tpm", what, admission.headers, stats.reset_time, refusal)
 
     async def release(self, admission: Admission, tokens: int) -> None:
         """Settle the TPM reservation with `tokens` (prompt + output) and give back the slot.
@@ -353,8 +420,6 @@ class KeyLimiter:
         headers: dict[str, str],
         reset_time: float,
         detail: str = "",
-        *,
-        permanent: bool = False,
     ) -> RateLimitedError:
         """Count the refusal and build the 429 with `Retry-After` (RFC 9110 section 10.2.3).
 
@@ -364,14 +429,12 @@ class KeyLimiter:
             headers: The `X-RateLimit-*` headers so far; `Retry-After` is added.
             reset_time: When retrying can succeed (epoch seconds).
             detail: Appended to the message, e.g. how much this request needed.
-            permanent: The request can never be admitted (`RateLimitedError.permanent`).
         """
         self._metrics.rate_limited.labels(kind).inc()
         retry_after = str(max(math.ceil(reset_time - time.time()), 1))
         return RateLimitedError(
             f"rate limit exceeded: {what} for this key{detail}",
             headers={**headers, "Retry-After": retry_after},
-            permanent=permanent,
         )
 
     def _storage_failed(self, exc: Exception) -> None:

@@ -84,6 +84,7 @@ async def run_line(
         arrival=arrival,
         key_id=principal.key_id,
         requested_model=request.model,
+        prompt_estimate=expected.prompt,
     )
     generation = Generation(
         relay, state, request, headers, meter, admission, key=principal.key_id, background=holder

@@ -298,8 +298,7 @@ class Generation:
                     )
                     self.span = None
             finally:  # whatever failed above, the key's in-flight count and TPM are settled
-                tokens = self.meter.input_tokens + self.meter.output_tokens
-                await self.relay.limiter.release(self.admission, tokens)
+                await self.relay.limiter.release(self.admission, self.meter.charged_tokens)
 
 
 def _fails_over(error: GatewayError) -> bool:

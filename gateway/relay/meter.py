@@ -5,6 +5,11 @@ Sources of each number (also in `docs/metrics.md`):
 * TTFT: `time.perf_counter()` at the request's arrival (the ASGI middleware) to the moment the
   first chunk carrying generated text (response, content, thinking or tool calls) is handed to
   the server for sending. For `stream:false` it ends when that chunk reaches the gateway.
+* Input tokens: the final chunk's `prompt_eval_count` (Ollama) or the upstream's usage (OpenAI);
+  when no final chunk came because the client left after the request was sent upstream, the
+  prompt's estimate (`gateway.ratelimit.estimate`: the upstream had it and ran its prefill).
+  The key's TPM is charged at least the estimate whenever the upstream took the prompt
+  (`RequestMeter.charged_tokens`).
 * Output tokens: the final chunk's `eval_count` (Ollama) or the upstream's usage (OpenAI); when
   the stream ends early, the number of text-bearing chunks relayed (one token each in Ollama).
 * Decode tokens/s: `eval_count / eval_duration * 1e9` when the upstream itself reports both in
@@ -45,6 +50,8 @@ class RequestMeter:
         tried: Every upstream tried before the first byte, in order (`Generation.connect`).
         key_id: The API key's id, carried into the summary (usage accounting).
         requested_model: The model the client named, carried into the summary.
+        prompt_estimate: The request's estimated prompt tokens (`gateway.ratelimit.estimate`):
+            charged when the upstream had the prompt but its own count never came.
         summary: The request's summary once `finish` ran.
     """
 
@@ -65,6 +72,7 @@ class RequestMeter:
     tried: list[str] = field(default_factory=list)
     key_id: str | None = None
     requested_model: str | None = None
+    prompt_estimate: int = 0
     summary: RequestSummary | None = field(default=None, repr=False)
     series: RequestSeries = field(init=False, repr=False)
 
@@ -89,8 +97,36 @@ class RequestMeter:
 
     @property
     def input_tokens(self) -> int:
-        """Prompt tokens reported by the upstream (0 when unknown: stream cut short)."""
-        return (self.final.prompt_eval_count if self.final else None) or 0
+        """Prompt tokens, as far as this request is concerned.
+
+        The upstream's count (`prompt_eval_count`, `usage`) when its final chunk came; the
+        estimate when the client left after the request was sent upstream (it had the prompt,
+        prefill ran, the count never came); else 0 (not sent, or cut short by the upstream:
+        not the key's to pay).
+        """
+        if self.final is not None:
+            return self.final.prompt_eval_count or 0
+        return self.prompt_estimate if self._prompt_processed() else 0
+
+    @property
+    def charged_tokens(self) -> int:
+        """Tokens the key's TPM is charged once the request ended: prompt + output.
+
+        Once the upstream processed the prompt, the prompt counts at least at its estimate:
+        an upstream's count can be far below what it was sent (a prompt truncated to the
+        context, a server that reports no usage, an emulator's constant), and the window must
+        bound what the key sends, so repeated large prompts are limited.
+        """
+        prompt = self.input_tokens
+        if self._prompt_processed():
+            prompt = max(prompt, self.prompt_estimate)
+        return prompt + self.output_tokens
+
+    def _prompt_processed(self) -> bool:
+        """The upstream took the prompt: its answer ended, or the client left after sending."""
+        if self.final is not None:
+            return True
+        return self.sent_at is not None and self.outcome == "client_disconnect"
 
     @property
     def output_tokens(self) -> int:
@@ -127,7 +163,7 @@ class RequestMeter:
         """
         if self.summary is not None:
             return self.summary
-        self.outcome = outcome
+        self.outcome = outcome  # before the summary: `input_tokens` depends on it
         if status is not None:
             self.status = status
         rate = self.decode_rate()

@@ -125,6 +125,7 @@ class Relay:
             arrival=state.get("arrival", time.perf_counter()),
             key_id=principal.key_id,
             requested_model=model,
+            prompt_estimate=expected.prompt,
         )
         generation = Generation(
             self, state, generation_request, headers, meter, admission, key=principal.key_id

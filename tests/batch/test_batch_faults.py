@@ -400,7 +400,7 @@ def test_a_line_that_can_never_pass_the_keys_tpm_fails_at_once(
         output, errors = _each_once(client, done, ["huge", "fits"])
     [error] = errors
     assert error["custom_id"] == "huge"
-    assert error["response"]["status_code"] == 429
+    assert error["response"]["status_code"] == 413
     assert "can never be admitted" in error["response"]["body"]["error"]["message"]
     assert [o["custom_id"] for o in output] == ["fits"]
     [tried] = [

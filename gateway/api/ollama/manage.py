@@ -1,9 +1,17 @@
 """Ollama's model management at Ollama's paths (reference section 6.7), for keys that may manage.
 
 `POST /api/pull`, `/api/push`, `/api/create`, `/api/copy`, `DELETE /api/delete`, `HEAD|POST
-/api/blobs/{digest}`. A key without `manage_models` gets 403 before its body is read; a key with
-a model allow-list may only manage the models on it (403). The body the gateway checked is the
-body it sends.
+/api/blobs/{digest}`. A key without `manage_models` gets 403 before its body is read. Each
+request counts against the key's RPM (a pull's stream holds no in-flight slot once it runs).
+The body the gateway checked is the body it sends.
+
+A key with a model allow-list may only manage the models on it (403), so its bodies may carry
+only the fields of Ollama's request structs (`api/types.go`) that name nothing but models, each
+checked against the list: not `files` or `adapters` (blob digests: a blob may hold any model's
+weights), `remote_host` (a host of the client's choosing), `insecure: true` (a registry not
+verified), the deprecated `modelfile` and `path` (their lines name models and files), nor a field
+the gateway does not know; and not the blob routes (their digests name no model). A key without
+an allow-list may use every model, so all of it is relayed.
 
 Where to: `?upstream=<host:port>` names one upstream (its `name`); unknown: 400. Unnamed, the
 only Ollama upstream; with several, copy and delete go to each of them, while pull, push,
@@ -49,7 +57,7 @@ from gateway.api.ollama.passthrough import (
 )
 from gateway.auth.dependencies import PrincipalDep, require_principal
 from gateway.auth.principal import Principal
-from gateway.deps import LifecycleDep, MetricsDep, PoolDep, SettingsDep
+from gateway.deps import LifecycleDep, MetricsDep, PoolDep, RelayDep, SettingsDep
 from gateway.errors import (
     BadRequestError,
     ClientClosedRequestError,
@@ -59,6 +67,7 @@ from gateway.errors import (
 )
 from gateway.lifecycle import Lifecycle
 from gateway.metrics import ALL_KEYS, OTHER_MODEL, Metrics
+from gateway.ratelimit.limiter import KeyLimiter
 from gateway.relay.body import read_body
 from gateway.routing import route_label
 from gateway.settings import Settings
@@ -71,6 +80,68 @@ router = APIRouter(prefix="/api", dependencies=[Depends(require_principal)])
 UpstreamParam = Annotated[str | None, Query(max_length=300, description="host:port")]
 _DIGEST = re.compile(r"sha256[:-][0-9a-fA-F]{64}")
 Names = Callable[[dict[str, Any]], list[str]]
+
+#: The body fields a key with a model allow-list may send, per route (Ollama's `PullRequest`,
+#: `PushRequest`, `CreateRequest`, `CopyRequest`, `DeleteRequest`); `insecure` only as false.
+_FIELDS: dict[str, frozenset[str]] = {
+    "/api/pull": frozenset({"model", "name", "stream", "insecure"}),
+    "/api/push": frozenset({"model", "name", "stream", "insecure"}),
+    "/api/create": frozenset(
+        {
+            "model",
+            "name",
+            "stream",
+            "from",
+            "quantize",
+            "quantization",
+            "template",
+            "system",
+            "license",
+            "parameters",
+            "messages",
+            "renderer",
+            "parser",
+            "requires",
+            "info",
+        }
+    ),
+    "/api/copy": frozenset({"source", "destination"}),
+    "/api/delete": frozenset({"model", "name"}),
+}
+#: Fields that reach beyond the named models, and how (each refusal says it).
+_BEYOND = {
+    "files": "names blobs by digest, and a blob may hold any model's weights",
+    "adapters": "names blobs by digest, and a blob may hold any model's weights",
+    "remote_host": "makes the upstream reach a host the request chooses",
+    "insecure": "lets the upstream use a registry it has not verified",
+    "modelfile": "its lines name models and files the gateway does not check",
+    "path": "names a file on the upstream's disk",
+}
+
+
+def _check_fields(principal: Principal, path: str, body: dict[str, Any]) -> None:
+    """Refuse, for a key with a model allow-list, a field that may reach beyond the list.
+
+    An absent field and an empty one (null, false, "", {}, []: Go's zero values, which Ollama
+    treats as absent) are the same. A key without an allow-list may send anything.
+
+    Raises:
+        ForbiddenError: a field names something other than models, or is unknown (403).
+    """
+    if principal.models is None:
+        return
+    allowed = _FIELDS[path]
+    for field in body:
+        value = body[field]
+        if field in allowed and field not in _BEYOND:
+            continue
+        if value is None or value is False or value in ("", {}, []):  # `insecure: false`
+            continue
+        why = _BEYOND.get(field, "the gateway does not know what it may name")
+        raise ForbiddenError(
+            f"this API key may only manage the models on its allow-list; "
+            f"{json.dumps(field[:100])} in {path} {why}"
+        )
 
 
 def _model(body: dict[str, Any]) -> list[str]:
@@ -101,6 +172,7 @@ class Manager:
     settings: Settings
     metrics: Metrics
     lifecycle: Lifecycle
+    limiter: KeyLimiter
 
     def targets(self, name: str | None, *, several: bool = False) -> list[Upstream]:
         """The upstreams `?upstream=name` (or its absence) selects (module docstring)."""
@@ -117,10 +189,17 @@ class Manager:
             raise BadRequestError("several upstreams can manage models: add ?upstream=<host:port>")
         return chosen
 
-    async def body(self, names: Names) -> tuple[bytes, str | None]:
-        """The checked body, and the model it names first (for the access log and metrics)."""
+    async def body(self, path: str, names: Names) -> tuple[bytes, str | None]:
+        """The checked body, and the model it names first (for the access log and metrics).
+
+        Raises:
+            ForbiddenError: it names a model off the key's allow-list, or carries a field that
+                may reach beyond it (`_check_fields`).
+        """
         raw = await read_body(self.request, self.settings.max_body_bytes)
-        models = names(parse_body(raw, self.settings))
+        body = parse_body(raw, self.settings)
+        _check_fields(self.principal, path, body)
+        models = names(body)
         for model in models:
             if not self.principal.allows_model(model):
                 raise ForbiddenError(f"this API key may not use model '{model}'")
@@ -149,7 +228,8 @@ class Manager:
         if self.lifecycle.draining:
             raise ServiceUnavailableError("gateway is shutting down", headers={"Retry-After": "1"})
         (upstream,) = self.targets(name)
-        raw, model = await self.body(names)
+        async with self.limiter.admitted(self.principal):
+            raw, model = await self.body(path, names)
         client = upstream.client
         request = client.build_request("POST", path, content=raw, headers=self.headers())
         return ProgressResponse(
@@ -165,7 +245,13 @@ class Manager:
         has it, the 404 is the answer. Otherwise the first failure is, the others logged.
         """
         upstreams = self.targets(name, several=True)
-        raw, model = await self.body(names)
+        async with self.limiter.admitted(self.principal):
+            raw, model = await self.body(path, names)
+            return await self._each(method, path, upstreams, raw, model)
+
+    async def _each(
+        self, method: str, path: str, upstreams: list[Upstream], raw: bytes, model: str | None
+    ) -> Response:
         answers: dict[int, httpx.Response | GatewayError] = {}
 
         async def one(index: int, upstream: Upstream) -> None:
@@ -196,11 +282,23 @@ class Manager:
         return passed(done[0])
 
     async def blob(self, digest: str, name: str | None) -> Response:
-        """Whether the upstream has a blob (HEAD), or store one (POST, the body streamed)."""
+        """Whether the upstream has a blob (HEAD), or store one (POST, the body streamed).
+
+        Raises:
+            ForbiddenError: the key has a model allow-list: a digest names no model (403).
+        """
+        if self.principal.models is not None:
+            raise ForbiddenError(
+                "this API key may only manage the models on its allow-list, and a blob's "
+                "digest names no model"
+            )
         if not _DIGEST.fullmatch(digest):
             raise BadRequestError("invalid digest format")
         (upstream,) = self.targets(name)
-        path = f"/api/blobs/{digest}"
+        async with self.limiter.admitted(self.principal):
+            return await self._blob(upstream, f"/api/blobs/{digest}")
+
+    async def _blob(self, upstream: Upstream, path: str) -> Response:
         try:
             if self.request.method == "HEAD":
                 response = await fetch(
@@ -253,6 +351,7 @@ async def get_manager(
     settings: SettingsDep,
     metrics: MetricsDep,
     lifecycle: LifecycleDep,
+    relay: RelayDep,
 ) -> Manager:
     """The request's `Manager`, for a key that may manage models.
 
@@ -261,7 +360,7 @@ async def get_manager(
     """
     if not principal.manage_models:
         raise ForbiddenError("this API key may not manage models")
-    return Manager(request, principal, pool, settings, metrics, lifecycle)
+    return Manager(request, principal, pool, settings, metrics, lifecycle, relay.limiter)
 
 
 ManagerDep = Annotated[Manager, Depends(get_manager)]

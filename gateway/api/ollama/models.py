@@ -11,6 +11,9 @@ vLLM) has no `/api/*` and is never sent one: its `/api/tags` entries and `/api/s
 built from the gateway's catalogue of its models, and it has nothing loaded to report in
 `/api/ps`. An upstream that fails is left out (and logged); when all fail, 502.
 
+Every route here but `/` and `/api/version` asks the upstreams, so each request counts against
+the key's RPM and in-flight limits (`KeyLimiter.admitted`), as a generation does.
+
 `/api/show` answers 404 `model '<name:tag>' not found` both for a model no upstream has and for
 one the key may not use: like `/v1/models/{model}`, a key does not learn which models exist
 beyond its own.
@@ -197,27 +200,39 @@ async def version() -> Response:
 
 
 @router.api_route("/tags", methods=["GET", "HEAD"])
-async def tags(principal: PrincipalDep, pool: PoolDep, settings: SettingsDep) -> Response:
-    """The models this key may use, over every upstream (reference section 6.3)."""
+async def tags(
+    principal: PrincipalDep, pool: PoolDep, settings: SettingsDep, relay: RelayDep
+) -> Response:
+    """The models this key may use, over every upstream (reference section 6.3).
+
+    Each Ollama upstream is asked, so it counts against the key's RPM and in-flight limits.
+    """
 
     async def lister(upstream: Upstream) -> list[dict[str, Any]]:
         if upstream.dialect.name == "ollama":
             return await _fetch(upstream, "/api/tags", settings.connect_timeout)
         return [_synthesized(info) for info in await upstream.catalog.current()]
 
-    models = await _union(pool.upstreams, lister, "models")
+    async with relay.limiter.admitted(principal):
+        models = await _union(pool.upstreams, lister, "models")
     return json_answer({"models": [m for m in models if principal.allows_model(str(_name(m)))]})
 
 
 @router.get("/ps")
-async def ps(principal: PrincipalDep, pool: PoolDep, settings: SettingsDep) -> Response:
-    """The models loaded on the Ollama upstreams that this key may use (section 6.4)."""
+async def ps(
+    principal: PrincipalDep, pool: PoolDep, settings: SettingsDep, relay: RelayDep
+) -> Response:
+    """The models loaded on the Ollama upstreams that this key may use (section 6.4).
+
+    Each Ollama upstream is asked, so it counts against the key's RPM and in-flight limits.
+    """
 
     async def lister(upstream: Upstream) -> list[dict[str, Any]]:
         return await _fetch(upstream, "/api/ps", settings.connect_timeout)
 
     ollama = [u for u in pool.upstreams if u.dialect.name == "ollama"]
-    models = await _union(ollama, lister, "loaded models")
+    async with relay.limiter.admitted(principal):
+        models = await _union(ollama, lister, "loaded models")
     return json_answer({"models": [m for m in models if principal.allows_model(str(_name(m)))]})
 
 
@@ -233,12 +248,8 @@ async def show(
     Raises:
         RateLimitedError: the key's RPM or in-flight limit is reached.
     """
-    admission = await relay.limiter.admit(principal)
-    try:
+    async with relay.limiter.admitted(principal):
         return await _show(request, principal, pool, settings)
-    finally:
-        with anyio.CancelScope(shield=True):
-            await relay.limiter.release(admission, 0)
 
 
 async def _show(

@@ -3,7 +3,9 @@
 `/v1/chat/completions`, `/v1/completions` and `/v1/embeddings` bind an `Endpoint` (the body
 parser and codec of `gateway.api.openai`) to the one pipeline; `/v1/models` and
 `/v1/models/{model}` answer from the gateway's own catalogue of every upstream's models, so
-they work in front of an upstream that has no such endpoint. Every route needs an API key.
+they work in front of an upstream that has no such endpoint. Every route needs an API key and
+counts against its RPM: a catalogue never fetched (its upstream down since the start) is fetched
+on the request's path.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from gateway.api.openai.codec import CompletionCodec, EmbeddingsCodec
 from gateway.api.openai.schema import parse_chat, parse_completion, parse_embeddings
 from gateway.api.relayed import relayed
 from gateway.auth.dependencies import PrincipalDep, require_principal
-from gateway.deps import PoolDep
+from gateway.deps import PoolDep, RelayDep
 from gateway.errors import NotFoundError, UpstreamUnavailableError
 from gateway.neutral import GenerationRequest
 from gateway.relay.surface import Codec
@@ -85,25 +87,29 @@ def _model(info: ModelInfo) -> dict[str, Any]:
 
 
 @router.get("/models")
-async def list_models(principal: PrincipalDep, pool: PoolDep) -> dict[str, Any]:
+async def list_models(principal: PrincipalDep, pool: PoolDep, relay: RelayDep) -> dict[str, Any]:
     """List the models this key may use (OpenAI list shape), from every upstream's catalogue."""
-    models = await _catalogue(pool)
+    async with relay.limiter.admitted(principal):
+        models = await _catalogue(pool)
     data = [_model(m) for m in models if principal.allows_model(m.id)]
     return {"object": "list", "data": data}
 
 
 @router.get("/models/{model:path}")
-async def get_model(model: str, principal: PrincipalDep, pool: PoolDep) -> dict[str, Any]:
+async def get_model(
+    model: str, principal: PrincipalDep, pool: PoolDep, relay: RelayDep
+) -> dict[str, Any]:
     """One model this key may use (section 7.3).
 
     Raises:
         NotFoundError: no upstream offers `model`, or the key may not use it (the same 404:
             a key does not learn which models exist beyond its own).
     """
-    if principal.allows_model(model):
-        for info in await _catalogue(pool):
-            if info.id == model or _same(info.id, model):
-                return _model(info)
+    async with relay.limiter.admitted(principal):
+        models = await _catalogue(pool) if principal.allows_model(model) else []
+    for info in models:
+        if info.id == model or _same(info.id, model):
+            return _model(info)
     raise NotFoundError(f"The model '{model}' does not exist")
 
 
