@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -15,6 +16,7 @@ import pytest
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 
+from gateway.testing.server import LoopbackServer
 from tests.conftest import Emulator, Gateway, metric_value
 from tests.helpers import MODEL, OllamaLookalike, ndjson, served
 
@@ -304,3 +306,36 @@ def test_tokens_in_the_same_read_as_a_malformed_line_are_relayed_first(weird_gat
     lines = [json.loads(line) for line in response.text.splitlines()]
     assert [line.get("response") for line in lines[:2]] == ["a", "b"]
     assert lines[2:] == [{"error": "upstream sent a malformed NDJSON line"}]
+
+
+class _CountingVersion(OllamaLookalike):
+    """An Ollama look-alike that counts its readiness probes and answers each after 50 ms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.probes = 0
+
+    async def _version(self, request: Request) -> Response:
+        self.probes += 1
+        await asyncio.sleep(0.05)
+        return await super()._version(request)
+
+
+def test_an_anonymous_readyz_flood_shares_the_upstreams_probes(make_gateway):
+    """/readyz is public: callers share one probe at a time, and a ready result for a second,
+    so a flood of anonymous /readyz makes the upstream answer about one probe a second, not one
+    per request (before: 80 requests, 80 probes)."""
+    upstream = _CountingVersion()
+    with LoopbackServer(upstream.app) as server:
+        gw = make_gateway(upstream_url=server.url, upstream_poll_interval=3600)
+        before = upstream.probes
+        start = time.monotonic()
+        with ThreadPoolExecutor(20) as pool:
+            statuses = list(
+                pool.map(lambda _: httpx.get(f"{gw.url}/readyz", timeout=10).status_code, range(40))
+            )
+        statuses += [httpx.get(f"{gw.url}/readyz", timeout=10).status_code for _ in range(40)]
+        elapsed = time.monotonic() - start
+        assert statuses == [200] * 80
+        # One probe per started second of the flood at most, and one for the first callers.
+        assert upstream.probes - before <= 2 + int(elapsed)

@@ -19,6 +19,7 @@ whose recovery panic mode could find.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import random
@@ -69,6 +70,10 @@ class Upstream:
         return self.spec.name
 
 
+READY_REUSE_SECONDS = 1.0
+"""How long a ready `/readyz` result answers later callers (`UpstreamPool.probe`)."""
+
+
 class UpstreamPool:
     """The upstreams of this gateway and the choice between them.
 
@@ -83,6 +88,9 @@ class UpstreamPool:
         self.upstreams = upstreams
         self._metrics = metrics
         self._panicking = False
+        self._probing: asyncio.Future[tuple[bool, dict[str, str]]] | None = None
+        self._ready_until = 0.0  # monotonic time until which `_ready` answers `probe`
+        self._ready: tuple[bool, dict[str, str]] = (False, {})
 
     def named(self, name: str) -> Upstream | None:
         """The upstream whose `name` (`host:port`, the `upstream` label) is `name`, or None."""
@@ -247,7 +255,32 @@ class UpstreamPool:
         return sorted(merged.values(), key=lambda info: info.id)
 
     async def probe(self) -> tuple[bool, dict[str, str]]:
-        """Probe every upstream now; ready when at least one answers. Returns (ready, details)."""
+        """Probe every upstream; ready when at least one answers. Returns (ready, details).
+
+        `/readyz` is public, so its callers share the upstreams' probes: callers arriving while
+        a probe runs wait for that one, and a ready result answers for `READY_REUSE_SECONDS`
+        after it started. An anonymous flood of `/readyz` thus makes each upstream answer at
+        most one probe at a time, and about one a second while it is up. An unready result is
+        not reused: the next caller probes again, so a recovery shows at once.
+        """
+        if time.monotonic() < self._ready_until:
+            return self._ready
+        if self._probing is None:
+            started = time.monotonic()
+            self._probing = asyncio.ensure_future(self._probe_all())
+
+            def done(future: asyncio.Future[tuple[bool, dict[str, str]]]) -> None:
+                self._probing = None
+                if not future.cancelled() and future.exception() is None and future.result()[0]:
+                    self._ready = future.result()
+                    self._ready_until = started + READY_REUSE_SECONDS
+
+            self._probing.add_done_callback(done)
+        # Shielded: one caller leaving (its client hung up) does not cancel the others' probe.
+        return await asyncio.shield(self._probing)
+
+    async def _probe_all(self) -> tuple[bool, dict[str, str]]:
+        """Probe every upstream now, concurrently (`probe`)."""
         details: dict[str, str] = {}
 
         async def one(upstream: Upstream) -> None:
