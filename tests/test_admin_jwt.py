@@ -189,6 +189,15 @@ async def test_subject_is_stripped_of_control_characters_and_capped(
     assert len(identity.subject) == 200
 
 
+@pytest.mark.anyio
+async def test_subject_loses_every_invisible_character(verifier: AdminTokenVerifier) -> None:
+    # Zero-width characters, the byte-order mark, word joiner, soft hyphen, bidi isolates and a
+    # tag character: `alice` that reads like `alice` but is another subject in the audit trail.
+    hidden = "a\u2060l\ufeffi\u00adc\u2066e\u2069\U000e0041\u200b@example.com\u2028"
+    identity = await verifier.verify(_hs(_gateway_claims(sub=hidden)))
+    assert identity.subject == "alice@example.com"
+
+
 def test_no_secret_and_no_jwks_means_the_admin_api_is_off() -> None:
     assert AdminTokenVerifier.from_settings(Settings(_env_file=None)) is None
 
