@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import threading
 import time
@@ -15,8 +16,9 @@ import pytest
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 
+from gateway.testing.server import LoopbackServer
 from tests.conftest import Emulator, Gateway, metric_value
-from tests.helpers import MODEL, OllamaLookalike, ndjson, served
+from tests.helpers import MODEL, OllamaLookalike, OpenAILookalike, ndjson, served
 
 
 class WeirdUpstream(OllamaLookalike):
@@ -81,9 +83,13 @@ def _generate(gw: Gateway, **body: Any) -> httpx.Response:
         (["not", "an", "object"], {"models": []}),
         ({"models": [1, "x", None]}, {"models": [7, {"model": MODEL, "size": "abc"}]}),
         ({"models": "nope"}, ["list"]),
+        # Nested past Python's recursion limit: RecursionError, which no `except ValueError`
+        # caught (a 500 on /api/tags, a traceback from every poll).
+        (b'{"models": ' + b"[" * 5000 + b"]" * 5000 + b"}", b"[" * 5000 + b"]" * 5000),
+        (b'{"models": [' + b'{"a":' * 3000 + b"1" + b"}" * 3000 + b"]}", {"models": []}),
     ],
 )
-def test_malformed_model_lists_do_not_break_the_gateway(weird_gateway, tags, ps):
+def test_malformed_model_lists_do_not_break_the_gateway(weird_gateway, caplog, tags, ps):
     upstream, gw = weird_gateway
     upstream.tags, upstream.ps = tags, ps
     time.sleep(0.5)  # several polls of the malformed answers
@@ -92,6 +98,39 @@ def test_malformed_model_lists_do_not_break_the_gateway(weird_gateway, tags, ps)
     models = httpx.get(f"{gw.url}/v1/models", headers=gw.headers())
     assert models.status_code in (200, 502)
     assert "error" in models.json() or "data" in models.json()
+    for path in ("/api/tags", "/api/ps"):
+        listed = httpx.get(f"{gw.url}{path}", headers=gw.headers())
+        assert listed.status_code in (200, 502), listed.text
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+class ListingOnly(OpenAILookalike):
+    """An OpenAI-compatible server whose only use here is its `/v1/models`."""
+
+    async def complete(self, request: Request) -> Response:
+        return Response(status_code=404)
+
+
+@pytest.mark.parametrize(
+    "models",
+    [
+        b'{"object": "list", "data": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+        b'{"object": "list", "data": [' + b'{"id":' * 3000 + b'"m"' + b"}" * 3000 + b"]}",
+    ],
+)
+def test_a_deeply_nested_openai_model_list_does_not_break_the_gateway(
+    make_gateway: Callable[..., Gateway], caplog: pytest.LogCaptureFixture, models: bytes
+) -> None:
+    upstream = ListingOnly(models=models)
+    with LoopbackServer(upstream.app) as server:
+        gw = make_gateway(
+            upstream_url=server.url, upstream_dialect="openai", upstream_poll_interval=0.1
+        )
+        time.sleep(0.5)  # several polls of the nested answer
+        listed = httpx.get(f"{gw.url}/v1/models", headers=gw.headers(), timeout=10)
+    assert listed.status_code in (200, 502), listed.text
+    assert "error" in listed.json() or "data" in listed.json()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def test_upstream_cookies_are_never_replayed(weird_gateway):

@@ -251,6 +251,17 @@ def parse_arguments(text: str) -> Any:
     return parse_json(text, max_depth=64, max_values=100_000)
 
 
+def parse_listing(raw: bytes) -> Any:
+    """Parse an upstream's model list (`/api/tags`, `/v1/models`) or `/api/ps` answer.
+
+    16 levels (an entry's `details` sit at level 4) and a million values (thousands of models).
+
+    Raises:
+        JsonLimitError: as `parse_json`.
+    """
+    return parse_json(raw, max_depth=16, max_values=1_000_000)
+
+
 def parse_object(raw: bytes, *, max_depth: int, max_values: int = 100_000) -> dict[str, Any]:
     """Parse a request body that must be one JSON object with a model name.
 
