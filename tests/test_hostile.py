@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import pytest
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from gateway.testing.server import LoopbackServer
 from tests.conftest import Emulator, Gateway, metric_value
-from tests.helpers import MODEL, OllamaLookalike, OpenAILookalike, ndjson, served
+from tests.helpers import MODEL, OllamaLookalike, OpenAILookalike, ndjson, served, sse
 
 
 class WeirdUpstream(OllamaLookalike):
@@ -131,6 +131,85 @@ def test_a_deeply_nested_openai_model_list_does_not_break_the_gateway(
     assert listed.status_code in (200, 502), listed.text
     assert "error" in listed.json() or "data" in listed.json()
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+#: Tool-call arguments (a JSON document inside a JSON string) nested past the recursion limit.
+DEEP_ARGUMENTS = "[" * 5000 + "]" * 5000
+
+
+class ToolCaller(OpenAILookalike):
+    """An OpenAI-compatible server that answers every chat with one call of a tool whose
+    `arguments` are `DEEP_ARGUMENTS`, streamed or not."""
+
+    async def complete(self, request: Request) -> Response:
+        call = {"id": "c1", "type": "function"}
+        call["function"] = {"name": "f", "arguments": DEEP_ARGUMENTS}
+        head = {"id": "x", "created": 0, "model": MODEL}
+        if not (await request.json()).get("stream"):
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+            choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+            usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+            answer = {**head, "object": "chat.completion", "choices": [choice], "usage": usage}
+            return JSONResponse(answer)
+        delta = {"role": "assistant", "tool_calls": [{**call, "index": 0}]}
+        chunk = {**head, "object": "chat.completion.chunk"}
+        events = [
+            {**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+            {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+            "[DONE]",
+        ]
+        return Response(sse(*events), media_type="text/event-stream")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_deeply_nested_tool_arguments_from_an_upstream_are_relayed_as_text(
+    make_gateway: Callable[..., Gateway], caplog: pytest.LogCaptureFixture, stream: bool
+) -> None:
+    # Ollama's tool calls carry `arguments` as an object, so an OpenAI upstream's string is
+    # parsed for an Ollama client: at this depth that raised RecursionError (a 500, or a
+    # stream cut off without its last chunk). Arguments that cannot be parsed within bounds
+    # are passed on as text (`_raw`), as invalid JSON arguments always were.
+    with LoopbackServer(ToolCaller().app) as server:
+        gw = make_gateway(upstream_url=server.url, upstream_dialect="openai")
+        response = httpx.post(
+            f"{gw.url}/api/chat",
+            headers=gw.headers(),
+            json={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "hi"}],
+                "stream": stream,
+            },
+            timeout=10,
+        )
+    assert response.status_code == 200, response.text
+    lines = [json.loads(line) for line in response.text.splitlines()]
+    calls = [call for line in lines for call in line["message"].get("tool_calls", [])]
+    assert [call["function"]["arguments"] for call in calls] == [{"_raw": DEEP_ARGUMENTS}]
+    assert lines[-1]["done"] is True
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def test_deeply_nested_tool_arguments_from_a_client_reach_ollama_as_text(
+    gateway: Gateway, emulator: Emulator
+) -> None:
+    # The same string in a client's own history (an assistant turn it sends back) was refused
+    # as "the ollama upstream cannot take this request": the RecursionError was taken for the
+    # dialect's refusal. Now it is passed on as text, as invalid JSON arguments are.
+    call = {"id": "c1", "type": "function"}
+    call["function"] = {"name": "f", "arguments": DEEP_ARGUMENTS}
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        headers=gateway.headers(),
+        json={"model": MODEL, "messages": messages},
+        timeout=10,
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["role"] == "assistant"
 
 
 def test_upstream_cookies_are_never_replayed(weird_gateway):
