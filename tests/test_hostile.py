@@ -15,6 +15,7 @@ import httpx
 import pytest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 from gateway.testing.server import LoopbackServer
 from tests.conftest import Emulator, Gateway, metric_value
@@ -210,6 +211,41 @@ def test_deeply_nested_tool_arguments_from_a_client_reach_ollama_as_text(
     )
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+class BrokenShow(OllamaLookalike):
+    """An Ollama look-alike whose `/api/show` fails with the body a test sets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.show: tuple[int, bytes] = (500, b"{}")
+        self.app.router.routes.append(Route("/api/show", self._show, methods=["POST"]))
+
+    async def _show(self, _: Request) -> Response:
+        status, body = self.show
+        return Response(body, status, media_type="application/json")
+
+
+@pytest.mark.parametrize("status", [400, 500])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 30_000 + b"]" * 30_000,  # within the 64 KiB read of an error body
+        b'{"error": ' + b'{"a":' * 6000 + b"1" + b"}" * 6000 + b"}",
+    ],
+)
+def test_a_deeply_nested_error_body_on_a_passthrough_route_is_a_clean_error(
+    make_gateway: Callable[..., Gateway], status: int, body: bytes
+) -> None:
+    upstream = BrokenShow()
+    upstream.show = (status, body)
+    with LoopbackServer(upstream.app) as server:
+        gw = make_gateway(upstream_url=server.url)
+        response = httpx.post(
+            f"{gw.url}/api/show", headers=gw.headers(), json={"model": MODEL}, timeout=10
+        )
+    assert response.status_code in (400, 502), response.text  # the request's, or the upstream's
+    assert isinstance(response.json()["error"], str)
 
 
 def test_upstream_cookies_are_never_replayed(weird_gateway):
