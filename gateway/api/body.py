@@ -18,7 +18,7 @@ worker thread would not help since the C parser holds the GIL throughout. `count
 the number of values with byte counts that run at C speed.
 
 Every other JSON document from outside (an admin token's header and claims, an identity
-provider's JWKS, a paging cursor, tool-call arguments, an upstream's error body) is parsed with
+provider's JWKS, tool-call arguments, an upstream's model list or error body) is parsed with
 `parse_json`: the same bounds on values and depth, one `ValueError` for whatever is wrong, and
 never the `RecursionError` of a deeply nested document.
 """
@@ -203,8 +203,8 @@ def parse_json(raw: bytes | str, *, max_depth: int, max_values: int) -> Any:
     """Parse JSON that came from outside the gateway, within bounds on its parsing work.
 
     For every JSON document a client, an identity provider or an upstream supplies that is not
-    a request body (`parse_object`): a token's header and claims, a JWKS, a paging cursor,
-    tool-call arguments, an upstream's error body. Python's parser recurses once per level, so
+    a request body (`parse_object`): a token's header and claims, a JWKS, tool-call
+    arguments, an upstream's model list or error body. Python's parser recurses once per level, so
     a deep enough document raises `RecursionError` (which no `except ValueError` catches) and a
     merely deep one leaves a structure that recursive code after it cannot walk; many tiny
     values cost time in proportion. Both are refused here, as one `ValueError`.
