@@ -45,14 +45,21 @@ class OllamaLookalike:
         return JSONResponse({"version": "0.33.0"})
 
     async def _tags(self, _: Request) -> Response:
-        return JSONResponse(self.tags)
+        return _json(self.tags)
 
     async def _ps(self, _: Request) -> Response:
-        return JSONResponse(self.ps)
+        return _json(self.ps)
 
     async def generate(self, request: Request) -> Response:
         """The answer to `/api/generate` (and any other path in `generate_paths`)."""
         raise NotImplementedError
+
+
+def _json(value: Any) -> Response:
+    """`value` as JSON; bytes as they are (JSON no Python value makes, such as deep nesting)."""
+    if isinstance(value, bytes):
+        return Response(value, media_type="application/json")
+    return JSONResponse(value)
 
 
 Lookalike = TypeVar("Lookalike", bound=OllamaLookalike)
@@ -84,7 +91,7 @@ class OpenAILookalike:
         self.app = Starlette(routes=routes)
 
     async def _models(self, _: Request) -> Response:
-        return JSONResponse(self.models)
+        return _json(self.models)
 
     async def complete(self, request: Request) -> Response:
         """The answer to every path in `complete_paths`."""

@@ -11,6 +11,7 @@ import base64
 import hashlib
 import hmac
 import json
+import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -96,6 +97,52 @@ def test_an_unsigned_token_with_a_huge_integer_time_is_a_401_not_a_500(
         )
         assert response.status_code == 401, (name, response.text)
         assert response.json()["error"]["message"] == "malformed token"
+
+
+def _nested(depth: int, kind: str) -> str:
+    """A JSON list (`[[...]]`) or object (`{"a":{"a":...}}`) nested `depth` levels."""
+    if kind == "list":
+        return "[" * depth + "]" * depth
+    return '{"a":' * depth + "1" + "}" * depth
+
+
+def _raw_token(header: str, claims: str) -> str:
+    """A token of any header and claims text, with a signature that verifies nothing."""
+    return f"{_b64(header.encode())}.{_b64(claims.encode())}.{_b64(b'x' * 32)}"
+
+
+@pytest.mark.parametrize(
+    ("header", "claims"),
+    [
+        # About 1,000 levels (what fits in the 8 KiB a token may have) made jose's own
+        # `json.loads` of the claims raise RecursionError: a 500 and a traceback, for anyone.
+        ('{"alg":"HS256"}', '{"exp":EXP,"x":' + _nested(1000, "list") + "}"),
+        ('{"alg":"HS256"}', '{"exp":EXP,"sub":' + _nested(980, "object") + "}"),
+        ('{"alg":"HS256"}', '{"exp":EXP,"aud":' + _nested(1000, "list") + "}"),
+        ('{"alg":"HS256"}', '{"exp":EXP,"scope":' + _nested(400, "list") + "}"),
+        ('{"alg":"HS256","x":' + _nested(1000, "list") + "}", '{"exp":EXP,"sub":"a"}'),
+        ('{"alg":"HS256","crit":' + _nested(990, "object") + "}", '{"exp":EXP}'),
+    ],
+)
+def test_a_token_with_deeply_nested_json_is_a_401_not_a_500(
+    admin_gateway: Gateway, caplog: pytest.LogCaptureFixture, header: str, claims: str
+) -> None:
+    caplog.set_level(logging.INFO)
+    token = _raw_token(header, claims.replace("EXP", str(int(time.time()) + 60)))
+    assert len(token) <= 8 * 1024  # within the size limit: the parser sees it
+
+    response = httpx.get(
+        f"{admin_gateway.url}/admin/v1/keys",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=10,
+    )
+
+    assert response.status_code == 401, response.text
+    assert response.json()["error"]["message"] == "malformed token"
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert 'error="invalid_token"' in response.headers["www-authenticate"]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert "Traceback" not in caplog.text
 
 
 def test_x_forwarded_for_does_not_write_the_audit_source_without_trusted_proxies(

@@ -23,7 +23,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.auth.jwks import MIN_REFRESH_SECONDS, JwksError
@@ -187,6 +187,15 @@ async def test_subject_is_stripped_of_control_characters_and_capped(
     identity = await verifier.verify(_hs(_gateway_claims(sub="ali\x1b[31mce\u202e" + "x" * 300)))
     assert identity.subject == "ali[31mce" + "x" * 191
     assert len(identity.subject) == 200
+
+
+@pytest.mark.anyio
+async def test_subject_loses_every_invisible_character(verifier: AdminTokenVerifier) -> None:
+    # Zero-width characters, the byte-order mark, word joiner, soft hyphen, bidi isolates and a
+    # tag character: `alice` that reads like `alice` but is another subject in the audit trail.
+    hidden = "a\u2060l\ufeffi\u00adc\u2066e\u2069\U000e0041\u200b@example.com\u2028"
+    identity = await verifier.verify(_hs(_gateway_claims(sub=hidden)))
+    assert identity.subject == "alice@example.com"
 
 
 def test_no_secret_and_no_jwks_means_the_admin_api_is_off() -> None:
@@ -770,3 +779,59 @@ async def test_an_oversized_jwks_is_refused_and_logged(caplog: pytest.LogCapture
             await verifier.aclose()
     assert error.message == "signing keys unavailable"
     assert "larger than 262144 bytes" in caplog.text
+
+
+def _hostile_jwks(idp: IdentityProvider, kid: str, kind: str) -> bytes:
+    """The provider's JWKS, spoiled in one way a broken or hostile provider could."""
+    document = idp.jwks()
+    if kind == "nested list":  # past Python's recursion limit: RecursionError before the fix
+        return json.dumps(document).encode()[:-1] + b', "x": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    if kind == "nested object":
+        deep = b'{"a":' * 3000 + b"1" + b"}" * 3000
+        return json.dumps(document).encode()[:-1] + b', "x": ' + deep + b"}"
+    key = next(entry for entry in document["keys"] if entry["kid"] == kid)
+    if kind == "kty a list":  # unhashable: a TypeError in the type check before the fix
+        key["kty"] = ["RSA"]
+    elif kind == "n an object":
+        key["n"] = {"a": key["n"]}
+    return json.dumps(document).encode()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("nested list", "signing keys unavailable"),
+        ("nested object", "signing keys unavailable"),
+        ("kty a list", "unknown signing key"),
+        ("n an object", "unknown signing key"),
+    ],
+)
+async def test_a_hostile_jwks_refuses_tokens_with_401_not_an_exception(
+    caplog: pytest.LogCaptureFixture, kind: str, reason: str
+) -> None:
+    idp = IdentityProvider()
+    kid = idp.add_key("RS256")
+    served = _hostile_jwks(idp, kid, kind)
+
+    async def certs(_request: Request) -> Response:
+        return Response(served, media_type="application/json")
+
+    with LoopbackServer(Starlette(routes=[Route("/certs", certs)])) as server:
+        verifier = _url_verifier(idp, f"{server.url}/certs", FakeClock())
+        try:
+            error = await _refused(verifier, idp.token(kid, [ADMIN_ROLE]))
+        finally:
+            await verifier.aclose()
+    assert (error.status, error.message) == (401, reason)
+    if reason == "signing keys unavailable":
+        assert "is nested deeper than 16 levels" in caplog.text
+
+
+def test_a_jwks_file_nested_too_deep_stops_start_up_with_a_clear_error(
+    idp: IdentityProvider, tmp_path: Path
+) -> None:
+    path = tmp_path / "jwks.json"
+    path.write_bytes(_hostile_jwks(idp, _kid(idp, "RSA"), "nested list"))
+    with pytest.raises(JwksError, match="nested deeper than 16 levels"):
+        AdminTokenVerifier.from_settings(_settings(idp, admin_jwks_file=path))

@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from gateway.api.body import count_values
+from gateway.api.body import JsonLimitError, count_values, parse_json
 from gateway.errors import BadRequestError
 from tests.conftest import Gateway
 
@@ -161,3 +161,54 @@ def test_integers_with_thousands_of_digits_are_refused_before_they_cost_seconds(
         max_values=100_000,
     )
     assert ok["options"]["seed"] == seed
+
+
+# --- JSON from outside a request body ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"[" * 5000 + b"]" * 5000, "is nested deeper than 8 levels"),  # RecursionError before
+        (b'{"a":' * 3000 + b"1" + b"}" * 3000, "is nested deeper than 8 levels"),
+        (b"[" * 9 + b"]" * 9, "is nested deeper than 8 levels"),  # parses, but too deep
+        (b"[" + b"0," * 2000 + b"0]", "holds more than 1000 JSON values"),
+        (b'{"a": NaN}', "is not valid JSON"),
+        (b'{"a": 1' + b"0" * 40 + b"}", "is not valid JSON"),
+        (b'{"a": "\xff"}', "is not valid UTF-8"),
+    ],
+)
+def test_outside_json_is_refused_with_one_value_error(raw: bytes, message: str) -> None:
+    values = 1000 if b"0," in raw else 100_000  # let the depth cases reach the parser
+    with pytest.raises(JsonLimitError, match=message):
+        parse_json(raw, max_depth=8, max_values=values)
+    assert issubclass(JsonLimitError, ValueError)  # what every caller catches
+
+
+def test_outside_json_within_bounds_is_parsed() -> None:
+    raw = b'{"a": [1, 2.5, "x", null, true, {"b": []}]}'
+    assert parse_json(raw, max_depth=4, max_values=10) == json.loads(raw)
+    assert parse_json(raw.decode(), max_depth=4, max_values=10) == json.loads(raw)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"input_file_id": "file-x", "metadata": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+        b'{"input_file_id": "file-x", "metadata": ' + b'{"a":' * 2000 + b"1" + b"}" * 2000 + b"}",
+        b"[" * 30000 + b"]" * 30000,
+    ],
+)
+def test_a_deeply_nested_batch_body_is_a_400_not_a_500(gateway: Gateway, body: bytes) -> None:
+    response = httpx.post(
+        f"{gateway.url}/v1/batches",
+        content=body,
+        headers={**gateway.headers(), "Content-Type": "application/json"},
+        timeout=30,
+    )
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert message in {
+        "the body is nested deeper than 8 levels",
+        "the body holds more than 10000 JSON values",  # each `[` may begin a value
+    }

@@ -91,6 +91,86 @@ def test_an_upstream_echo_of_a_hostile_model_name_writes_one_log_line(
     assert all(entry["client"] == "127.0.0.1" for entry in access)
 
 
+#: Characters that make a log line read other than it is, each with the escape written instead:
+#: bidi embeddings, overrides and isolates, zero-width characters, the byte-order mark, other
+#: format characters (soft hyphen, Arabic letter mark, a tag character), separators, C1 controls.
+INVISIBLE = {
+    "\u202a": "\\u202a",
+    "\u202e": "\\u202e",
+    "\u2066": "\\u2066",
+    "\u2069": "\\u2069",
+    "\u200b": "\\u200b",
+    "\u200d": "\\u200d",
+    "\u200f": "\\u200f",
+    "\u2060": "\\u2060",
+    "\ufeff": "\\ufeff",
+    "\u00ad": "\\xad",
+    "\u061c": "\\u061c",
+    "\U000e0041": "\\U000e0041",
+    "\u2028": "\\u2028",
+    "\u0085": "\\x85",
+    "\u00a0": "\\xa0",
+}
+
+
+def test_escape_text_escapes_invisible_and_format_characters() -> None:
+    for char, escape in INVISIBLE.items():
+        assert escape_text(f"a{char}b") == f"a{escape}b"
+    hostile = "invoice\u202efdp.exe\u200b\ufeff"
+    assert escape_text(hostile) == "invoice\\u202efdp.exe\\u200b\\ufeff"
+    assert escape_text("\ud800") == "\\ud800"  # a lone surrogate: not even writable as UTF-8
+    assert escape_text("emoji 🦙 and 中文 stay") == "emoji 🦙 and 中文 stay"
+
+
+def test_the_formatter_escapes_the_text_inside_a_traceback() -> None:
+    formatter = EscapingFormatter("%(levelname)s %(message)s")
+    try:
+        raise ValueError("model 'a\u202eb\u200b' is \x1b[31mred")
+    except ValueError:
+        record = logging.LogRecord(
+            "gateway", logging.ERROR, __file__, 1, "failed", (), exc_info=sys.exc_info()
+        )
+    line = formatter.format(record)
+    assert line.splitlines()[-1] == "ValueError: model 'a\\u202eb\\u200b' is \\x1b[31mred"
+    assert all(part.isprintable() for part in line.splitlines())
+
+
+@pytest.mark.parametrize("path", ["/api/generate", "/v1/chat/completions"])
+def test_invisible_characters_in_a_model_name_are_escaped_in_the_real_log(
+    tmp_path: Path, emulator: Emulator, path: str
+) -> None:
+    """The upstream's "model not found" echoes the model name into a warning line: every
+    invisible character in it is written as its escape, on both surfaces."""
+    env = {
+        "GATEWAY_UPSTREAM_URL": emulator.url,
+        "GATEWAY_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path}/keys.db",
+    }
+    key = str(create_key(env, "app")["key"])
+    model = "marker-" + "-".join(INVISIBLE) + "-end"
+    body: dict[str, object] = {"model": model, "stream": False}
+    body |= (
+        {"prompt": "hi"}
+        if path.startswith("/api")
+        else {"messages": [{"role": "user", "content": "hi"}]}
+    )
+    with gateway_process(tmp_path, env) as process:
+        answer = httpx.post(
+            f"{process.url}{path}",
+            headers={"Authorization": f"Bearer {key}"},
+            json=body,
+            timeout=10,
+        )
+        assert answer.status_code == 404, answer.text
+        process.stop()
+        log = process.log_tail(200)
+    echoed = [line for line in log.splitlines() if "marker-" in line and "not found" in line]
+    assert echoed, log  # the upstream's message was logged ...
+    assert "marker-" + "-".join(INVISIBLE.values()) + "-end" in echoed[0]  # ... escaped
+    for char in INVISIBLE:
+        assert char not in log, f"U+{ord(char):04X} reached the log raw"
+    assert all(line.isprintable() for line in log.splitlines())
+
+
 # --- the client address --------------------------------------------------------------------
 
 

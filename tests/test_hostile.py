@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import threading
 import time
@@ -14,11 +15,12 @@ from typing import Any
 import httpx
 import pytest
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 from gateway.testing.server import LoopbackServer
 from tests.conftest import Emulator, Gateway, metric_value
-from tests.helpers import MODEL, OllamaLookalike, ndjson, served
+from tests.helpers import MODEL, OllamaLookalike, OpenAILookalike, ndjson, served, sse
 
 
 class WeirdUpstream(OllamaLookalike):
@@ -83,9 +85,13 @@ def _generate(gw: Gateway, **body: Any) -> httpx.Response:
         (["not", "an", "object"], {"models": []}),
         ({"models": [1, "x", None]}, {"models": [7, {"model": MODEL, "size": "abc"}]}),
         ({"models": "nope"}, ["list"]),
+        # Nested past Python's recursion limit: RecursionError, which no `except ValueError`
+        # caught (a 500 on /api/tags, a traceback from every poll).
+        (b'{"models": ' + b"[" * 5000 + b"]" * 5000 + b"}", b"[" * 5000 + b"]" * 5000),
+        (b'{"models": [' + b'{"a":' * 3000 + b"1" + b"}" * 3000 + b"]}", {"models": []}),
     ],
 )
-def test_malformed_model_lists_do_not_break_the_gateway(weird_gateway, tags, ps):
+def test_malformed_model_lists_do_not_break_the_gateway(weird_gateway, caplog, tags, ps):
     upstream, gw = weird_gateway
     upstream.tags, upstream.ps = tags, ps
     time.sleep(0.5)  # several polls of the malformed answers
@@ -94,6 +100,153 @@ def test_malformed_model_lists_do_not_break_the_gateway(weird_gateway, tags, ps)
     models = httpx.get(f"{gw.url}/v1/models", headers=gw.headers())
     assert models.status_code in (200, 502)
     assert "error" in models.json() or "data" in models.json()
+    for path in ("/api/tags", "/api/ps"):
+        listed = httpx.get(f"{gw.url}{path}", headers=gw.headers())
+        assert listed.status_code in (200, 502), listed.text
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+class ListingOnly(OpenAILookalike):
+    """An OpenAI-compatible server whose only use here is its `/v1/models`."""
+
+    async def complete(self, request: Request) -> Response:
+        return Response(status_code=404)
+
+
+@pytest.mark.parametrize(
+    "models",
+    [
+        b'{"object": "list", "data": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+        b'{"object": "list", "data": [' + b'{"id":' * 3000 + b'"m"' + b"}" * 3000 + b"]}",
+    ],
+)
+def test_a_deeply_nested_openai_model_list_does_not_break_the_gateway(
+    make_gateway: Callable[..., Gateway], caplog: pytest.LogCaptureFixture, models: bytes
+) -> None:
+    upstream = ListingOnly(models=models)
+    with LoopbackServer(upstream.app) as server:
+        gw = make_gateway(
+            upstream_url=server.url, upstream_dialect="openai", upstream_poll_interval=0.1
+        )
+        time.sleep(0.5)  # several polls of the nested answer
+        listed = httpx.get(f"{gw.url}/v1/models", headers=gw.headers(), timeout=10)
+    assert listed.status_code in (200, 502), listed.text
+    assert "error" in listed.json() or "data" in listed.json()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+#: Tool-call arguments (a JSON document inside a JSON string) nested past the recursion limit.
+DEEP_ARGUMENTS = "[" * 5000 + "]" * 5000
+
+
+class ToolCaller(OpenAILookalike):
+    """An OpenAI-compatible server that answers every chat with one call of a tool whose
+    `arguments` are `DEEP_ARGUMENTS`, streamed or not."""
+
+    async def complete(self, request: Request) -> Response:
+        call = {"id": "c1", "type": "function"}
+        call["function"] = {"name": "f", "arguments": DEEP_ARGUMENTS}
+        head = {"id": "x", "created": 0, "model": MODEL}
+        if not (await request.json()).get("stream"):
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+            choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+            usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+            answer = {**head, "object": "chat.completion", "choices": [choice], "usage": usage}
+            return JSONResponse(answer)
+        delta = {"role": "assistant", "tool_calls": [{**call, "index": 0}]}
+        chunk = {**head, "object": "chat.completion.chunk"}
+        events = [
+            {**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+            {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+            "[DONE]",
+        ]
+        return Response(sse(*events), media_type="text/event-stream")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_deeply_nested_tool_arguments_from_an_upstream_are_relayed_as_text(
+    make_gateway: Callable[..., Gateway], caplog: pytest.LogCaptureFixture, stream: bool
+) -> None:
+    # Ollama's tool calls carry `arguments` as an object, so an OpenAI upstream's string is
+    # parsed for an Ollama client: at this depth that raised RecursionError (a 500, or a
+    # stream cut off without its last chunk). Arguments that cannot be parsed within bounds
+    # are passed on as text (`_raw`), as invalid JSON arguments always were.
+    with LoopbackServer(ToolCaller().app) as server:
+        gw = make_gateway(upstream_url=server.url, upstream_dialect="openai")
+        response = httpx.post(
+            f"{gw.url}/api/chat",
+            headers=gw.headers(),
+            json={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "hi"}],
+                "stream": stream,
+            },
+            timeout=10,
+        )
+    assert response.status_code == 200, response.text
+    lines = [json.loads(line) for line in response.text.splitlines()]
+    calls = [call for line in lines for call in line["message"].get("tool_calls", [])]
+    assert [call["function"]["arguments"] for call in calls] == [{"_raw": DEEP_ARGUMENTS}]
+    assert lines[-1]["done"] is True
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def test_deeply_nested_tool_arguments_from_a_client_reach_ollama_as_text(
+    gateway: Gateway, emulator: Emulator
+) -> None:
+    # The same string in a client's own history (an assistant turn it sends back) was refused
+    # as "the ollama upstream cannot take this request": the RecursionError was taken for the
+    # dialect's refusal. Now it is passed on as text, as invalid JSON arguments are.
+    call = {"id": "c1", "type": "function"}
+    call["function"] = {"name": "f", "arguments": DEEP_ARGUMENTS}
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        headers=gateway.headers(),
+        json={"model": MODEL, "messages": messages},
+        timeout=10,
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+class BrokenShow(OllamaLookalike):
+    """An Ollama look-alike whose `/api/show` fails with the body a test sets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.show: tuple[int, bytes] = (500, b"{}")
+        self.app.router.routes.append(Route("/api/show", self._show, methods=["POST"]))
+
+    async def _show(self, _: Request) -> Response:
+        status, body = self.show
+        return Response(body, status, media_type="application/json")
+
+
+@pytest.mark.parametrize("status", [400, 500])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 30_000 + b"]" * 30_000,  # within the 64 KiB read of an error body
+        b'{"error": ' + b'{"a":' * 6000 + b"1" + b"}" * 6000 + b"}",
+    ],
+)
+def test_a_deeply_nested_error_body_on_a_passthrough_route_is_a_clean_error(
+    make_gateway: Callable[..., Gateway], status: int, body: bytes
+) -> None:
+    upstream = BrokenShow()
+    upstream.show = (status, body)
+    with LoopbackServer(upstream.app) as server:
+        gw = make_gateway(upstream_url=server.url)
+        response = httpx.post(
+            f"{gw.url}/api/show", headers=gw.headers(), json={"model": MODEL}, timeout=10
+        )
+    assert response.status_code in (400, 502), response.text  # the request's, or the upstream's
+    assert isinstance(response.json()["error"], str)
 
 
 def test_upstream_cookies_are_never_replayed(weird_gateway):

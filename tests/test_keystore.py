@@ -6,13 +6,16 @@ tests are isolated, rerunnable, and safe next to another run using the same data
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from gateway.auth import apikey
+from gateway.db.tables import ApiKeyRow
 from gateway.keys import store as store_module
 from gateway.keys.store import UNSET, InvalidKeyError, KeyNotFoundError, KeyRecord, KeyStore
 from gateway.keys.validation import MAX_LIMIT
@@ -80,6 +83,76 @@ async def test_authenticate_rejects_unknown_id_after_a_dummy_compare(
     assert str(caught.value) == "invalid API key"
     # As many compares as for a known key (its current and its pre-rotation secret).
     assert compared == [store_module._DUMMY_HASH, store_module._DUMMY_HASH]
+
+
+class AuthenticationWork:
+    """What one `authenticate` did: rows the ORM loaded, records built, digests compared."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.loaded = 0
+        self.records = 0
+        self.compares = 0
+        to_record, secret_matches = store_module.to_record, store_module.secret_matches
+
+        def counting_record(row: Any) -> KeyRecord:
+            self.records += 1
+            return to_record(row)
+
+        def counting_compare(secret: str, stored_hash: str) -> bool:
+            self.compares += 1
+            return secret_matches(secret, stored_hash)
+
+        monkeypatch.setattr(store_module, "to_record", counting_record)
+        monkeypatch.setattr(store_module, "secret_matches", counting_compare)
+
+    def on_load(self, _target: Any, _context: Any) -> None:
+        self.loaded += 1
+
+    def counts(self) -> tuple[int, int, int]:
+        return self.loaded, self.records, self.compares
+
+
+@pytest.mark.anyio
+async def test_an_unknown_id_costs_what_a_known_id_with_a_wrong_secret_does(
+    store: KeyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Whether a key id exists showed in response timing (50-90 µs): for an unknown id the
+    # database returned nothing, so no row was decoded or loaded and no record was built. Now
+    # the same work runs either way: one row loaded (the key's, or a stand-in), one record
+    # built, two digests compared.
+    record, key = await store.create_key("alice", models=["llama3.2"])
+    await store.touch(record.id)
+    _, other_secret, _ = apikey.generate_key()
+    unknown_id = "0123456789ab" if record.id != "0123456789ab" else "ba9876543210"
+    work: dict[str, tuple[int, int, int]] = {}
+    for case, presented in (
+        ("unknown id", f"gw_{unknown_id}_{other_secret}"),
+        ("wrong secret", f"gw_{record.id}_{other_secret}"),
+        ("right secret", key),
+    ):
+        spy = AuthenticationWork(monkeypatch)
+        event.listen(ApiKeyRow, "load", spy.on_load)
+        try:
+            with contextlib.suppress(InvalidKeyError):
+                await store.authenticate(presented)
+        finally:
+            event.remove(ApiKeyRow, "load", spy.on_load)
+        work[case] = spy.counts()
+
+    assert work["unknown id"] == work["wrong secret"] == work["right secret"] == (1, 1, 2)
+
+
+@pytest.mark.anyio
+async def test_the_stand_in_of_an_unknown_id_opens_nothing(store: KeyStore) -> None:
+    # The stand-in row's hashes are a known secret's: its match must still be refused.
+    for presented in (
+        "gw_0123456789ab_gateway-dummy-secret",
+        "gw_ffffffffffff_gateway-dummy-secret",
+    ):
+        with pytest.raises(InvalidKeyError) as caught:
+            await store.authenticate(presented)
+        assert caught.value.reason == "unknown"
+    assert await store.list_keys() == []  # and it is no key
 
 
 @pytest.mark.anyio

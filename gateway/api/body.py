@@ -16,6 +16,11 @@ Parsing work is bounded before the parser runs: a body within the size limit can
 millions of tiny values (`[0,0,...]`) that keep the one event loop busy for seconds, and a
 worker thread would not help since the C parser holds the GIL throughout. `count_values` bounds
 the number of values with byte counts that run at C speed.
+
+Every other JSON document from outside (an admin token's header and claims, an identity
+provider's JWKS, tool-call arguments, an upstream's model list or error body) is parsed with
+`parse_json`: the same bounds on values and depth, one `ValueError` for whatever is wrong, and
+never the `RecursionError` of a deeply nested document.
 """
 
 from __future__ import annotations
@@ -179,6 +184,84 @@ def nesting_depth(value: Any, limit: int) -> int:
     return deepest
 
 
+def _loads(text: str, object_pairs_hook: Any = None) -> Any:
+    """`json.loads` refusing `NaN`/`Infinity`, numbers that overflow and over-long integers."""
+    return json.loads(
+        text,
+        parse_constant=_reject_constant,
+        parse_float=_finite_float,
+        parse_int=_bounded_int,
+        object_pairs_hook=object_pairs_hook,
+    )
+
+
+class JsonLimitError(ValueError):
+    """JSON from outside the gateway that is invalid, too deep or holds too many values."""
+
+
+def parse_json(raw: bytes | str, *, max_depth: int, max_values: int) -> Any:
+    """Parse JSON that came from outside the gateway, within bounds on its parsing work.
+
+    For every JSON document a client, an identity provider or an upstream supplies that is not
+    a request body (`parse_object`): a token's header and claims, a JWKS, tool-call
+    arguments, an upstream's model list or error body. Python's parser recurses once per level, so
+    a deep enough document raises `RecursionError` (which no `except ValueError` catches) and a
+    merely deep one leaves a structure that recursive code after it cannot walk; many tiny
+    values cost time in proportion. Both are refused here, as one `ValueError`.
+
+    Args:
+        raw: The document (bytes must be UTF-8).
+        max_depth: Deepest nesting accepted (a scalar is 1, `[1]` is 2).
+        max_values: Most values accepted (`count_values`), checked before parsing.
+
+    Returns:
+        The parsed value (any JSON type).
+
+    Raises:
+        JsonLimitError: its message a predicate for the document (`is nested deeper than 8
+            levels`): invalid UTF-8 or JSON (`NaN`, overflowing numbers and integers over
+            `MAX_INT_DIGITS` included), more than `max_values` values, deeper than `max_depth`.
+    """
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if count_values(data, max_values) > max_values:
+        raise JsonLimitError(f"holds more than {max_values} JSON values")
+    try:
+        value = _loads(data.decode("utf-8") if isinstance(raw, bytes) else raw)
+    except UnicodeDecodeError:
+        raise JsonLimitError("is not valid UTF-8") from None
+    except RecursionError:
+        raise JsonLimitError(f"is nested deeper than {max_depth} levels") from None
+    except ValueError as exc:
+        raise JsonLimitError(f"is not valid JSON: {exc}") from None
+    if nesting_depth(value, max_depth) > max_depth:
+        raise JsonLimitError(f"is nested deeper than {max_depth} levels")
+    return value
+
+
+def parse_arguments(text: str) -> Any:
+    """Parse a tool call's `arguments`, a JSON document inside a JSON string.
+
+    A client's (from its chat history) or an upstream's (from its answer): either may send a
+    body's worth, so the bounds are the request body defaults (`GATEWAY_MAX_JSON_DEPTH`,
+    `GATEWAY_MAX_JSON_VALUES`).
+
+    Raises:
+        JsonLimitError: as `parse_json`.
+    """
+    return parse_json(text, max_depth=64, max_values=100_000)
+
+
+def parse_listing(raw: bytes) -> Any:
+    """Parse an upstream's model list (`/api/tags`, `/v1/models`) or `/api/ps` answer.
+
+    16 levels (an entry's `details` sit at level 4) and a million values (thousands of models).
+
+    Raises:
+        JsonLimitError: as `parse_json`.
+    """
+    return parse_json(raw, max_depth=16, max_values=1_000_000)
+
+
 def parse_object(raw: bytes, *, max_depth: int, max_values: int = 100_000) -> dict[str, Any]:
     """Parse a request body that must be one JSON object with a model name.
 
@@ -202,13 +285,7 @@ def parse_object(raw: bytes, *, max_depth: int, max_values: int = 100_000) -> di
     if count_values(raw, max_values) > max_values:
         raise BadRequestError(f"request body holds more than {max_values} JSON values")
     try:
-        body = json.loads(
-            raw.decode("utf-8"),
-            parse_constant=_reject_constant,
-            parse_float=_finite_float,
-            parse_int=_bounded_int,
-            object_pairs_hook=_unique_keys,
-        )
+        body = _loads(raw.decode("utf-8"), _unique_keys)
     except UnicodeDecodeError as exc:
         raise BadRequestError("request body is not valid UTF-8") from exc
     except _RepeatedKeyError as exc:

@@ -19,8 +19,8 @@ class AdminIdentity:
     """Who presented a valid admin token, and what it allows.
 
     Attributes:
-        subject: The token's `sub`, control characters removed, at most 200 characters: what
-            the audit trail records.
+        subject: The token's `sub`, non-printable characters removed (controls, bidi and
+            zero-width ones), at most 200 characters: what the audit trail records.
         scopes: `{"read"}`, or `{"admin", "read"}` (admin includes everything read allows).
         issuer: The token's `iss` (`ISSUER` for the gateway's own tokens).
         token_id: The token's `jti`, if any.

@@ -19,7 +19,6 @@ Refresh policy, one rule for a file and a URL alike:
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -28,6 +27,8 @@ from typing import Any
 
 import anyio
 import httpx
+
+from gateway.api.body import parse_json
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,12 @@ FETCH_TIMEOUT = 5.0
 """Seconds one JWKS fetch may take from connecting to the last byte."""
 MAX_JWKS_BYTES = 256 * 1024
 """Largest JWKS accepted. Providers publish a few keys (a few KiB); more is a broken source."""
+MAX_JWKS_DEPTH = 16
+"""Deepest nesting accepted in a JWKS (a key's `x5c` list sits at level 4)."""
+MAX_JWKS_VALUES = 50_000
+"""Most JSON values accepted in a JWKS: a few hundred keys' worth."""
+#: The members, by key type, that a usable public key has as strings (RFC 7518 section 6).
+_MEMBERS = {"RSA": ("n", "e"), "EC": ("crv", "x", "y")}
 
 
 class JwksError(Exception):
@@ -49,26 +56,32 @@ class JwksError(Exception):
 def parse_jwks(data: bytes) -> dict[str, JWK]:
     """Return the usable keys of a JWKS document, by `kid`.
 
-    Kept: RSA and EC keys with a `kid`, for signatures (`use` absent or `sig`), public only.
+    Kept: RSA and EC keys with a `kid` and their public members (`n`, `e`; `crv`, `x`, `y`) as
+    strings, for signatures (`use` absent or `sig`), public only.
     Symmetric (`oct`) keys are skipped: HMAC tokens are checked only with the gateway's own
     secret, never with a key a JWKS supplies. A key holding private material is skipped (and
     logged): a provider publishing it is misconfigured.
 
     Raises:
-        JwksError: if `data` is not a JSON object with a `keys` list.
+        JwksError: if `data` is not a JSON object with a `keys` list, or holds more than
+            `MAX_JWKS_VALUES` values or nests deeper than `MAX_JWKS_DEPTH` levels.
     """
     try:
-        document = json.loads(data)
+        document = parse_json(data, max_depth=MAX_JWKS_DEPTH, max_values=MAX_JWKS_VALUES)
     except ValueError as exc:
-        raise JwksError(f"not JSON ({exc})") from None
+        raise JwksError(f"the document {exc}") from None
     if not isinstance(document, dict) or not isinstance(document.get("keys"), list):
         raise JwksError('not a JWKS (no "keys" list)')
     keys: dict[str, JWK] = {}
     for entry in document["keys"]:
         if not isinstance(entry, dict) or not isinstance(entry.get("kid"), str):
             continue
-        if entry.get("kty") not in {"RSA", "EC"} or entry.get("use", "sig") != "sig":
+        kty = entry.get("kty")
+        members = _MEMBERS.get(kty) if isinstance(kty, str) else None
+        if members is None or entry.get("use", "sig") != "sig":
             continue
+        if not all(isinstance(entry.get(name), str) for name in members):
+            continue  # jose would fail on it with errors of its own choosing: not a usable key
         if any(part in entry for part in ("d", "p", "q")):
             logger.warning("JWKS key %r holds private key material; ignored", entry["kid"])
             continue

@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import httpx
 
+from gateway.api.body import parse_listing
 from gateway.metrics import Metrics
 from gateway.upstream.catalog import ModelCatalog
 from gateway.upstream.dialect import Dialect
@@ -107,7 +108,7 @@ class UpstreamMonitor:
             with anyio.fail_after(self._budget):
                 response = await self._client.get("/api/ps", timeout=self._timeout)
             response.raise_for_status()
-            models: list[dict[str, Any]] = response.json().get("models") or []
+            models: list[dict[str, Any]] = parse_listing(response.content).get("models") or []
         except (httpx.HTTPError, ValueError, AttributeError, TimeoutError):
             logger.warning("upstream %s: /api/ps unavailable", self.name)
             return

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from gateway.api.body import parse_listing
 from gateway.neutral import Chunk, GenerationRequest, ToolCall
 from gateway.upstream.dialect import (
     BodyDecoder,
@@ -76,7 +77,7 @@ class OllamaDialect:
         """
         response = await client.get("/api/tags")
         response.raise_for_status()
-        data = response.json()
+        data = parse_listing(response.content)
         models = data.get("models") if isinstance(data, dict) else None
         if not isinstance(models, list):
             raise ValueError("upstream /api/tags has no models list")

@@ -10,9 +10,9 @@ are dropped, as Ollama drops them.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from gateway.api.body import parse_arguments
 from gateway.neutral import GenerationRequest
 
 #: OpenAI sampling fields and their Ollama `options` names (reference section 2.2).
@@ -158,8 +158,8 @@ def _tool_call(call: dict[str, Any]) -> dict[str, Any]:
     arguments = function.get("arguments", "{}")
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
+            arguments = parse_arguments(arguments) if arguments.strip() else {}
+        except ValueError:  # invalid, too deep or too many values: passed on as text
             arguments = {"_raw": arguments}
     result: dict[str, Any] = {
         "function": {"name": function.get("name", ""), "arguments": arguments}

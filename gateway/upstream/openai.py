@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from gateway.api.body import parse_listing
 from gateway.neutral import Chunk, GenerationRequest, Stats, TokenClock, ToolCall
 from gateway.upstream.dialect import (
     MAX_LINE_BYTES,
@@ -103,7 +104,7 @@ class OpenAIDialect:
         """
         response = await client.get("/v1/models")
         response.raise_for_status()
-        answer = response.json()
+        answer = parse_listing(response.content)
         data = (answer.get("data") if isinstance(answer, dict) else None) or []
         if not isinstance(data, list):
             raise ValueError("upstream /v1/models has no data list")

@@ -7,7 +7,6 @@ an id that does not exist. Errors are OpenAI error objects (`gateway.errors.spea
 from __future__ import annotations
 
 import functools
-import json
 from typing import Annotated, Any
 
 import anyio
@@ -15,6 +14,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 from starlette.datastructures import UploadFile
 
+from gateway.api.body import parse_json
 from gateway.api.openai.routes import Completions, Embeddings
 from gateway.auth.dependencies import PrincipalDep, require_principal
 from gateway.auth.principal import Principal
@@ -55,10 +55,11 @@ LimitQuery = Annotated[int, Query(ge=1, le=10_000)]
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:
+    # A batch's fields are flat (`metadata` holds strings): a few levels suffice.
     try:
-        value = json.loads(raw)
+        value = parse_json(raw, max_depth=8, max_values=10_000)
     except ValueError as exc:
-        raise BadRequestError("the body is not valid JSON") from exc
+        raise BadRequestError(f"the body {exc}") from exc
     if not isinstance(value, dict):
         raise BadRequestError("the body must be a JSON object")
     return value

@@ -12,9 +12,9 @@ chunk; for chat, `message.content`, `message.thinking` and `message.tool_calls` 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from gateway.api.body import parse_arguments
 from gateway.neutral import Chunk, GenerationRequest, ToolCall
 from gateway.upstream.dialect import encode_json, rfc3339_now
 
@@ -145,10 +145,11 @@ class EmbedCodec:
 
 def ollama_tool_call(call: ToolCall) -> dict[str, Any]:
     """A neutral tool call in Ollama's form: `arguments` an object (reference section 3.1)."""
+    text = call.arguments
     try:
-        arguments = json.loads(call.arguments) if call.arguments.strip() else {}
-    except ValueError:
-        arguments = {"_raw": call.arguments}
+        arguments = parse_arguments(text) if text.strip() else {}
+    except ValueError:  # invalid, too deep or too many values: passed on as text
+        arguments = {"_raw": text}
     result: dict[str, Any] = {
         "function": {"index": call.index, "name": call.name, "arguments": arguments}
     }

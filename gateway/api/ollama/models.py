@@ -32,7 +32,7 @@ import httpx
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import PlainTextResponse
 
-from gateway.api.body import parse_object
+from gateway.api.body import parse_listing, parse_object
 from gateway.api.ollama.passthrough import error_of, fetch, transport_error
 from gateway.auth.dependencies import PrincipalDep, require_principal
 from gateway.auth.principal import Principal
@@ -144,7 +144,7 @@ async def _fetch(upstream: Upstream, path: str, budget: float) -> list[dict[str,
     """GET an Ollama upstream's model list at `path` within `budget` seconds."""
     response = await fetch(upstream.client, "GET", path, budget=budget)
     response.raise_for_status()
-    return _entries(response.json())
+    return _entries(parse_listing(response.content))
 
 
 Lister = Callable[[Upstream], Awaitable[list[dict[str, Any]]]]

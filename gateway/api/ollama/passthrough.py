@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,6 +21,7 @@ import httpx
 from fastapi import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.api.body import parse_json
 from gateway.errors import (
     GatewayError,
     ServiceUnavailableError,
@@ -42,7 +42,8 @@ CLIENT_CLOSED_REQUEST = 499
 def status_error(response: httpx.Response, raw: bytes) -> UpstreamStatusError:
     """The client's error for an upstream error status, with the message of its body `raw`."""
     try:
-        data = json.loads(raw)
+        # An error body is `{"error": "..."}`: anything deep or long is no error message.
+        data = parse_json(raw, max_depth=8, max_values=1_000)
         message = str(data.get("error") or "") if isinstance(data, dict) else ""
     except ValueError:
         message = raw[:200].decode("utf-8", "replace").strip()
