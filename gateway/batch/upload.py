@@ -32,7 +32,7 @@ class UploadTooSlowError(GatewayError):
     """An upload fell below the minimum pace (408: the client may send it again faster)."""
 
     status_code = 408
-    outcome = "client_timeout"
+    outcome = "client_disconnect"  # as the door's own 408 for a stalled body
 
 
 class PacedReceive:
