@@ -129,7 +129,7 @@ def test_checking_a_file_never_stalls_the_event_loop(
 
 async def _insert_finished_batch(database_url: str, key_id: str, lines: int) -> str:
     """A batch of `lines` succeeded lines with large answers, as the runner leaves them."""
-    vector = [0.123456789 * i for i in range(4000)]
+    vector = [0.123456789 * i for i in range(1000)]
     now = as_utc(None)
     batch_id = "batch_" + "ab" * 12
     engine = create_async_engine(database_url)
