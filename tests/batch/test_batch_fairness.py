@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from datetime import timedelta
 from urllib.parse import urlsplit
 
@@ -261,3 +262,25 @@ def test_trickled_uploads_hold_their_own_keys_slot_not_everyones(
     # The trickle ends: it fell below the pace after the grace (408), its slot free again.
     assert first.status(timeout=30) == 408
     assert _upload(gw, slow, (_chat("now") + "\n").encode()).status_code == 200
+
+
+def test_a_download_nobody_reads_is_closed_and_frees_its_slot(
+    make_gateway: Callable[..., Gateway],
+) -> None:
+    gw = make_gateway(**FAST, batch_worker=False, idle_timeout=2.0)
+    content = os.urandom(40 * 1024 * 1024)  # far more than the sockets' buffers hold
+    file_id = _upload(gw, gw.key, content, timeout=120).json()["id"]
+    url = f"{gw.url}/v1/files/{file_id}/content"
+    with ExitStack() as stack:
+        client = stack.enter_context(httpx.Client(timeout=60))
+        unread = [
+            stack.enter_context(client.stream("GET", url, headers=gw.headers())) for _ in range(4)
+        ]
+        time.sleep(8)  # nothing read for longer than GATEWAY_IDLE_TIMEOUT
+        for response in unread:
+            with pytest.raises(httpx.RemoteProtocolError):  # closed short of Content-Length
+                response.read()
+    # Their slots are free again: the key downloads the whole file.
+    whole = httpx.get(url, headers=gw.headers(), timeout=60)
+    assert whole.status_code == 200
+    assert whole.content == content

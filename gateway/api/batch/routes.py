@@ -7,6 +7,7 @@ an id that does not exist. Errors are OpenAI error objects (`gateway.errors.spea
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import AsyncExitStack, aclosing, asynccontextmanager
 from typing import Annotated, Any
@@ -14,7 +15,7 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway.api.openai.routes import Completions, Embeddings
 from gateway.auth.dependencies import PrincipalDep, require_principal
@@ -36,6 +37,8 @@ ENDPOINTS: dict[str, Endpoint] = {
     "/v1/completions": Completions("/v1/completions", chat=False),
     "/v1/embeddings": Embeddings(),
 }
+
+logger = logging.getLogger("gateway.batch")
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_principal)])
 
@@ -172,7 +175,9 @@ async def file_content(
             raise NotFoundError(f"No such File object: {file_id}")
         await stack.enter_async_context(store.downloads.slot(principal.key_id))
         # The admission and the slot are the response's from here: held until it ends.
-        return FileDownload(store.content(record), record.size, stack.pop_all())
+        return FileDownload(
+            store.content(record), record.size, stack.pop_all(), relay.settings.idle_timeout
+        )
     raise AssertionError("unreachable")  # pragma: no cover - mypy: the block returns
 
 
@@ -389,21 +394,35 @@ class FileDownload(StreamingResponse):
 
     `done` (the request's admission and download slot) is closed however the response ends,
     sent, cut short or never started: a `StreamingResponse`'s body iterator alone may never
-    run its `finally` on a disconnect.
+    run its `finally` on a disconnect. A client that reads nothing for `idle` seconds (each
+    piece waits that long at most for the socket to take it) has its download closed, so a
+    download never read does not hold its slot forever.
     """
 
     def __init__(
-        self, chunks: AsyncGenerator[bytes, None], size: int, done: AsyncExitStack
+        self,
+        chunks: AsyncGenerator[bytes, None],
+        size: int,
+        done: AsyncExitStack,
+        idle: float,
     ) -> None:
         super().__init__(chunks, media_type="application/jsonl")
         self.headers["content-length"] = str(size)
         self._chunks = chunks
         self._done = done
+        self._idle = idle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Send the file, then release what the download held."""
+
+        async def write(message: Message) -> None:
+            with anyio.fail_after(self._idle):
+                await send(message)
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, write)
+        except TimeoutError:
+            logger.warning("client read nothing for %g s; its download is closed", self._idle)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._chunks.aclose()
