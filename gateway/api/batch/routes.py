@@ -106,7 +106,10 @@ async def _store_upload(
     try:
         if purpose != "batch":
             raise BadRequestError("purpose must be 'batch'")
-        size = upload.size or 0
+        size = upload.size
+        if size is None:  # not counted while parsing: the spooled file's end is its size
+            size = await anyio.to_thread.run_sync(upload.file.seek, 0, 2)
+            await upload.seek(0)
         if size > settings.batch_max_file_bytes:
             raise BadRequestError(f"the file is larger than {settings.batch_max_file_bytes} bytes")
         quota = settings.batch_max_stored_bytes_per_key
