@@ -284,6 +284,13 @@ class Settings(BaseSettings):
     batch_max_file_bytes: int = Field(
         100 * 1024 * 1024, ge=1024, description="Largest file `POST /v1/files` accepts, in bytes."
     )
+    batch_upload_min_bytes_per_second: int = Field(
+        64 * 1024,
+        ge=1,
+        description="Slowest average pace an upload may keep after a grace of "
+        "`GATEWAY_BODY_TIMEOUT` seconds; slower: 408 (a trickled upload held its slot without "
+        "bound).",
+    )
     batch_max_lines: int = Field(50_000, ge=1, description="Most lines in one batch input file.")
     batch_max_queued_lines_per_key: int = Field(
         200_000,

@@ -9,10 +9,13 @@ most `MAX_ERRORS` errors.
 
 from __future__ import annotations
 
+import codecs
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.api.body import MAX_INT_DIGITS, count_values
 from gateway.auth.principal import Principal
 from gateway.errors import GatewayError
 from gateway.relay.surface import Endpoint
@@ -47,6 +50,168 @@ class LineError:
         return {"code": self.code, "message": self.message, "param": None, "line": self.line}
 
 
+#: A line that holds something other than ASCII whitespace (`(?m)^` anchors each try at a
+#: line's start, so a long blank line is passed over once, at C speed, not once per byte).
+_NOT_BLANK = re.compile(rb"(?m)^[ \t\r\f\v]*+[^\s][^\n]*+")
+
+
+class InputChecker:
+    """Check a batch input file piece by piece, in bounded memory; see `check_input`.
+
+    Feed it the file's bytes in pieces (`feed`), then call `finish`. It holds one line at a
+    time (at most `GATEWAY_MAX_BODY_BYTES` + 4 KiB of it), the `custom_id`s seen, and the
+    checked lines only while no error was found; blank lines cost no Python work each (100 MiB
+    of blank lines took ~1 GB of memory and held the event loop for seconds before).
+
+    Args:
+        endpoint_path: The batch's `endpoint`; every line's `url` must be it.
+        endpoint: That endpoint's parser (`gateway.api.openai.routes`).
+        principal: The batch's key: each line's model must be one it may use.
+        settings: Body limits (`GATEWAY_MAX_BODY_BYTES`, ...) and `GATEWAY_BATCH_MAX_LINES`.
+    """
+
+    def __init__(
+        self, *, endpoint_path: str, endpoint: Endpoint, principal: Principal, settings: Settings
+    ) -> None:
+        self._path = endpoint_path
+        self._endpoint = endpoint
+        self._principal = principal
+        self._settings = settings
+        self._longest = settings.max_body_bytes + 4096
+        self._utf8 = codecs.getincrementaldecoder("utf-8")()
+        self._offset = 0  # bytes of the file fed so far
+        self._line_no = 1  # the number of the line `_carry` starts
+        self._carry = b""  # the start of a line whose end has not come yet
+        self._dropping = False  # the line in `_carry` is too long: its bytes are dropped
+        self._dropped_text = False  # ... and it held more than whitespace
+        self._count = 0  # non-blank lines
+        self._seen: set[str] = set()
+        self._bad_utf8: LineError | None = None
+        self.lines: list[InputLine] = []
+        self.errors: list[LineError] = []
+
+    def feed(self, data: bytes) -> None:
+        """Check the lines `data` completes (the file's next bytes, any size)."""
+        if self._bad_utf8 is not None or self._too_many() or not data:
+            return  # the answer is known: the rest of the file changes nothing
+        if self._offset == 0 and data.startswith(_BOM):  # utf-8-sig: Windows editors write one
+            data = data[len(_BOM) :]
+            self._offset = len(_BOM)
+        try:
+            self._utf8.decode(data)
+        except UnicodeDecodeError as exc:
+            where = self._offset + exc.start
+            self._bad_utf8 = LineError("invalid_file", f"the file is not UTF-8 (byte {where})")
+            return
+        self._offset += len(data)
+        end = data.rfind(b"\n")
+        if end < 0:
+            self._hold(data)
+            return
+        first = data.find(b"\n")
+        self._hold(data[:first])
+        self._line(self._take_carry())
+        self._line_no += 1
+        self._scan(data, first + 1, end)
+        self._line_no += data.count(b"\n", first + 1, end + 1)
+        self._hold(data[end + 1 :])
+
+    def finish(self) -> tuple[list[InputLine], list[LineError]]:
+        """(lines, errors): the checked lines, and the errors found (at most `MAX_ERRORS`).
+
+        The batch may run only when `errors` is empty.
+        """
+        if self._bad_utf8 is None:
+            try:
+                self._utf8.decode(b"", final=True)
+            except UnicodeDecodeError:
+                self._bad_utf8 = LineError(
+                    "invalid_file", f"the file is not UTF-8 (byte {self._offset})"
+                )
+        if self._bad_utf8 is not None:
+            return [], [self._bad_utf8]
+        self._line(self._take_carry())
+        if not self._count:
+            return [], [LineError("empty_file", "the file has no request lines")]
+        if self._too_many():
+            most = self._settings.batch_max_lines
+            message = f"the file has more than {most} lines; at most {most}"
+            return [], [LineError("too_many_lines", message)]
+        return self.lines, self.errors
+
+    def _too_many(self) -> bool:
+        # Past the limit the batch fails whatever follows: the rest is not read (30 million
+        # one-byte lines are not counted one by one).
+        return self._count > self._settings.batch_max_lines
+
+    def _hold(self, data: bytes) -> None:
+        if self._dropping:
+            self._dropped_text = self._dropped_text or bool(data.strip())
+            return
+        self._carry += data
+        if len(self._carry) > self._longest:
+            self._dropping = True
+            self._dropped_text = bool(self._carry.strip())
+            self._carry = b""
+
+    def _take_carry(self) -> bytes | None:
+        """The held line (None: too long, and not blank), and room for the next."""
+        carry, dropping, text = self._carry, self._dropping, self._dropped_text
+        self._carry, self._dropping, self._dropped_text = b"", False, False
+        if dropping:
+            return None if text else b""
+        return carry
+
+    def _scan(self, data: bytes, start: int, end: int) -> None:
+        """Check the whole lines in `data[start:end]`, passing blank ones over in C."""
+        line_no, at = self._line_no, start
+        for found in _NOT_BLANK.finditer(data, start, end):
+            line_no += data.count(b"\n", at, found.start())
+            at = found.start()
+            if found.end() - found.start() > self._longest:
+                self._line(None, line_no)
+            else:
+                self._line(found.group(), line_no)
+
+    def _line(self, raw: bytes | None, line_no: int | None = None) -> None:
+        """Check one line; None is a line over the length limit."""
+        number = self._line_no if line_no is None else line_no
+        if raw is not None:
+            raw = raw.removesuffix(b"\r")
+            if not raw.decode().strip():  # Unicode whitespace too, as str.strip sees it
+                return
+        self._count += 1
+        if len(self.errors) >= MAX_ERRORS or self._count > self._settings.batch_max_lines:
+            return  # only counted from here
+        if raw is None:
+            limit = self._settings.max_body_bytes
+            self._fail(LineError("line_too_large", f"the line is over {limit} bytes", number))
+            return
+        problem, line = _check_line(
+            number, raw, self._path, self._endpoint, self._principal, self._settings
+        )
+        if problem is not None:
+            self._fail(problem)
+            return
+        assert line is not None  # noqa: S101 - one of the two is set
+        if line.custom_id in self._seen:
+            self._fail(LineError("duplicate_custom_id", "custom_id is repeated", number))
+            return
+        self._seen.add(line.custom_id)
+        if not self.errors:  # a batch with an error never runs: its lines need not be kept
+            self.lines.append(line)
+
+    def _fail(self, error: LineError) -> None:
+        self.errors.append(error)
+        self.lines.clear()
+
+
+#: UTF-8's byte-order mark.
+_BOM = codecs.BOM_UTF8
+#: Bytes `check_input` feeds at a time.
+_PIECE = 1024 * 1024
+
+
 def check_input(
     content: bytes,
     *,
@@ -55,7 +220,7 @@ def check_input(
     principal: Principal,
     settings: Settings,
 ) -> tuple[list[InputLine], list[LineError]]:
-    """Parse and check every line of a batch input file.
+    """Parse and check every line of a batch input file held whole (`InputChecker` in one go).
 
     Args:
         content: The file's bytes (UTF-8 JSONL; blank lines are skipped).
@@ -68,42 +233,23 @@ def check_input(
         (lines, errors): the checked lines, and every error found (at most `MAX_ERRORS`);
         the batch may run only when `errors` is empty.
     """
-    errors: list[LineError] = []
-    lines: list[InputLine] = []
-    seen: set[str] = set()
-    try:
-        # utf-8-sig: a byte-order mark at the start (Windows editors write one) is dropped.
-        text = content.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        return [], [LineError("invalid_file", f"the file is not UTF-8 (byte {exc.start})")]
-    # JSON Lines ends lines with \n (or \r\n) only: str.splitlines would also split at
-    # U+2028, U+0085 and the like, which JSON strings may hold unescaped.
-    lines_of_text = (raw.removesuffix("\r") for raw in text.split("\n"))
-    numbered = [(n, raw) for n, raw in enumerate(lines_of_text, 1) if raw.strip()]
-    if not numbered:
-        return [], [LineError("empty_file", "the file has no request lines")]
-    if len(numbered) > settings.batch_max_lines:
-        message = f"the file has {len(numbered)} lines; at most {settings.batch_max_lines}"
-        return [], [LineError("too_many_lines", message)]
-    for line_no, raw in numbered:
-        if len(errors) >= MAX_ERRORS:
-            break
-        problem, line = _check_line(line_no, raw, endpoint_path, endpoint, principal, settings)
-        if problem is not None:
-            errors.append(problem)
-            continue
-        assert line is not None  # noqa: S101 - one of the two is set
-        if line.custom_id in seen:
-            errors.append(LineError("duplicate_custom_id", "custom_id is repeated", line_no))
-            continue
-        seen.add(line.custom_id)
-        lines.append(line)
-    return lines, errors
+    checker = InputChecker(
+        endpoint_path=endpoint_path, endpoint=endpoint, principal=principal, settings=settings
+    )
+    for start in range(0, len(content), _PIECE):
+        checker.feed(content[start : start + _PIECE])
+    return checker.finish()
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > MAX_INT_DIGITS:  # str -> int is quadratic in the digits
+        raise ValueError("integer too long")
+    return int(text)
 
 
 def _check_line(
     line_no: int,
-    raw: str,
+    raw: bytes,
     endpoint_path: str,
     endpoint: Endpoint,
     principal: Principal,
@@ -112,10 +258,12 @@ def _check_line(
     def fail(code: str, message: str) -> tuple[LineError, None]:
         return LineError(code, message, line_no), None
 
-    if len(raw.encode()) > settings.max_body_bytes + 4096:
-        return fail("line_too_large", f"the line is over {settings.max_body_bytes} bytes")
+    # The interactive body's bounds, before parsing: a line of millions of tiny values or of
+    # long integers would hold the GIL (and so the event loop) for seconds.
+    if count_values(raw, settings.max_json_values) > settings.max_json_values:
+        return fail("invalid_request", f"the line holds over {settings.max_json_values} values")
     try:
-        item = json.loads(raw)
+        item = json.loads(raw, parse_int=_bounded_int)
     except (ValueError, RecursionError):
         return fail("invalid_json_line", "the line is not valid JSON")
     if not isinstance(item, dict):

@@ -180,7 +180,12 @@ class FileRow(Base):
     purpose: Mapped[str] = mapped_column(String(20), nullable=False)
     size: Mapped[int] = mapped_column("bytes", BigInteger, nullable=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
-    content: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    # Deferred, and raising if touched unasked: a listing or a metadata read must never load
+    # every file's bytes (ten listings of 10 x 20 MiB files took 7.2 GB before). The bytes are
+    # read in ranges by `gateway.batch.store.BatchStore.open_content`.
+    content: Mapped[bytes | None] = mapped_column(
+        LargeBinary, nullable=True, deferred=True, deferred_raiseload=True
+    )
 
     __table_args__ = (Index("ix_gateway_files_key_id", "key_id", "created_at"),)
 

@@ -359,7 +359,9 @@ def test_a_key_held_back_by_its_own_rpm_does_not_hold_back_another_keys_batch(
     """Keys take turns, and a limited key's lines wait for its Retry-After, not in line."""
     emulator.config.tokens = 2
     gw = make_gateway(**BASE)
-    _, slow_key = gw.create_key("two-a-minute", rpm=2)
+    # Four a minute: the upload and the batch's creation take two (Files and Batch API
+    # requests count against RPM), two lines run, and then the key's RPM holds the rest back.
+    _, slow_key = gw.create_key("four-a-minute", rpm=4)
     with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=slow_key, max_retries=0) as slow:
         hog = _submit(slow, [f"hog-{i}" for i in range(300)])
         _wait_for(lambda: slow.batches.retrieve(hog).request_counts.completed >= 2)

@@ -6,24 +6,28 @@ an id that does not exist. Errors are OpenAI error objects (`gateway.errors.spea
 
 from __future__ import annotations
 
-import functools
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import AsyncExitStack, aclosing, asynccontextmanager
 from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import Response
-from starlette.datastructures import UploadFile
+from fastapi.responses import Response, StreamingResponse
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway.api.body import parse_json
 from gateway.api.openai.routes import Completions, Embeddings
 from gateway.auth.dependencies import PrincipalDep, require_principal
 from gateway.auth.principal import Principal
 from gateway.batch.runner import BatchRunner
-from gateway.batch.store import BatchStore, UnknownCursorError, parse_window
-from gateway.batch.validate import check_input
-from gateway.deps import SettingsDep
+from gateway.batch.store import BatchStore, FileGoneError, UnknownCursorError, parse_window
+from gateway.batch.upload import read_form
+from gateway.batch.validate import InputChecker
+from gateway.deps import RelayDep, SettingsDep
 from gateway.errors import BadRequestError, NotFoundError, RateLimitedError
 from gateway.relay.body import read_body
+from gateway.relay.pipeline import Relay
 from gateway.relay.surface import Endpoint
 from gateway.settings import Settings
 
@@ -33,6 +37,8 @@ ENDPOINTS: dict[str, Endpoint] = {
     "/v1/completions": Completions("/v1/completions", chat=False),
     "/v1/embeddings": Embeddings(),
 }
+
+logger = logging.getLogger("gateway.batch")
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_principal)])
 
@@ -67,51 +73,56 @@ def _json_object(raw: bytes) -> dict[str, Any]:
 
 @router.post("/files")
 async def upload_file(
-    request: Request, principal: PrincipalDep, store: BatchesDep, settings: SettingsDep
+    request: Request,
+    principal: PrincipalDep,
+    store: BatchesDep,
+    settings: SettingsDep,
+    relay: RelayDep,
 ) -> dict[str, Any]:
     """Upload a batch input (multipart: `file`, `purpose=batch`); OpenAI's file object.
 
+    Counts against the key's RPM and in-flight limits; one upload per key at a time.
+
     Raises:
-        PayloadTooLargeError: over `GATEWAY_BATCH_MAX_FILE_BYTES` (413).
-        BadRequestError: not multipart, no file, a purpose other than `batch`, or the key's
-            files would pass `GATEWAY_BATCH_MAX_STORED_BYTES_PER_KEY` (400).
+        PayloadTooLargeError: over `GATEWAY_BATCH_MAX_FILE_BYTES` + 64 KiB (413).
+        BadRequestError: not multipart, no file, a purpose other than `batch`, a file over
+            `GATEWAY_BATCH_MAX_FILE_BYTES`, or the key's files would pass
+            `GATEWAY_BATCH_MAX_STORED_BYTES_PER_KEY` (400).
+        UploadTooSlowError: the body came slower than
+            `GATEWAY_BATCH_UPLOAD_MIN_BYTES_PER_SECOND` (408).
+        RateLimitedError: the key's limits, or an upload of the key's in progress (429).
+        ServiceUnavailableError: every upload slot of the process stayed taken (503).
     """
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise BadRequestError("send the file as multipart/form-data")
-    async with store.heavy:  # a few uploads at once: each holds the file several times
+    async with _admitted(relay, principal), store.uploads.slot(principal.key_id):
         return await _store_upload(request, principal, store, settings)
 
 
 async def _store_upload(
     request: Request, principal: Principal, store: BatchStore, settings: Settings
 ) -> dict[str, Any]:
-    """Read, check and store one upload (under `store.heavy`); see `upload_file`."""
-    raw = await read_body(request, settings.batch_max_file_bytes + 64 * 1024)
-
-    async def replay() -> dict[str, Any]:
-        return {"type": "http.request", "body": raw, "more_body": False}
-
+    """Receive, check and store one upload (under an upload slot); see `upload_file`."""
+    upload, purpose, form = await read_form(request, settings)
     try:
-        form = await Request(request.scope, replay).form(max_files=1, max_fields=10)
-    except Exception as exc:  # python-multipart's errors: a malformed body
-        raise BadRequestError("the multipart body could not be read") from exc
-    upload = form.get("file")
-    purpose = form.get("purpose")
-    if not isinstance(upload, UploadFile):
-        raise BadRequestError("the form has no file field 'file'")
-    if purpose != "batch":
-        raise BadRequestError("purpose must be 'batch'")
-    content = await upload.read()
-    await form.close()
-    if len(content) > settings.batch_max_file_bytes:
-        raise BadRequestError(f"the file is larger than {settings.batch_max_file_bytes} bytes")
-    quota = settings.batch_max_stored_bytes_per_key
-    held = await store.stored_bytes(principal.key_id)
-    if held + len(content) > quota:
-        raise BadRequestError(
-            f"this key's files would hold {held + len(content)} bytes, over its {quota}: "
-            "delete files it no longer needs (DELETE /v1/files/{id})"
-        )
+        if purpose != "batch":
+            raise BadRequestError("purpose must be 'batch'")
+        size = upload.size
+        if size is None:  # not counted while parsing: the spooled file's end is its size
+            size = await anyio.to_thread.run_sync(upload.file.seek, 0, 2)
+            await upload.seek(0)
+        if size > settings.batch_max_file_bytes:
+            raise BadRequestError(f"the file is larger than {settings.batch_max_file_bytes} bytes")
+        quota = settings.batch_max_stored_bytes_per_key
+        held = await store.stored_bytes(principal.key_id)
+        if held + size > quota:
+            raise BadRequestError(
+                f"this key's files would hold {held + size} bytes, over its {quota}: "
+                "delete files it no longer needs (DELETE /v1/files/{id})"
+            )
+        content = await upload.read()  # once, from the spooled file: what the store writes
+    finally:
+        await form.close()
     record = await store.create_file(principal.key_id, _filename(upload.filename), "batch", content)
     return record.as_openai()
 
@@ -120,6 +131,7 @@ async def _store_upload(
 async def list_files(
     principal: PrincipalDep,
     store: BatchesDep,
+    relay: RelayDep,
     purpose: str | None = None,
     limit: LimitQuery = 10_000,
     after: str | None = None,
@@ -130,40 +142,57 @@ async def list_files(
         BadRequestError: `after` names none of the key's files (400).
     """
     try:
-        files, more = await store.list_files(
-            principal.key_id, purpose=purpose, limit=limit, after=after
-        )
+        async with _admitted(relay, principal):
+            files, more = await store.list_files(
+                principal.key_id, purpose=purpose, limit=limit, after=after
+            )
     except UnknownCursorError:
         raise _unknown_cursor("file") from None
     return _list_page([f.as_openai() for f in files], more)
 
 
 @router.get("/files/{file_id}")
-async def get_file(file_id: str, principal: PrincipalDep, store: BatchesDep) -> dict[str, Any]:
+async def get_file(
+    file_id: str, principal: PrincipalDep, store: BatchesDep, relay: RelayDep
+) -> dict[str, Any]:
     """One of the key's files.
 
     Raises:
         NotFoundError: no such file, or another key's (404).
     """
-    record = await store.get_file(principal.key_id, file_id)
+    async with _admitted(relay, principal):
+        record = await store.get_file(principal.key_id, file_id)
     if record is None:
         raise NotFoundError(f"No such File object: {file_id}")
     return record.as_openai()
 
 
 @router.get("/files/{file_id}/content")
-async def file_content(file_id: str, principal: PrincipalDep, store: BatchesDep) -> Response:
-    """A file's bytes (JSONL)."""
-    content = await store.file_content(principal.key_id, file_id)
-    if content is None:
-        raise NotFoundError(f"No such File object: {file_id}")
-    return Response(content, media_type="application/jsonl")
+async def file_content(
+    file_id: str, principal: PrincipalDep, store: BatchesDep, relay: RelayDep
+) -> Response:
+    """A file's bytes (JSONL), streamed."""
+    async with AsyncExitStack() as stack:
+        await stack.enter_async_context(_admitted(relay, principal))
+        record = await store.get_file(principal.key_id, file_id)
+        if record is None:
+            raise NotFoundError(f"No such File object: {file_id}")
+        await stack.enter_async_context(store.downloads.slot(principal.key_id))
+        # The admission and the slot are the response's from here: held until it ends.
+        return FileDownload(
+            store.content(record), record.size, stack.pop_all(), relay.settings.idle_timeout
+        )
+    raise AssertionError("unreachable")  # pragma: no cover - mypy: the block returns
 
 
 @router.delete("/files/{file_id}")
-async def delete_file(file_id: str, principal: PrincipalDep, store: BatchesDep) -> dict[str, Any]:
+async def delete_file(
+    file_id: str, principal: PrincipalDep, store: BatchesDep, relay: RelayDep
+) -> dict[str, Any]:
     """Delete one of the key's files."""
-    if not await store.delete_file(principal.key_id, file_id):
+    async with _admitted(relay, principal):
+        deleted = await store.delete_file(principal.key_id, file_id)
+    if not deleted:
         raise NotFoundError(f"No such File object: {file_id}")
     return {"id": file_id, "object": "file", "deleted": True}
 
@@ -175,6 +204,7 @@ async def create_batch(
     store: BatchesDep,
     runner: RunnerDep,
     settings: SettingsDep,
+    relay: RelayDep,
 ) -> dict[str, Any]:
     """Create a batch from an uploaded file; every line is checked first (docs/batch.md).
 
@@ -184,8 +214,21 @@ async def create_batch(
         BadRequestError: a missing or wrong `input_file_id`, `endpoint`, `completion_window`
             or `metadata` (400).
         RateLimitedError: the key's queued lines would pass
-            `GATEWAY_BATCH_MAX_QUEUED_LINES_PER_KEY` (429).
+            `GATEWAY_BATCH_MAX_QUEUED_LINES_PER_KEY`, its RPM or in-flight limit, or a batch
+            creation of the key's in progress (429).
+        ServiceUnavailableError: every batch creation slot of the process stayed taken (503).
     """
+    async with _admitted(relay, principal):
+        batch = await _create_batch(request, principal, store, settings)
+    if runner is not None:
+        runner.wake()
+    return batch
+
+
+async def _create_batch(
+    request: Request, principal: Principal, store: BatchStore, settings: Settings
+) -> dict[str, Any]:
+    """Check the request and the file's every line, then create the batch; see `create_batch`."""
     body = _json_object(await read_body(request, 64 * 1024))
     endpoint_path = body.get("endpoint")
     if endpoint_path not in ENDPOINTS:
@@ -217,20 +260,22 @@ async def create_batch(
     record = await store.get_file(principal.key_id, file_id)
     if record is None or record.purpose != "batch":
         raise BadRequestError(f"input_file_id {file_id!r} is not one of this key's batch files")
-    async with store.heavy:  # a few at once: the file and its checked lines are in memory
-        content = await store.file_content(principal.key_id, file_id) or b""
-        # Every line is parsed and checked: up to a second for a large file, off the event loop.
-        lines, errors = await anyio.to_thread.run_sync(
-            functools.partial(
-                check_input,
-                content,
-                endpoint_path=endpoint_path,
-                endpoint=ENDPOINTS[endpoint_path],
-                principal=principal,
-                settings=settings,
-            )
+    async with store.checks.slot(principal.key_id):  # the checked lines are in memory
+        checker = InputChecker(
+            endpoint_path=endpoint_path,
+            endpoint=ENDPOINTS[endpoint_path],
+            principal=principal,
+            settings=settings,
         )
-        del content
+        try:
+            async with aclosing(store.content(record)) as parts:
+                async for part in parts:
+                    # Off the event loop, a piece at a time: the GIL changes hands between
+                    # lines, and no single step is bigger than one line's parse.
+                    await anyio.to_thread.run_sync(checker.feed, part)
+        except FileGoneError:
+            raise BadRequestError(f"input_file_id {file_id!r} was deleted") from None
+        lines, errors = await anyio.to_thread.run_sync(checker.finish)
         quota = settings.batch_max_queued_lines_per_key
         queued = 0 if errors else await store.queued_lines(principal.key_id)
         if queued + len(lines) > quota:
@@ -239,7 +284,7 @@ async def create_batch(
                 f"{quota}: wait for its batches to finish",
                 headers={"Retry-After": "60"},
             )
-        batch = await store.create_batch(
+        return await store.create_batch(
             principal.key_id,
             endpoint=endpoint_path,
             input_file_id=file_id,
@@ -249,9 +294,6 @@ async def create_batch(
             lines=lines,
             errors=errors,
         )
-    if runner is not None:
-        runner.wake()
-    return batch
 
 
 @router.get("/batches")
@@ -331,3 +373,61 @@ def _filename(name: str | None) -> str:
     """The upload's name as stored: printable characters only (no NUL, no control codes)."""
     kept = "".join(ch for ch in name or "" if ch.isprintable())
     return kept or "upload.jsonl"
+
+
+@asynccontextmanager
+async def _admitted(relay: Relay, principal: Principal) -> AsyncIterator[None]:
+    """Count the request against the key's RPM and in-flight limits for the block.
+
+    The Files and Batch APIs' writes and reads of file bytes cost the gateway memory, disk and
+    CPU: they count like any other request (they did not, and one key listed 7.2 GB).
+
+    Raises:
+        RateLimitedError: the key's RPM or in-flight limit is reached (429).
+    """
+    admission = await relay.limiter.admit(principal)
+    try:
+        yield
+    finally:
+        with anyio.CancelScope(shield=True):
+            await relay.limiter.release(admission, 0)
+
+
+class FileDownload(StreamingResponse):
+    """A file's bytes as they are read, `Content-Length` set; `done` closes when it ends.
+
+    `done` (the request's admission and download slot) is closed however the response ends,
+    sent, cut short or never started: a `StreamingResponse`'s body iterator alone may never
+    run its `finally` on a disconnect. A client that reads nothing for `idle` seconds (each
+    piece waits that long at most for the socket to take it) has its download closed, so a
+    download never read does not hold its slot forever.
+    """
+
+    def __init__(
+        self,
+        chunks: AsyncGenerator[bytes, None],
+        size: int,
+        done: AsyncExitStack,
+        idle: float,
+    ) -> None:
+        super().__init__(chunks, media_type="application/jsonl")
+        self.headers["content-length"] = str(size)
+        self._chunks = chunks
+        self._done = done
+        self._idle = idle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Send the file, then release what the download held."""
+
+        async def write(message: Message) -> None:
+            with anyio.fail_after(self._idle):
+                await send(message)
+
+        try:
+            await super().__call__(scope, receive, write)
+        except TimeoutError:
+            logger.warning("client read nothing for %g s; its download is closed", self._idle)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._chunks.aclose()
+                await self._done.aclose()
