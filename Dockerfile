@@ -3,13 +3,15 @@
 FROM python:3.11-slim AS build
 WORKDIR /src
 # Every dependency, and the build backend, checked against its sha256 in the lock
-# (docs/security.md#verifying-what-you-installed); the backend in a venv of its own, so it stays
-# out of the image.
+# (docs/security.md#verifying-what-you-installed), from wheels only (no sdist built with tools
+# fetched unchecked); the backend in a venv of its own, so it stays out of the image.
 COPY requirements/runtime.txt requirements/build.txt ./requirements/
 RUN python -m venv /venv \
     && python -m venv /build \
-    && /venv/bin/pip install --no-cache-dir --require-hashes -r requirements/runtime.txt \
-    && /build/bin/pip install --no-cache-dir --require-hashes -r requirements/build.txt
+    && /venv/bin/pip install --no-cache-dir --require-hashes --only-binary :all: \
+        -r requirements/runtime.txt \
+    && /build/bin/pip install --no-cache-dir --require-hashes --only-binary :all: \
+        -r requirements/build.txt
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 # The gateway itself adds no dependency: all are above.
