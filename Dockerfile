@@ -2,10 +2,21 @@
 # The gateway image: one uvicorn worker per container; scale with replicas (docs/operations.md).
 FROM python:3.11-slim AS build
 WORKDIR /src
-RUN python -m venv /venv
+# Every dependency, and the build backend, checked against its sha256 in the lock
+# (docs/security.md#verifying-what-you-installed), from wheels only (no sdist built with tools
+# fetched unchecked); the backend in a venv of its own, so it stays out of the image.
+COPY requirements/runtime.txt requirements/build.txt ./requirements/
+RUN python -m venv /venv \
+    && python -m venv /build \
+    && /venv/bin/pip install --no-cache-dir --require-hashes --only-binary :all: \
+        -r requirements/runtime.txt \
+    && /build/bin/pip install --no-cache-dir --require-hashes --only-binary :all: \
+        -r requirements/build.txt
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway
-RUN /venv/bin/pip install --no-cache-dir .
+# The gateway itself adds no dependency: all are above.
+RUN /build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /dist . \
+    && /venv/bin/pip install --no-cache-dir --no-deps /dist/llm_gateway-*.whl
 
 FROM python:3.11-slim
 # uid and gid 10001, fixed: deploy/kubernetes sets runAsUser/runAsGroup/fsGroup to the same numbers.
