@@ -30,8 +30,15 @@ import pytest
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from gateway.neutral import GenerationRequest
 from gateway.testing.server import LoopbackServer
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
+from gateway.upstream.dialect import (
+    JsonList,
+    encode_json,
+    encode_json_stepwise,
+    requested_vectors,
+)
 from tests.batch.test_batch_sdk import FAST, _jsonl, _line, _upload, _wait
 from tests.conftest import Gateway, metric_value
 from tests.helpers import MODEL, OllamaLookalike, OpenAILookalike, served, sse, wait_polled
@@ -226,21 +233,27 @@ def test_embeddings_too_large_for_their_many_inputs_are_the_requests_fault(
     make_gateway, upstream, path
 ):
     lookalike, url = upstream
-    gw = _gateway(make_gateway, url, **OPEN_AT_ONE)
-    _, victim = gw.create_key("victim")
-    for _ in range(3):
-        response = _embed(gw, path, OVER_CAP)
-        assert response.status_code == 413, response.text[:300]
-        assert "send fewer inputs" in _message(response)
-        assert "32 MiB" in _message(response)
-        if path.startswith("/v1/"):
-            assert response.json()["error"]["code"] == "request_too_large"
-    assert lookalike.calls["/api/embed"] == 3  # neither retried nor tried again elsewhere
-    assert _circuit(gw, url) == 0
-    assert _victim_served(gw, victim)
-    metrics = gw.metrics_text()
+    second = LargeAnswers()
+    with LoopbackServer(second.app) as other:  # a second GPU node: nothing fails over to it
+        gw = make_gateway(upstreams=[{"url": url}, {"url": other.url}], **OPEN_AT_ONE)
+        wait_polled(gw, 2)
+        _, victim = gw.create_key("victim")
+        for _ in range(3):
+            response = _embed(gw, path, OVER_CAP)
+            assert response.status_code == 413, response.text[:300]
+            assert "send fewer inputs" in _message(response)
+            assert "32 MiB" in _message(response)
+            if path.startswith("/v1/"):
+                assert response.json()["error"]["code"] == "request_too_large"
+        # Each request reached one upstream once: neither retried nor tried elsewhere.
+        assert lookalike.calls.get("/api/embed", 0) + second.calls.get("/api/embed", 0) == 3
+        assert _circuit(gw, url) == 0
+        assert _circuit(gw, other.url) == 0
+        assert _victim_served(gw, victim)
+        metrics = gw.metrics_text()
     assert metric_value(metrics, "gateway_requests_total", outcome="client_error") >= 3
     assert metric_value(metrics, "gateway_requests_total", outcome="upstream_error") == 0
+    assert metric_value(metrics, "gateway_upstream_failovers_total") == 0
 
 
 def test_an_openai_upstreams_answer_too_large_for_many_inputs_is_the_requests_fault(
@@ -423,3 +436,65 @@ def test_a_large_answer_does_not_stall_another_keys_stream(
     worst, statuses = _worst_victim_gap(gateway_url, victim, attack)
     assert statuses == [200, 200]
     assert worst < STALL_BOUND, worst
+
+
+# --- the pieces: whose fault by count, and writing without holding the GIL long ----------------
+
+
+@pytest.mark.parametrize(
+    ("surface", "body", "vectors"),
+    [
+        ("ollama", {"input": "one text"}, 1),
+        ("ollama", {"input": ["a", "b", "c"]}, 3),
+        ("openai", {"input": [1, 2, 3]}, 1),  # one tokenized input
+        ("openai", {"input": [[1, 2], [3]]}, 2),
+        ("openai", {"input": []}, 0),
+    ],
+)
+def test_the_vectors_a_request_asks_for_are_counted_per_input(surface, body, vectors):
+    request = GenerationRequest(surface, "embed", {"model": MODEL, **body}, MODEL)
+    assert requested_vectors(request) == vectors
+
+
+def test_a_generation_or_a_legacy_embedding_asks_for_at_most_one_vector():
+    generation = GenerationRequest("ollama", "generate", {"model": MODEL}, MODEL)
+    legacy = GenerationRequest(
+        "ollama", "embed", {"model": MODEL, "prompt": "x"}, MODEL, legacy=True
+    )
+    assert (requested_vectors(generation), requested_vectors(legacy)) == (0, 1)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        [],
+        {},
+        [[]],
+        {"a": [], "b": {}},
+        {"embeddings": [[0.5, -1.25e-7, 3], [1e300]], "model": "é"},
+        [{"token": "a", "top_logprobs": [{"token": "b", "bytes": [98]}]}] * 3000,
+        list(range(100_000)),
+        [[0.1] * 4096] * 20,
+    ],
+)
+def test_a_stepwise_encoding_writes_the_same_bytes(data):
+    assert encode_json_stepwise(data) == encode_json(data)
+
+
+def test_a_lone_surrogate_is_escaped_where_it_is_and_the_json_is_the_same():
+    data = {"text": "\ud800", "list": ["é", [1, 2]]}
+    assert json.loads(encode_json_stepwise(data)) == json.loads(encode_json(data))
+
+
+def test_a_json_list_is_spliced_where_its_placeholder_is():
+    kept = JsonList()
+    assert not kept
+    kept.extend([{"a": 1}])
+    kept.extend([])
+    kept.extend([2, "three"])
+    answer = {"before": kept.placeholder, "text": "x"}
+    assert json.loads(kept.splice(encode_json(answer))) == {
+        "before": [{"a": 1}, 2, "three"],
+        "text": "x",
+    }
+    assert JsonList().splice(b'{"a":1}') == b'{"a":1}'
