@@ -40,7 +40,7 @@ from gateway.upstream.dialect import (
     encode_json_stepwise,
     requested_vectors,
 )
-from tests.batch.test_batch_sdk import FAST, _jsonl, _line, _upload, _wait
+from tests.batch.test_batch_sdk import FAST, _chat, _jsonl, _line, _upload, _wait
 from tests.conftest import Gateway, metric_value
 from tests.helpers import MODEL, OllamaLookalike, OpenAILookalike, served, sse, wait_polled
 
@@ -501,3 +501,24 @@ def test_a_json_list_is_spliced_where_its_placeholder_is():
         "text": "x",
     }
     assert JsonList().splice(b'{"a":1}') == b'{"a":1}'
+
+
+def test_a_batch_line_that_outruns_its_own_deadline_is_not_retried(make_gateway, emulator):
+    # Tokens flow, but the answer is longer than GATEWAY_REQUEST_TIMEOUT: the same line runs
+    # out of it on every try, so each try would only cost another generation.
+    gw = make_gateway(request_timeout=0.5, **FAST, batch_max_attempts=5)
+    emulator.config.tokens = 100
+    emulator.config.inter_token = 0.05  # 5 s of answer
+    with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=gw.key, max_retries=0) as client:
+        file_id = _upload(client, [_chat(f"slow-{i}") for i in range(2)])
+        batch = client.batches.create(
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        done = _wait(client, batch.id, timeout=60)
+        errors = _jsonl(client, done.error_file_id)
+    assert done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (0, 2)
+    assert {e["response"]["status_code"] for e in errors} == {504}
+    assert len([r for r in emulator.state.records if r.path.endswith("/chat")]) == 2
+    metrics = gw.metrics_text()
+    assert metric_value(metrics, "gateway_batch_lines_total", outcome="retried") == 0
