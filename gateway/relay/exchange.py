@@ -239,11 +239,12 @@ class Exchange:
         assert self._decoder is not None  # noqa: S101
         if self._broken is not None:
             raise self._broken
-        data: bytes | memoryview | None
+        data: bytes | None
         while True:
             if self._rest:
                 await anyio.lowlevel.checkpoint()  # the rest of a long read: a turn each slice
-                data, self._rest = self._rest[:READ_SLICE], self._rest[READ_SLICE:]
+                data = bytes(self._rest[:READ_SLICE])
+                self._rest = self._rest[READ_SLICE:]
             else:
                 data = await anext(self._reads, None)
                 if data is None:
@@ -255,7 +256,7 @@ class Exchange:
                     data = data[:READ_SLICE]
             self.received += len(data)
             try:
-                chunks = self._decoder.feed(bytes(data))
+                chunks = self._decoder.feed(data)
             except StreamBrokenError as exc:
                 if not exc.chunks:
                     raise
