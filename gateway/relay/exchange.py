@@ -60,6 +60,7 @@ from gateway.relay.meter import RequestMeter
 from gateway.settings import Settings
 from gateway.upstream.client import GenerationClient
 from gateway.upstream.dialect import (
+    INLINE_PARSE_BYTES,
     MAX_LINE_BYTES,
     MAX_VECTOR_BYTES,
     AnswerTooLongError,
@@ -81,9 +82,6 @@ _IDLE_MESSAGE = "upstream sent nothing for {:g} s"
 _ERROR_BODY_LIMIT = _DRAIN_LIMIT = 64 * 1024
 #: Longest wait, in seconds, for the body's end after the final chunk (Ollama ends it at once).
 _DRAIN_SECONDS = 1.0
-#: Largest answer body whose end is parsed on the event loop; a larger one goes to a worker
-#: thread (a 1 MiB embeddings answer parses in a few milliseconds, a thread costs ~100 us).
-INLINE_PARSE_BYTES = 1024 * 1024
 #: Most bytes of one read fed to the decoder in one turn of the event loop (`_next_batch`).
 READ_SLICE = 64 * 1024
 

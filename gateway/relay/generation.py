@@ -24,11 +24,11 @@ from gateway.errors import (
 )
 from gateway.neutral import Chunk, GenerationRequest
 from gateway.ratelimit.limiter import Admission
-from gateway.relay.exchange import INLINE_PARSE_BYTES, Exchange
+from gateway.relay.exchange import Exchange
 from gateway.relay.meter import RequestMeter
 from gateway.relay.surface import Codec
 from gateway.tracing.spans import end_upstream, end_upstream_failure
-from gateway.upstream.dialect import MAX_LINE_BYTES
+from gateway.upstream.dialect import INLINE_PARSE_BYTES, MAX_LINE_BYTES
 from gateway.upstream.pool import Upstream
 
 if TYPE_CHECKING:

@@ -31,6 +31,11 @@ MAX_LINE_BYTES = 32 * 1024 * 1024
 #: fault (docs/operations.md, "Whose fault is a failure").
 MAX_VECTOR_BYTES = 1024 * 1024
 
+#: Largest answer body parsed (or non-streamed answer written) on the event loop; a larger one
+#: goes to a worker thread (1 MiB of embeddings parses in a few milliseconds; a thread hop costs
+#: ~100 us, and the Python number hooks of `THREADED_JSON` a tenth more per number).
+INLINE_PARSE_BYTES = 1024 * 1024
+
 
 class StreamBrokenError(Exception):
     """The upstream's stream cannot be trusted any more: malformed, or ended without `done`.
@@ -274,8 +279,9 @@ def ollama_stats(data: dict[str, Any]) -> Stats:
 class BodyDecoder:
     """A whole JSON answer (embeddings): collected up to `MAX_LINE_BYTES`, parsed at EOF.
 
-    `parse` turns the object and the raw body into the one final chunk. `end` may run in a
-    worker thread (the relay moves a large answer's there): it parses with `THREADED_JSON`.
+    `parse` turns the object and the raw body into the one final chunk. The relay runs `end`
+    in a worker thread for a body over `INLINE_PARSE_BYTES`, which is then parsed with
+    `THREADED_JSON`.
 
     Raises (from `feed` and `end`):
         StreamBrokenError: the body is too long, not a JSON object, or `parse` refused it.
@@ -296,7 +302,8 @@ class BodyDecoder:
     def end(self) -> list[Chunk]:
         """Parse the collected body into its final chunk."""
         raw = bytes(self._body)
-        data = decode_object(raw, "JSON answer", THREADED_JSON)
+        decoder = THREADED_JSON if len(raw) > INLINE_PARSE_BYTES else _JSON
+        data = decode_object(raw, "JSON answer", decoder)
         if data is None:
             raise StreamBrokenError("upstream sent an empty answer")
         try:
