@@ -16,6 +16,8 @@ Hierarchy (each carries an HTTP status and a message that is safe to show a clie
     │                                   slow, limiter storage down (fail-closed) (+ Retry-After)
     ├── ClientClosedRequestError   499  the client left while its body was being read (logged only)
     └── UpstreamError              502  the upstream failed (base of the upstream family)
+        ├── AnswerTooLargeError    413  the answer the request asked for is over the 32 MiB
+        │                               the gateway holds (many inputs, `stream:false`)
         ├── UpstreamStatusError    4xx passed on (429 with its Retry-After), a 500 that blames
         │                          the request as 400, other 5xx as 502, 503 kept with Retry-After
         ├── UpstreamUnavailableError 502 connection refused / reset / dropped
@@ -297,6 +299,21 @@ class UpstreamStatusError(UpstreamError):
         super().__init__(text, headers=headers, blame=blame)
         self.status_code = status
         self.outcome = "client_error" if 400 <= status < 500 else "upstream_error"
+
+
+class AnswerTooLargeError(UpstreamError):
+    """The answer the request asked for is larger than the gateway will hold (413).
+
+    Embeddings for many inputs, or a long generation asked for as one `stream:false` object:
+    the size follows from the request, so it is the request's fault (`blame` `request`: no
+    retry, no failover, no circuit breaker), and the message says how to ask for less.
+    """
+
+    status_code = 413
+    outcome = "client_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, blame="request")
 
 
 class UpstreamUnavailableError(UpstreamError):

@@ -14,7 +14,8 @@ outcome decides what happens next:
 - upstream 429 (its `Retry-After` honoured), 5xx, timeout, dropped connection: an attempt;
   retried with jittered exponential backoff up to `GATEWAY_BATCH_MAX_ATTEMPTS`, then
   `failed` with the last reason;
-- the request's own fault (400, 403, 404, 413, 422): `failed` at once.
+- the request's own fault (400, 403, 404, 413, 422, or any failure blamed on the request, such as
+  its own `GATEWAY_REQUEST_TIMEOUT` running out): `failed` at once.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from gateway.db.tables import as_utc
 from gateway.errors import (
     GatewayError,
     RateLimitedError,
+    UpstreamError,
     UpstreamStatusError,
     openai_error_body,
     parse_retry_after,
@@ -262,7 +264,15 @@ class BatchRunner:
             return
         assert error is not None  # noqa: S101
         attempts = line.attempts + 1
-        never = isinstance(error, RateLimitedError) and error.permanent
+        # A failure the line's own request caused (an answer too large for what it asked, its
+        # own total deadline run out) fails the same way on every try; an upstream 429 is the
+        # upstream's load, whatever its blame (docs/operations.md, "Whose fault is a failure").
+        own = (
+            isinstance(error, UpstreamError)
+            and error.blame == "request"
+            and error.status_code != 429
+        )
+        never = own or (isinstance(error, RateLimitedError) and error.permanent)
         if (
             error.status_code in RETRYABLE
             and attempts < self.settings.batch_max_attempts

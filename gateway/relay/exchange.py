@@ -14,7 +14,14 @@ upstream request is built once, before any try, so a body the gateway cannot tra
 client's 422, never an upstream fault.
 
 The exchange reads the body itself and feeds each read to the dialect's decoder; the chunks one
-read completes travel together as a batch, so the client gets them in one write.
+read completes travel together as a batch, so the client gets them in one write. A large whole
+answer (embeddings) is parsed in a worker thread at its end, so that the event loop goes on
+serving every other request meanwhile (`gateway.upstream.dialect.THREADED_JSON`).
+
+An answer over `MAX_LINE_BYTES` is the request's fault when the request asked for that much
+(embeddings of at least `MAX_LINE_BYTES // MAX_VECTOR_BYTES` inputs): the client gets 413
+(`AnswerTooLargeError`), and the upstream is neither blamed nor tried again. Otherwise no
+well-behaved upstream sends it, and it is the upstream's fault.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from tenacity import (
 )
 
 from gateway.errors import (
+    AnswerTooLargeError,
     Blame,
     GatewayError,
     ServiceUnavailableError,
@@ -52,7 +60,16 @@ from gateway.relay.deadline import IdleDeadline
 from gateway.relay.meter import RequestMeter
 from gateway.settings import Settings
 from gateway.upstream.client import GenerationClient
-from gateway.upstream.dialect import Dialect, StreamBrokenError, StreamDecoder
+from gateway.upstream.dialect import (
+    INLINE_PARSE_BYTES,
+    MAX_LINE_BYTES,
+    MAX_VECTOR_BYTES,
+    AnswerTooLongError,
+    Dialect,
+    StreamBrokenError,
+    StreamDecoder,
+    requested_vectors,
+)
 
 logger = logging.getLogger("gateway.relay")
 
@@ -66,6 +83,8 @@ _IDLE_MESSAGE = "upstream sent nothing for {:g} s"
 _ERROR_BODY_LIMIT = _DRAIN_LIMIT = 64 * 1024
 #: Longest wait, in seconds, for the body's end after the final chunk (Ollama ends it at once).
 _DRAIN_SECONDS = 1.0
+#: Most bytes of one read fed to the decoder in one turn of the event loop (`_next_batch`).
+READ_SLICE = 64 * 1024
 
 
 class Exchange:
@@ -81,6 +100,7 @@ class Exchange:
         failure: The error that ended the stream after its first chunk, if any.
         server_errors: Upstream 500s (and error first lines) not blamed on the request that
             this exchange's tries got; the caller's budget for them spans its failover.
+        received: Bytes of the answer body read so far (the current try's).
     """
 
     def __init__(
@@ -107,10 +127,12 @@ class Exchange:
         self._decoder: StreamDecoder | None = None
         self._first: list[Chunk] | None = None
         self._broken: StreamBrokenError | None = None  # held back until its good chunks are sent
+        self._rest: memoryview | None = None  # what is left of a long read (`_next_batch`)
         self._request: httpx.Request | None = None
         self.outcome: str | None = None
         self.failure: GatewayError | None = None
         self.server_errors = 0
+        self.received = 0
 
     async def open(self) -> None:
         """Send the request and wait for the first chunk.
@@ -194,6 +216,7 @@ class Exchange:
         if encoding != "identity":
             raise StreamBrokenError(f"upstream sent a compressed answer ({encoding})")
         self._decoder = self._dialect.decoder(self._generation, self._meter.arrival, sent)
+        self.received, self._rest = 0, None
         # The transport's own byte stream, read directly: httpx's `aiter_raw` adds a generator
         # and a chunker per read and nothing this relay uses. A body a test transport has read
         # already comes from httpx's copy.
@@ -211,6 +234,10 @@ class Exchange:
     async def _next_batch(self) -> list[Chunk]:
         """Read until the decoder completes a chunk; return those chunks (at least one).
 
+        A read longer than `READ_SLICE` (an upstream faster than the relay, a large answer) is
+        fed in slices, one per turn of the event loop: the chunks of a multi-megabyte read,
+        decoded and encoded at once, held the loop for most of a second.
+
         Raises:
             StreamBrokenError: the body ended before the answer's final chunk.
             httpx.HTTPError: the connection failed.
@@ -219,10 +246,22 @@ class Exchange:
         assert self._decoder is not None  # noqa: S101
         if self._broken is not None:
             raise self._broken
+        data: bytes | None
         while True:
-            data = await anext(self._reads, None)
-            if data is None:
-                return self._decoder.end()
+            if self._rest:
+                await anyio.lowlevel.checkpoint()  # the rest of a long read: a turn each slice
+                data = bytes(self._rest[:READ_SLICE])
+                self._rest = self._rest[READ_SLICE:]
+            else:
+                data = await anext(self._reads, None)
+                if data is None:
+                    if self.received <= INLINE_PARSE_BYTES:
+                        return self._decoder.end()
+                    return await anyio.to_thread.run_sync(self._decoder.end)
+                if len(data) > READ_SLICE:
+                    self._rest = memoryview(data)[READ_SLICE:]
+                    data = data[:READ_SLICE]
+            self.received += len(data)
             try:
                 chunks = self._decoder.feed(data)
             except StreamBrokenError as exc:
@@ -412,6 +451,14 @@ class Exchange:
         """
         if isinstance(exc, GatewayError):
             return exc
+        if isinstance(exc, AnswerTooLongError):
+            inputs = requested_vectors(self._generation)
+            if inputs * MAX_VECTOR_BYTES >= MAX_LINE_BYTES:  # the request asked for that much
+                return AnswerTooLargeError(
+                    f"the embeddings of these {inputs} inputs are larger than the gateway's "
+                    f"{MAX_LINE_BYTES // 2**20} MiB limit for one answer: send fewer inputs "
+                    "per request"
+                )
         if isinstance(exc, TimeoutError):
             blame: Blame = "request" if request_deadline else "upstream"
             return self._count(UpstreamTimeoutError(deadline_message, blame=blame), "timeout")

@@ -16,6 +16,7 @@ import anyio
 from opentelemetry.trace import Span
 
 from gateway.errors import (
+    AnswerTooLargeError,
     GatewayError,
     ServiceUnavailableError,
     UntranslatableRequestError,
@@ -28,6 +29,7 @@ from gateway.relay.exchange import Exchange
 from gateway.relay.meter import RequestMeter
 from gateway.relay.surface import Codec
 from gateway.tracing.spans import end_upstream, end_upstream_failure
+from gateway.upstream.dialect import INLINE_PARSE_BYTES, MAX_LINE_BYTES
 from gateway.upstream.pool import Upstream
 
 if TYPE_CHECKING:
@@ -217,7 +219,14 @@ class Generation:
     async def collect(self, exchange: Exchange, codec: Codec) -> bytes:
         """Aggregate the whole stream for `stream:false` (reference section 2.4); JSON bytes.
 
+        At most `MAX_LINE_BYTES` of upstream answer are collected: how long an answer is
+        follows from the request (its output bound, its logprobs), and a streamed answer has
+        no such limit. A large answer is written in a worker thread, in steps that leave the
+        event loop free (`gateway.upstream.dialect.encode_json_stepwise`).
+
         Raises:
+            AnswerTooLargeError: the answer passed `MAX_LINE_BYTES` (413, the request's fault;
+                the upstream request is closed by the caller's `finish`).
             GatewayError: the upstream failed mid-answer; nothing was sent yet, so the client
                 gets a real status and the partial text is discarded, as Ollama does.
         """
@@ -227,9 +236,17 @@ class Generation:
                     self.observe(chunk)
                     if chunk.error is None:
                         codec.add(chunk)
+                if exchange.received > MAX_LINE_BYTES:
+                    raise AnswerTooLargeError(
+                        f"the answer is larger than the gateway's {MAX_LINE_BYTES // 2**20} MiB "
+                        'limit for one non-streamed answer: ask for it with "stream": true, '
+                        "or for fewer tokens"
+                    )
         if exchange.failure is not None:
             raise exchange.failure
-        return codec.result()
+        if exchange.received <= INLINE_PARSE_BYTES:
+            return codec.result()
+        return await anyio.to_thread.run_sync(codec.result)
 
     async def _release(self, healthy: bool | None, key: str | None = None) -> None:
         """Give the current upstream back: close the exchange, free the slot, tell the pool.

@@ -10,6 +10,7 @@ a `StreamDecoder`. Decoders do no I/O: the relay reads the body and feeds them t
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -20,7 +21,20 @@ from gateway.neutral import Chunk, GenerationRequest, Stats
 
 #: Longest NDJSON or SSE line accepted from an upstream, in bytes. A generated token is a few
 #: bytes; the final generate chunk carries `context` (a few ints per token), so allow a lot.
+#: Also the longest whole answer (embeddings) and the most a `stream:false` answer collects.
 MAX_LINE_BYTES = 32 * 1024 * 1024
+
+#: Most bytes one embedding vector takes in a well-behaved answer: 32,768 dimensions (four
+#: times the widest embedding models) written out at 24 characters each, rounded up. An answer
+#: over `MAX_LINE_BYTES` is the request's doing when it asked for enough vectors of this size to
+#: fill it (`requested_vectors`); with fewer, no model makes that much and the upstream is at
+#: fault (docs/operations.md, "Whose fault is a failure").
+MAX_VECTOR_BYTES = 1024 * 1024
+
+#: Largest answer body parsed (or non-streamed answer written) on the event loop; a larger one
+#: goes to a worker thread (1 MiB of embeddings parses in a few milliseconds; a thread hop costs
+#: ~100 us, and the Python number hooks of `THREADED_JSON` a tenth more per number).
+INLINE_PARSE_BYTES = 1024 * 1024
 
 
 class StreamBrokenError(Exception):
@@ -37,6 +51,30 @@ class StreamBrokenError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.chunks: list[Chunk] = []
+
+
+class AnswerTooLongError(StreamBrokenError):
+    """A line, an SSE event or a whole answer grew beyond `MAX_LINE_BYTES`.
+
+    The upstream's fault, unless the request asked for that much (`requested_vectors`); the
+    relay decides (`gateway.relay.exchange`).
+    """
+
+
+def requested_vectors(request: GenerationRequest) -> int:
+    """How many embedding vectors `request` asks for (0 for a generation).
+
+    An Ollama `input` or OpenAI `input` list holds one input per element, except OpenAI's
+    single tokenized input (a list of integers); a string, or legacy `prompt`, is one.
+    """
+    if request.operation != "embed":
+        return 0
+    if request.legacy:
+        return 1
+    given = request.body.get("input")
+    if isinstance(given, list):
+        return 1 if given and isinstance(given[0], int) else len(given)
+    return 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +182,7 @@ class LineSplitter:
         if newline < 0:
             self._pending += data
             if len(self._pending) > MAX_LINE_BYTES:
-                raise StreamBrokenError("upstream sent an over-long line")
+                raise AnswerTooLongError("upstream sent an over-long line")
             return []
         if self._pending:
             self._pending += data
@@ -167,7 +205,24 @@ class LineSplitter:
 _JSON = json.JSONDecoder()
 
 
-def decode_object(line: bytes, what: str) -> dict[str, Any] | None:
+def _float(text: str) -> float:
+    return float(text)
+
+
+def _int(text: str) -> int:
+    return int(text)
+
+
+#: A decoder for answers parsed in a worker thread (`BodyDecoder.end`). The C parser holds the
+#: GIL for a whole parse, so a thread alone would still stall the event loop (a 30 MiB answer
+#: of floats: about a second); a hook written in Python runs the interpreter's loop at every
+#: number, where it hands the GIL over to the event loop's thread within a switch interval.
+THREADED_JSON = json.JSONDecoder(parse_float=_float, parse_int=_int)
+
+
+def decode_object(
+    line: bytes, what: str, decoder: json.JSONDecoder = _JSON
+) -> dict[str, Any] | None:
     """Parse one JSON object from the upstream; None for a blank line.
 
     `JSONDecoder.raw_decode` on the stripped text, with a check that nothing follows the
@@ -177,6 +232,7 @@ def decode_object(line: bytes, what: str) -> dict[str, Any] | None:
     Args:
         line: UTF-8 bytes, the object and surrounding whitespace.
         what: Names the unit in errors: `NDJSON line`, `SSE event`.
+        decoder: `THREADED_JSON` when parsing in a worker thread.
 
     Raises:
         StreamBrokenError: not valid UTF-8 JSON, or not an object.
@@ -185,7 +241,7 @@ def decode_object(line: bytes, what: str) -> dict[str, Any] | None:
         text = line.decode().strip()
         if not text:
             return None
-        data, end = _JSON.raw_decode(text)
+        data, end = decoder.raw_decode(text)
     except (ValueError, RecursionError) as exc:
         raise StreamBrokenError(f"upstream sent a malformed {what}") from exc
     if end != len(text):
@@ -223,7 +279,9 @@ def ollama_stats(data: dict[str, Any]) -> Stats:
 class BodyDecoder:
     """A whole JSON answer (embeddings): collected up to `MAX_LINE_BYTES`, parsed at EOF.
 
-    `parse` turns the object and the raw body into the one final chunk.
+    `parse` turns the object and the raw body into the one final chunk. The relay runs `end`
+    in a worker thread for a body over `INLINE_PARSE_BYTES`, which is then parsed with
+    `THREADED_JSON`.
 
     Raises (from `feed` and `end`):
         StreamBrokenError: the body is too long, not a JSON object, or `parse` refused it.
@@ -238,13 +296,14 @@ class BodyDecoder:
         """Collect `data`; the chunk comes at the end (see `StreamDecoder.feed`)."""
         self._body += data
         if len(self._body) > MAX_LINE_BYTES:
-            raise StreamBrokenError("upstream sent an over-long answer")
+            raise AnswerTooLongError("upstream sent an over-long answer")
         return []
 
     def end(self) -> list[Chunk]:
         """Parse the collected body into its final chunk."""
         raw = bytes(self._body)
-        data = decode_object(raw, "JSON answer")
+        decoder = THREADED_JSON if len(raw) > INLINE_PARSE_BYTES else _JSON
+        data = decode_object(raw, "JSON answer", decoder)
         if data is None:
             raise StreamBrokenError("upstream sent an empty answer")
         try:
@@ -265,6 +324,67 @@ def encode_json(data: Any) -> bytes:
         return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
     except UnicodeEncodeError:
         return json.dumps(data, separators=(",", ":")).encode()
+
+
+#: Bytes of JSON about which one call of the C encoder writes (`encode_json_stepwise`).
+_STEP_BYTES = 256 * 1024
+
+
+def encode_json_stepwise(data: Any) -> bytes:
+    """`encode_json` for a large answer, written in steps so that it may run in a thread.
+
+    The C encoder holds the GIL for a whole call: a 30 MiB answer of vectors written at once
+    held the event loop for a second, even from a worker thread. Here an object holding
+    containers is written member by member, and a list in slices of about `_STEP_BYTES` (sized
+    by its first element); the interpreter runs between the steps and hands the GIL over to
+    the event loop's thread. The bytes are `encode_json`'s.
+    """
+    if isinstance(data, dict):
+        if not any(isinstance(value, list | dict) for value in data.values()):
+            return encode_json(data)
+        parts = [encode_json(str(key)) + b":" + encode_json_stepwise(v) for key, v in data.items()]
+        return b"{" + b",".join(parts) + b"}"
+    if isinstance(data, list) and data:
+        parts = [encode_json_stepwise(data[0])]  # a large first element is written in steps
+        step = max(1, _STEP_BYTES // len(parts[0]))
+        for start in range(1, len(data), step):
+            parts.append(encode_json(data[start : start + step])[1:-1])
+        return b"[" + b",".join(parts) + b"]"
+    return encode_json(data)
+
+
+class JsonList:
+    """A list collected a chunk at a time (a long answer's `logprobs`), kept as JSON text.
+
+    Kept as Python objects, a long non-streamed answer's logprobs are hundreds of thousands of
+    dicts, and each full pass of the cyclic garbage collector over them held the GIL (and so the
+    event loop) for up to a second; bytes are not tracked. The answer is encoded with
+    `placeholder` where the list goes, and `splice` puts the list's text there.
+
+    Attributes:
+        placeholder: A string no answer holds (random per list): the list's stand-in.
+    """
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+        self.placeholder = "\x00" + secrets.token_hex(16)
+
+    def __bool__(self) -> bool:
+        return bool(self._parts)
+
+    def extend(self, items: list[Any]) -> None:
+        """Append `items` (JSON values)."""
+        text = encode_json(items)[1:-1]
+        if text:
+            self._parts.append(text)
+
+    def splice(self, encoded: bytes) -> bytes:
+        """`encoded` (JSON holding `placeholder` once) with the list in its place."""
+        if not self._parts:
+            return encoded
+        return encoded.replace(
+            encode_json(self.placeholder), b"[" + b",".join(self._parts) + b"]", 1
+        )
 
 
 def rfc3339_now() -> str:

@@ -33,6 +33,7 @@ from gateway.api.body import parse_listing
 from gateway.neutral import Chunk, GenerationRequest, Stats, TokenClock, ToolCall
 from gateway.upstream.dialect import (
     MAX_LINE_BYTES,
+    AnswerTooLongError,
     BodyDecoder,
     LineSplitter,
     ModelInfo,
@@ -150,7 +151,7 @@ class SseDecoder:
                     self._data.append(value)
                     self._data_bytes += len(value) + 1
                     if self._data_bytes > MAX_LINE_BYTES:
-                        raise StreamBrokenError("upstream sent an over-long SSE event")
+                        raise AnswerTooLongError("upstream sent an over-long SSE event")
                     continue
                 if line or not self._data:
                     continue  # comments, `event:`/`id:` fields, keep-alive blank lines

@@ -16,7 +16,7 @@ from typing import Any
 
 from gateway.api.body import parse_arguments
 from gateway.neutral import Chunk, GenerationRequest, ToolCall
-from gateway.upstream.dialect import encode_json, rfc3339_now
+from gateway.upstream.dialect import JsonList, encode_json, encode_json_stepwise, rfc3339_now
 
 NDJSON = b"application/x-ndjson"
 
@@ -32,7 +32,7 @@ class NdjsonCodec:
         self._text: list[str] = []
         self._thinking: list[str] = []
         self._tool_calls: list[Any] = []
-        self._logprobs: list[Any] = []
+        self._logprobs = JsonList()
         self._last: Chunk | None = None
 
     def encode(self, chunks: list[Chunk]) -> bytes:
@@ -91,11 +91,11 @@ class NdjsonCodec:
         if last.native is None:
             data = self._object(last, text, thinking, self._tool_calls)
             if self._logprobs:
-                data["logprobs"] = self._logprobs
-            return encode_json(data)
+                data["logprobs"] = self._logprobs.placeholder
+            return self._logprobs.splice(encode_json_stepwise(data))
         result = dict(last.native)  # the upstream's own final object: `context` and all
         if self._logprobs:
-            result["logprobs"] = self._logprobs
+            result["logprobs"] = self._logprobs.placeholder
         message = result.get("message")
         if isinstance(message, dict):
             message = dict(message)
@@ -109,7 +109,7 @@ class NdjsonCodec:
             result["response"] = text
             if thinking:
                 result["thinking"] = thinking
-        return encode_json(result)
+        return self._logprobs.splice(encode_json_stepwise(result))
 
 
 class EmbedCodec:
@@ -136,11 +136,11 @@ class EmbedCodec:
             return chunk.raw
         vectors = chunk.embeddings or []
         if self._request.legacy:
-            return encode_json({"embedding": vectors[0] if vectors else []})
+            return encode_json_stepwise({"embedding": vectors[0] if vectors else []})
         data: dict[str, Any] = {"model": self._request.model, "embeddings": vectors}
         if chunk.stats is not None:
             data.update(chunk.stats.as_ollama())
-        return encode_json(data)
+        return encode_json_stepwise(data)
 
 
 def ollama_tool_call(call: ToolCall) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from gateway.neutral import Chunk, GenerationRequest, ToolCall
-from gateway.upstream.dialect import encode_json
+from gateway.upstream.dialect import JsonList, encode_json, encode_json_stepwise
 
 SSE = b"text/event-stream; charset=utf-8"
 _DONE = b"data: [DONE]\n\n"
@@ -47,7 +47,7 @@ class CompletionCodec:
         self._text: list[str] = []
         self._thinking: list[str] = []
         self._tool_calls: list[ToolCall] = []
-        self._logprobs: list[Any] = []
+        self._logprobs = JsonList()  # in OpenAI's shape already (`_token_logprobs`)
         self._last: Chunk | None = None
 
     def encode(self, chunks: list[Chunk]) -> bytes:
@@ -126,7 +126,7 @@ class CompletionCodec:
             self._called = True
             self._tool_calls.extend(chunk.tool_calls)
         if chunk.logprobs:
-            self._logprobs.extend(chunk.logprobs)
+            self._logprobs.extend(_token_logprobs(chunk.logprobs))
         self._last = chunk
 
     def result(self) -> bytes:
@@ -146,11 +146,11 @@ class CompletionCodec:
         else:
             choice["text"] = text
         logprobs = self._logprobs
-        choice["logprobs"] = {"content": _token_logprobs(logprobs)} if logprobs else None
+        choice["logprobs"] = {"content": logprobs.placeholder} if logprobs else None
         choice["finish_reason"] = self._finish_reason(last)
         kind = "chat.completion" if self._chat else "text_completion"
         answer = {**self._head(), "object": kind, "choices": [choice], "usage": self._usage(last)}
-        return encode_json(answer)
+        return logprobs.splice(encode_json_stepwise(answer))
 
 
 class EmbeddingsCodec:
@@ -186,7 +186,9 @@ class EmbeddingsCodec:
             data.append({"object": "embedding", "index": index, "embedding": encoded})
         tokens = (chunk.stats.prompt_eval_count if chunk.stats else None) or 0
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-        return encode_json({"object": "list", "data": data, "model": self._model, "usage": usage})
+        return encode_json_stepwise(
+            {"object": "list", "data": data, "model": self._model, "usage": usage}
+        )
 
 
 def openai_tool_call(call: ToolCall, *, streamed: bool = False) -> dict[str, Any]:
