@@ -160,19 +160,11 @@ class ClientClosedRequestError(GatewayError):
 class RateLimitedError(GatewayError):
     """A per-key limit (RPM, TPM, concurrency) is reached (429, RFC 6585 section 4).
 
-    Attributes:
-        permanent: The request can never be admitted under the key's limits (it asks for more
-            output tokens than the key's TPM): waiting does not help.
+    Waiting lifts it; a request that no window could admit is `OverTokenLimitError` (413).
     """
 
     status_code = 429
     outcome = "rate_limited"
-
-    def __init__(
-        self, message: str, *, headers: dict[str, str] | None = None, permanent: bool = False
-    ) -> None:
-        super().__init__(message, headers=headers)
-        self.permanent = permanent
 
 
 class ServiceUnavailableError(GatewayError):

@@ -220,17 +220,15 @@ class BatchRunner:
                         holder=holder,
                     )
                 except RateLimitedError as exc:
-                    if exc.permanent:  # more output tokens than the key's TPM: never admitted
-                        error = exc
-                    else:
-                        # The key's own limit: none of its lines is claimed before it lifts
-                        # (one at a time, they would crowd out every other key's lines).
-                        wait = max(float(exc.headers.get("Retry-After", "0") or 0), 0.2)
-                        self._held[line.key_id] = time.monotonic() + wait
-                        self.metrics.batch_lines.labels("deferred").inc()
-                        with anyio.CancelScope(shield=True):
-                            await self._retry_later(line, line.attempts, wait, None, None)
-                        return
+                    # The key's own limit: none of its lines is claimed before it lifts (one at
+                    # a time, they would crowd out every other key's lines). A line no window
+                    # could admit is a 413 (OverTokenLimitError) and fails below.
+                    wait = max(float(exc.headers.get("Retry-After", "0") or 0), 0.2)
+                    self._held[line.key_id] = time.monotonic() + wait
+                    self.metrics.batch_lines.labels("deferred").inc()
+                    with anyio.CancelScope(shield=True):
+                        await self._retry_later(line, line.attempts, wait, None, None)
+                    return
                 except NoSpareCapacity as exc:
                     wait = float(exc.headers.get("Retry-After", "0") or 0)
                     self.metrics.batch_lines.labels("deferred").inc()
@@ -272,11 +270,10 @@ class BatchRunner:
             and error.blame == "request"
             and error.status_code != 429
         )
-        never = own or (isinstance(error, RateLimitedError) and error.permanent)
         if (
             error.status_code in RETRYABLE
             and attempts < self.settings.batch_max_attempts
-            and not never
+            and not own
         ):
             base = self.settings.batch_retry_base_seconds * 2 ** (attempts - 1)
             delay = min(self.settings.batch_retry_max_seconds, base) * random.uniform(0.5, 1.0)  # noqa: S311
