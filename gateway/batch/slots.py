@@ -46,8 +46,9 @@ class KeySlots:
             ServiceUnavailableError: no process slot came free within `wait` seconds (503).
         """
         if self.held(key_id) >= self.per_key:
+            held = f"{self.per_key} {self.what}" if self.per_key > 1 else f"one of its {self.what}"
             raise RateLimitedError(
-                f"this key has {self.per_key} {self.what} in progress already: "
+                f"this key has {held} in progress already, as many as it may: "
                 "wait for one to finish",
                 headers={"Retry-After": "1"},
             )

@@ -135,7 +135,7 @@ class AddressLimiter:
         retry_after = max(math.ceil(stats.reset_time - time.time()), 1)
         return RateLimitedError(
             f"too many failed authentications from this address: at most {limit} a minute; "
-            f"try again in {retry_after} s",
+            f"try again in {retry_after} s (a valid credential is served at once)",
             headers={"Retry-After": str(retry_after)},
         )
 
