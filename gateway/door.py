@@ -1,7 +1,8 @@
 """The door: what a client connection may do before and while it sends a request.
 
 Owns `DoorProtocol` (uvicorn's httptools protocol behind these limits; `gateway.coalesce` builds
-the protocol passed as `http=` on it), its `DoorLimits` and the `DoorReport` of refusals.
+the protocol passed as `http=` on it), its `DoorLimits`, the `DoorReport` of refusals and the
+`AddressShares` of open connections per client address.
 
 **The door.** uvicorn's httptools protocol keeps a connection that sends nothing, or sends its
 headers a byte at a time, for ever: its keep-alive timer starts only once a response is
@@ -223,9 +224,9 @@ class DoorProtocol(HttpToolsProtocol):
             self.report.note("over GATEWAY_MAX_CLIENT_CONNECTIONS")
             self._refuse(transport, f"the gateway has too many open connections ({cap})")
             return
-        address = _shared_address(transport, limits.trusted_proxies)
         share = limits.max_connections_per_address
-        if share and address is not None:
+        address = _shared_address(transport, limits.trusted_proxies) if share else None
+        if address is not None:
             if not self.shares.take(address, share):
                 self.report.note("over GATEWAY_MAX_CLIENT_CONNECTIONS_PER_ADDRESS")
                 if self.shares.first_refusal(address):
