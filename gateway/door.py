@@ -1,7 +1,8 @@
 """The door: what a client connection may do before and while it sends a request.
 
 Owns `DoorProtocol` (uvicorn's httptools protocol behind these limits; `gateway.coalesce` builds
-the protocol passed as `http=` on it), its `DoorLimits` and the `DoorReport` of refusals.
+the protocol passed as `http=` on it), its `DoorLimits`, the `DoorReport` of refusals and the
+`AddressShares` of open connections per client address.
 
 **The door.** uvicorn's httptools protocol keeps a connection that sends nothing, or sends its
 headers a byte at a time, for ever: its keep-alive timer starts only once a response is
@@ -19,7 +20,13 @@ new clients are reset. So, per connection:
   arrives, so an endless header is cut after about that many bytes, not buffered;
 - at most `max_connections` connections are open per process; one more is answered 503 at once
   and closed (uvicorn's `limit_concurrency` cannot do this: it answers only once a request head
-  has arrived, so idle connections still pile up, and it counts in-flight tasks too).
+  has arrived, so idle connections still pile up, and it counts in-flight tasks too);
+- at most `max_connections_per_address` of them come from one client address (an IPv4 address,
+  an IPv6 /64: `gateway.ratelimit.address.address_bucket`), so that one client cannot take the
+  whole process (idle or half-sent heads, reopened as the header deadline closes them); one
+  more is answered 503 the same way. The address is the TCP peer's, since no header has arrived
+  yet: a peer in `trusted_proxies` (a reverse proxy, a load balancer) carries many clients on
+  its connections and has no share. Each refused address is logged once a minute.
 
 Once the head is in, nothing here bounds the response: a generation streams as long as the
 relay's own deadlines allow. Refusals are error bodies in the dialect of the path the request
@@ -32,6 +39,7 @@ answer (nginx's lingering close), so the answer is not lost to a TCP reset.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import time
 from collections import Counter
@@ -42,6 +50,8 @@ from typing import Any, ClassVar, Self, cast
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from gateway.errors import ollama_error_body, openai_error_body, speaks_openai
+from gateway.logs import escape_text
+from gateway.ratelimit.address import address_bucket
 
 # The name from before the door had a module of its own: log lines and filters stay the same.
 logger = logging.getLogger("gateway.coalesce")
@@ -50,6 +60,10 @@ logger = logging.getLogger("gateway.coalesce")
 LINGER = 2.0
 #: Seconds between two log lines summing up refused connections and requests.
 REPORT_INTERVAL = 10.0
+#: Seconds between two log lines naming the same address refused over its share.
+ADDRESS_LOG_INTERVAL = 60.0
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,10 @@ class DoorLimits:
         max_header_bytes: Bytes of one request head.
         max_headers: Header fields of one request.
         max_connections: Open client connections per process; 0: no cap.
+        max_connections_per_address: Open client connections per process from one client
+            address (IPv6: one /64); 0: no share.
+        trusted_proxies: Networks whose connections have no per-address share
+            (`GATEWAY_TRUSTED_PROXIES`).
     """
 
     header_timeout: float = 10.0
@@ -69,6 +87,8 @@ class DoorLimits:
     max_header_bytes: int = 64 * 1024
     max_headers: int = 100
     max_connections: int = 0
+    max_connections_per_address: int = 0
+    trusted_proxies: tuple[Network, ...] = ()
 
 
 @dataclass
@@ -87,6 +107,49 @@ class DoorReport:
             logger.warning("client connections refused or closed: %s", summary)
             self.counts.clear()
             self.logged_at = now
+
+
+@dataclass
+class AddressShares:
+    """Open connections per client address, shared by a server's connections (one per class).
+
+    Attributes:
+        held: Open (admitted) connections per address bucket; an address with none is absent.
+        logged_at: `time.monotonic()` of each address's last refusal log line, within the last
+            `ADDRESS_LOG_INTERVAL` seconds only.
+    """
+
+    held: Counter[str] = field(default_factory=Counter)
+    logged_at: dict[str, float] = field(default_factory=dict)
+
+    def take(self, bucket: str, share: int) -> bool:
+        """Count one more connection of `bucket`; False (nothing counted) if it holds `share`."""
+        if self.held[bucket] >= share:
+            return False
+        self.held[bucket] += 1
+        return True
+
+    def release(self, bucket: str) -> None:
+        """One connection of `bucket` ended."""
+        self.held[bucket] -= 1
+        if self.held[bucket] <= 0:
+            del self.held[bucket]
+
+    def first_refusal(self, bucket: str) -> bool:
+        """True for the first refusal of `bucket` in `ADDRESS_LOG_INTERVAL` seconds.
+
+        A flood of refused connections must not flood the log: one line per address per
+        interval. Addresses whose interval has passed are forgotten when a new line is due, so
+        the memory is bounded by the addresses refused within one interval.
+        """
+        now = time.monotonic()
+        if now - self.logged_at.get(bucket, float("-inf")) < ADDRESS_LOG_INTERVAL:
+            return False
+        self.logged_at = {
+            seen: at for seen, at in self.logged_at.items() if now - at < ADDRESS_LOG_INTERVAL
+        }
+        self.logged_at[bucket] = now
+        return True
 
 
 def _answer(
@@ -125,16 +188,18 @@ class DoorProtocol(HttpToolsProtocol):
 
     limits: ClassVar[DoorLimits] = DoorLimits()
     report: ClassVar[DoorReport] = DoorReport()
+    shares: ClassVar[AddressShares] = AddressShares()
 
     @classmethod
     def with_limits(cls, limits: DoorLimits) -> type[Self]:
-        """A subclass enforcing `limits`, with its own report (one per server)."""
-        attributes = {"limits": limits, "report": DoorReport()}
+        """A subclass enforcing `limits`, with its own report and shares (one per server)."""
+        attributes = {"limits": limits, "report": DoorReport(), "shares": AddressShares()}
         return cast(type[Self], type(cls.__name__, (cls,), attributes))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._timer: asyncio.TimerHandle | None = None  # the head or the body deadline
+        self._address: str | None = None  # the address share this connection holds, if any
         self._closing = False  # refused or answered: incoming bytes are dropped
         self._head_pending = True  # between two requests, or inside a head
         self._head_began = False  # bytes of the pending head have arrived
@@ -148,21 +213,43 @@ class DoorProtocol(HttpToolsProtocol):
     # --- connection ---------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        """Refuse the connection over the cap; else let it in and start the head deadline."""
-        cap = self.limits.max_connections
+        """Refuse the connection over the cap or its address's share; else let it in.
+
+        What is let in starts the head deadline.
+        """
+        limits = self.limits
+        cap = limits.max_connections
         if cap and len(self.connections) >= cap:
             # Not in uvicorn's `connections`: refused connections neither count nor get drained.
-            self.transport = transport
             self.report.note("over GATEWAY_MAX_CLIENT_CONNECTIONS")
-            message = f"the gateway has too many open connections ({cap}); try again later"
-            self._end(_answer(503, message, [(b"retry-after", b"1")]), linger=True)
+            self._refuse(transport, f"the gateway has too many open connections ({cap})")
             return
+        share = limits.max_connections_per_address
+        address = _shared_address(transport, limits.trusted_proxies) if share else None
+        if address is not None:
+            if not self.shares.take(address, share):
+                self.report.note("over GATEWAY_MAX_CLIENT_CONNECTIONS_PER_ADDRESS")
+                if self.shares.first_refusal(address):
+                    logger.warning(
+                        "client %s holds %d open connections, its share "
+                        "(GATEWAY_MAX_CLIENT_CONNECTIONS_PER_ADDRESS): refusing more with 503 "
+                        "(logged once a minute per address)",
+                        escape_text(address),
+                        share,
+                    )
+                message = f"too many open connections from this address ({share})"
+                self._refuse(transport, message)
+                return
+            self._address = address
         super().connection_made(transport)
-        self._arm(self.limits.header_timeout, self._head_timed_out)
+        self._arm(limits.header_timeout, self._head_timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """Stop the deadlines; a refused connection never reached uvicorn."""
+        """Stop the deadlines and give back the address's share (a refused one reached nothing)."""
         self._disarm()
+        if self._address is not None:
+            self.shares.release(self._address)
+            self._address = None
         if self.flow is None:  # refused in `connection_made`
             return
         super().connection_lost(exc)
@@ -330,6 +417,12 @@ class DoorProtocol(HttpToolsProtocol):
         answer = _answer(431, message, self.server_state.default_headers, self.url)
         self._end(answer, linger=True)
 
+    def _refuse(self, transport: asyncio.Transport, why: str) -> None:
+        """Answer a connection just made 503 (`why`; try again later) and close it."""
+        self.transport = transport
+        answer = _answer(503, f"{why}; try again later", [(b"retry-after", b"1")])
+        self._end(answer, linger=True)
+
     def _end(self, answer: bytes, *, linger: bool) -> None:
         """Write `answer` and close the connection.
 
@@ -345,3 +438,23 @@ class DoorProtocol(HttpToolsProtocol):
             self._timer = self.loop.call_later(LINGER, transport.close)
         else:
             transport.close()
+
+
+def _shared_address(transport: asyncio.Transport, trusted: tuple[Network, ...]) -> str | None:
+    """What the peer of `transport` is counted as (`address_bucket`); None when it has no share.
+
+    No share: a peer in `trusted` (a proxy speaks for many clients), or one that is not an IP
+    address (a Unix socket's peer).
+    """
+    peer = transport.get_extra_info("peername")
+    if not isinstance(peer, tuple) or not peer:
+        return None
+    try:
+        ip = ipaddress.ip_address(peer[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped  # a dual-stack socket's IPv4 client, as `address_bucket` counts it
+    if any(ip in network for network in trusted):
+        return None
+    return address_bucket(str(ip))

@@ -217,6 +217,8 @@ def door_limits(settings: Settings, open_files: int) -> DoorLimits:
     A cap the descriptors cannot hold would end in failed `accept` calls (clients reset)
     instead of 503s, so it is lowered, with a warning, to what is left after the upstream
     pools and `RESERVED_FDS`; that room is also the cap when `max_client_connections` is 0.
+    Unset, an address's share is a quarter of the cap (at least 1): one client address can
+    never hold more than that, and a quarter still exceeds an ordinary client's pool.
     """
     cap = settings.max_client_connections
     if open_files != resource.RLIM_INFINITY:
@@ -234,10 +236,15 @@ def door_limits(settings: Settings, open_files: int) -> DoorLimits:
                 room,
             )
             cap = room
+    share = settings.max_client_connections_per_address
+    if share is None:
+        share = max(cap // 4, 1) if cap else 0
     return DoorLimits(
         header_timeout=settings.header_timeout,
         body_timeout=settings.body_timeout,
         max_header_bytes=settings.max_header_bytes,
         max_headers=settings.max_headers,
         max_connections=cap,
+        max_connections_per_address=share,
+        trusted_proxies=tuple(settings.trusted_proxy_networks),
     )

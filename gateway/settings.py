@@ -111,6 +111,13 @@ class Settings(BaseSettings):
         description="Open client connections per process; one more gets 503 and is closed. "
         "0: as many as the open-files limit allows, which also lowers a larger value.",
     )
+    max_client_connections_per_address: int | None = Field(
+        None,
+        ge=0,
+        description="Open client connections per process from one client address (an IPv6 "
+        "/64), GATEWAY_TRUSTED_PROXIES excepted; one more gets 503 and is closed. Unset: a "
+        "quarter of the connection cap; 0: no share.",
+    )
 
     # --- upstream ------------------------------------------------------------------------------
     upstream_url: HttpUrl = Field(

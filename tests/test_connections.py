@@ -1,9 +1,9 @@
 """The door of a real `gateway serve` process (gateway.door), over raw sockets.
 
-Silent and slow clients are closed, oversized heads get 431, the connection cap answers 503
-and frees up again, idle kept-alive connections end, and none of it cuts a stream whose request
-has arrived. Time bounds are loose (several times the configured timeout): what is checked is
-that the close happens, not how fast.
+Silent and slow clients are closed, oversized heads get 431, the connection cap and an
+address's share of it answer 503 and free up again, idle kept-alive connections end, and none
+of it cuts a stream whose request has arrived. Time bounds are loose (several times the
+configured timeout): what is checked is that the close happens, not how fast.
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ def _gateway(tmp_path: Path, emulator: Emulator, **env: str) -> Iterator[Managed
         yield gateway
 
 
-def _connect(gateway: ManagedProcess) -> socket.socket:
+def _connect(gateway: ManagedProcess, source: str | None = None) -> socket.socket:
+    """A connection to `gateway`, from the loopback address `source` (Linux takes any 127/8)."""
     host, port = gateway.url.removeprefix("http://").split(":")
-    return socket.create_connection((host, int(port)), timeout=10)
+    bind = (source, 0) if source else None
+    return socket.create_connection((host, int(port)), timeout=10, source_address=bind)
 
 
 def _read_until_closed(sock: socket.socket, within: float) -> bytes:
@@ -172,6 +174,7 @@ def test_over_the_connection_cap_new_clients_are_refused_until_one_leaves(
     emulator: Emulator, tmp_path: Path
 ):
     env = {"max_client_connections": "3", "header_timeout": "30", "keepalive_timeout": "30"}
+    env["max_client_connections_per_address"] = "0"  # every connection comes from 127.0.0.1
     with _gateway(tmp_path, emulator, **env) as gateway:
         held: list[socket.socket] = []
         deadline = time.monotonic() + 10
@@ -203,6 +206,92 @@ def test_over_the_connection_cap_new_clients_are_refused_until_one_leaves(
                         break
                 assert time.monotonic() < deadline, "no room after a client left"
                 time.sleep(0.1)
+        finally:
+            for sock in held:
+                sock.close()
+
+
+def _hold(gateway: ManagedProcess, source: str, count: int) -> list[socket.socket]:
+    """`count` kept-alive connections from `source`, each proven in by a 200.
+
+    A refusal is retried for a while: the readiness probe's connection may not be gone yet.
+    """
+    held: list[socket.socket] = []
+    deadline = time.monotonic() + 10
+    while len(held) < count:
+        sock = _connect(gateway, source)
+        sock.sendall(GET)
+        if _response(sock)[0] == 200:
+            held.append(sock)
+        else:
+            sock.close()
+            assert time.monotonic() < deadline, f"could not open {count} connections"
+            time.sleep(0.1)
+    return held
+
+
+def _refused_as_one_address(sock: socket.socket, share: int) -> None:
+    """`sock` is answered 503 over its address's share, before it sends a whole head."""
+    status, headers, body = _response(sock)
+    assert status == 503
+    assert headers["connection"] == "close"
+    assert headers["retry-after"] == "1"
+    message = f"too many open connections from this address ({share}); try again later"
+    assert json.loads(body)["error"] == message
+
+
+def test_one_address_cannot_take_every_connection(emulator: Emulator, tmp_path: Path):
+    """An anonymous client from one address holding its share and reopening half-sent heads
+    (the attack that held all of GATEWAY_MAX_CLIENT_CONNECTIONS) leaves room for the others."""
+    env = {"max_client_connections": "40", "max_client_connections_per_address": "10"}
+    env |= {"header_timeout": "30", "keepalive_timeout": "30"}
+    with _gateway(tmp_path, emulator, **env) as gateway:
+        held = _hold(gateway, "127.0.0.1", 10)
+        flood: list[socket.socket] = []
+        try:
+            with _connect(gateway, "127.0.0.1") as eleventh:  # before sending anything
+                _refused_as_one_address(eleventh, 10)
+                assert _read_until_closed(eleventh, within=5) == b""
+            for _ in range(45):  # more than the process cap, each with a byte of a head
+                sock = _connect(gateway, "127.0.0.1")
+                flood.append(sock)
+                sock.sendall(b"G")
+            for sock in flood:
+                _refused_as_one_address(sock, 10)
+            with _connect(gateway, "127.0.0.2") as other:  # another client is served
+                _healthy(other)
+                _healthy(other)
+            for sock in held:  # the first address's own connections still work
+                _healthy(sock)
+            log = gateway.log_path.read_text()
+            assert log.count("client 127.0.0.1 holds 10 open connections") == 1  # not 46
+            held.pop().close()
+            deadline = time.monotonic() + 10
+            while True:  # its share frees up once the server notices the close
+                with _connect(gateway, "127.0.0.1") as sock:
+                    sock.sendall(GET)
+                    if _response(sock)[0] == 200:
+                        break
+                assert time.monotonic() < deadline, "no room after a connection of 127.0.0.1 left"
+                time.sleep(0.1)
+        finally:
+            for sock in held + flood:
+                sock.close()
+
+
+def test_a_trusted_proxy_has_no_share_of_its_own(emulator: Emulator, tmp_path: Path):
+    """A reverse proxy carries many clients: its connections count against the process cap
+    only, while any other address keeps its share."""
+    env = {"max_client_connections": "40", "max_client_connections_per_address": "2"}
+    env |= {"header_timeout": "30", "keepalive_timeout": "30"}
+    env["trusted_proxies"] = '["127.0.0.1"]'
+    with _gateway(tmp_path, emulator, **env) as gateway:
+        held = _hold(gateway, "127.0.0.1", 8)
+        try:
+            held += _hold(gateway, "127.0.0.2", 2)
+            with _connect(gateway, "127.0.0.2") as third:
+                _refused_as_one_address(third, 2)
+            held += _hold(gateway, "127.0.0.1", 4)  # the proxy is still let in
         finally:
             for sock in held:
                 sock.close()
@@ -284,6 +373,23 @@ def test_the_connection_cap_is_fitted_to_the_open_files_limit():
     assert door_limits(unset, open_files=4096).max_connections == 4096 - 256 - RESERVED_FDS
 
 
+def test_an_address_share_is_a_quarter_of_the_cap_unless_set():
+    settings = Settings(max_client_connections=1000, max_connections=256)
+    assert door_limits(settings, open_files=1_048_576).max_connections_per_address == 250
+    # Fitted to the open-files limit first: a quarter of the cap in force.
+    assert door_limits(settings, open_files=1024).max_connections_per_address == (
+        (1024 - 256 - RESERVED_FDS) // 4
+    )
+    for value in (0, 7):
+        chosen = Settings(max_client_connections_per_address=value)
+        assert door_limits(chosen, open_files=1_048_576).max_connections_per_address == value
+    trusted = Settings(trusted_proxies=["10.0.0.0/8", "::1"])
+    assert [str(n) for n in door_limits(trusted, open_files=4096).trusted_proxies] == [
+        "10.0.0.0/8",
+        "::1/128",
+    ]
+
+
 def test_door_refusals_answer_in_the_dialect_of_the_path(emulator: Emulator, tmp_path: Path):
     """431 and both 408s name the path in the request line: the OpenAI API gets OpenAI's error
     object (its SDKs read `error.message`), Ollama's paths `{"error": "..."}`."""
@@ -329,3 +435,34 @@ def test_door_refusals_answer_in_the_dialect_of_the_path(emulator: Emulator, tmp
                 else:
                     assert isinstance(value, str), (path, status, value)
                     assert words in value
+
+
+class _Peer:
+    """A transport that only names its peer (`get_extra_info("peername")`)."""
+
+    def __init__(self, peer: object) -> None:
+        self.peer = peer
+
+    def get_extra_info(self, name: str) -> object:
+        return self.peer if name == "peername" else None
+
+
+def test_an_address_share_groups_ipv6_by_64_and_passes_over_proxies_and_unix_sockets():
+    from gateway.door import _shared_address
+
+    trusted = tuple(
+        Settings(trusted_proxies=["10.0.0.0/8", "2001:db8:ffff::/48"]).trusted_proxy_networks
+    )
+
+    def share(peer: object) -> str | None:
+        return _shared_address(_Peer(peer), trusted)  # type: ignore[arg-type]
+
+    assert share(("192.0.2.7", 5000)) == "192.0.2.7"
+    assert share(("2001:db8:1:2::1", 5000, 0, 0)) == share(("2001:db8:1:2:ffff::9", 1, 0, 0))
+    assert share(("2001:db8:1:2::1", 5000, 0, 0)) == "2001:db8:1:2::/64"
+    assert share(("2001:db8:1:3::1", 5000, 0, 0)) == "2001:db8:1:3::/64"
+    assert share(("::ffff:192.0.2.7", 5000, 0, 0)) == "192.0.2.7"  # a dual-stack socket
+    assert share(("10.1.2.3", 5000)) is None  # a trusted proxy
+    assert share(("::ffff:10.1.2.3", 5000, 0, 0)) is None
+    assert share(("2001:db8:ffff:1::1", 5000, 0, 0)) is None
+    assert share("") is None  # a Unix socket's peer
