@@ -87,7 +87,9 @@ class GenerationRequest:
         legacy: Ollama's legacy `/api/embeddings` (`{"prompt"}` in, `{"embedding"}` out).
         max_output_tokens: The client's bound on output tokens (`num_predict`, `max_tokens`),
             or None when it set none; what the TPM reservation uses.
-        prompt_bytes: UTF-8 bytes of the prompt text (for the TPM estimate).
+        prompt_bytes: UTF-8 bytes of the prompt (for the TPM estimate): a generation's whole
+            body but its non-prompt fields (`gateway.api.body.prompt_bytes`), an embedding's
+            input texts.
         prompt_tokens: Prompt tokens the client sent as tokens already (a generate `context`).
     """
 

@@ -221,7 +221,9 @@ def test_estimates_read_num_predict_and_the_prompt():
     chat = {
         "messages": [{"role": "user", "content": "é" * 8}, {"role": "x", "images": ["A" * 999]}]
     }
-    assert estimate_tokens(chat, 0).prompt == 4  # 16 UTF-8 bytes; images are not counted
+    # 16 UTF-8 bytes of content, the messages' other text and punctuation (25 bytes): 41 bytes.
+    # Images are not counted.
+    assert estimate_tokens(chat, 0).prompt == 11
     assert estimate_tokens({"context": [1, 2, 3], "prompt": "abcd"}, 0).prompt == 4
 
 
@@ -289,7 +291,13 @@ def test_a_prompt_larger_than_the_whole_tpm_is_refused_for_good(
     """Before: the reservation was capped at the TPM, so one 2,000,000-token prompt passed
     each minute on a 1,000-token key. Now it is a 413 in the client's format, not a 429 that
     clients retry: no window can ever hold it."""
-    gw = make_gateway(default_tpm=1000)
+    _assert_refused_for_good(make_gateway(default_tpm=1000), emulator, path, body, openai_shaped)
+
+
+def _assert_refused_for_good(
+    gw: Gateway, emulator: Emulator, path: str, body: dict[str, Any], openai_shaped: bool
+) -> None:
+    """`body` is a 413 on `gw` (a 1,000-TPM key) that reaches no upstream and charges nothing."""
     refused = httpx.post(
         f"{gw.url}{path}", json={"model": MODEL, **body}, headers=gw.headers(), timeout=60
     )
@@ -309,6 +317,185 @@ def test_a_prompt_larger_than_the_whole_tpm_is_refused_for_good(
     # The refusal charged nothing: the whole window is left.
     emulator.config.ttft = emulator.config.inter_token = 0.001
     assert _tokens_left(gw) == 1000
+
+
+#: 8,000 bytes: about 2,000 tokens, twice a 1,000-TPM key's whole window.
+TEXT = "x" * 8000
+USER = {"role": "user", "content": "hi"}
+
+
+def _tool(description: str, parameters: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One function tool in the shape both surfaces take (reference section 3.1)."""
+    schema = parameters or {"type": "object", "properties": {}}
+    return {"type": "function", "function": {"name": "f", "description": description, **schema}}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "openai_shaped"),
+    [
+        ("/api/chat", {"messages": [USER], "tools": [_tool(TEXT)]}, False),
+        (  # a tool parameter's name: keys count too
+            "/api/chat",
+            {"messages": [USER], "tools": [_tool("", {"properties": {TEXT: {"type": "string"}}})]},
+            False,
+        ),
+        (
+            "/api/chat",
+            {
+                "messages": [
+                    {"role": "assistant", "tool_calls": [{"function": {"arguments": {"a": TEXT}}}]},
+                    USER,
+                ]
+            },
+            False,
+        ),
+        ("/api/chat", {"messages": [{"role": "assistant", "thinking": TEXT}, USER]}, False),
+        ("/api/chat", {"messages": [{"role": "tool", "tool_name": TEXT, "content": "1"}]}, False),
+        ("/api/chat", {"messages": [USER], "format": {"description": TEXT}}, False),
+        ("/api/generate", {"prompt": "hi", "format": {"type": "object", "title": TEXT}}, False),
+        ("/api/generate", {"prompt": "hi", "a_field_added_tomorrow": [TEXT]}, False),
+        ("/v1/chat/completions", {"messages": [USER], "tools": [_tool(TEXT)]}, True),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {"id": "c1", "type": "function", "function": {"arguments": TEXT}}
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "c1", "content": "1"},
+                ]
+            },
+            True,
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [USER],
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"description": TEXT}},
+                },
+            },
+            True,
+        ),
+        ("/v1/chat/completions", {"messages": [{**USER, "name": TEXT}]}, True),
+        ("/v1/chat/completions", {"messages": [USER], "functions": [{"name": TEXT}]}, True),
+        ("/v1/completions", {"prompt": "hi", "a_field_added_tomorrow": {"x": TEXT}}, True),
+    ],
+    ids=[
+        "ollama-tools",
+        "ollama-tool-parameter-name",
+        "ollama-tool-call-arguments",
+        "ollama-thinking",
+        "ollama-tool-name",
+        "ollama-chat-format",
+        "ollama-generate-format",
+        "ollama-new-field",
+        "openai-tools",
+        "openai-tool-call-arguments",
+        "openai-response-format",
+        "openai-message-name",
+        "openai-functions",
+        "openai-new-field",
+    ],
+)
+def test_every_field_the_model_prefills_counts_in_the_prompt_bound(
+    make_gateway, emulator: Emulator, path: str, body: dict[str, Any], openai_shaped: bool
+):
+    """Before: only `prompt`, `system`, `suffix`, `template` and messages' `content` were
+    counted, so 2,000 tokens (or 250,000) of tools, tool calls, thinking, a format schema or a
+    name passed a 1,000-TPM key reserving a few tokens; the upstream renders them all into the
+    prompt it prefills. Now every field counts but the few that are not prompt text."""
+    _assert_refused_for_good(make_gateway(default_tpm=1000), emulator, path, body, openai_shaped)
+
+
+@pytest.mark.parametrize("path", ["/api/chat", "/v1/chat/completions"])
+def test_concurrent_huge_tool_lists_are_all_refused(make_gateway, emulator: Emulator, path: str):
+    """Before: 10 concurrent requests with ~250,000 tokens of tool descriptions each reserved
+    a few tokens, and all 10 were served on a 1,000-TPM key. Now each alone exceeds it: 413."""
+    gw = make_gateway(default_tpm=1000)
+    emulator.config.ttft = emulator.config.inter_token = 0.001
+    body = {"model": MODEL, "messages": [USER], "tools": [_tool("word " * 200_000)]}
+
+    def send(_: int) -> httpx.Response:
+        return httpx.post(f"{gw.url}{path}", json=body, headers=gw.headers(), timeout=120)
+
+    with ThreadPoolExecutor(10) as pool:
+        statuses = [r.status_code for r in pool.map(send, range(10))]
+    assert statuses == [413] * 10
+    assert _generations(emulator) == []
+
+
+def test_concurrent_tool_lists_share_the_window(make_gateway, emulator: Emulator):
+    """TPM 1,000; 10 concurrent chats each carrying ~600 tokens of tools and `num_predict`
+    10: each reserves ~620 tokens, so at most one is admitted (before: ~11 each, all 10)."""
+    gw = make_gateway(default_tpm=1000)
+    emulator.config.tokens, emulator.config.inter_token = 10, 0.05  # ~0.5 s: they overlap
+    emulator.config.prompt_eval_count = 1  # the upstream counts low: the estimate still holds
+    tools = [_tool("word " * 120) for _ in range(4)]  # 4 x 600 bytes: ~600 tokens
+    body = {"model": MODEL, "messages": [USER], "tools": tools, "stream": False}
+    body["options"] = {"num_predict": 10}
+
+    def send(_: int) -> httpx.Response:
+        return httpx.post(f"{gw.url}/api/chat", json=body, headers=gw.headers(), timeout=60)
+
+    with ThreadPoolExecutor(10) as pool:
+        responses = list(pool.map(send, range(10)))
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) <= {200, 429}, statuses
+    assert statuses.count(200) <= 1, statuses
+    assert len(_generations(emulator)) == statuses.count(200)
+    refused = next(r for r in responses if r.status_code == 429)
+    assert "tokens per minute" in refused.json()["error"]
+
+
+@pytest.mark.parametrize("path", ["/api/chat", "/v1/chat/completions"])
+def test_a_modest_tool_list_and_images_are_still_served(
+    make_gateway, emulator: Emulator, path: str
+):
+    """Counting every field does not refuse ordinary requests: three tools with their
+    schemas, and images (not counted: 12,000 bytes of base64 would be 3,000 tokens), pass a
+    1,000-TPM key and reach the upstream as sent."""
+    gw = make_gateway(default_tpm=1000)
+    emulator.config.ttft = emulator.config.inter_token = 0.001
+    emulator.config.tokens = 5
+    emulator.config.prompt_eval_count = 1
+    parameters = {
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "The city's name"}},
+            "required": ["city"],
+        }
+    }
+    tools = [_tool(f"Look up the {what} of a city.", parameters) for what in ("weather", "time")]
+    tools.append(_tool("Convert an amount between two currencies.", parameters))
+    image = "aGVsbG8g" * 1500  # 12,000 bytes of base64
+    if path == "/api/chat":
+        message: dict[str, Any] = {**USER, "images": [image]}
+        bound: dict[str, Any] = {"options": {"num_predict": 10}}
+    else:
+        url = {"url": f"data:image/png;base64,{image}"}
+        parts = [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": url}]
+        message = {"role": "user", "content": parts}
+        bound = {"max_tokens": 10}
+    body = {"model": MODEL, "messages": [message], "tools": tools, "stream": False, **bound}
+    answer = httpx.post(f"{gw.url}{path}", json=body, headers=gw.headers(), timeout=60)
+    assert answer.status_code == 200, answer.text
+    sent = _generations(emulator) or [
+        r for r in emulator.state.records if r.path == "/v1/chat/completions"
+    ]
+    assert len(sent) == 1
+    assert [t["function"]["description"] for t in sent[0].body["tools"]] == [
+        t["function"]["description"] for t in tools
+    ]
+    # Settled at its estimate (the upstream counts 1 prompt token) plus 5 output tokens: the
+    # tools counted (~700 bytes / 4), the images not.
+    charged = 1000 - _tokens_left(gw)
+    assert 100 <= charged < 400, charged
 
 
 @pytest.mark.parametrize(

@@ -47,9 +47,10 @@ class Seen:
     first_token: bool = False
 
 
-#: The gateway's estimate of the prompt `hi` (2 bytes / 4, rounded up): what a client that
-#: hangs up after its request was sent upstream is charged for its prompt.
-PROMPT_ESTIMATE = 1
+#: The gateway's estimate of the prompt `hi`, what a client that hangs up after its request was
+#: sent upstream is charged for its prompt: 2 bytes / 4, rounded up, as a generate `prompt`;
+#: 20 bytes / 4 as a chat message (its role, field names and punctuation count too).
+PROMPT_ESTIMATE = {"generate": 1, "chat": 5}
 
 Job = Callable[[], tuple[str, str, Seen]]
 """One client request: returns (key id, canonical model, what it saw)."""
@@ -68,7 +69,8 @@ def request(
     """POST one generation and count what came back; `cut_after` text chunks hangs up."""
     surface = "openai" if "completions" in route else "ollama"
     body: dict[str, Any] = {"model": model, "stream": stream}
-    if route.endswith("chat") or route.endswith("chat/completions"):
+    operation = "chat" if route.endswith(("chat", "chat/completions")) else "generate"
+    if operation == "chat":
         body["messages"] = [{"role": "user", "content": "hi"}]
     else:
         body["prompt"] = "hi"
@@ -105,7 +107,7 @@ def request(
                 if _text(surface, event):
                     chunks += 1
                     if chunks == cut_after:  # and hangs up: charged the prompt it sent
-                        return Seen(PROMPT_ESTIMATE, chunks, first_token=True)
+                        return Seen(PROMPT_ESTIMATE[operation], chunks, first_token=True)
                 if surface == "ollama" and event.get("done"):
                     return Seen(event.get("prompt_eval_count", 0), event["eval_count"], False, True)
                 if surface == "openai" and event.get("usage"):

@@ -8,11 +8,14 @@ needs no tokenizer:
   `max_tokens`/`max_completion_tokens` on the OpenAI one: the answer cannot be longer, every
   dialect sends it on). Absent, -1 (no limit), -2 (fill the context) or anything else:
   `GATEWAY_TPM_RESERVE_TOKENS`, a guess. Embeddings generate nothing: 0.
-* Prompt: UTF-8 bytes of the text fields / 4 (about one token per 4 bytes of English text;
+* Prompt: UTF-8 bytes of the prompt / 4 (about one token per 4 bytes of English text;
   under for CJK, over for code), plus the length of a generate `context` (already tokens).
-  Images are not counted: their cost depends on the model, and a reservation that counts a
-  base64 blob at 4 bytes a token would refuse what is servable. The surface that parsed the
-  body counts the bytes (`GenerationRequest.prompt_bytes`).
+  The prompt of a generation is every field of its body but the few that are not prompt text
+  (`gateway.api.body.prompt_bytes`: a denylist, so tools, tool calls, thinking, schemas and a
+  field added tomorrow all count: upstreams render them into what the model prefills); an
+  embedding's is its input texts. Images are not counted: their cost depends on the model, and
+  a reservation that counts a base64 blob at 4 bytes a token would refuse what is servable. The
+  surface that parsed the body counts the bytes (`GenerationRequest.prompt_bytes`).
 """
 
 from __future__ import annotations

@@ -1,20 +1,18 @@
 """Ollama request bodies (reference sections 2.1, 3.1, 6.6) checked into neutral requests.
 
-Only what the gateway itself reads is checked (model, stream, options, the prompt text the TPM
-estimate counts); every other field reaches an Ollama upstream as the client sent it.
+Only what the gateway itself reads is checked (model, stream, options, messages); every other
+field reaches an Ollama upstream as the client sent it. The TPM estimate counts every field but
+the few that are not prompt text (`gateway.api.body.prompt_bytes`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gateway.api.body import check_spelling, parse_object, text_bytes
+from gateway.api.body import check_spelling, parse_object, prompt_bytes, text_bytes
 from gateway.errors import UnprocessableError
 from gateway.neutral import GenerationRequest, Operation
 from gateway.settings import Settings
-
-#: Text fields of a generate body that reach the model as prompt tokens.
-_GENERATE_TEXT = ("prompt", "system", "suffix", "template")
 
 
 def parse_generation(raw: bytes, operation: Operation, settings: Settings) -> GenerationRequest:
@@ -29,7 +27,6 @@ def parse_generation(raw: bytes, operation: Operation, settings: Settings) -> Ge
     options = body.get("options")
     if "options" in body and not isinstance(options, dict | None):
         raise UnprocessableError("options must be an object")
-    size = sum(text_bytes(body.get(name)) for name in _GENERATE_TEXT)
     if operation == "chat":
         messages = body.get("messages")
         if messages is not None and not (
@@ -38,7 +35,6 @@ def parse_generation(raw: bytes, operation: Operation, settings: Settings) -> Ge
             raise UnprocessableError("messages must be a list of objects")
         for message in messages or ():
             check_spelling(message, "message")
-            size += text_bytes(message.get("content"))
     elif "prompt" in body and not isinstance(body["prompt"], str | None):
         raise UnprocessableError("prompt must be a string")
     limit = options.get("num_predict") if isinstance(options, dict) else None
@@ -52,7 +48,7 @@ def parse_generation(raw: bytes, operation: Operation, settings: Settings) -> Ge
         model=body["model"],
         stream=body.get("stream", True),
         max_output_tokens=limit if _positive(limit) else None,
-        prompt_bytes=size,
+        prompt_bytes=prompt_bytes(body),
         prompt_tokens=len(context) if isinstance(context, list) else 0,
     )
 

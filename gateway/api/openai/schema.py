@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.api.body import check_spelling, parse_object, text_bytes
+from gateway.api.body import check_spelling, parse_object, prompt_bytes, text_bytes
 from gateway.errors import BadRequestError, UnprocessableError
 from gateway.neutral import GenerationRequest
 from gateway.settings import Settings
@@ -28,13 +28,11 @@ def parse_chat(raw: bytes, settings: Settings) -> GenerationRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise UnprocessableError("messages must be a non-empty list")
-    size = 0
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise UnprocessableError("each message must be an object with a role")
         check_spelling(message, "message")
-        size += _content_bytes(message.get("content"))
-    return _generation(body, "chat", size)
+    return _generation(body, "chat")
 
 
 def parse_completion(raw: bytes, settings: Settings) -> GenerationRequest:
@@ -50,7 +48,7 @@ def parse_completion(raw: bytes, settings: Settings) -> GenerationRequest:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise UnprocessableError("prompt must be a string (token arrays are not supported)")
-    return _generation(body, "generate", text_bytes(prompt) + text_bytes(body.get("suffix")))
+    return _generation(body, "generate")
 
 
 def parse_embeddings(raw: bytes, settings: Settings) -> GenerationRequest:
@@ -91,8 +89,11 @@ def parse_embeddings(raw: bytes, settings: Settings) -> GenerationRequest:
 OUTPUT_BOUNDS = ("max_tokens", "max_completion_tokens", "n_predict")
 
 
-def _generation(body: dict[str, Any], operation: Any, size: int) -> GenerationRequest:
+def _generation(body: dict[str, Any], operation: Any) -> GenerationRequest:
     """The neutral request of a chat or completion body, its common fields checked.
+
+    Its prompt size is every field but the few that are not prompt text (tools, tool calls,
+    `response_format` and names count: `gateway.api.body.prompt_bytes`).
 
     Raises:
         UnprocessableError: an output bound that is not a positive integer; `n` or `best_of`
@@ -128,15 +129,8 @@ def _generation(body: dict[str, Any], operation: Any, size: int) -> GenerationRe
         stream=stream,
         include_usage=stream and bool((options or {}).get("include_usage")),
         max_output_tokens=limit,
-        prompt_bytes=size,
+        prompt_bytes=prompt_bytes(body),
     )
-
-
-def _content_bytes(content: object) -> int:
-    """Text bytes of a message's content: a string, or the text parts of a list."""
-    if isinstance(content, list):
-        return sum(text_bytes(part.get("text")) for part in content if isinstance(part, dict))
-    return text_bytes(content)
 
 
 def _parse(raw: bytes, settings: Settings) -> dict[str, Any]:
