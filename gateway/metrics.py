@@ -15,8 +15,9 @@ workers' values combine (`multiprocess_mode`, documented in docs/metrics.md).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import anyio
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -98,6 +99,8 @@ class Metrics:
             # Values live in the files, not in this registry: a registry of its own reads them.
             self._exposed = CollectorRegistry()
             MultiProcessCollector(self._exposed, self.multiprocess_dir)  # type: ignore[no-untyped-call]
+        self._rendering: _Render | None = None  # the render running now (`exposition`)
+        self._queued: _Render | None = None  # the next one, not started yet: later callers join it
         self._series: dict[tuple[str, str, str], RequestSeries] = {}
         r = self.registry
         self.requests = Counter(
@@ -364,7 +367,59 @@ class Metrics:
 
     async def endpoint(self, _: Request) -> Response:
         """Serve `GET /metrics` in the Prometheus text format, without a redirect."""
-        return Response(generate_latest(self._exposed), media_type=CONTENT_TYPE_LATEST)
+        return Response(await self.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    async def exposition(self) -> bytes:
+        """The metrics in the text format, with every value recorded before this call.
+
+        Rendering the page (about 1 KB per label combination, read back from every worker's
+        files under `--workers`) is Python code: it runs in a worker thread, which hands the GIL
+        back to the event loop every few milliseconds, and one render at a time per process, so
+        a flood of `/metrics` requests costs one render in flight. A caller never gets a render
+        that started before it arrived (it could miss a value just recorded): it joins the
+        queued render if there is one, else queues one that starts when the running one ends.
+
+        Raises:
+            Exception: Whatever rendering raised (each caller of that render gets it).
+        """
+        job = self._queued
+        if job is None:
+            job = _Render()
+            # Shielded: callers that joined this render wait for it even if this one goes away.
+            with anyio.CancelScope(shield=True):
+                running = self._rendering
+                if running is not None:
+                    self._queued = job
+                    await running.done.wait()
+                    self._queued = None
+                self._rendering = job
+                try:
+                    job.page = await anyio.to_thread.run_sync(generate_latest, self._exposed)
+                except Exception as exc:  # handed to every caller of this render
+                    job.error = exc
+                finally:
+                    self._rendering = None
+                    job.done.set()
+        else:
+            await job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.page
+
+
+@dataclass(slots=True)
+class _Render:
+    """One render of the page (`Metrics.exposition`), shared by the callers that joined it.
+
+    Attributes:
+        done: Set when it has ended, with `page` or `error`.
+        page: The text format, bytes.
+        error: What rendering raised, if it failed.
+    """
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    page: bytes = b""
+    error: Exception | None = None
 
 
 @dataclass(frozen=True, slots=True)
