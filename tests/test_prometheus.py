@@ -260,6 +260,9 @@ def test_every_dashboard_and_alert_expression_returns_data(
         upstream_poll_interval=0.5,
         default_rpm=DEFAULT_RPM,
         upstream_max_concurrent=UPSTREAM_MAX_CONCURRENT,
+        # The load sends a bad key all along, for the 401 series: no per-address budget turns
+        # those into 429s (tests/test_address_limits.py tests the budget).
+        auth_failures_per_minute=0,
     )
     _, limited_key = gw.create_key("limited", rpm=1)
     stop = threading.Event()
