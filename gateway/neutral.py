@@ -89,6 +89,8 @@ class GenerationRequest:
             or None when it set none; what the TPM reservation uses.
         prompt_bytes: UTF-8 bytes of the prompt text (for the TPM estimate).
         prompt_tokens: Prompt tokens the client sent as tokens already (a generate `context`).
+        body_bytes: Bytes of the client's body: over `INLINE_PARSE_BYTES` the upstream request
+            is built in a worker thread (`gateway.relay.exchange`).
     """
 
     surface: Surface
@@ -101,6 +103,7 @@ class GenerationRequest:
     max_output_tokens: int | None = None
     prompt_bytes: int = 0
     prompt_tokens: int = 0
+    body_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

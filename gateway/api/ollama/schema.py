@@ -54,6 +54,7 @@ def parse_generation(raw: bytes, operation: Operation, settings: Settings) -> Ge
         max_output_tokens=limit if _positive(limit) else None,
         prompt_bytes=size,
         prompt_tokens=len(context) if isinstance(context, list) else 0,
+        body_bytes=len(raw),
     )
 
 
@@ -88,6 +89,7 @@ def parse_embed(raw: bytes, settings: Settings, *, legacy: bool = False) -> Gene
         legacy=legacy,
         max_output_tokens=0,
         prompt_bytes=size,
+        body_bytes=len(raw),
     )
 
 

@@ -34,7 +34,7 @@ def parse_chat(raw: bytes, settings: Settings) -> GenerationRequest:
             raise UnprocessableError("each message must be an object with a role")
         check_spelling(message, "message")
         size += _content_bytes(message.get("content"))
-    return _generation(body, "chat", size)
+    return _generation(body, "chat", size, len(raw))
 
 
 def parse_completion(raw: bytes, settings: Settings) -> GenerationRequest:
@@ -50,7 +50,8 @@ def parse_completion(raw: bytes, settings: Settings) -> GenerationRequest:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise UnprocessableError("prompt must be a string (token arrays are not supported)")
-    return _generation(body, "generate", text_bytes(prompt) + text_bytes(body.get("suffix")))
+    size = text_bytes(prompt) + text_bytes(body.get("suffix"))
+    return _generation(body, "generate", size, len(raw))
 
 
 def parse_embeddings(raw: bytes, settings: Settings) -> GenerationRequest:
@@ -82,6 +83,7 @@ def parse_embeddings(raw: bytes, settings: Settings) -> GenerationRequest:
         stream=False,
         max_output_tokens=0,
         prompt_bytes=size,
+        body_bytes=len(raw),
     )
 
 
@@ -91,7 +93,9 @@ def parse_embeddings(raw: bytes, settings: Settings) -> GenerationRequest:
 OUTPUT_BOUNDS = ("max_tokens", "max_completion_tokens", "n_predict")
 
 
-def _generation(body: dict[str, Any], operation: Any, size: int) -> GenerationRequest:
+def _generation(
+    body: dict[str, Any], operation: Any, size: int, body_bytes: int
+) -> GenerationRequest:
     """The neutral request of a chat or completion body, its common fields checked.
 
     Raises:
@@ -129,6 +133,7 @@ def _generation(body: dict[str, Any], operation: Any, size: int) -> GenerationRe
         include_usage=stream and bool((options or {}).get("include_usage")),
         max_output_tokens=limit,
         prompt_bytes=size,
+        body_bytes=body_bytes,
     )
 
 
