@@ -91,6 +91,8 @@ class GenerationRequest:
             body but its non-prompt fields (`gateway.api.body.prompt_bytes`), an embedding's
             input texts.
         prompt_tokens: Prompt tokens the client sent as tokens already (a generate `context`).
+        body_bytes: Bytes of the client's body: over `INLINE_PARSE_BYTES` the upstream request
+            is built in a worker thread (`gateway.relay.exchange`).
     """
 
     surface: Surface
@@ -103,6 +105,7 @@ class GenerationRequest:
     max_output_tokens: int | None = None
     prompt_bytes: int = 0
     prompt_tokens: int = 0
+    body_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -478,6 +478,8 @@ def test_a_generation_or_a_legacy_embedding_asks_for_at_most_one_vector():
         [{"token": "a", "top_logprobs": [{"token": "b", "bytes": [98]}]}] * 3000,
         list(range(100_000)),
         [[0.1] * 4096] * 20,
+        {f"k\u00e9{i}": i for i in range(5000)},  # an object of many members, in steps
+        {"model": "m", "options": {str(i): [i, {"a": "é"}] for i in range(3000)}},
     ],
 )
 def test_a_stepwise_encoding_writes_the_same_bytes(data):

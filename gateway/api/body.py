@@ -13,9 +13,13 @@ for `a` and served as `b`; so an object whose keys repeat, exactly or up to case
 any depth, and so is a differently-cased spelling of a request or message field.
 
 Parsing work is bounded before the parser runs: a body within the size limit can still hold
-millions of tiny values (`[0,0,...]`) that keep the one event loop busy for seconds, and a
-worker thread would not help since the C parser holds the GIL throughout. `count_values` bounds
-the number of values with byte counts that run at C speed.
+millions of tiny values (`[0,0,...]`) that keep the one event loop busy for seconds.
+`count_values` bounds the number of values with byte counts that run at C speed. A body over
+`INLINE_PARSE_BYTES` is then parsed and checked in a worker thread (`parse_request_body`): the
+parser's hooks (numbers, objects) and the checks after it are Python, so the interpreter hands
+the GIL back to the event loop's thread every switch interval; the C-bound steps (the count,
+the UTF-8 decoding, a run of strings without a hook) each take a few tens of milliseconds at
+most at the 16 MiB body limit.
 
 Every other JSON document from outside (an admin token's header and claims, an identity
 provider's JWKS, tool-call arguments, an upstream's model list or error body) is parsed with
@@ -27,9 +31,18 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
 
 from gateway.errors import BadRequestError, UnprocessableError
+from gateway.upstream.dialect import INLINE_PARSE_BYTES, json_thread_limiter
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
+
+T = TypeVar("T")
 
 #: Longest model name accepted (Ollama names are `namespace/name:tag`, far shorter).
 MAX_MODEL_NAME = 256
@@ -305,6 +318,29 @@ def parse_object(raw: bytes, *, max_depth: int, max_values: int = 100_000) -> di
     if "stream" in body and not isinstance(body["stream"], bool):
         raise UnprocessableError("stream must be true or false")
     return body
+
+
+async def parse_request_body(
+    parse: Callable[[bytes, Settings], T], raw: bytes, settings: Settings
+) -> T:
+    """`parse(raw, settings)`: on the event loop, or in a worker thread for a large body.
+
+    A body over `INLINE_PARSE_BYTES` (1 MiB) is parsed in a thread, at most `JSON_THREADS` at
+    once (a flood of large bodies waits for those, not for the pool other work needs): its
+    parse and checks held the loop for up to ~0.3 s. A smaller one costs the thread hop
+    nothing (a typical chat body parses in tens of microseconds).
+
+    Args:
+        parse: A surface's body check (`parse_object` and the shape checks after it).
+        raw: The request body.
+        settings: Passed on to `parse`.
+
+    Raises:
+        Whatever `parse` raises.
+    """
+    if len(raw) <= INLINE_PARSE_BYTES:
+        return parse(raw, settings)
+    return await anyio.to_thread.run_sync(parse, raw, settings, limiter=json_thread_limiter())
 
 
 def text_bytes(value: object) -> int:

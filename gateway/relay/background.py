@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import anyio
 
+from gateway.api.body import parse_request_body
 from gateway.auth.principal import Principal
 from gateway.errors import ForbiddenError
 from gateway.metrics import ALL_KEYS
@@ -66,7 +67,7 @@ async def run_line(
     state = {"arrival": arrival, "request_id": request_id}
     admission = await relay.limiter.admit(principal)
     try:
-        request = endpoint.parse(raw, relay.settings)
+        request = await parse_request_body(endpoint.parse, raw, relay.settings)
         if not principal.allows_model(request.model):
             raise ForbiddenError(f"this API key may not use model '{request.model}'")
         headers = upstream_request_headers((), request_id=request_id)

@@ -68,6 +68,7 @@ from gateway.upstream.dialect import (
     Dialect,
     StreamBrokenError,
     StreamDecoder,
+    json_thread_limiter,
     requested_vectors,
 )
 
@@ -146,7 +147,13 @@ class Exchange:
             UpstreamStatusError: the upstream answered an error status, or its first line was
                 an error (Ollama before v0.12.6 sends errors as a 200 line; section 4.2).
         """
-        self._request = self._build_request()
+        if self._generation.body_bytes > INLINE_PARSE_BYTES:
+            # Translating and writing a large body holds the loop as long as parsing it did.
+            self._request = await anyio.to_thread.run_sync(
+                self._build_request, limiter=json_thread_limiter()
+            )
+        else:
+            self._request = self._build_request()
         phase = self._settings.first_byte_timeout
         timeout, message = self._deadline(phase, "upstream sent nothing within {:g} s")
         try:

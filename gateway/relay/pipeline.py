@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 from fastapi import Request, Response
 
+from gateway.api.body import parse_request_body
 from gateway.auth.principal import Principal
 from gateway.errors import (
     ForbiddenError,
@@ -102,7 +103,7 @@ class Relay:
         admission = await self.limiter.admit(principal)
         try:
             raw = await read_body(request, self.settings.max_body_bytes)
-            generation_request = endpoint.parse(raw, self.settings)
+            generation_request = await parse_request_body(endpoint.parse, raw, self.settings)
             model = generation_request.model
             state["model"] = model
             if not principal.allows_model(model):

@@ -9,12 +9,15 @@ a `StreamDecoder`. Decoders do no I/O: the relay reads the body and feeds them t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
+from weakref import WeakKeyDictionary
 
+import anyio
 import httpx
 
 from gateway.neutral import Chunk, GenerationRequest, Stats
@@ -35,6 +38,23 @@ MAX_VECTOR_BYTES = 1024 * 1024
 #: goes to a worker thread (1 MiB of embeddings parses in a few milliseconds; a thread hop costs
 #: ~100 us, and the Python number hooks of `THREADED_JSON` a tenth more per number).
 INLINE_PARSE_BYTES = 1024 * 1024
+
+#: Most request bodies parsed, or upstream requests written, in worker threads at once: a flood
+#: of large bodies waits for these, and leaves the rest of the thread pool to other work.
+JSON_THREADS = 2
+
+_json_limiters: WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.CapacityLimiter] = (
+    WeakKeyDictionary()
+)
+
+
+def json_thread_limiter() -> anyio.CapacityLimiter:
+    """The running event loop's limiter of `JSON_THREADS` (one per loop: tests run several)."""
+    loop = asyncio.get_running_loop()
+    limiter = _json_limiters.get(loop)
+    if limiter is None:
+        limiter = _json_limiters[loop] = anyio.CapacityLimiter(JSON_THREADS)
+    return limiter
 
 
 class StreamBrokenError(Exception):
@@ -329,6 +349,21 @@ def encode_json(data: Any) -> bytes:
 #: Bytes of JSON about which one call of the C encoder writes (`encode_json_stepwise`).
 _STEP_BYTES = 256 * 1024
 
+#: Members of an object one call of the C encoder writes at most (`encode_json_stepwise`).
+_STEP_MEMBERS = 1024
+
+
+def encode_body(data: Any, request: GenerationRequest) -> bytes:
+    """Write the upstream request body for `request`: stepwise for a large client body.
+
+    The relay builds the upstream request in a worker thread when the client's body was over
+    `INLINE_PARSE_BYTES` (`gateway.relay.exchange`); there it is written in steps
+    (`encode_json_stepwise`) so that the event loop's thread gets the GIL between them.
+    """
+    if request.body_bytes > INLINE_PARSE_BYTES:
+        return encode_json_stepwise(data)
+    return encode_json(data)
+
 
 def encode_json_stepwise(data: Any) -> bytes:
     """`encode_json` for a large answer, written in steps so that it may run in a thread.
@@ -340,6 +375,13 @@ def encode_json_stepwise(data: Any) -> bytes:
     the event loop's thread. The bytes are `encode_json`'s.
     """
     if isinstance(data, dict):
+        if len(data) > _STEP_MEMBERS:  # a client's object of many members (tens of thousands)
+            items = list(data.items())
+            parts = [
+                encode_json_stepwise(dict(items[start : start + _STEP_MEMBERS]))[1:-1]
+                for start in range(0, len(items), _STEP_MEMBERS)
+            ]
+            return b"{" + b",".join(parts) + b"}"
         if not any(isinstance(value, list | dict) for value in data.values()):
             return encode_json(data)
         parts = [encode_json(str(key)) + b":" + encode_json_stepwise(v) for key, v in data.items()]

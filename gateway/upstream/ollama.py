@@ -25,6 +25,7 @@ from gateway.upstream.dialect import (
     StreamBrokenError,
     UpstreamCall,
     decode_object,
+    encode_body,
     encode_json,
     ollama_stats,
 )
@@ -49,11 +50,11 @@ class OllamaDialect:
         headers = {**headers, "content-type": "application/json"}
         if request.surface == "openai":
             path, payload = to_ollama_request(request)
-            return UpstreamCall(path, encode_json(payload), headers)
+            return UpstreamCall(path, encode_body(payload, request), headers)
         if request.operation == "embed":
             path = "/api/embeddings" if request.legacy else "/api/embed"
-            return UpstreamCall(path, encode_json(request.body), headers)
-        content = encode_json({**request.body, "stream": True})
+            return UpstreamCall(path, encode_body(request.body, request), headers)
+        content = encode_body({**request.body, "stream": True}, request)
         return UpstreamCall(_PATHS[request.operation], content, headers)
 
     def decoder(

@@ -40,7 +40,7 @@ from gateway.upstream.dialect import (
     StreamBrokenError,
     UpstreamCall,
     decode_object,
-    encode_json,
+    encode_body,
     trusted_count,
 )
 from gateway.upstream.openai_request import (
@@ -69,7 +69,7 @@ class OpenAIDialect:
             else:
                 payload = to_openai_embedding(request)
             headers = {**headers, "content-type": "application/json"}
-            return UpstreamCall("/v1/embeddings", encode_json(payload), headers)
+            return UpstreamCall("/v1/embeddings", encode_body(payload, request), headers)
         if request.surface == "openai":
             path = "/v1/chat/completions" if request.operation == "chat" else "/v1/completions"
             payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
@@ -85,7 +85,7 @@ class OpenAIDialect:
         else:
             path, payload = to_openai_request(request.operation, body)
         headers = {**headers, "content-type": "application/json", "accept": "text/event-stream"}
-        return UpstreamCall(path, encode_json(payload), headers)
+        return UpstreamCall(path, encode_body(payload, request), headers)
 
     def decoder(
         self, request: GenerationRequest, started: float, sent: float

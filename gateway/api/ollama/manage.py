@@ -46,6 +46,7 @@ import httpx
 from fastapi import APIRouter, Depends, Query, Request, Response
 from starlette.requests import ClientDisconnect
 
+from gateway.api.body import parse_request_body
 from gateway.api.ollama.models import parse_body, requested_model
 from gateway.api.ollama.passthrough import (
     ProgressResponse,
@@ -197,7 +198,7 @@ class Manager:
                 may reach beyond it (`_check_fields`).
         """
         raw = await read_body(self.request, self.settings.max_body_bytes)
-        body = parse_body(raw, self.settings)
+        body = await parse_request_body(parse_body, raw, self.settings)
         _check_fields(self.principal, path, body)
         models = names(body)
         for model in models:

@@ -32,7 +32,7 @@ import httpx
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import PlainTextResponse
 
-from gateway.api.body import parse_listing, parse_object
+from gateway.api.body import parse_listing, parse_object, parse_request_body
 from gateway.api.ollama.passthrough import error_of, fetch, transport_error
 from gateway.auth.dependencies import PrincipalDep, require_principal
 from gateway.auth.principal import Principal
@@ -47,7 +47,7 @@ from gateway.errors import (
 from gateway.metrics import OTHER_MODEL
 from gateway.relay.body import read_body
 from gateway.settings import Settings
-from gateway.upstream.dialect import ModelInfo
+from gateway.upstream.dialect import THREADED_JSON, ModelInfo
 from gateway.upstream.pool import Upstream, UpstreamPool
 
 logger = logging.getLogger("gateway.api")
@@ -85,7 +85,7 @@ def parse_body(raw: bytes, settings: Settings) -> dict[str, Any]:
     except UnprocessableError:
         # Raised only after the body parsed. For an object, every check before the model's
         # passed; an absent or empty `model` is then the one thing left to tell apart.
-        body = json.loads(raw)
+        body = THREADED_JSON.decode(raw.decode())  # Python hooks: may run in a worker thread
         model = body.get("model") if isinstance(body, dict) else None
         if not isinstance(body, dict) or (isinstance(model, str) and model.strip()):
             raise
@@ -256,7 +256,7 @@ async def _show(
     request: Request, principal: Principal, pool: UpstreamPool, settings: Settings
 ) -> Response:
     raw = await read_body(request, settings.max_body_bytes)
-    model = requested_model(parse_body(raw, settings))
+    model = requested_model(await parse_request_body(parse_body, raw, settings))
     if model is None:
         raise BadRequestError("model is required")
     request.scope.setdefault("state", {})["model"] = model

@@ -50,6 +50,7 @@ def parse_generation(raw: bytes, operation: Operation, settings: Settings) -> Ge
         max_output_tokens=limit if _positive(limit) else None,
         prompt_bytes=prompt_bytes(body),
         prompt_tokens=len(context) if isinstance(context, list) else 0,
+        body_bytes=len(raw),
     )
 
 
@@ -84,6 +85,7 @@ def parse_embed(raw: bytes, settings: Settings, *, legacy: bool = False) -> Gene
         legacy=legacy,
         max_output_tokens=0,
         prompt_bytes=size,
+        body_bytes=len(raw),
     )
 
 

@@ -32,7 +32,7 @@ def parse_chat(raw: bytes, settings: Settings) -> GenerationRequest:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise UnprocessableError("each message must be an object with a role")
         check_spelling(message, "message")
-    return _generation(body, "chat")
+    return _generation(body, "chat", len(raw))
 
 
 def parse_completion(raw: bytes, settings: Settings) -> GenerationRequest:
@@ -48,7 +48,7 @@ def parse_completion(raw: bytes, settings: Settings) -> GenerationRequest:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise UnprocessableError("prompt must be a string (token arrays are not supported)")
-    return _generation(body, "generate")
+    return _generation(body, "generate", len(raw))
 
 
 def parse_embeddings(raw: bytes, settings: Settings) -> GenerationRequest:
@@ -80,6 +80,7 @@ def parse_embeddings(raw: bytes, settings: Settings) -> GenerationRequest:
         stream=False,
         max_output_tokens=0,
         prompt_bytes=size,
+        body_bytes=len(raw),
     )
 
 
@@ -89,7 +90,7 @@ def parse_embeddings(raw: bytes, settings: Settings) -> GenerationRequest:
 OUTPUT_BOUNDS = ("max_tokens", "max_completion_tokens", "n_predict")
 
 
-def _generation(body: dict[str, Any], operation: Any) -> GenerationRequest:
+def _generation(body: dict[str, Any], operation: Any, body_bytes: int) -> GenerationRequest:
     """The neutral request of a chat or completion body, its common fields checked.
 
     Its prompt size is every field but the few that are not prompt text (tools, tool calls,
@@ -130,6 +131,7 @@ def _generation(body: dict[str, Any], operation: Any) -> GenerationRequest:
         include_usage=stream and bool((options or {}).get("include_usage")),
         max_output_tokens=limit,
         prompt_bytes=prompt_bytes(body),
+        body_bytes=body_bytes,
     )
 
 
