@@ -33,6 +33,7 @@ from gateway.metering.usage import open_usage
 from gateway.metrics import Metrics
 from gateway.ratelimit.address import AddressLimiter
 from gateway.ratelimit.limiter import KeyLimiter, build_storage, close_storage
+from gateway.relay.bodybudget import BodyBudget, BodyBudgetMiddleware
 from gateway.relay.pipeline import Relay
 from gateway.settings import Settings
 from gateway.tracing.middleware import TracingMiddleware
@@ -166,6 +167,13 @@ def create_app(
     # Added innermost first. AccessMiddleware stamps and logs every request, the preflights the
     # CORS layer answers included; that layer adds its headers to every response inside it:
     # the error handlers' and UnexpectedErrorMiddleware's 500, which is why that sits inside.
+    # Innermost: each request's body charge is released once the app is done with it.
+    budget = BodyBudget(
+        settings.max_buffered_body_bytes,
+        settings.max_buffered_body_bytes_per_key,
+        metrics.buffered_body_bytes,
+    )
+    app.add_middleware(BodyBudgetMiddleware, budget=budget)
     app.add_middleware(UnexpectedErrorMiddleware)
     if settings.cors_origins:
         app.add_middleware(GatewayCORSMiddleware, allow_origins=settings.cors_origins)

@@ -156,6 +156,13 @@ class Metrics:
             multiprocess_mode="livesum",
             registry=r,
         )
+        self.buffered_body_bytes = Gauge(
+            "gateway_buffered_body_bytes",
+            "Request-body bytes the process holds now (charged against "
+            "GATEWAY_MAX_BUFFERED_BODY_BYTES until each request ends).",
+            multiprocess_mode="livesum",
+            registry=r,
+        )
         self.prefill_tokens_per_second = Histogram(
             "gateway_prefill_tokens_per_second",
             "Prefill rate: prompt tokens per second (prompt_eval_count / prompt_eval_duration), "

@@ -215,6 +215,19 @@ class Settings(BaseSettings):
         description="Largest request body accepted, in bytes (base64 images make chat "
         "bodies large).",
     )
+    max_buffered_body_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024,
+        description="Most request-body bytes the process holds at once, over every request "
+        "(a body is charged by its Content-Length, or chunk by chunk, until its request ends). "
+        "Past it: 503 with Retry-After. Bounds what slow or held bodies can take from memory.",
+    )
+    max_buffered_body_bytes_per_key: int = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        description="Most of GATEWAY_MAX_BUFFERED_BODY_BYTES one key may hold at once. Past "
+        "it: 429 with Retry-After. At least GATEWAY_MAX_BODY_BYTES.",
+    )
     max_json_depth: int = Field(64, ge=4, description="Deepest nesting accepted in a request body.")
     max_json_values: int = Field(
         100_000,
@@ -526,6 +539,20 @@ class Settings(BaseSettings):
                 'python -c "import secrets; print(secrets.token_urlsafe(48))"'
             )
         return secret
+
+    @model_validator(mode="after")
+    def _check_body_budget(self) -> Settings:
+        """A largest body fits a key's share, and the share fits the process's budget."""
+        if not (
+            self.max_body_bytes
+            <= self.max_buffered_body_bytes_per_key
+            <= self.max_buffered_body_bytes
+        ):
+            raise ValueError(
+                "need GATEWAY_MAX_BODY_BYTES <= GATEWAY_MAX_BUFFERED_BODY_BYTES_PER_KEY <= "
+                "GATEWAY_MAX_BUFFERED_BODY_BYTES (else a largest body could never be accepted)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_admin_jwks(self) -> Settings:
