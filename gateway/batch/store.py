@@ -12,6 +12,7 @@ killed after the upstream answered and before the result was written); it is rec
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
-from sqlalchemy import LargeBinary, Select, and_, func, insert, or_, select, tuple_, update
+from sqlalchemy import LargeBinary, Select, and_, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from gateway.batch.slots import KeySlots
@@ -479,8 +480,10 @@ class BatchStore:
         Keys take turns: each key's runnable lines are ranked (its oldest batch first, then
         model, so an upstream keeps one model loaded, then line), and the claim takes every
         key's first line before any key's second, so one key's 50,000-line batch cannot hold
-        another key's two lines back. Lines of the keys in `skip_keys` (held back by their own
-        rate limits) are left alone. On PostgreSQL the rows are locked `FOR UPDATE SKIP
+        another key's two lines back; only each key's first `count` runnable lines are read,
+        so the cost does not grow with the queue (`_pick`), and the lines are returned in turn
+        order. Lines of the keys in `skip_keys` (held back by their own rate limits) are left
+        alone. On PostgreSQL the rows are locked `FOR UPDATE SKIP
         LOCKED`, so replicas claiming at once take different lines. SQLite has one writer at a
         time but reads outside it: two processes on one file (`gateway serve --workers 2`) can
         read the same runnable lines, so each line is taken with an UPDATE that checks again
@@ -496,44 +499,27 @@ class BatchStore:
             ),
             and_(BatchLineRow.state == "running", BatchLineRow.lease_expires < now),
         )
-        turn = (
-            func.row_number()
-            .over(
-                partition_by=BatchRow.key_id,
-                order_by=(
-                    BatchRow.created_at,
-                    BatchLineRow.batch_id,
-                    BatchLineRow.model,
-                    BatchLineRow.line_no,
-                ),
-            )
-            .label("turn")
-        )
-        candidates = (
-            select(BatchLineRow.batch_id, BatchLineRow.line_no, BatchRow.created_at, turn)
-            .join(BatchRow, BatchRow.id == BatchLineRow.batch_id)
-            .where(BatchRow.status.in_(RUNNING), BatchRow.expires_at > now, runnable)
-        )
-        if skip_keys:
-            candidates = candidates.where(BatchRow.key_id.not_in(list(skip_keys)))
-        ranked = candidates.subquery()
-        picked = (
-            select(ranked.c.batch_id, ranked.c.line_no)
-            .order_by(ranked.c.turn, ranked.c.created_at, ranked.c.batch_id, ranked.c.line_no)
-            .limit(count)
-        )
-        # The window function cannot sit under FOR UPDATE: the lines are picked first, then
-        # locked and checked again (another replica may have taken one meanwhile).
-        query = (
-            select(BatchLineRow, BatchRow.endpoint, BatchRow.key_id)
-            .join(BatchRow, BatchRow.id == BatchLineRow.batch_id)
-            .where(tuple_(BatchLineRow.batch_id, BatchLineRow.line_no).in_(picked), runnable)
-        )
-        if self._postgres:
-            query = query.with_for_update(of=BatchLineRow, skip_locked=True)
         claimed: list[ClaimedLine] = []
         expires = now + timedelta(seconds=lease_seconds)
         async with self._sessions.begin() as session:
+            picked = await self._pick(session, now, count, skip_keys)
+            if not picked:
+                return claimed
+            # The lines are picked first, then locked and checked again by the UPDATE below
+            # (another replica may have taken one meanwhile). Each by its primary key: SQLite
+            # scanned the whole table for a row-value IN, and read every pending line through
+            # the state index with `runnable` here.
+            keys = [
+                and_(BatchLineRow.batch_id == batch_id, BatchLineRow.line_no == line_no)
+                for batch_id, line_no in picked
+            ]
+            query = (
+                select(BatchLineRow, BatchRow.endpoint, BatchRow.key_id)
+                .join(BatchRow, BatchRow.id == BatchLineRow.batch_id)
+                .where(or_(*keys))
+            )
+            if self._postgres:
+                query = query.with_for_update(of=BatchLineRow, skip_locked=True)
             for line, endpoint, key_id in (await session.execute(query)).all():
                 taken = await session.execute(
                     update(BatchLineRow)
@@ -559,7 +545,59 @@ class BatchStore:
                         key_id,
                     )
                 )
+        turns = {line: turn for turn, line in enumerate(picked)}
+        claimed.sort(key=lambda line: turns[(line.batch_id, line.line_no)])  # in turn order
         return claimed
+
+    async def _pick(
+        self, session: AsyncSession, now: datetime, count: int, skip_keys: Sequence[str]
+    ) -> list[tuple[str, int]]:
+        """The (batch id, line number) of the next `count` runnable lines, in turn order.
+
+        Each line's turn is its rank among its key's runnable lines (oldest batch first, then
+        model, then line); lines are taken by turn, then batch age, batch, line. Only a key's
+        first `count` lines can be taken, so only those are read: per running batch at most
+        `count` pending lines through `ix_gateway_batch_lines_claim`, which serves their order,
+        until the key has `count`, plus the lapsed leases (no more than were running). Before,
+        every runnable line was ranked at each claim: 1.0-1.5 s on SQLite with 200,000 queued.
+        """
+        batches = select(BatchRow.key_id, BatchRow.created_at, BatchRow.id).where(
+            BatchRow.status.in_(RUNNING), BatchRow.expires_at > now
+        )
+        if skip_keys:
+            batches = batches.where(BatchRow.key_id.not_in(list(skip_keys)))
+        order = (BatchRow.key_id, BatchRow.created_at, BatchRow.id)
+        rows = (await session.execute(batches.order_by(*order))).all()
+        if not rows:
+            return []
+        lapsed: dict[str, list[tuple[str, int]]] = {}
+        expired_leases = select(
+            BatchLineRow.batch_id, BatchLineRow.model, BatchLineRow.line_no
+        ).where(BatchLineRow.state == "running", BatchLineRow.lease_expires < now)
+        for batch_id, model, line_no in (await session.execute(expired_leases)).all():
+            lapsed.setdefault(batch_id, []).append((model, line_no))
+        ranked: list[tuple[int, datetime, str, int]] = []  # (turn, created_at, batch, line)
+        for _, group in itertools.groupby(rows, key=lambda row: row.key_id):
+            turn = 0
+            for _, created_at, batch_id in group:
+                if turn >= count:
+                    break
+                pending = (
+                    select(BatchLineRow.model, BatchLineRow.line_no)
+                    .where(
+                        BatchLineRow.batch_id == batch_id,
+                        BatchLineRow.state == "pending",
+                        or_(BatchLineRow.not_before.is_(None), BatchLineRow.not_before <= now),
+                    )
+                    .order_by(BatchLineRow.model, BatchLineRow.line_no)
+                    .limit(count - turn)
+                )
+                found = [(m, n) for m, n in (await session.execute(pending)).all()]
+                for _, line_no in sorted([*found, *lapsed.get(batch_id, [])])[: count - turn]:
+                    turn += 1
+                    ranked.append((turn, created_at, batch_id, line_no))
+        ranked.sort()
+        return [(batch_id, line_no) for _, _, batch_id, line_no in ranked[:count]]
 
     async def renew(self, owner: str, lease_seconds: float) -> None:
         """Extend the leases of every line `owner` is running."""

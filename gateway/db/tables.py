@@ -258,7 +258,11 @@ class BatchLineRow(Base):
     error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
-    __table_args__ = (Index("ix_gateway_batch_lines_state", "state", "batch_id"),)
+    __table_args__ = (
+        Index("ix_gateway_batch_lines_state", "state", "batch_id"),
+        # A claim reads a batch's first pending lines in this order, not the whole queue.
+        Index("ix_gateway_batch_lines_claim", "batch_id", "state", "model", "line_no"),
+    )
 
 
 class BatchEventRow(Base):
