@@ -172,6 +172,8 @@ def create_app(
         settings.max_buffered_body_bytes,
         settings.max_buffered_body_bytes_per_key,
         metrics.buffered_body_bytes,
+        grace=settings.body_timeout,
+        min_rate=settings.body_min_bytes_per_second,
     )
     app.add_middleware(BodyBudgetMiddleware, budget=budget)
     app.add_middleware(UnexpectedErrorMiddleware)

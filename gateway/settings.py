@@ -96,6 +96,13 @@ class Settings(BaseSettings):
     body_timeout: float = Field(
         30.0, gt=0, description="Seconds allowed between two pieces of a request body; then 408."
     )
+    body_min_bytes_per_second: int = Field(
+        64 * 1024,
+        ge=1,
+        description="Slowest average pace of a buffered request body after a grace of "
+        "`GATEWAY_BODY_TIMEOUT` seconds; slower: 408 (a trickled body held its share of "
+        "`GATEWAY_MAX_BUFFERED_BODY_BYTES` without bound).",
+    )
     keepalive_timeout: float = Field(
         5.0, gt=0, description="Seconds an idle kept-alive client connection stays open."
     )

@@ -28,9 +28,12 @@ from tests.conftest import Emulator, Gateway, metric_value
 MODEL = "llama3.2:latest"
 KIB = 1024
 MIB = 1024 * KIB
-#: Each held body: announced 900 KiB, of which 800 KiB are sent.
+#: Each held body: announced 900 KiB, of which 800 KiB of prompt are sent.
 DECLARED = 900 * KIB
 SENT = 800 * KIB
+PREFIX = b'{"model":"' + MODEL.encode() + b'","prompt":"'
+#: The bytes a held body charges: what was sent of it, never what was declared.
+HELD = len(PREFIX) + SENT
 DEADLINE = 30.0
 
 
@@ -147,15 +150,15 @@ def test_a_key_holding_bodies_is_refused_past_its_share_while_others_are_served(
     _, other = gw.create_key("other")
     with ExitStack() as stack:
         socks = stack.enter_context(_closing())
-        # Eight connections hold bodies: two fit the key's 2 MiB share, six are refused at once.
+        # Eight connections hold bodies: two fit the key's 2 MiB share, six are refused.
         socks.extend(_hold(gw, gw.key) for _ in range(8))
         for sock in _answered(socks, 6):
             status, headers, body = _answer(sock)
             assert status == 429, body
             assert int(headers["retry-after"]) > 0
             assert set(json.loads(body)) == {"error"}  # Ollama's format on /api/*
-        _wait_held(gw, 2 * DECLARED)
-        # A chunked body on /v1 is charged as its chunks arrive: refused at its first chunk.
+        _wait_held(gw, 2 * HELD)
+        # A chunked body on /v1 is charged as its chunks arrive too: refused at its first chunk.
         chunked = _hold_chunked(gw, gw.key, "/v1/chat/completions")
         socks.append(chunked)
         status, headers, body = _answer(chunked)
@@ -164,11 +167,11 @@ def test_a_key_holding_bodies_is_refused_past_its_share_while_others_are_served(
         error = json.loads(body)["error"]
         assert error["type"]  # the OpenAI error object on /v1/*
         assert error["message"]
-        assert _held_bytes(gw) == 2 * DECLARED  # refusals took nothing
+        assert _held_bytes(gw) == 2 * HELD  # refusals took nothing
         # Another key: small and large bodies served while the first key holds its share.
         assert _generate(gw, other).status_code == 200
         assert _generate(gw, other, "b" * (700 * KIB)).status_code == 200
-        assert _held_bytes(gw) == 2 * DECLARED  # the served requests gave their bytes back
+        assert _held_bytes(gw) == 2 * HELD  # the served requests gave their bytes back
     # The held connections hung up mid-body: every byte is given back.
     _wait_held(gw, 0)
     assert _generate(gw, gw.key, "c" * (700 * KIB)).status_code == 200
@@ -183,7 +186,7 @@ def test_past_the_process_budget_any_key_is_refused_with_503_and_the_budget_retu
     with ExitStack() as stack:
         socks = stack.enter_context(_closing())
         socks.extend(_hold(gw, gw.key) for _ in range(2))
-        _wait_held(gw, 2 * DECLARED)
+        _wait_held(gw, 2 * HELD)
         # The second key is within its share but the process is not: 503, retry later.
         refused = _hold(gw, second)
         socks.append(refused)
@@ -261,3 +264,64 @@ def test_held_bodies_of_one_key_do_not_grow_the_gateway_process(
         assert {status for status, _ in answers} == {429}
         # Four bodies of 15 MiB are held; generous room for the rest (buffers, allocator).
         assert grown < 200, f"the gateway grew by {grown:.0f} MiB"
+
+
+def _announce(gw: Gateway, key: str, sent: bytes) -> socket.socket:
+    """A connection that declared `DECLARED` bytes and sent only `sent` of them; still open."""
+    sock = _connect(gw)
+    head = (
+        f"POST /api/generate HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {DECLARED}\r\n\r\n"
+    ).encode()
+    sock.sendall(head + sent)
+    return sock
+
+
+def test_a_declared_body_charges_only_what_arrives(
+    make_gateway: Callable[..., Gateway],
+) -> None:
+    """Declaring large bodies and sending a few bytes of each does not fill the budget: before,
+    the declared `Content-Length` was charged up front, and four keys' 16 connections held the
+    whole budget with 100 bytes each, every other key's bodies refused with 503."""
+    gw = _budget_gateway(make_gateway, total=2 * MIB, per_key=2 * MIB)
+    _, other = gw.create_key("other")
+    with ExitStack() as stack:
+        socks = stack.enter_context(_closing())
+        socks.extend(_announce(gw, gw.key, PREFIX) for _ in range(6))  # 6 x 900 KiB declared
+        _wait_held(gw, 6 * len(PREFIX))
+        assert _generate(gw, other, "b" * (700 * KIB)).status_code == 200
+        assert _generate(gw, gw.key, "c" * (700 * KIB)).status_code == 200
+
+
+def test_a_trickled_body_is_cut_at_the_minimum_pace(make_gateway: Callable[..., Gateway]) -> None:
+    """A body that keeps arriving, but slower than `GATEWAY_BODY_MIN_BYTES_PER_SECOND` after
+    the grace (`GATEWAY_BODY_TIMEOUT`), gets 408 and gives its bytes back: before, a byte
+    within every body timeout held its charge for as long as the client liked."""
+    gw = make_gateway(
+        max_body_bytes=1 * MIB,
+        body_timeout=2.0,
+        body_min_bytes_per_second=64 * KIB,
+    )
+    sock = _announce(gw, gw.key, PREFIX)
+    try:
+        _wait_held(gw, len(PREFIX))
+        # A byte every half second: within the body timeout, far below the pace.
+        status = 0
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline:
+            try:
+                sock.sendall(b"a")
+            except OSError:
+                break
+            sock.settimeout(0.5)
+            try:
+                if sock.recv(1, socket.MSG_PEEK):
+                    break
+            except TimeoutError:
+                continue
+        status, _, body = _answer(sock)
+        assert status == 408, body
+        assert b"bytes per second" in body
+    finally:
+        sock.close()
+    _wait_held(gw, 0)

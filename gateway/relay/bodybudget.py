@@ -38,11 +38,24 @@ class BodyBudget:
         total: Most bytes held at once by the process (bytes, > 0).
         per_key: Most bytes one key may hold at once (bytes; capped at `total`).
         gauge: Set to the bytes held after each change (None: not exported).
+        grace: Seconds a body may take before its pace counts (`GATEWAY_BODY_TIMEOUT`).
+        min_rate: Slowest average pace after the grace, in bytes per second
+            (`GATEWAY_BODY_MIN_BYTES_PER_SECOND`): a body holding a charge must keep moving.
     """
 
-    def __init__(self, total: int, per_key: int, gauge: Gauge | None = None) -> None:
+    def __init__(
+        self,
+        total: int,
+        per_key: int,
+        gauge: Gauge | None = None,
+        *,
+        grace: float = 30.0,
+        min_rate: int = 64 * 1024,
+    ) -> None:
         self.total = total
         self.per_key = min(per_key, total)
+        self.grace = grace
+        self.min_rate = min_rate
         self.held = 0
         self._by_key: dict[str, int] = {}
         self._gauge = gauge
