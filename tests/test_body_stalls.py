@@ -138,6 +138,69 @@ def test_a_large_body_does_not_stall_another_keys_stream(serve, upstream, make_b
     assert worst < STALL_BOUND, worst
 
 
+def _fit(make: Any) -> bytes:
+    """The largest `make(n)` of at most 1 MiB (`dialect.INLINE_PARSE_BYTES`)."""
+    low, high = 1, 400_000
+    while low < high:
+        mid = (low + high + 1) // 2
+        if len(make(mid)) <= dialect.INLINE_PARSE_BYTES:
+            low = mid
+        else:
+            high = mid - 1
+    return bytes(make(low))
+
+
+def _small_keys() -> bytes:
+    """Just under 1 MiB: an embedding whose `options` has ~95,000 short keys."""
+    return _fit(
+        lambda n: (
+            f'{{"model":"{MODEL}","input":"x","options":{{'
+            + ",".join(f'"k{i}":1' for i in range(n))
+            + "}}"
+        ).encode()
+    )
+
+
+def _small_parts() -> bytes:
+    """Under 1 MiB: an OpenAI chat message of 30,000 one-character text parts (90,000 values,
+    within `GATEWAY_MAX_JSON_VALUES`)."""
+    parts = [{"type": "text", "text": "x"}] * 30_000
+    return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": parts}]}).encode()
+
+
+@pytest.mark.parametrize(
+    ("make_body", "path"), [(_small_keys, "/api/embed"), (_small_parts, "/v1/chat/completions")]
+)
+def test_many_bodies_of_many_values_under_a_mebibyte_do_not_stall_another_keys_stream(
+    serve, upstream, make_body, path
+):
+    """Bodies just under 1 MiB are parsed in a thread too when they hold many values: their
+    cost is per value. Before, eight connections of them paused the victim for 1-4 s."""
+    _, url = upstream
+    gateway_url, attacker, victim = serve(url, "ollama")
+    raw = make_body()
+    assert len(raw) <= dialect.INLINE_PARSE_BYTES
+
+    def attack() -> list[int]:
+        headers = {"Authorization": f"Bearer {attacker}", "content-type": "application/json"}
+        end = time.monotonic() + ATTACK_SECONDS
+
+        def post(_: int) -> list[int]:
+            with httpx.Client(timeout=120) as client:
+                statuses = []
+                while time.monotonic() < end:
+                    response = client.post(f"{gateway_url}{path}", content=raw, headers=headers)
+                    statuses.append(response.status_code)
+                return statuses
+
+        with ThreadPoolExecutor(8) as pool:
+            return [code for codes in pool.map(post, range(8)) for code in codes]
+
+    worst, statuses = _worst_victim_gap(gateway_url, victim, attack)
+    assert set(statuses) == {200}, statuses
+    assert worst < STALL_BOUND, worst
+
+
 # --- the pieces: small bodies stay on the loop, large ones share a few threads -----------------
 
 
