@@ -11,11 +11,12 @@ import httpx
 from fastapi import FastAPI
 
 from gateway import __version__
-from gateway.access import AccessMiddleware, UnexpectedErrorMiddleware
-from gateway.admin.routes import router as admin_router
+from gateway.api.admin.routes import router as admin_router
 from gateway.api.batch.routes import ENDPOINTS as BATCH_ENDPOINTS
 from gateway.api.batch.routes import router as batch_router
 from gateway.api.health import router as health_router
+from gateway.api.middleware.access import AccessMiddleware, UnexpectedErrorMiddleware
+from gateway.api.middleware.cors import GatewayCORSMiddleware
 from gateway.api.ollama import manage, models
 from gateway.api.ollama.routes import generation_routes as ollama_routes
 from gateway.api.openai.routes import generation_routes as openai_routes
@@ -24,21 +25,20 @@ from gateway.auth.authenticator import KeyAuthenticator
 from gateway.auth.jwt import AdminTokenVerifier
 from gateway.batch.runner import BatchRunner
 from gateway.batch.store import BatchStore
-from gateway.cors import GatewayCORSMiddleware
 from gateway.deps import GatewayState
 from gateway.errors import register_error_handlers
 from gateway.keys.store import KeyStore
 from gateway.lifecycle import Lifecycle
+from gateway.limits.address import AddressLimiter
+from gateway.limits.limiter import KeyLimiter, build_storage, close_storage
+from gateway.metering.metrics import Metrics
 from gateway.metering.usage import open_usage
-from gateway.metrics import Metrics
-from gateway.ratelimit.address import AddressLimiter
-from gateway.ratelimit.limiter import KeyLimiter, build_storage, close_storage
-from gateway.relay.bodybudget import BodyBudget, BodyBudgetMiddleware
 from gateway.relay.pipeline import Relay
 from gateway.settings import Settings
 from gateway.tracing.middleware import TracingMiddleware
 from gateway.tracing.provider import open_tracing
 from gateway.upstream.pool import open_pool
+from gateway.wire.budget import BodyBudget, BodyBudgetMiddleware
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from gateway import __version__
-from gateway.admin import cli as admin_cli
+from gateway.auth import token_cli as admin_cli
 from gateway.db import cli as db_cli
 from gateway.keys import audit_cli
 from gateway.keys import cli as keys_cli
@@ -38,8 +38,8 @@ def _workers(text: str) -> int | str:
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     # Imported here so that `gateway keys ...` does not load the web stack.
-    from gateway.server import serve
-    from gateway.workers import serve_workers, worker_count
+    from gateway.serve.server import serve
+    from gateway.serve.workers import serve_workers, worker_count
 
     host = settings.host if args.host is None else args.host
     port = settings.port if args.port is None else args.port
@@ -91,14 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     # Imported here so that `gateway serve` does not load the benchmark.
-    from gateway.bench import cli as bench_cli
+    from gateway.clients.bench import cli as bench_cli
 
     bench_cli.add_parser(commands)
 
 
 def _add_batch(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     # Imported here so that `gateway serve` does not load the batch client.
-    from gateway.batch import cli as batch_cli
+    from gateway.clients import batch_cli as batch_cli
 
     batch_cli.add_parser(commands)
 

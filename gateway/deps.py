@@ -16,8 +16,8 @@ from gateway.batch.runner import BatchRunner
 from gateway.batch.store import BatchStore
 from gateway.keys.store import KeyStore
 from gateway.lifecycle import Lifecycle
-from gateway.metrics import Metrics
-from gateway.ratelimit.address import AddressLimiter
+from gateway.limits.address import AddressLimiter
+from gateway.metering.metrics import Metrics
 from gateway.relay.pipeline import Relay
 from gateway.settings import Settings
 from gateway.upstream.pool import UpstreamPool

@@ -412,7 +412,8 @@ async def _handle_validation_error(request: Request, exc: Exception) -> Response
 def register_error_handlers(app: FastAPI) -> None:
     """Register every exception handler of the gateway on `app` (called once by `create_app`).
 
-    Unexpected exceptions are turned into a 500 by `gateway.access.AccessMiddleware`, which
+    Unexpected exceptions are turned into a 500 by
+    `gateway.api.middleware.access.AccessMiddleware`, which
     knows the request id.
     """
     app.add_exception_handler(GatewayError, _handle_gateway_error)

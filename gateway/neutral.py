@@ -2,7 +2,8 @@
 
 A client surface (`gateway.api.ollama`, `gateway.api.openai`) turns a client's body into a
 `GenerationRequest`, and neutral `Chunk`s back into its client's bytes. An upstream dialect
-(`gateway.upstream.ollama`, `gateway.upstream.openai`) turns a `GenerationRequest` into the
+(`gateway.upstream.dialects.ollama`, `gateway.upstream.dialects.openai`) turns a
+`GenerationRequest` into the
 upstream's request, and the upstream's answer into `Chunk`s. The engine (`gateway.relay`) moves
 chunks from one to the other and measures them; it never looks at a client's or an upstream's
 wire format. Two surfaces times two dialects are four paths, none of them written out.
@@ -74,7 +75,8 @@ class GenerationRequest:
 
     The body stays in its surface's shape: a dialect of the same family forwards it nearly as
     is (every field the client sent reaches the model), a dialect of the other family
-    translates it (`gateway.upstream.ollama_request`, `gateway.upstream.openai_request`).
+    translates it (`gateway.upstream.dialects.ollama_request`,
+    `gateway.upstream.dialects.openai_request`).
 
     Attributes:
         surface: The shape of `body`: `ollama` (reference sections 2.1, 3.1, 6.6) or `openai`
@@ -88,7 +90,7 @@ class GenerationRequest:
         max_output_tokens: The client's bound on output tokens (`num_predict`, `max_tokens`),
             or None when it set none; what the TPM reservation uses.
         prompt_bytes: UTF-8 bytes of the prompt (for the TPM estimate): a generation's whole
-            body but its non-prompt fields (`gateway.api.body.prompt_bytes`), an embedding's
+            body but its non-prompt fields (`gateway.wire.json.prompt_bytes`), an embedding's
             input texts.
         prompt_tokens: Prompt tokens the client sent as tokens already (a generate `context`).
         body_bytes: Bytes of the client's body: over `INLINE_PARSE_BYTES` the upstream request
@@ -130,7 +132,8 @@ class Stats:
     """The counts and durations an answer ends with, named as Ollama names them (section 2.3).
 
     Durations are nanoseconds. From an OpenAI-compatible upstream the counts are its `usage`
-    and the durations the gateway's own measurements (`gateway.upstream.openai`). None means
+    and the durations the gateway's own measurements (`gateway.upstream.dialects.openai`). None
+    means
     unknown (Ollama omits zero fields).
     """
 
@@ -211,9 +214,9 @@ class Chunk:
 
 @dataclass(frozen=True, slots=True)
 class RequestSummary:
-    """One finished request: its outcome and numbers, measured once (`gateway.relay.meter`).
+    """One finished request: its outcome and numbers, measured once (`gateway.metering.meter`).
 
-    Metrics (`gateway.metrics.Metrics.record`), the access log, usage accounting
+    Metrics (`gateway.metering.metrics.Metrics.record`), the access log, usage accounting
     (`gateway.metering.usage`) and the trace spans (`gateway.tracing`) all read this one record,
     so nothing is measured twice. No prompt text, no secrets: `key` is the metrics label (the
     key's name, or `all`), `key_id` the key's public id.

@@ -83,10 +83,11 @@ class Settings(BaseSettings):
     workers: int | Literal["auto"] = Field(
         1,
         description="Worker processes behind the one listening socket (`--workers` overrides); "
-        "`auto`: one per CPU. More than 1 needs Redis limit storage (gateway.workers).",
+        "`auto`: one per CPU. More than 1 needs Redis limit storage (gateway.serve.workers).",
     )
 
-    # --- client connections (gateway.door) -----------------------------------------------------
+    # --- client connections (gateway.serve.door)
+    # -----------------------------------------------------
     header_timeout: float = Field(
         10.0,
         gt=0,
@@ -417,7 +418,8 @@ class Settings(BaseSettings):
         30.0, gt=0, description="Seconds a request may wait for an upstream slot before a 503."
     )
 
-    # --- browser apps (CORS, gateway.cors) -----------------------------------------------------
+    # --- browser apps (CORS, gateway.api.middleware.cors)
+    # -----------------------------------------------------
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Origins of the browser apps that may call the API from another site "

@@ -17,12 +17,12 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.bench.fingerprint import collect_fingerprint
-from gateway.bench.knee import find_knee, find_slo_limit
-from gateway.bench.policy import recommend
-from gateway.bench.records import RequestRecord
-from gateway.bench.slo import parse_slo
-from gateway.bench.stats import point_summary, summarize
+from gateway.clients.bench.fingerprint import collect_fingerprint
+from gateway.clients.bench.knee import find_knee, find_slo_limit
+from gateway.clients.bench.policy import recommend
+from gateway.clients.bench.records import RequestRecord
+from gateway.clients.bench.slo import parse_slo
+from gateway.clients.bench.stats import point_summary, summarize
 
 MODEL = "llama3.2:1b"
 DIGEST = "sha256:a80c4f17acd5"

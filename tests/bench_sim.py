@@ -15,8 +15,8 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from gateway.bench.records import RequestRecord
-from gateway.bench.shapes import Measure, Measurement
+from gateway.clients.bench.records import RequestRecord
+from gateway.clients.bench.shapes import Measure, Measurement
 
 QUEUE_FULL = "HTTP 503: upstream is at capacity and its queue is full"
 

@@ -21,7 +21,7 @@ from sqlalchemy.pool import NullPool
 from gateway.app import create_app
 from gateway.keys.store import KeyStore
 from gateway.settings import Settings
-from gateway.testing.emulator import EmulatorConfig, EmulatorState, create_emulator_app
+from gateway.testing.emulator.app import EmulatorConfig, EmulatorState, create_emulator_app
 from gateway.testing.server import LoopbackServer
 
 PG_URL = os.environ.get(

@@ -1,4 +1,4 @@
-"""Per-address budgets of failed authentications (`gateway.ratelimit.address`), over real sockets.
+"""Per-address budgets of failed authentications (`gateway.limits.address`), over real sockets.
 
 A client address that fails to authenticate more than its budget in a minute gets 429 with
 `Retry-After` for its further failures, in its surface's error format, while other addresses and
@@ -83,7 +83,7 @@ def _assert_limited(response: httpx.Response, path: str) -> None:
 def test_failures_from_one_address_get_429_while_another_and_every_valid_key_are_served(
     make_gateway, clients, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="gateway.ratelimit")
+    caplog.set_level(logging.WARNING, logger="gateway.limits")
     gateway = make_gateway(auth_failures_per_minute=6)
     # Keys of several clients behind the flooding address, two with limits of their own.
     keys = [gateway.key] + [gateway.create_key(f"nat-{n}", rpm=3)[1] for n in range(2)]
@@ -168,7 +168,7 @@ def test_a_failing_limit_storage_leaves_each_failure_its_own_answer(make_gateway
 
 
 def test_addresses_are_counted_by_ipv4_address_and_ipv6_slash_64() -> None:
-    from gateway.ratelimit.address import address_bucket
+    from gateway.limits.address import address_bucket
 
     assert address_bucket("192.0.2.7") == "192.0.2.7"
     assert address_bucket("::ffff:192.0.2.7") == "192.0.2.7"

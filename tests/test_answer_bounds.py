@@ -34,7 +34,7 @@ from starlette.responses import Response, StreamingResponse
 from gateway.neutral import GenerationRequest
 from gateway.testing.server import LoopbackServer
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
-from gateway.upstream.dialect import (
+from gateway.upstream.dialects.base import (
     JsonList,
     encode_json,
     encode_json_stepwise,

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from gateway.auth.apikey import (
+from gateway.keys.apikey import (
     MAX_KEY_LENGTH,
     generate_key,
     hash_secret,

@@ -15,10 +15,10 @@ import httpx
 import pytest
 from sqlalchemy import event
 
-from gateway.auth import apikey
 from gateway.auth.authenticator import KeyAuthenticator
 from gateway.auth.principal import Principal
 from gateway.db.tables import ApiKeyRow
+from gateway.keys import apikey
 from gateway.keys.store import InvalidKeyError, KeyRecord, KeyStore
 from tests.conftest import Gateway
 

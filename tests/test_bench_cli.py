@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench.cli import KEY_ENV, _save, main
+from gateway.clients.bench.cli import KEY_ENV, _save, main
 from gateway.testing.stack import free_port
 from tests.conftest import Emulator, Gateway
 
@@ -277,7 +277,7 @@ def test_a_run_whose_document_cannot_be_saved_still_prints_its_report(
     def disk_full(*_: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("gateway.bench.plots.replace_file", disk_full)
+    monkeypatch.setattr("gateway.clients.bench.plots.replace_file", disk_full)
     code = main(
         ["run", "--target", emulator.url, "--model", model, "--requests", "2", "--no-gpu",
          "--out", str(tmp_path / "run.json")]

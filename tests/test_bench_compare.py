@@ -1,4 +1,5 @@
-"""`gateway.bench.compare`: the noise rule, the verdicts, and `gateway bench compare`'s exits."""
+"""`gateway.clients.bench.compare`: the noise rule, the verdicts, and `gateway bench compare`'s
+exits."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gateway.bench.compare import (
+from gateway.clients.bench.compare import (
     POINT_METRICS,
     Metric,
     Row,
@@ -22,7 +23,7 @@ from gateway.bench.compare import (
     main_compare,
     parse_threshold,
 )
-from gateway.bench.report import render_comparison
+from gateway.clients.bench.report import render_comparison
 from tests.bench_docs import model_entry, run_doc
 
 LATENCY = Metric("ttft_seconds.p50", "TTFT p50 (ms)", scale=1000.0)
@@ -402,7 +403,7 @@ def test_the_command_exits_2_not_1_on_an_unexpected_failure(
     def explode(*args: object, **kwargs: object) -> None:
         raise OverflowError("int too large to convert to float")
 
-    monkeypatch.setattr("gateway.bench.compare.compare", explode)
+    monkeypatch.setattr("gateway.clients.bench.compare.compare", explode)
     assert main_compare(_cli(path, path)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
@@ -411,7 +412,7 @@ def test_the_command_exits_2_not_1_on_an_unexpected_failure(
 
 
 def test_a_p99_measured_once_does_not_gate_but_a_p50_does():
-    from gateway.bench.compare import POINT_METRICS, Span, judge
+    from gateway.clients.bench.compare import POINT_METRICS, Span, judge
 
     by_key = {m.key: m for m in POINT_METRICS}
     once_base, once_new = Span(0.052, 0.052, 0.052), Span(0.062, 0.062, 0.062)  # +19%

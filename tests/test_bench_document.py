@@ -1,4 +1,5 @@
-"""`gateway.bench.document`: loading a run file, refusing what is none, reading optional values."""
+"""`gateway.clients.bench.document`: loading a run file, refusing what is none, reading optional
+values."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench import document
-from gateway.bench.document import (
+from gateway.clients.bench import document
+from gateway.clients.bench.document import (
     RunFileError,
     check_run,
     load_run,

@@ -3,7 +3,7 @@ capacity for the truth tests) and a real gateway in front of it.
 
 The truth tests run the emulator as a process of its own so the load generator and the server
 do not share one interpreter lock, and compare the measured numbers against the truth computed
-from the emulator's knobs (gateway.testing.emulator_capacity), within 3%. The knobs are chosen
+from the emulator's knobs (gateway.testing.emulator.capacity), within 3%. The knobs are chosen
 so the closed loop runs in lockstep (C a multiple of P or at most P, requests a multiple of the
 batch), which makes the truth exact rather than an average; the gaps are tens of milliseconds
 summed over many tokens, so scheduling jitter on a loaded machine stays well below 3%. The one
@@ -31,8 +31,8 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
-from gateway.bench import wire
-from gateway.bench.driver import (
+from gateway.clients.bench import wire
+from gateway.clients.bench.driver import (
     CAP_REACHED,
     NOT_SENT_BACKOFF,
     BenchError,
@@ -42,13 +42,13 @@ from gateway.bench.driver import (
     run_concurrency,
     run_rate,
 )
-from gateway.bench.exchange import Client
-from gateway.bench.protocol import Target
-from gateway.bench.records import RequestRecord
-from gateway.bench.shapes import ShapeOptions, search_knee
-from gateway.bench.stats import summarize
-from gateway.bench.workload import Sampling, Workload, load_workload
-from gateway.testing.emulator import EmulatorConfig
+from gateway.clients.bench.exchange import Client
+from gateway.clients.bench.protocol import Target
+from gateway.clients.bench.records import RequestRecord
+from gateway.clients.bench.shapes import ShapeOptions, search_knee
+from gateway.clients.bench.stats import summarize
+from gateway.clients.bench.workload import Sampling, Workload, load_workload
+from gateway.testing.emulator.app import EmulatorConfig
 from tests.conftest import Emulator, Gateway
 from tests.helpers import MODEL
 
@@ -588,7 +588,7 @@ def wake(capacity_url: str) -> float:
 
 
 def truth(concurrency: int, wake: float = 0.0) -> dict[str, tuple[float, float]]:
-    """The emulator's truth for a closed loop at `concurrency` (emulator_capacity's docstring),
+    """The emulator's truth for a closed loop at `concurrency` (capacity's docstring),
     as (lowest, highest) per measure: one value when `wake` is 0.
 
     `wake` (the `wake` fixture) is the loopback's own latency after a silence, which the knobs

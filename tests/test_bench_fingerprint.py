@@ -1,4 +1,5 @@
-"""`gateway.bench.fingerprint`: what a run records about itself, and which differences refuse."""
+"""`gateway.clients.bench.fingerprint`: what a run records about itself, and which differences
+refuse."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 
 import gateway
-from gateway.bench.fingerprint import collect_fingerprint, mismatches
+from gateway.clients.bench.fingerprint import collect_fingerprint, mismatches
 from tests.bench_docs import GPUS, run_doc
 
 PARAMETERS: dict[str, Any] = {

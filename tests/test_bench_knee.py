@@ -1,4 +1,5 @@
-"""`gateway.bench.knee`: growth per doubling, the knee, the SLO limit, over-saturation rules."""
+"""`gateway.clients.bench.knee`: growth per doubling, the knee, the SLO limit, over-saturation
+rules."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway.bench.knee import find_knee, find_slo_limit, growth, oversaturation
+from gateway.clients.bench.knee import find_knee, find_slo_limit, growth, oversaturation
 
 
 def _point(

@@ -17,16 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench import cli, document, gateway_metrics, quality, reader, wire
-from gateway.bench.cli import detect_api, main
-from gateway.bench.document import SCHEMA, RunFileError, load_run
-from gateway.bench.driver import BenchError, run_concurrency
-from gateway.bench.preflight import check_target
-from gateway.bench.protocol import Api, Target
-from gateway.bench.quality import probe_quality
-from gateway.bench.records import RequestRecord
-from gateway.bench.resources import ResourceMonitor
-from gateway.bench.workload import Sampling, load_workload
+from gateway.clients.bench import cli, document, gateway_metrics, quality, reader, wire
+from gateway.clients.bench.cli import detect_api, main
+from gateway.clients.bench.document import SCHEMA, RunFileError, load_run
+from gateway.clients.bench.driver import BenchError, run_concurrency
+from gateway.clients.bench.preflight import check_target
+from gateway.clients.bench.protocol import Api, Target
+from gateway.clients.bench.quality import probe_quality
+from gateway.clients.bench.records import RequestRecord
+from gateway.clients.bench.resources import ResourceMonitor
+from gateway.clients.bench.workload import Sampling, load_workload
 from tests.helpers import MODEL
 
 pytestmark = pytest.mark.anyio

@@ -1,4 +1,4 @@
-"""`gateway.bench.policy`: the gate, queue and queue timeout recommended from the knee."""
+"""`gateway.clients.bench.policy`: the gate, queue and queue timeout recommended from the knee."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from gateway.bench.policy import recommend
-from gateway.bench.shapes import ShapeOptions, search_knee
+from gateway.clients.bench.policy import recommend
+from gateway.clients.bench.shapes import ShapeOptions, search_knee
 from gateway.settings import Settings
 from tests.bench_sim import HAND, WINDOW, closed
 

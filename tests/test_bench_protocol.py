@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from gateway.bench.protocol import AnswerReader, Target, build_request, error_text
-from gateway.bench.records import RequestRecord
-from gateway.bench.workload import Prompt, Sampling
+from gateway.clients.bench.protocol import AnswerReader, Target, build_request, error_text
+from gateway.clients.bench.records import RequestRecord
+from gateway.clients.bench.workload import Prompt, Sampling
 from tests.helpers import sse
 
 KEY = "gw_abc_supersecretvalue"

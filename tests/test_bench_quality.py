@@ -11,7 +11,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from gateway.bench.quality import QUESTION_SET, QUESTIONS, is_correct, normalise, probe_quality
+from gateway.clients.bench.quality import (
+    QUESTION_SET,
+    QUESTIONS,
+    is_correct,
+    normalise,
+    probe_quality,
+)
 from gateway.testing.server import LoopbackServer
 from gateway.testing.stack import free_port
 

@@ -1,4 +1,5 @@
-"""`gateway.bench.report`, `tables` and `plots`: what a saved run looks like in each format."""
+"""`gateway.clients.bench.report`, `tables` and `plots`: what a saved run looks like in each
+format."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from gateway.bench import plots
-from gateway.bench.compare import compare
-from gateway.bench.plots import PlotFailed, PlotsUnavailable, plot_run, slug
-from gateway.bench.report import (
+from gateway.clients.bench import plots
+from gateway.clients.bench.compare import compare
+from gateway.clients.bench.plots import PlotFailed, PlotsUnavailable, plot_run, slug
+from gateway.clients.bench.report import (
     CSV_COLUMNS,
     RENDERERS,
     add_arguments,
@@ -28,7 +29,7 @@ from gateway.bench.report import (
     render_matrix,
     render_table,
 )
-from gateway.bench.tables import Column, markdown_text, number, text_table, width
+from gateway.clients.bench.tables import Column, markdown_text, number, text_table, width
 from tests.bench_docs import model_entry, run_doc
 
 HOSTILE = "evil\x1b[2J\x1b]0;owned\x07|name\u202e\x9b31m"

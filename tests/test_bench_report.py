@@ -1,6 +1,6 @@
 """The benchmark's pure parts: rows against their baselines, the targets, SSE chunk counting.
 
-Fast: no process is started. The benchmark itself is `python -m bench.gateway`
+Fast: no process is started. The benchmark itself is `python -m benchmarks.gateway`
 (docs/performance.md).
 """
 
@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 
-from bench.gateway import SURFACES, _surfaces, build_parser
-from bench.measure import summarise
-from bench.report import add_relative, baseline_of, check_targets, find_regressions
-from bench.servers import Target
-from bench.stream import Reader, Spec
+from benchmarks.gateway import SURFACES, _surfaces, build_parser
+from benchmarks.measure import summarise
+from benchmarks.report import add_relative, baseline_of, check_targets, find_regressions
+from benchmarks.servers import Target
+from benchmarks.stream import Reader, Spec
 from gateway.api.openai.codec import CompletionCodec
 from gateway.neutral import Chunk, GenerationRequest
-from gateway.testing.emulator_dialect import Piece, Summary
-from gateway.testing.emulator_openai import ChatCompletionDialect
-from gateway.testing.emulator_openai_request import OpenAIAsk
-from gateway.testing.emulator_wire import encode_json
+from gateway.testing.emulator.dialect import Piece, Summary
+from gateway.testing.emulator.openai import ChatCompletionDialect
+from gateway.testing.emulator.openai_request import OpenAIAsk
+from gateway.testing.emulator.wire import encode_json
 
 
 def _row(
@@ -35,7 +35,8 @@ def _row(
     cpu: float | None = None,
     tokens: float = 0.0,
 ) -> dict[str, Any]:
-    """A sweep row as `bench.measure.summarise` makes it; `legacy`: without `baseline` (old)."""
+    """A sweep row as `benchmarks.measure.summarise` makes it; `legacy`: without `baseline`
+    (old)."""
     row: dict[str, Any] = {
         "target": target,
         "concurrency": n,

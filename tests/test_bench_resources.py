@@ -14,16 +14,16 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from gateway.bench.gateway_metrics import GatewayMetricsSampler, parse_totals
-from gateway.bench.gpu import GpuSampler
-from gateway.bench.resources import (
+from gateway.clients.bench.gateway_metrics import GatewayMetricsSampler, parse_totals
+from gateway.clients.bench.gpu import GpuSampler
+from gateway.clients.bench.resources import (
     ResourceMonitor,
     disk_size,
     gpu_inventory,
     loaded_memory,
     model_matches,
 )
-from gateway.testing.emulator_catalog import listing
+from gateway.testing.emulator.catalog import listing
 from gateway.testing.server import LoopbackServer
 from gateway.testing.stack import free_port
 

@@ -1,4 +1,4 @@
-"""`gateway.bench.shapes` against a simulated batching server (tests/bench_sim.py).
+"""`gateway.clients.bench.shapes` against a simulated batching server (tests/bench_sim.py).
 
 The simulation is exact and sleeps not at all, so knees, SLO limits and goodput can be compared
 with arithmetic done by hand.
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gateway.bench.records import RequestRecord
-from gateway.bench.shapes import (
+from gateway.clients.bench.records import RequestRecord
+from gateway.clients.bench.shapes import (
     Measurement,
     ShapeOptions,
     exponential_levels,
@@ -19,7 +19,7 @@ from gateway.bench.shapes import (
     run_sweep,
     search_knee,
 )
-from gateway.bench.slo import parse_slo
+from gateway.clients.bench.slo import parse_slo
 from tests.bench_sim import HAND, QUEUE_FULL, WINDOW, SimulatedServer, closed
 
 pytestmark = pytest.mark.anyio

@@ -1,12 +1,13 @@
-"""`gateway.bench.slo`: parsing `--slo`, judging a point on its medians, a request for goodput."""
+"""`gateway.clients.bench.slo`: parsing `--slo`, judging a point on its medians, a request for
+goodput."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.bench.records import RequestRecord
-from gateway.bench.slo import parse_slo
-from gateway.bench.stats import point_summary, summarize
+from gateway.clients.bench.records import RequestRecord
+from gateway.clients.bench.slo import parse_slo
+from gateway.clients.bench.stats import point_summary, summarize
 
 
 def _request(ttft: float, gaps: tuple[float, ...], *, ok: bool = True) -> RequestRecord:

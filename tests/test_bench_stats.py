@@ -1,4 +1,4 @@
-"""`gateway.bench.stats`: percentiles, one repeat's summary, the spread over repeats."""
+"""`gateway.clients.bench.stats`: percentiles, one repeat's summary, the spread over repeats."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-import bench.measure
-from gateway.bench.records import RequestRecord
-from gateway.bench.slo import parse_slo
-from gateway.bench.stats import (
+import benchmarks.measure
+from gateway.clients.bench.records import RequestRecord
+from gateway.clients.bench.slo import parse_slo
+from gateway.clients.bench.stats import (
     METRICS,
     across_repeats,
     client_decode_rate,
@@ -77,7 +77,7 @@ def test_percentile_interpolates_linearly_between_ranks() -> None:
 
 
 def test_bench_measure_uses_the_same_percentile() -> None:
-    assert vars(bench.measure)["percentile"] is percentile  # one definition for both tools
+    assert vars(benchmarks.measure)["percentile"] is percentile  # one definition for both tools
 
 
 def test_distribution_has_every_statistic_and_extra_percentiles() -> None:

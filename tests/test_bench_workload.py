@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench.workload import (
+from gateway.clients.bench.workload import (
     BUILTIN,
     Prompt,
     Sampling,

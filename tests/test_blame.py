@@ -16,7 +16,7 @@ import pytest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.testing.emulator import EmulatorConfig, create_emulator_app
+from gateway.testing.emulator.app import EmulatorConfig, create_emulator_app
 from gateway.testing.server import LoopbackServer
 from tests.conftest import Emulator, Gateway, metric_value
 from tests.helpers import MODEL, OllamaLookalike, ndjson, served, wait_polled

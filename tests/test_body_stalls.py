@@ -3,7 +3,7 @@
 Found by the attack on c600ad9 (issue 29): bodies within the 16 MiB limit and the value limit,
 made of many non-ASCII keys, text parts or inputs, held the loop 0.1-0.3 s each while they were
 parsed, checked, translated and written again for the upstream. A body over 1 MiB is now handled
-in a worker thread, its C-bound steps short (`gateway.api.body.parse_request_body`).
+in a worker thread, its C-bound steps short (`gateway.wire.json.parse_request_body`).
 
 Over real loopback sockets: `gateway serve` in its own process in front of an Ollama look-alike;
 a victim key streams a generation while an attacker key sends large bodies on three connections.
@@ -26,9 +26,9 @@ import pytest
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from gateway.api import body
 from gateway.settings import Settings
-from gateway.upstream import dialect
+from gateway.upstream.dialects import base as dialect
+from gateway.wire import json as body
 from tests import test_answer_bounds
 from tests.helpers import MODEL, OllamaLookalike, served
 

@@ -16,8 +16,8 @@ import time
 import httpx
 import pytest
 
-from gateway.api.body import JsonLimitError, count_values, parse_json
 from gateway.errors import BadRequestError
+from gateway.wire.json import JsonLimitError, count_values, parse_json
 from tests.conftest import Gateway
 
 MODEL = "llama3.2:latest"
@@ -146,7 +146,7 @@ def test_commas_inside_strings_are_not_values():
 def test_integers_with_thousands_of_digits_are_refused_before_they_cost_seconds() -> None:
     """`int()` of a decimal string is quadratic in its digits: a few thousand 4,299-digit
     integers (under Python's own 4,300-digit limit) held the event loop for a second."""
-    from gateway.api.body import MAX_INT_DIGITS
+    from gateway.wire.json import MAX_INT_DIGITS
     from tests.helpers import parse_ollama as parse_body
 
     digits = "9" * 4299

@@ -149,8 +149,8 @@ def test_case_is_free_where_go_decodes_into_maps_or_schemas():
 def test_the_upstream_body_is_serialised_from_the_checked_dict():
     from gateway.api.ollama.schema import parse_generation
     from gateway.settings import Settings
-    from gateway.upstream.ollama import OllamaDialect
-    from gateway.upstream.openai_request import to_openai_request
+    from gateway.upstream.dialects.ollama import OllamaDialect
+    from gateway.upstream.dialects.openai_request import to_openai_request
 
     body = parse_body(
         b'{"model":"m","prompt":"x","options":{"num_predict":3}}', "generate", max_depth=64

@@ -1,4 +1,4 @@
-"""A response's head goes out with its first body bytes, in one write (gateway.coalesce).
+"""A response's head goes out with its first body bytes, in one write (gateway.serve.coalesce).
 
 Over a real uvicorn server and socket: the writes the protocol makes are recorded under the
 head-holding transport, so what is checked is what reached the kernel, one `write` at a time.
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from gateway.coalesce import CoalescingHttpToolsProtocol, HeadHoldingTransport
+from gateway.serve.coalesce import CoalescingHttpToolsProtocol, HeadHoldingTransport
 from gateway.testing.server import LoopbackServer
 
 WRITES: list[tuple[float, bytes]] = []

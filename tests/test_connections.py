@@ -1,4 +1,4 @@
-"""The door of a real `gateway serve` process (gateway.door), over raw sockets.
+"""The door of a real `gateway serve` process (gateway.serve.door), over raw sockets.
 
 Silent and slow clients are closed, oversized heads get 431, the connection cap and an
 address's share of it answer 503 and free up again, idle kept-alive connections end, and none
@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gateway.server import RESERVED_FDS, door_limits
+from gateway.serve.server import RESERVED_FDS, door_limits
 from gateway.settings import Settings
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
 from tests.conftest import Emulator
@@ -448,7 +448,7 @@ class _Peer:
 
 
 def test_an_address_share_groups_ipv6_by_64_and_passes_over_proxies_and_unix_sockets():
-    from gateway.door import _shared_address
+    from gateway.serve.door import _shared_address
 
     trusted = tuple(
         Settings(trusted_proxies=["10.0.0.0/8", "2001:db8:ffff::/48"]).trusted_proxy_networks

@@ -13,14 +13,14 @@ import json
 import pytest
 
 from gateway.neutral import Chunk
-from gateway.upstream.dialect import (
+from gateway.upstream.dialects.base import (
     MAX_LINE_BYTES,
     LineSplitter,
     StreamBrokenError,
     StreamDecoder,
 )
-from gateway.upstream.ollama import NdjsonDecoder
-from gateway.upstream.openai import SseDecoder
+from gateway.upstream.dialects.ollama import NdjsonDecoder
+from gateway.upstream.dialects.openai import SseDecoder
 
 ANSWER = b"".join(
     json.dumps(obj, ensure_ascii=False).encode() + b"\n"

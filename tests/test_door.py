@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.access import client_address
+from gateway.api.middleware.access import client_address
 from gateway.keys.store import KeyStore
-from gateway.logs import EscapingFormatter, escape_text
+from gateway.serve.logs import EscapingFormatter, escape_text
 from gateway.settings import Settings
 from gateway.testing.stack import create_key, gateway_process
 from tests.conftest import Emulator, Gateway
@@ -83,9 +83,9 @@ def test_an_upstream_echo_of_a_hostile_model_name_writes_one_log_line(
     for line in log.splitlines():  # ... and no line of it starts a fake entry
         assert not line.startswith('{"request_id":"forged"')
     access = [
-        json.loads(line.split(" gateway.access ", 1)[1])
+        json.loads(line.split(" gateway.api.middleware.access ", 1)[1])
         for line in log.splitlines()
-        if " gateway.access " in line
+        if " gateway.api.middleware.access " in line
     ]
     assert [entry["status"] for entry in access if entry["route"] == "/v1/generate"] == [404]
     assert all(entry["client"] == "127.0.0.1" for entry in access)

@@ -13,7 +13,7 @@ import anyio.to_thread
 import httpx
 import pytest
 
-from gateway.testing.emulator import (
+from gateway.testing.emulator.app import (
     EmulatorConfig,
     EmulatorState,
     ReceivedRequest,

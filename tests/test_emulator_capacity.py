@@ -19,8 +19,13 @@ import anyio
 import httpx
 import pytest
 
-from gateway.testing.emulator import EmulatorConfig, EmulatorState, create_emulator_app, parse_args
-from gateway.testing.emulator_capacity import Capacity
+from gateway.testing.emulator.app import (
+    EmulatorConfig,
+    EmulatorState,
+    create_emulator_app,
+    parse_args,
+)
+from gateway.testing.emulator.capacity import Capacity
 from gateway.testing.server import LoopbackServer
 
 pytestmark = pytest.mark.anyio

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from gateway.testing import emulator
+from gateway.testing.emulator import app as emulator
 
 # The module-scoped emulator and its fixtures, shared with tests/test_emulator.py.
 from tests.test_emulator import CHAT, GENERATE, client, ndjson, served, sse, state  # noqa: F401

@@ -10,7 +10,7 @@ import struct
 import httpx
 import pytest
 
-from gateway.testing.emulator_embed import normalize, raw_vector
+from gateway.testing.emulator.embed import normalize, raw_vector
 
 # The module-scoped emulator and its fixtures, shared with tests/test_emulator.py.
 from tests.test_emulator import client, fast_config, served, state  # noqa: F401

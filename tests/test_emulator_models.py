@@ -8,7 +8,7 @@ import hashlib
 import httpx
 import pytest
 
-from gateway.testing.emulator_catalog import TEMPLATE
+from gateway.testing.emulator.catalog import TEMPLATE
 
 # The module-scoped emulator and its fixtures, shared with tests/test_emulator.py.
 from tests.test_emulator import client, fast_config, ndjson, served, state, wait_ended  # noqa: F401

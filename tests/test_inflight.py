@@ -17,9 +17,9 @@ import redis.asyncio as aioredis
 
 from gateway.auth.principal import Principal
 from gateway.errors import RateLimitedError
-from gateway.metrics import Metrics
-from gateway.ratelimit.inflight import LeasedInFlight, LocalInFlight
-from gateway.ratelimit.limiter import KeyLimiter, build_storage, close_storage
+from gateway.limits.inflight import LeasedInFlight, LocalInFlight
+from gateway.limits.limiter import KeyLimiter, build_storage, close_storage
+from gateway.metering.metrics import Metrics
 from gateway.settings import Settings
 from tests.conftest import REDIS_URL
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import build_parser
-from gateway.keyfile import KEY_FILE_MAX, KeyInputError, read_client_key, redact_key
+from gateway.clients.keyfile import KEY_FILE_MAX, KeyInputError, read_client_key, redact_key
 
 
 def test_the_first_line_of_the_file_or_the_variable(tmp_path: Path, monkeypatch) -> None:

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
-from gateway.auth import apikey
 from gateway.db.tables import ApiKeyRow
+from gateway.keys import apikey
 from gateway.keys import store as store_module
 from gateway.keys.store import UNSET, InvalidKeyError, KeyNotFoundError, KeyRecord, KeyStore
 from gateway.keys.validation import MAX_LIMIT

@@ -28,7 +28,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from gateway.app import create_app
-from gateway.auth import apikey
 from gateway.cli import main
 from gateway.db.engine import open_engine
 from gateway.db.migrate import (
@@ -42,6 +41,7 @@ from gateway.db.migrate import (
 )
 from gateway.db.migrations import VERSION_TABLE
 from gateway.db.tables import Base, UTCDateTime
+from gateway.keys import apikey
 from gateway.settings import Settings
 from tests.conftest import PG_URL, Database, _in_ci
 

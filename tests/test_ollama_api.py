@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway.testing.emulator import EmulatorConfig, create_emulator_app
+from gateway.testing.emulator.app import EmulatorConfig, create_emulator_app
 from gateway.testing.server import LoopbackServer
 from tests.conftest import Emulator, Gateway, metric_value
 from tests.helpers import MODEL, OllamaLookalike, served, wait_polled

@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
-from gateway.upstream.openai import SseDecoder
-from gateway.upstream.openai_request import to_openai_request
+from gateway.upstream.dialects.openai import SseDecoder
+from gateway.upstream.dialects.openai_request import to_openai_request
 from tests.conftest import Emulator, Gateway, metric_value
 
 
@@ -120,7 +120,7 @@ def test_durations_nest_when_the_stream_ends_right_after_its_last_token(monkeypa
     left, and `total_duration < eval_duration` broke Ollama's nesting (section 9.1).
     """
     clock = iter([0.1, 0.3, 0.5, 0.7, 0.9, 1.1, 1.1])
-    monkeypatch.setattr("gateway.upstream.openai.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("gateway.upstream.dialects.openai.time.perf_counter", lambda: next(clock))
     decoder = SseDecoder(started=0.0, sent=0.0)
     events = b"".join(b'data: {"choices":[{"delta":{"content":"t"}}]}\n\n' for _ in range(6))
     [*content, final] = decoder.feed(events + b"data: [DONE]\n\n")
@@ -135,7 +135,7 @@ def test_durations_nest_when_the_stream_ends_right_after_its_last_token(monkeypa
 def test_eval_duration_is_the_measured_decode_rate_when_it_fits(monkeypatch):
     """With time left after the last token, eval_count / eval_duration is the chunk rate."""
     clock = iter([0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 3.0])
-    monkeypatch.setattr("gateway.upstream.openai.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("gateway.upstream.dialects.openai.time.perf_counter", lambda: next(clock))
     decoder = SseDecoder(started=0.0, sent=0.0)
     events = b"".join(b'data: {"choices":[{"delta":{"content":"t"}}]}\n\n' for _ in range(6))
     final = decoder.feed(events + b"data: [DONE]\n\n")[-1]

@@ -16,8 +16,8 @@ from gateway.api.ollama.schema import parse_generation
 from gateway.api.openai.schema import parse_chat
 from gateway.errors import UnprocessableError
 from gateway.settings import Settings
-from gateway.upstream.ollama import OllamaDialect
-from gateway.upstream.openai import OpenAIDialect
+from gateway.upstream.dialects.ollama import OllamaDialect
+from gateway.upstream.dialects.openai import OpenAIDialect
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

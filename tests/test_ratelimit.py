@@ -19,8 +19,8 @@ from limits.aio.storage import MemoryStorage
 
 from gateway.auth.principal import Principal
 from gateway.errors import RateLimitedError
-from gateway.metrics import Metrics
-from gateway.ratelimit.limiter import KeyLimiter, build_storage
+from gateway.limits.limiter import KeyLimiter, build_storage
+from gateway.metering.metrics import Metrics
 from gateway.settings import Settings
 from gateway.testing.stack import create_key, gateway_process
 from tests.conftest import Emulator, Gateway, metric_value

@@ -43,8 +43,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.app import create_app
-from gateway.coalesce import CoalescingHttpToolsProtocol
-from gateway.server import door_limits
+from gateway.serve.coalesce import CoalescingHttpToolsProtocol
+from gateway.serve.server import door_limits
 from gateway.settings import Settings
 from gateway.testing.server import LoopbackServer
 from tests.conftest import Emulator, Gateway, _create_key, metric_value
@@ -486,7 +486,8 @@ def stand_in(dialect: str) -> Iterator[StandIn]:
 def front(tmp_path: Path, dialect: str) -> Iterator[Callable[..., Gateway]]:
     """Start gateways in front of an upstream URL, speaking `dialect`; keywords are settings.
 
-    Each runs on the client protocol `gateway serve` runs (`gateway.door`, `gateway.coalesce`),
+    Each runs on the client protocol `gateway serve` runs (`gateway.serve.door`,
+    `gateway.serve.coalesce`),
     so disconnects and writes go through what production uses; conftest's `make_gateway` runs
     uvicorn's plain one, and an emulator even in front of another upstream.
     """

@@ -20,10 +20,10 @@ import pytest
 
 from gateway.auth.principal import Principal
 from gateway.errors import RateLimitedError
-from gateway.metrics import Metrics
-from gateway.ratelimit.estimate import TokenEstimate
-from gateway.ratelimit.estimate import estimate_tokens as _estimate_request
-from gateway.ratelimit.limiter import KeyLimiter, build_storage
+from gateway.limits.estimate import TokenEstimate
+from gateway.limits.estimate import estimate_tokens as _estimate_request
+from gateway.limits.limiter import KeyLimiter, build_storage
+from gateway.metering.metrics import Metrics
 from gateway.settings import Settings
 from tests.conftest import Emulator, Gateway, metric_value
 from tests.test_ratelimit import MODEL, REDIS_URL, _generations, _redis_up

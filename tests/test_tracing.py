@@ -36,7 +36,7 @@ from starlette.routing import Route
 
 from gateway.app import create_app
 from gateway.settings import Settings
-from gateway.testing.emulator import EmulatorConfig, create_emulator_app
+from gateway.testing.emulator.app import EmulatorConfig, create_emulator_app
 from gateway.testing.server import LoopbackServer
 from gateway.tracing import spans as tracing_spans
 from gateway.tracing.middleware import end_server

@@ -1,6 +1,7 @@
 """Request translation between the surfaces and the dialects, field by field (pure functions).
 
-`gateway.upstream.ollama_request` (OpenAI body -> Ollama) and `gateway.upstream.openai_request`
+`gateway.upstream.dialects.ollama_request` (OpenAI body -> Ollama) and
+`gateway.upstream.dialects.openai_request`
 (Ollama body -> OpenAI), and the codecs that fold chunks into answers. The client tests in
 `tests/clients/` show the same fields end to end; these pin the rules.
 """
@@ -12,9 +13,9 @@ from typing import Any
 
 from gateway.api.ollama.codec import NdjsonCodec
 from gateway.neutral import Chunk, GenerationRequest, Operation, Surface
-from gateway.upstream.ollama_request import to_ollama_request
-from gateway.upstream.openai import OpenAIDialect
-from gateway.upstream.openai_request import to_openai_request
+from gateway.upstream.dialects.ollama_request import to_ollama_request
+from gateway.upstream.dialects.openai import OpenAIDialect
+from gateway.upstream.dialects.openai_request import to_openai_request
 
 
 def _request(surface: Surface, operation: Operation, **body: Any) -> GenerationRequest:

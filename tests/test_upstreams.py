@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from gateway.errors import UpstreamStatusError
-from gateway.metrics import Metrics
+from gateway.metering.metrics import Metrics
 from gateway.settings import Settings
-from gateway.testing.emulator import EmulatorConfig, create_emulator_app
+from gateway.testing.emulator.app import EmulatorConfig, create_emulator_app
 from gateway.testing.server import LoopbackServer
 from gateway.upstream.breaker import CircuitBreaker, CircuitState
 from gateway.upstream.headers import upstream_request_id
@@ -226,7 +226,7 @@ def _access_line(caplog: pytest.LogCaptureFixture, request_id: str) -> dict[str,
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         for record in list(caplog.records):
-            if record.name == "gateway.access":
+            if record.name == "gateway.api.middleware.access":
                 line = json.loads(record.getMessage())
                 if line["request_id"] == request_id:
                     return line
@@ -242,7 +242,7 @@ def test_a_request_fails_over_past_an_open_circuit_when_the_last_closed_upstream
     on to B within itself (panic mode for its own failover) instead of answering 502, and the
     access log shows the order it tried them in. Three ways to die: the process is gone
     (refused), every answer is a 502, the upstream is silent."""
-    caplog.set_level(logging.INFO, logger="gateway.access")
+    caplog.set_level(logging.INFO, logger="gateway.api.middleware.access")
     a_app = create_emulator_app(EmulatorConfig())
     a_server = LoopbackServer(a_app)
     a_server.start()

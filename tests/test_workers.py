@@ -21,9 +21,9 @@ import openai
 import pytest
 import redis
 
+from gateway.serve.workers import SIGNAL_GRACE, refusal, share, worker_settings
 from gateway.settings import Settings, UpstreamSpec
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
-from gateway.workers import SIGNAL_GRACE, refusal, share, worker_settings
 from tests.batch.test_batch_sdk import _chat, _jsonl, _upload, _wait
 from tests.conftest import REDIS_URL, Emulator, metric_value
 from tests.helpers import MODEL, stream_generation
@@ -431,7 +431,7 @@ def test_tpm_limit_holds_across_workers(two_workers, emulator, redis_prefix):
 
 def test_auto_counts_the_cpus_this_process_may_use(tmp_path, monkeypatch):
     """A pod limited to 2 CPUs on a 32-core node starts 2 workers, not 32."""
-    from gateway import workers
+    from gateway.serve import workers
 
     cpu_max = tmp_path / "cpu.max"
     monkeypatch.setattr(workers, "CGROUP_CPU_MAX", str(cpu_max))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from fastapi import Request, Response
 from starlette.routing import Route
 
-from gateway.auth.dependencies import require_principal
+from gateway.api.auth import require_principal
 from gateway.deps import get_authenticator, get_relay
 from gateway.relay.surface import Endpoint
 

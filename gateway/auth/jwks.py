@@ -28,7 +28,7 @@ from typing import Any
 import anyio
 import httpx
 
-from gateway.api.body import parse_json
+from gateway.wire.json import parse_json
 
 logger = logging.getLogger(__name__)
 

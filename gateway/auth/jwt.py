@@ -35,10 +35,10 @@ from jose import ExpiredSignatureError, JWTError, jwk, jwt
 from jose.backends.base import Key
 from jose.exceptions import JWKError, JWTClaimsError
 
-from gateway.api.body import parse_json
 from gateway.auth.identity import SCOPES, AdminAuthError, AdminIdentity, Scope
 from gateway.auth.jwks import FETCH_TIMEOUT, JwksCache
 from gateway.settings import Settings
+from gateway.wire.json import parse_json
 
 __all__ = [
     *("AUDIENCE", "ISSUER", "MAX_TTL", "SCOPES", "AdminAuthError", "AdminIdentity"),

@@ -29,6 +29,7 @@ from datetime import timedelta
 import anyio
 
 from gateway.auth.principal import Principal
+from gateway.batch.line import run_line
 from gateway.batch.store import BatchStore, ClaimedLine
 from gateway.db.tables import as_utc
 from gateway.errors import (
@@ -40,11 +41,10 @@ from gateway.errors import (
     parse_retry_after,
 )
 from gateway.keys.store import KeyNotFoundError, KeyStore
-from gateway.metrics import Metrics
-from gateway.ratelimit.slots import NoSpareCapacity
-from gateway.relay.background import run_line
+from gateway.metering.metrics import Metrics
 from gateway.relay.pipeline import Relay
 from gateway.relay.surface import Endpoint
+from gateway.upstream.slots import NoSpareCapacity
 
 logger = logging.getLogger("gateway.batch")
 

@@ -15,11 +15,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.api.body import MAX_INT_DIGITS, count_values
 from gateway.auth.principal import Principal
 from gateway.errors import GatewayError
 from gateway.relay.surface import Endpoint
 from gateway.settings import Settings
+from gateway.wire.json import MAX_INT_DIGITS, count_values
 
 #: The most errors a failed batch lists (the first ones by line number).
 MAX_ERRORS = 100

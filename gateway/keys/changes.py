@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.auth.apikey import KEY_PREFIX, generate_key, hash_secret
+from gateway.keys.apikey import KEY_PREFIX, generate_key, hash_secret
 from gateway.keys.audit import INTERNAL, Actor, add_entry, record_changes
 from gateway.keys.schema import ApiKeyRow, KeyRecord, as_utc, to_record
 from gateway.keys.validation import (

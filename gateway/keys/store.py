@@ -18,9 +18,9 @@ from typing import Any
 from sqlalchemy import and_, bindparam, exists, literal, or_, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
 
-from gateway.auth.apikey import hash_secret, parse_key, secret_matches
 from gateway.db.engine import open_engine
 from gateway.db.migrate import DatabaseState, prepare_database
+from gateway.keys.apikey import hash_secret, parse_key, secret_matches
 from gateway.keys.audit import INTERNAL, Actor, AuditEntry, list_entries
 from gateway.keys.changes import KeyChanges
 from gateway.keys.schema import ApiKeyRow, KeyRecord, KeyStatus, as_utc, to_record

@@ -110,7 +110,7 @@ class UsageSink:
             multiprocess_mode="livesum",
             registry=registry,
         )
-        # With workers (gateway.workers) values are read from files, not from a function:
+        # With workers (gateway.serve.workers) values are read from files, not from a function:
         # the gauge is set where the count changes instead.
         self._set_pending = "PROMETHEUS_MULTIPROC_DIR" in os.environ
         if not self._set_pending:

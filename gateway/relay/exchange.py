@@ -16,7 +16,7 @@ client's 422, never an upstream fault.
 The exchange reads the body itself and feeds each read to the dialect's decoder; the chunks one
 read completes travel together as a batch, so the client gets them in one write. A large whole
 answer (embeddings) is parsed in a worker thread at its end, so that the event loop goes on
-serving every other request meanwhile (`gateway.upstream.dialect.THREADED_JSON`).
+serving every other request meanwhile (`gateway.upstream.dialects.base.THREADED_JSON`).
 
 An answer over `MAX_LINE_BYTES` is the request's fault when the request asked for that much
 (embeddings of at least `MAX_LINE_BYTES // MAX_VECTOR_BYTES` inputs): the client gets 413
@@ -55,12 +55,12 @@ from gateway.errors import (
     UpstreamUnavailableError,
     parse_retry_after,
 )
+from gateway.metering.meter import RequestMeter
 from gateway.neutral import Chunk, GenerationRequest
 from gateway.relay.deadline import IdleDeadline
-from gateway.relay.meter import RequestMeter
 from gateway.settings import Settings
 from gateway.upstream.client import GenerationClient
-from gateway.upstream.dialect import (
+from gateway.upstream.dialects.base import (
     INLINE_PARSE_BYTES,
     MAX_LINE_BYTES,
     MAX_VECTOR_BYTES,
@@ -390,7 +390,7 @@ class Exchange:
 
         A connection goes back to the pool only when its body was read to the end; closing a
         response earlier discards the connection, and the next request pays a new TCP
-        connection (found by bench/: one connection per request).
+        connection (found by benchmarks/: one connection per request).
         """
         assert self._reads is not None  # noqa: S101
         seen = 0

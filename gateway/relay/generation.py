@@ -23,13 +23,13 @@ from gateway.errors import (
     UpstreamError,
     UpstreamStatusError,
 )
+from gateway.limits.limiter import Admission
+from gateway.metering.meter import RequestMeter
 from gateway.neutral import Chunk, GenerationRequest
-from gateway.ratelimit.limiter import Admission
 from gateway.relay.exchange import Exchange
-from gateway.relay.meter import RequestMeter
 from gateway.relay.surface import Codec
 from gateway.tracing.spans import end_upstream, end_upstream_failure
-from gateway.upstream.dialect import INLINE_PARSE_BYTES, MAX_LINE_BYTES
+from gateway.upstream.dialects.base import INLINE_PARSE_BYTES, MAX_LINE_BYTES
 from gateway.upstream.pool import Upstream
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class Generation:
         streams: The client asked for a stream (NDJSON, SSE) rather than one object.
         key: The API key's id, given to the circuit breaker with a failure the request may
             have caused (`gateway.upstream.breaker`).
-        background: For a batch line (`gateway.relay.background`), its cancel scope: it takes
+        background: For a batch line (`gateway.batch.line`), its cancel scope: it takes
             only a spare upstream slot, and an interactive request may cancel it for the slot.
         span: The current upstream attempt's CLIENT span, when tracing (`gateway.tracing`);
             ended by the attempt's failure or by `finish`.
@@ -222,7 +222,7 @@ class Generation:
         At most `MAX_LINE_BYTES` of upstream answer are collected: how long an answer is
         follows from the request (its output bound, its logprobs), and a streamed answer has
         no such limit. A large answer is written in a worker thread, in steps that leave the
-        event loop free (`gateway.upstream.dialect.encode_json_stepwise`).
+        event loop free (`gateway.upstream.dialects.base.encode_json_stepwise`).
 
         Raises:
             AnswerTooLargeError: the answer passed `MAX_LINE_BYTES` (413, the request's fault;

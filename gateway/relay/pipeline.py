@@ -27,26 +27,26 @@ from typing import Any
 import anyio
 from fastapi import Request, Response
 
-from gateway.api.body import parse_request_body
 from gateway.auth.principal import Principal
 from gateway.errors import (
     ForbiddenError,
     ServiceUnavailableError,
 )
 from gateway.lifecycle import Lifecycle
+from gateway.limits.estimate import estimate_tokens
+from gateway.limits.limiter import KeyLimiter
+from gateway.metering.meter import RequestMeter
+from gateway.metering.metrics import ALL_KEYS, Metrics
 from gateway.metering.usage import UsageSink
-from gateway.metrics import ALL_KEYS, Metrics
-from gateway.ratelimit.estimate import estimate_tokens
-from gateway.ratelimit.limiter import KeyLimiter
-from gateway.relay.body import read_body
 from gateway.relay.generation import Generation
-from gateway.relay.meter import RequestMeter
 from gateway.relay.response import RelayResponse
 from gateway.relay.surface import Endpoint
 from gateway.settings import Settings
 from gateway.tracing.spans import Tracing
 from gateway.upstream.headers import upstream_request_headers
 from gateway.upstream.pool import UpstreamPool
+from gateway.wire.body import read_body
+from gateway.wire.json import parse_request_body
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ GenAI as of v1.37, `gen_ai.provider.name` replacing `gen_ai.system`):
   after the conventions' server metrics (which Envoy AI Gateway also exports; the conventions
   define no span attribute for them) and carry the values of
   `gateway_time_to_first_token_seconds` and `gateway_time_per_output_token_seconds`: that TTFT
-  counts from the request's arrival at the gateway (`gateway.relay.meter`), so the difference
+  counts from the request's arrival at the gateway (`gateway.metering.meter`), so the difference
   is the gateway's own time and the wait for the upstream's slot. A failure sets status ERROR,
   `error.type` to the `outcome` label (`upstream_error`, `timeout`, `client_disconnect`, ...;
   docs/metrics.md) and, for an upstream's error answer, `http.response.status_code`.

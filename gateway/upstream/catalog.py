@@ -7,8 +7,8 @@ import logging
 import anyio
 import httpx
 
-from gateway.metrics import OTHER_MODEL
-from gateway.upstream.dialect import Dialect, ModelInfo
+from gateway.metering.metrics import OTHER_MODEL
+from gateway.upstream.dialects.base import Dialect, ModelInfo
 
 logger = logging.getLogger("gateway.upstream")
 

@@ -6,7 +6,7 @@ from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx
 
-from gateway.metrics import Metrics
+from gateway.metering.metrics import Metrics
 from gateway.settings import Settings, UpstreamSpec
 from gateway.upstream.transport import AiohttpTransport
 

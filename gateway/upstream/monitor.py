@@ -14,10 +14,10 @@ from typing import Any
 import anyio
 import httpx
 
-from gateway.api.body import parse_listing
-from gateway.metrics import Metrics
+from gateway.metering.metrics import Metrics
 from gateway.upstream.catalog import ModelCatalog
-from gateway.upstream.dialect import Dialect
+from gateway.upstream.dialects.base import Dialect
+from gateway.wire.json import parse_listing
 
 logger = logging.getLogger("gateway.upstream")
 

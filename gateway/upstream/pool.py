@@ -30,8 +30,7 @@ from dataclasses import dataclass
 import anyio
 import httpx
 
-from gateway.metrics import OTHER_MODEL, Metrics
-from gateway.ratelimit.slots import UpstreamSlots
+from gateway.metering.metrics import OTHER_MODEL, Metrics
 from gateway.settings import Settings, UpstreamSpec
 from gateway.upstream.breaker import CircuitBreaker, CircuitState
 from gateway.upstream.catalog import ModelCatalog
@@ -40,10 +39,11 @@ from gateway.upstream.client import (
     build_upstream_client,
     build_upstream_transport,
 )
-from gateway.upstream.dialect import Dialect, ModelInfo
+from gateway.upstream.dialects.base import Dialect, ModelInfo
+from gateway.upstream.dialects.ollama import OllamaDialect
+from gateway.upstream.dialects.openai import OpenAIDialect
 from gateway.upstream.monitor import UpstreamMonitor
-from gateway.upstream.ollama import OllamaDialect
-from gateway.upstream.openai import OpenAIDialect
+from gateway.upstream.slots import UpstreamSlots
 
 logger = logging.getLogger("gateway.upstream")
 

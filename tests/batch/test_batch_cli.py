@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.batch.cli import wait_for
 from gateway.cli import main
+from gateway.clients.batch_cli import wait_for
 from tests.conftest import Gateway
 
 MODEL = "llama3.2"

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.testing.emulator_state import ReceivedRequest
+from gateway.testing.emulator.state import ReceivedRequest
 from tests.batch.test_batch_sdk import FAST, TEXT, _chat, _jsonl, _line, _upload, _wait
 from tests.conftest import Emulator, Gateway, metric_value
 

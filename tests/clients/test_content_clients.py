@@ -20,7 +20,7 @@ import ollama
 import openai
 import pytest
 
-from gateway.testing.emulator_embed import normalize, raw_vector
+from gateway.testing.emulator.embed import normalize, raw_vector
 from tests.conftest import Emulator, Gateway, metric_value
 
 DIALECTS = ["ollama", "openai"]
@@ -498,7 +498,7 @@ def test_ollama_think_reaches_the_upstream(
     generate = emulator.state.records[-1].body
     if _dialect(gw) == "ollama":
         assert (chat["think"], generate["think"]) == (think, think)
-    else:  # both become chat completions (module docstring of gateway.upstream.openai)
+    else:  # both become chat completions (module docstring of gateway.upstream.dialects.openai)
         assert (chat["reasoning_effort"], generate["reasoning_effort"]) == (effort, effort)
 
 

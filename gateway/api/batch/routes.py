@@ -16,9 +16,8 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.api.body import parse_json
+from gateway.api.auth import PrincipalDep, require_principal
 from gateway.api.openai.routes import Completions, Embeddings
-from gateway.auth.dependencies import PrincipalDep, require_principal
 from gateway.auth.principal import Principal
 from gateway.batch.runner import BatchRunner
 from gateway.batch.store import BatchStore, FileGoneError, UnknownCursorError, parse_window
@@ -26,10 +25,11 @@ from gateway.batch.upload import read_form
 from gateway.batch.validate import InputChecker
 from gateway.deps import RelayDep, SettingsDep
 from gateway.errors import BadRequestError, NotFoundError, RateLimitedError
-from gateway.relay.body import read_body
 from gateway.relay.pipeline import Relay
 from gateway.relay.surface import Endpoint
 from gateway.settings import Settings
+from gateway.wire.body import read_body
+from gateway.wire.json import parse_json
 
 #: The endpoints a batch may run, with the parser and codec each line goes through.
 ENDPOINTS: dict[str, Endpoint] = {

@@ -46,7 +46,7 @@ import httpx
 from fastapi import APIRouter, Depends, Query, Request, Response
 from starlette.requests import ClientDisconnect
 
-from gateway.api.body import parse_request_body
+from gateway.api.auth import PrincipalDep, require_principal
 from gateway.api.ollama.models import parse_body, requested_model
 from gateway.api.ollama.passthrough import (
     ProgressResponse,
@@ -56,7 +56,6 @@ from gateway.api.ollama.passthrough import (
     send_streamed,
     transport_error,
 )
-from gateway.auth.dependencies import PrincipalDep, require_principal
 from gateway.auth.principal import Principal
 from gateway.deps import LifecycleDep, MetricsDep, PoolDep, RelayDep, SettingsDep
 from gateway.errors import (
@@ -67,14 +66,15 @@ from gateway.errors import (
     ServiceUnavailableError,
 )
 from gateway.lifecycle import Lifecycle
-from gateway.metrics import ALL_KEYS, OTHER_MODEL, Metrics
-from gateway.ratelimit.limiter import KeyLimiter
-from gateway.relay.body import read_body
+from gateway.limits.limiter import KeyLimiter
+from gateway.metering.metrics import ALL_KEYS, OTHER_MODEL, Metrics
 from gateway.routing import route_label
 from gateway.settings import Settings
 from gateway.upstream.client import build_upstream_client
 from gateway.upstream.headers import upstream_request_headers
 from gateway.upstream.pool import Upstream, UpstreamPool
+from gateway.wire.body import read_body
+from gateway.wire.json import parse_request_body
 
 router = APIRouter(prefix="/api", dependencies=[Depends(require_principal)])
 

@@ -32,9 +32,8 @@ import httpx
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import PlainTextResponse
 
-from gateway.api.body import parse_listing, parse_object, parse_request_body
+from gateway.api.auth import PrincipalDep, require_principal
 from gateway.api.ollama.passthrough import error_of, fetch, transport_error
-from gateway.auth.dependencies import PrincipalDep, require_principal
 from gateway.auth.principal import Principal
 from gateway.deps import PoolDep, RelayDep, SettingsDep
 from gateway.errors import (
@@ -44,11 +43,12 @@ from gateway.errors import (
     UnprocessableError,
     UpstreamUnavailableError,
 )
-from gateway.metrics import OTHER_MODEL
-from gateway.relay.body import read_body
+from gateway.metering.metrics import OTHER_MODEL
 from gateway.settings import Settings
-from gateway.upstream.dialect import THREADED_JSON, ModelInfo
+from gateway.upstream.dialects.base import THREADED_JSON, ModelInfo
 from gateway.upstream.pool import Upstream, UpstreamPool
+from gateway.wire.body import read_body
+from gateway.wire.json import parse_listing, parse_object, parse_request_body
 
 logger = logging.getLogger("gateway.api")
 

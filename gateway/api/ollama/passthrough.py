@@ -21,7 +21,6 @@ import httpx
 from fastapi import Response
 from starlette.types import Receive, Scope, Send
 
-from gateway.api.body import parse_json
 from gateway.errors import (
     GatewayError,
     ServiceUnavailableError,
@@ -30,6 +29,7 @@ from gateway.errors import (
     UpstreamUnavailableError,
 )
 from gateway.lifecycle import Lifecycle
+from gateway.wire.json import parse_json
 
 logger = logging.getLogger("gateway.api")
 

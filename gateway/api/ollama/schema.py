@@ -2,24 +2,24 @@
 
 Only what the gateway itself reads is checked (model, stream, options, messages); every other
 field reaches an Ollama upstream as the client sent it. The TPM estimate counts every field but
-the few that are not prompt text (`gateway.api.body.prompt_bytes`).
+the few that are not prompt text (`gateway.wire.json.prompt_bytes`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gateway.api.body import check_spelling, parse_object, prompt_bytes, text_bytes
 from gateway.errors import UnprocessableError
 from gateway.neutral import GenerationRequest, Operation
 from gateway.settings import Settings
+from gateway.wire.json import check_spelling, parse_object, prompt_bytes, text_bytes
 
 
 def parse_generation(raw: bytes, operation: Operation, settings: Settings) -> GenerationRequest:
     """Check a `/api/generate` or `/api/chat` body (also `/v1/generate`, `/v1/chat`).
 
     Raises:
-        BadRequestError: see `gateway.api.body.parse_object`; a message key not lowercase.
+        BadRequestError: see `gateway.wire.json.parse_object`; a message key not lowercase.
         UnprocessableError: the wrong shape: `options` not an object, `messages` not a list
             of objects, `prompt` not a string.
     """
@@ -58,7 +58,7 @@ def parse_embed(raw: bytes, settings: Settings, *, legacy: bool = False) -> Gene
     """Check a `/api/embed` body, or a legacy `/api/embeddings` one (section 6.6).
 
     Raises:
-        BadRequestError: see `gateway.api.body.parse_object`.
+        BadRequestError: see `gateway.wire.json.parse_object`.
         UnprocessableError: `input` not a string or a list of strings (`prompt` not a string
             for the legacy route), `dimensions` not a positive integer.
     """

@@ -16,16 +16,16 @@ from typing import Any
 import httpx
 from fastapi import APIRouter, Depends
 
+from gateway.api.auth import PrincipalDep, require_principal
 from gateway.api.openai.codec import CompletionCodec, EmbeddingsCodec
 from gateway.api.openai.schema import parse_chat, parse_completion, parse_embeddings
 from gateway.api.relayed import relayed
-from gateway.auth.dependencies import PrincipalDep, require_principal
 from gateway.deps import PoolDep, RelayDep
 from gateway.errors import NotFoundError, UpstreamUnavailableError
 from gateway.neutral import GenerationRequest
 from gateway.relay.surface import Codec
 from gateway.settings import Settings
-from gateway.upstream.dialect import ModelInfo
+from gateway.upstream.dialects.base import ModelInfo
 from gateway.upstream.pool import UpstreamPool
 
 

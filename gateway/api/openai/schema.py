@@ -2,7 +2,7 @@
 
 Only what the gateway itself reads is checked; every other field reaches an OpenAI-compatible
 upstream as the client sent it, and is translated or dropped for an Ollama upstream
-(`gateway.upstream.ollama_request`). Shape errors are 422 with OpenAI's error object
+(`gateway.upstream.dialects.ollama_request`). Shape errors are 422 with OpenAI's error object
 (`gateway.errors`), naming the parameter.
 """
 
@@ -10,17 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.api.body import check_spelling, parse_object, prompt_bytes, text_bytes
 from gateway.errors import BadRequestError, UnprocessableError
 from gateway.neutral import GenerationRequest
 from gateway.settings import Settings
+from gateway.wire.json import check_spelling, parse_object, prompt_bytes, text_bytes
 
 
 def parse_chat(raw: bytes, settings: Settings) -> GenerationRequest:
     """Check a `/v1/chat/completions` body.
 
     Raises:
-        BadRequestError: see `gateway.api.body.parse_object`.
+        BadRequestError: see `gateway.wire.json.parse_object`.
         UnprocessableError: `messages` missing, empty or not a list of objects with a string
             `role`; a bad `max_tokens`, `n` or `stream_options`.
     """
@@ -39,7 +39,7 @@ def parse_completion(raw: bytes, settings: Settings) -> GenerationRequest:
     """Check a `/v1/completions` body (`prompt` a string, or a list of one string).
 
     Raises:
-        BadRequestError: see `gateway.api.body.parse_object`.
+        BadRequestError: see `gateway.wire.json.parse_object`.
         UnprocessableError: `prompt` is neither; a bad `max_tokens`, `n` or `stream_options`.
     """
     body = _parse(raw, settings)
@@ -55,7 +55,7 @@ def parse_embeddings(raw: bytes, settings: Settings) -> GenerationRequest:
     """Check a `/v1/embeddings` body (section 7.4).
 
     Raises:
-        BadRequestError: see `gateway.api.body.parse_object`; `encoding_format` other than
+        BadRequestError: see `gateway.wire.json.parse_object`; `encoding_format` other than
             `float` or `base64` (as Ollama and OpenAI answer it).
         UnprocessableError: `input` not a string or a list of strings (token arrays are not
             supported), `dimensions` not a positive integer.
@@ -94,7 +94,7 @@ def _generation(body: dict[str, Any], operation: Any, body_bytes: int) -> Genera
     """The neutral request of a chat or completion body, its common fields checked.
 
     Its prompt size is every field but the few that are not prompt text (tools, tool calls,
-    `response_format` and names count: `gateway.api.body.prompt_bytes`).
+    `response_format` and names count: `gateway.wire.json.prompt_bytes`).
 
     Raises:
         UnprocessableError: an output bound that is not a positive integer; `n` or `best_of`

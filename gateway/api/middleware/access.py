@@ -1,0 +1,197 @@
+"""Pure-ASGI middleware: request id, arrival time, one JSON log line a request, last-resort 500.
+
+`AccessMiddleware` wraps everything, so `arrival` (a `time.perf_counter()` in seconds, kept in
+the ASGI scope's `state`) is the clock start for TTFT, and every request is logged, including
+those the CORS layer answers itself. The request id comes from a well-formed incoming
+`X-Request-ID` or is made here, and goes back in the `X-Request-ID` response header. The log line
+has no prompt text and no secrets: only the key's id, never the key. Its `route` is the matched
+route's template or `other` (`gateway.routing.route_label`), never the raw path, so a client
+cannot fill the field with paths of its choosing. It names the client's address: the peer's,
+or, when the peer is one of `GATEWAY_TRUSTED_PROXIES`, the nearest untrusted address in its
+`X-Forwarded-For` (`client_address`). Every string in the line is JSON-escaped, so no client or
+upstream text can break it into two lines.
+
+`UnexpectedErrorMiddleware` is the last line of defence: an unexpected exception becomes a
+logged 500 in the client's dialect, with the request id, instead of reaching the server.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Sequence
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.errors import error_response
+from gateway.neutral import RequestSummary
+from gateway.routing import route_label
+from gateway.upstream.headers import upstream_request_id
+
+logger = logging.getLogger("gateway.api.middleware.access")
+
+_VALID_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+#: Scraped and probed every few seconds: their lines would drown the requests' own.
+_UNLOGGED = frozenset({"/metrics", "/healthz", "/readyz"})
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class AccessMiddleware:
+    """Wraps the app; see the module docstring.
+
+    Args:
+        app: The ASGI app.
+        trusted_proxies: Networks whose `X-Forwarded-For` is believed (`GATEWAY_TRUSTED_PROXIES`).
+    """
+
+    def __init__(self, app: ASGIApp, trusted_proxies: Sequence[Network] = ()) -> None:
+        self.app = app
+        self.trusted_proxies = tuple(trusted_proxies)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Stamp the request, add `X-Request-ID`, log one line when the response ends."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        arrival = time.perf_counter()
+        request_id = _incoming_id(scope) or uuid.uuid4().hex
+        state = scope.setdefault("state", {})
+        state.update(arrival=arrival, request_id=request_id)
+        status: int | None = None
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            if logger.isEnabledFor(logging.INFO) and scope["path"] not in _UNLOGGED:
+                self._log(scope, state, status, arrival)
+
+    def _log(
+        self, scope: Scope, state: dict[str, object], status: int | None, arrival: float
+    ) -> None:
+        summary = state.get("summary")
+        record = {
+            "request_id": state["request_id"],
+            "client": client_address(scope, self.trusted_proxies),
+            "method": scope["method"],
+            "route": route_label(scope),
+            "status": status,
+            "key_id": state.get("key_id"),
+            "model": state.get("model"),
+            **(
+                summary.log_fields()
+                if isinstance(summary, RequestSummary)
+                else {"outcome": state.get("outcome")}
+            ),
+        }
+        record.setdefault("duration_s", round(time.perf_counter() - arrival, 6))
+        upstream_id = upstream_request_id(str(state["request_id"]))
+        if upstream_id != state["request_id"]:
+            record["upstream_request_id"] = upstream_id
+        logger.info(json.dumps(record, separators=(",", ":"), default=str))
+
+
+class UnexpectedErrorMiddleware:
+    """The last line of defence: an unexpected exception becomes a logged 500.
+
+    The 500 is in the client's dialect and the exception is logged with the request id; an
+    exception after the response started is logged and raised on (nothing more can be sent).
+    It sits inside the CORS layer (when CORS is on), which sits inside `AccessMiddleware`
+    (`create_app`): the 500 then carries the CORS headers a browser app needs to read it, like
+    every handler's error, and the CORS layer's own answers (preflights) are still logged with a
+    request id.
+
+    Args:
+        app: The ASGI app.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app; answer 500 for an exception raised before the response started."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_noting_start(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_noting_start)
+        except Exception:
+            state = scope.setdefault("state", {})
+            logger.exception("unhandled error, request_id=%s", state.get("request_id"))
+            state["outcome"] = "error"
+            if started:
+                raise
+            response = error_response(scope["path"], 500, "internal gateway error")
+            await response(scope, receive, send)
+            _count_unexpected(scope, state)
+
+
+def _count_unexpected(scope: Scope, state: dict[str, object]) -> None:
+    metrics = state.get("metrics")
+    count = getattr(metrics, "count_rejection", None)
+    if count is not None and "summary" not in state:
+        count(route_label(scope), 500, "error")
+
+
+def client_address(scope: Scope, trusted: Sequence[Network]) -> str | None:
+    """The client's IP address as the access log names it; None when the server gave no peer.
+
+    The peer address, unless it lies in one of `trusted`: then `X-Forwarded-For` is read from
+    the right (the hop closest to the gateway) and the first address not in `trusted` is the
+    client, as RFC 7239 section 7.4 advises; entries a client may have forged further left are
+    ignored. A malformed entry stops the walk and is not trusted: the last good hop is named.
+    """
+    peer = scope.get("client")
+    address: str | None = peer[0] if peer else None
+    if address is None or not trusted or not _in(address, trusted):
+        return address
+    hops: list[str] = []
+    for name, value in scope["headers"]:
+        if name == b"x-forwarded-for":
+            hops.extend(part.strip() for part in value.decode("latin-1").split(","))
+    for hop in reversed(hops):
+        try:
+            ipaddress.ip_address(hop)
+        except ValueError:
+            return address
+        address = hop
+        if not _in(hop, trusted):
+            return hop
+    return address
+
+
+def _in(address: str, networks: Sequence[Network]) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in network for network in networks)
+
+
+def _incoming_id(scope: Scope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            text = value.decode("latin-1")
+            return text if _VALID_ID.match(text) else None
+    return None

@@ -1,0 +1,505 @@
+# ruff: noqa: T201 (a command prints its report)
+"""`gateway bench run|compare|report`: the measuring method on the command line.
+
+`run` loads a target (an Ollama or OpenAI-compatible server directly, or the gateway with a key)
+with a fixed workload in one load shape, prints a line per measured point, saves the run
+document as JSON (the baseline a later `compare` reads) and prints the report. `compare` and
+`report` read saved runs (`gateway.clients.bench.compare`, `gateway.clients.bench.report`). Every
+option is in
+docs/benchmarking.md.
+
+The key is never an argument (a command line is visible to every user of the machine and lands
+in shell history): it comes from `GATEWAY_BENCH_API_KEY` or `--key-file`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from gateway.clients.bench import compare, plots, report
+from gateway.clients.bench.driver import BenchError
+from gateway.clients.bench.protocol import Api, Target
+from gateway.clients.bench.runner import Mode, Plan, redact, run_benchmark
+from gateway.clients.bench.shapes import Shape, ShapeOptions
+from gateway.clients.bench.slo import parse_slo
+from gateway.clients.bench.stats import escape_error
+from gateway.clients.bench.workload import Sampling, WorkloadError, load_workload
+from gateway.clients.keyfile import read_client_key
+
+KEY_ENV = "GATEWAY_BENCH_API_KEY"
+TARGET_ENV = "GATEWAY_BENCH_TARGET"
+DEFAULT_TARGET = "http://127.0.0.1:11434"
+
+
+def _levels(text: str) -> tuple[float, ...]:
+    try:
+        levels = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"levels are numbers separated by commas: {text!r}"
+        ) from None
+    if not levels or any(level <= 0 for level in levels):
+        raise argparse.ArgumentTypeError(f"levels must be positive: {text!r}")
+    return levels
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
+    return int(text)
+
+
+def _no_key(_text: str) -> str:
+    # A key on the command line is visible to every user (ps) and kept in shell history; the
+    # message does not repeat it.
+    raise argparse.ArgumentTypeError(f"the key is never an argument: set ${KEY_ENV} or --key-file")
+
+
+def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    run = commands.add_parser(
+        "run",
+        help="load a server or the gateway and measure TTFT, tokens/s, the knee",
+        description="Measure a model server (or the gateway in front of it) with a fixed "
+        f"workload. The key comes from ${KEY_ENV} or --key-file, never from an argument.",
+    )
+    where = run.add_argument_group("target")
+    where.add_argument(
+        "--target",
+        default=os.environ.get(TARGET_ENV, DEFAULT_TARGET),
+        help=f"base URL of the server or gateway (default: ${TARGET_ENV} or {DEFAULT_TARGET})",
+    )
+    where.add_argument(
+        "--api",
+        choices=("auto", "ollama", "openai"),
+        default="auto",
+        help="the API to speak: auto tries Ollama's /api/version, then /v1/models",
+    )
+    where.add_argument(
+        "--endpoint",
+        choices=("chat", "generate"),
+        default="chat",
+        help="chat (/api/chat, /v1/chat/completions) or generate (/api/generate, "
+        "/v1/completions); default chat",
+    )
+    where.add_argument("--key-file", type=Path, help=f"file holding the key (else ${KEY_ENV})")
+    where.add_argument("--key", type=_no_key, help=argparse.SUPPRESS)
+    where.add_argument(
+        "--model",
+        "--models",
+        dest="models",
+        action="append",
+        required=True,
+        help="model to measure; comma-separated or repeated for a matrix",
+    )
+    where.add_argument(
+        "--timeout", type=_positive, default=300.0, help="seconds allowed per request (default 300)"
+    )
+
+    work = run.add_argument_group("workload")
+    work.add_argument(
+        "--workload",
+        default="builtin",
+        help="builtin, builtin:short, builtin:long, builtin:en, builtin:zh, or a JSONL file",
+    )
+    work.add_argument(
+        "--max-tokens", type=_count, default=128, help="tokens per answer (default 128)"
+    )
+    work.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
+    work.add_argument("--seed", type=int, default=1234, help="sampling seed")
+
+    load = run.add_argument_group("load shape (default: --concurrency 1)")
+    shape = load.add_mutually_exclusive_group()
+    shape.add_argument(
+        "--concurrency",
+        type=_levels,
+        help="requests in flight: one level, or a sweep (1,2,4,8)",
+    )
+    shape.add_argument(
+        "--rate", type=_levels, help="Poisson arrivals, requests/s: one rate or a sweep"
+    )
+    shape.add_argument("--knee", action="store_true", help="search the knee (and the SLO limit)")
+    load.add_argument(
+        "--max-concurrency",
+        type=_count,
+        help="knee search: the highest concurrency (default 64)",
+    )
+    load.add_argument(
+        "--max-rate",
+        type=_positive,
+        help="knee search over request rates up to this rate (requests/s), from --rate-start",
+    )
+    load.add_argument(
+        "--rate-start", type=_positive, help="rate knee search: the lowest rate (default 0.5)"
+    )
+    span = load.add_mutually_exclusive_group()
+    span.add_argument("--duration", type=_positive, help="seconds per run (default 30)")
+    span.add_argument("--requests", type=_count, help="requests per run instead of a duration")
+    load.add_argument(
+        "--warmup",
+        type=_count,
+        help="requests before each run, not counted (default: one per concurrent slot)",
+    )
+    load.add_argument(
+        "--repeat", type=_count, default=1, help="runs per point: median and spread (default 1)"
+    )
+    load.add_argument("--slo", help="e.g. 'ttft_p99<=2s,tpot_p50<=100ms' (judges points)")
+    load.add_argument(
+        "--knee-gain",
+        type=compare.parse_threshold,
+        default=0.10,
+        help="throughput growth per doubling below which it is flat (default 10%%)",
+    )
+    load.add_argument(
+        "--max-in-flight",
+        type=_count,
+        default=256,
+        help="rate shapes: the most requests in flight; arrivals past it fail",
+    )
+    load.add_argument(
+        "--arrival-seed", type=int, default=1234, help="rate shapes: seed of the arrivals"
+    )
+
+    more = run.add_argument_group("also measure")
+    more.add_argument("--cold-load", action="store_true", help="the model's cold load first")
+    more.add_argument("--quality", action="store_true", help="the quality probe (builtin-12)")
+    more.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
+    more.add_argument(
+        "--sample-interval",
+        type=_positive,
+        default=1.0,
+        help="seconds between resource samples (default 1)",
+    )
+
+    policy = run.add_argument_group("policy")
+    policy.add_argument(
+        "--queue-wait", type=float, default=2.0, help="target queue wait, seconds (default 2)"
+    )
+    policy.add_argument(
+        "--replicas",
+        type=_count,
+        default=1,
+        help="gateway processes sharing the upstream (default 1)",
+    )
+    policy.add_argument(
+        "--upstream-url", help="name this upstream's GATEWAY_UPSTREAMS entry in the policy"
+    )
+
+    out = run.add_argument_group("output")
+    out.add_argument(
+        "--out", type=Path, help="run document path (default bench-results/run-<time>.json)"
+    )
+    out.add_argument("--no-save", action="store_true", help="do not save the run document")
+    out.add_argument(
+        "--format",
+        choices=("table", "md", "csv", "json"),
+        default="table",
+        help="the report on stdout",
+    )
+    out.add_argument("--plots", type=Path, help="write PNG plots into this directory")
+    out.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    run.set_defaults(bench_handler=_run)
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `bench` command with `run`, `compare` and `report`.
+
+    Each leaf sets `bench_handler(args) -> int`; `gateway.cli.main` calls it without loading
+    the gateway's settings (a benchmark may run on a machine that serves nothing).
+    """
+    bench = subparsers.add_parser(
+        "bench",
+        help="measure a model server or the gateway: TTFT, tokens/s, the knee, regressions",
+    )
+    commands = bench.add_subparsers(title="commands", metavar="COMMAND", required=True)
+    _add_run(commands)
+    cmp = commands.add_parser(
+        "compare",
+        help="compare two saved runs; exit 1 on a regression, 2 when refused (mismatched setups,"
+        " NEW lacking what BASE measured) or on a bad file",
+    )
+    compare.add_arguments(cmp)
+    cmp.set_defaults(bench_handler=compare.main_compare)
+    rep = commands.add_parser("report", help="print a saved run as a table, Markdown, CSV, JSON")
+    report.add_arguments(rep)
+    rep.set_defaults(bench_handler=report.main_report)
+    # No prefixes: `--key gw_...` would be taken as `--key-file` and the key echoed back.
+    bench.allow_abbrev = False
+    for leaf in commands.choices.values():
+        leaf.allow_abbrev = False
+
+
+def read_key(key_file: Path | None) -> str | None:
+    """The key from `--key-file` (first line, stripped) or `GATEWAY_BENCH_API_KEY`, or None.
+
+    Raises:
+        KeyInputError: `read_client_key` refuses the file or the key (a usage error: exit 2).
+    """
+    return read_client_key(key_file, KEY_ENV) or None
+
+
+async def detect_api(url: str, key: str | None, wait: float = 10.0) -> Api:
+    """Ollama when `GET /api/version` answers with a version, else OpenAI when `/v1/models` does.
+
+    Args:
+        url: The target's base URL.
+        key: Sent as `Authorization: Bearer` when given.
+        wait: Seconds the whole detection may take (both requests, however slowly the server
+            trickles its answers).
+
+    Raises:
+        BenchError: neither answers (unreachable, too slow, or not a model server).
+    """
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        async with (
+            asyncio.timeout(wait),
+            httpx.AsyncClient(base_url=url.rstrip("/"), headers=headers, timeout=wait) as client,
+        ):
+            async with client.stream("GET", "/api/version") as answer:
+                if answer.status_code == 200 and _has_version(await _head_of(answer)):
+                    return "ollama"
+            # Only the status counts here: the body is never read, however large.
+            async with client.stream("GET", "/v1/models") as answer:
+                pass
+    except TimeoutError:
+        raise BenchError(f"{url} did not answer within {wait:g} s") from None
+    except httpx.ConnectError as exc:
+        # httpx wraps the OS error; its text tells a refused port from a name that never
+        # resolved ("Name or service not known").
+        reason = str(exc)
+        if not reason or reason == "All connection attempts failed":  # httpx's word for refused
+            reason = "connection refused or host unreachable"
+        raise BenchError(f"cannot reach {url}: {escape_error(reason)}") from None
+    except httpx.TransportError as exc:
+        raise BenchError(f"cannot reach {url}: {type(exc).__name__}") from None
+    if answer.status_code in (401, 403):
+        raise BenchError(_refused(answer.status_code, key))
+    if answer.status_code == 200:
+        return "openai"
+    raise BenchError(
+        f"{url} answers neither /api/version (Ollama) nor /v1/models (OpenAI): "
+        f"HTTP {answer.status_code}; pass --api"
+    )
+
+
+def _refused(status: int, key: str | None) -> str:
+    """Why a 401/403 stopped the run: a key refused, or none sent where one is needed."""
+    if key is None:
+        return f"the target wants an API key ({status}): set {KEY_ENV} or pass --key-file"
+    return f"the target refused the key ({status}): check {KEY_ENV} or --key-file"
+
+
+#: Bytes of `/api/version` read for auto-detection: Ollama's answer is about 20; a larger one
+#: is no version, and reading it all would let the target fill memory.
+MAX_VERSION_ANSWER = 64 * 1024
+
+
+async def _head_of(answer: httpx.Response) -> bytes:
+    """The start of a streamed answer's body: at most `MAX_VERSION_ANSWER` bytes (more: none)."""
+    body = bytearray()
+    async for piece in answer.aiter_bytes():
+        body += piece
+        if len(body) > MAX_VERSION_ANSWER:
+            return b""
+    return bytes(body)
+
+
+def _has_version(body: bytes) -> bool:
+    try:
+        found = json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(found, dict) and "version" in found
+
+
+def _plan(args: argparse.Namespace, target: Target) -> Plan:
+    models = tuple(m.strip() for group in args.models for m in group.split(",") if m.strip())
+    sampling = Sampling(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens)
+    workload = load_workload(args.workload, sampling)
+    mode: Mode
+    shape: Shape
+    levels: tuple[float, ...]
+    knee_only = {
+        "--max-concurrency": args.max_concurrency,
+        "--max-rate": args.max_rate,
+        "--rate-start": args.rate_start,
+    }
+    if not args.knee and (given := [name for name, value in knee_only.items() if value]):
+        verb = "applies" if len(given) == 1 else "apply"
+        raise ValueError(f"{', '.join(given)} {verb} only with --knee")
+    if args.knee:
+        mode = "knee"
+        if args.max_rate is not None:
+            shape, levels = "rate", (args.rate_start or 0.5, args.max_rate)
+        else:
+            shape, levels = "concurrency", (1.0, float(args.max_concurrency or 64))
+    elif args.rate is not None:
+        shape, levels = "rate", args.rate
+        mode = "fixed" if len(levels) == 1 else "sweep"
+    else:
+        shape, levels = "concurrency", args.concurrency or (1.0,)
+        mode = "fixed" if len(levels) == 1 else "sweep"
+    if shape == "concurrency" and all(level == int(level) for level in levels):
+        levels = tuple(int(level) for level in levels)  # "concurrency 4", not "4.0"
+    options = ShapeOptions(
+        repeat=args.repeat,
+        slo=None if args.slo is None else parse_slo(args.slo),
+        knee_gain=args.knee_gain,
+    )
+    return Plan(
+        target=target,
+        models=models,
+        workload=workload,
+        mode=mode,
+        shape=shape,
+        levels=tuple(levels),
+        duration=None if args.requests is not None else (args.duration or 30.0),
+        requests=args.requests,
+        warmup=args.warmup,
+        options=options,
+        cold_load=args.cold_load,
+        quality=args.quality,
+        gpu=not args.no_gpu,
+        sample_interval=args.sample_interval,
+        max_in_flight=args.max_in_flight,
+        rate_seed=args.arrival_seed,
+        target_queue_wait=args.queue_wait,
+        replicas=args.replicas,
+        upstream_url=args.upstream_url,
+    )
+
+
+def _say(quiet: bool) -> Any:
+    if quiet:
+        return None
+    tty = sys.stderr.isatty()
+
+    def say(text: str) -> None:
+        if text.startswith("\r") and not text.endswith("\n") and not tty:
+            return  # an in-place update only makes sense on a terminal
+        sys.stderr.write(text if text.startswith("\r") or text.endswith("\n") else text + "\n")
+        sys.stderr.flush()
+
+    return say
+
+
+def _out_path(out: Path | None) -> Path:
+    """Where the run document goes, checked before anything is measured.
+
+    Raises:
+        ValueError: its directory cannot be made or written (a long run must not be lost to a
+            typo found only at the end).
+    """
+    path = out or Path("bench-results") / time.strftime("run-%Y%m%dT%H%M%SZ.json", time.gmtime())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--out {path}: cannot make {path.parent}: {exc.strerror}") from None
+    if path.is_dir():
+        raise ValueError(f"--out {path} is a directory")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {path}: {path.parent} is not writable")
+    return path
+
+
+def _save(doc: dict[str, Any], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A non-finite number (a server's nonsense) becomes null: NaN and Infinity are not JSON.
+    text = json.dumps(compare.json_safe(doc), indent=2, ensure_ascii=False, allow_nan=False)
+    # Through a new file and a rename: a symlink planted at `path` is replaced, not followed.
+    plots.replace_file(path, lambda handle: handle.write(text.encode("utf-8") + b"\n"))
+    return path
+
+
+def _run(args: argparse.Namespace) -> int:
+    """`gateway bench run`: 0 when requests succeeded, 1 when none did or the target failed."""
+    say = _say(args.quiet)
+    key: str | None = None
+    try:
+        key = read_key(args.key_file)
+        parts = urlsplit(args.target)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            shown = escape_error(args.target, 80)
+            raise ValueError(f"--target must be an http:// or https:// URL, got {shown!r}")
+        if parts.username is not None or parts.password is not None:
+            # It would land in the saved run, the report and this process's visible argv.
+            raise ValueError(f"--target must not carry a user or password; use ${KEY_ENV}")
+        api: Api = args.api
+        if args.api == "auto":
+            api = asyncio.run(detect_api(args.target, key))
+        target = Target(
+            url=args.target, api=api, key=key, chat=args.endpoint == "chat", timeout=args.timeout
+        )
+        plan = _plan(args, target)
+        out = None if args.no_save else _out_path(args.out)
+    except (BenchError, WorkloadError, ValueError) as exc:
+        print(f"gateway bench: {redact(str(exc), key)}", file=sys.stderr)
+        return 2 if not isinstance(exc, BenchError) else 1
+    try:
+        doc = asyncio.run(run_benchmark(plan, say=say))
+    except BenchError as exc:
+        print(f"gateway bench: {redact(str(exc), target.key)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("gateway bench: interrupted; nothing saved", file=sys.stderr)
+        return 130
+    saved = True
+    if out is not None:
+        try:
+            _save(doc, out)
+            if say is not None:
+                say(f"saved {out}")
+        except OSError as exc:  # the report below still shows what was measured
+            saved = False
+            print(f"gateway bench: could not save {out}: {exc.strerror or exc}", file=sys.stderr)
+    sys.stdout.write(report.RENDERERS[args.format](doc))
+    if args.plots is not None:
+        notes: list[str] = []
+        try:
+            for written in plots.plot_run(doc, args.plots, notes=notes):
+                if say is not None:
+                    say(f"plot {written}")
+            for note in notes:
+                print(f"gateway bench: {note}", file=sys.stderr)
+        except (plots.PlotError, OSError) as exc:
+            print(f"gateway bench: no plots: {exc}", file=sys.stderr)
+    completed = sum(
+        (repeat.get("requests", 0) - repeat.get("errors", 0))
+        for entry in doc["models"]
+        for point in entry["points"]
+        for repeat in point["repeats"]
+    )
+    if completed == 0:
+        print("gateway bench: no request succeeded", file=sys.stderr)
+        return 1
+    return 0 if saved else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run `gateway bench ...` on its own (tests; `gateway.cli` is the usual entry)."""
+    parser = argparse.ArgumentParser(prog="gateway", allow_abbrev=False)
+    add_parser(parser.add_subparsers(required=True))
+    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    handler = args.bench_handler
+    return int(handler(args))

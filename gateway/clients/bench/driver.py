@@ -1,0 +1,353 @@
+"""Drives a target at one load level and returns what it measured (`shapes.Measurement`).
+
+Owns the closed loop (`run_concurrency`: N workers, each sending its next prompt when its last
+answer ended), the open loop (`run_rate`: Poisson arrivals from a seeded generator, capped in
+flight). Each worker is a `gateway.clients.bench.exchange.Client`: one keep-alive connection,
+reopened
+after an error or a close, each answer read into a `RequestRecord`. The checks before a run
+(`check_target`, `cold_load`, `BenchError`) live in `gateway.clients.bench.preflight` and are
+re-exported here, so the runner imports the whole engine from one place.
+
+Warm-up: the first `warmup` requests of a run are flagged and left out of the statistics; the
+measured window starts when the last of them ended (closed loop), so the counted requests meet
+a server whose queue is already in its steady state, or at the first counted arrival (open
+loop, where the schedule, not the answers, sets the load). A counted request already being
+served when the window opens brings tokens made before it, and `stats.summarize` counts a
+request's tokens by its end: a warm-up of at least one request per worker, in whole batches of
+the server's parallel slots when they are known, leaves no such request, and counted requests
+in whole batches keep the last batch full; otherwise the edge error is at most one batch of
+answers over the window (duration mode has the mirror error at its end, so none on average).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from gateway.clients.bench import wire
+from gateway.clients.bench.exchange import Client, backoff
+from gateway.clients.bench.preflight import BenchError, check_target, cold_load
+from gateway.clients.bench.protocol import Target, build_request
+from gateway.clients.bench.records import RequestRecord
+from gateway.clients.bench.shapes import Measurement
+from gateway.clients.bench.workload import Workload
+
+__all__ = [
+    "CAP_REACHED",
+    "HOLD_AFTER",
+    "NOT_SENT_BACKOFF",
+    "BenchError",
+    "Progress",
+    "arrival_offsets",
+    "check_target",
+    "cold_load",
+    "run_concurrency",
+    "run_rate",
+]
+
+Progress = Callable[[int, int], None]
+"""Called with (counted requests finished, counted requests planned; 0 in duration mode)."""
+
+CAP_REACHED = "in-flight cap reached"
+#: The open loop: failures in a row (without `Retry-After`) after which arrivals are held back.
+HOLD_AFTER = 3
+#: The open loop: the error of an arrival held back by the backoff.
+NOT_SENT_BACKOFF = "not sent: backing off after failures in a row"
+
+
+class _Requests:
+    """The workload's prompts round-robin, each request encoded once."""
+
+    def __init__(self, target: Target, workload: Workload, model: str, keep_alive: Any) -> None:
+        head = target.headers()
+        encoded: dict[str, bytes] = {}
+        for prompt in workload.prompts:
+            path, body = build_request(
+                target, model, prompt, workload.sampling, keep_alive=keep_alive
+            )
+            encoded[prompt.id] = wire.request_bytes(
+                "POST", target.host, target.port, path, body, head
+            )
+        self._encoded = encoded
+        self._cycle = workload.cycle()
+
+    def next(self) -> tuple[str, bytes]:
+        """The next prompt's id and request bytes."""
+        prompt = next(self._cycle)
+        return prompt.id, self._encoded[prompt.id]
+
+
+def _check_amount(duration: float | None, requests: int | None, warmup: int) -> None:
+    if (duration is None) == (requests is None):
+        raise ValueError("give exactly one of duration and requests")
+    if duration is not None and not duration > 0:
+        raise ValueError(f"duration must be positive, got {duration}")
+    if requests is not None and requests < 1:
+        raise ValueError(f"requests must be at least 1, got {requests}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+
+
+def _refused(record: RequestRecord) -> None:
+    """Stop the run when the target refuses the key mid-run (revoked, expired).
+
+    Every further request would only be refused too.
+
+    Raises:
+        BenchError: the answer's status is 401 or 403.
+    """
+    if record.status in (401, 403):
+        raise BenchError(
+            f"the target refused the key during the run ({record.status}): "
+            "was it revoked or did it expire?"
+        )
+
+
+def _measurement(records: list[RequestRecord], start: float, end: float) -> Measurement:
+    records.sort(key=lambda r: r.start)
+    return Measurement(records, start, max(end, start + 1e-6))
+
+
+async def run_concurrency(
+    target: Target,
+    workload: Workload,
+    model: str,
+    concurrency: int,
+    *,
+    duration: float | None = None,
+    requests: int | None = None,
+    warmup: int = 0,
+    keep_alive: str | int | None = None,
+    progress: Progress | None = None,
+) -> Measurement:
+    """Closed loop: `concurrency` workers, each sending the next prompt when its answer ended.
+
+    Args:
+        target: The server.
+        workload: The prompts (round-robin over all workers) and sampling.
+        model: The model to ask.
+        concurrency: Workers, at least 1.
+        duration: Seconds of the measured window; no request starts after it, those in flight
+            are awaited and kept (`stats.summarize` counts throughput by end time).
+        requests: Counted requests to send instead; the window ends with the last one.
+        warmup: Requests sent first (spread over the workers), flagged and not measured; the
+            window starts when the last of them ended.
+        keep_alive: Ollama's `keep_alive` on every request.
+        progress: Called after each counted request.
+
+    Returns:
+        Every record (warm-up included, by start time) and the window.
+
+    Raises:
+        ValueError: not exactly one of `duration` and `requests`, or a bad count.
+    """
+    _check_amount(duration, requests, warmup)
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    prepared = _Requests(target, workload, model, keep_alive)
+    total = None if requests is None else warmup + requests
+    records: list[RequestRecord] = []
+    clock = time.perf_counter
+    begin = clock()
+    state = {"issued": 0, "warm_done": 0, "counted": 0}
+    window: list[float | None] = [begin if warmup == 0 else None, None]
+    if warmup == 0 and duration is not None:
+        window[1] = begin + duration
+
+    def take() -> int | None:
+        index = state["issued"]
+        if total is not None and index >= total:
+            return None
+        end = window[1]
+        if index >= warmup and end is not None and clock() >= end:
+            return None
+        state["issued"] = index + 1
+        return index
+
+    async def work(client: Client) -> None:
+        while (index := take()) is not None:
+            prompt_id, request = prepared.next()
+            warm = index < warmup
+            record = await client.exchange(request, model, prompt_id, warm)
+            records.append(record)
+            if warm:
+                state["warm_done"] += 1
+                if state["warm_done"] == warmup:  # the last warm-up answer: the window opens
+                    opened = window[0] = clock()
+                    if duration is not None:
+                        window[1] = opened + duration
+            else:
+                state["counted"] += 1
+                if progress is not None:
+                    progress(state["counted"], requests or 0)
+            _refused(record)
+            pause = client.pause(record)
+            if pause:
+                await asyncio.sleep(pause)
+
+    clients = [Client(target, workload.sampling.max_tokens) for _ in range(concurrency)]
+    try:
+        async with asyncio.TaskGroup() as group:
+            for client in clients:
+                group.create_task(work(client))
+    except* BenchError as refused:
+        raise refused.exceptions[0] from None
+    finally:
+        for client in clients:
+            client.close()
+    start = window[0] if window[0] is not None else clock()
+    counted_ends = [r.end for r in records if not r.warmup]
+    end = window[1] if duration is not None else max(counted_ends, default=start)
+    return _measurement(records, start, end if end is not None else start)
+
+
+def arrival_offsets(rate: float, seed: int = 1234) -> Iterator[float]:
+    """Poisson arrivals: seconds from the run's start, 0 first, then exponential gaps.
+
+    The same `rate` and `seed` give the same schedule (`random.Random(seed).expovariate`).
+
+    Raises:
+        ValueError: `rate` not positive.
+    """
+    if not rate > 0:
+        raise ValueError(f"rate must be positive, got {rate}")
+    generator = random.Random(seed)  # noqa: S311 - a load schedule, not a secret
+    offset = 0.0
+    while True:
+        yield offset
+        offset += generator.expovariate(rate)
+
+
+async def run_rate(
+    target: Target,
+    workload: Workload,
+    model: str,
+    rate: float,
+    *,
+    duration: float | None = None,
+    requests: int | None = None,
+    seed: int = 1234,
+    max_in_flight: int = 256,
+    warmup: int = 0,
+    keep_alive: str | int | None = None,
+    progress: Progress | None = None,
+) -> Measurement:
+    """Open loop: requests arrive on a seeded Poisson schedule at `rate` per second.
+
+    An arrival that finds `max_in_flight` requests unanswered is not sent: it becomes a failed
+    record with the error "in-flight cap reached" (the client's limit, not the server's). So is
+    an arrival while the target asked to wait (a positive `Retry-After`, error "not sent: the
+    server asked to wait N s") or while backing off after `HOLD_AFTER` or more failures in a
+    row (`exchange.backoff`, error `NOT_SENT_BACKOFF`): the error rate shows the overload and
+    the target is not hammered. The
+    first `warmup` arrivals are flagged warm-up; the window starts at the first counted
+    arrival's scheduled time and ends `duration` seconds later (arrivals stop there; answers in
+    flight are awaited), or with the last counted answer (`requests`).
+
+    Raises:
+        ValueError: a bad rate, cap or count; not exactly one of `duration` and `requests`.
+    """
+    _check_amount(duration, requests, warmup)
+    if max_in_flight < 1:
+        raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
+    prepared = _Requests(target, workload, model, keep_alive)
+    schedule = arrival_offsets(rate, seed)
+    records: list[RequestRecord] = []
+    idle: list[Client] = []
+    everyone: list[Client] = []
+    counted = [0]
+    clock = time.perf_counter
+    begin = clock()
+    window: list[float | None] = [begin if warmup == 0 else None, None]
+    # Failures in a row, and until when (perf_counter seconds) arrivals are held back, why.
+    hold: dict[str, Any] = {"failures": 0, "until": 0.0, "reason": ""}
+
+    def held_back(record: RequestRecord, retry_after: float | None) -> None:
+        if record.ok:
+            hold["failures"] = 0
+            return
+        hold["failures"] += 1
+        asked = retry_after is not None and retry_after > 0
+        if not asked and hold["failures"] < HOLD_AFTER:
+            return  # one failure among successes is the server's answer, not a reason to stop
+        until = clock() + backoff(hold["failures"], retry_after)
+        if until > hold["until"]:
+            hold["until"] = until
+            hold["reason"] = (
+                f"not sent: the server asked to wait {retry_after:g} s"
+                if asked
+                else NOT_SENT_BACKOFF
+            )
+
+    async def one(client: Client, request: bytes, prompt_id: str, warm: bool) -> None:
+        try:
+            record = await client.exchange(request, model, prompt_id, warm)
+            records.append(record)
+        finally:
+            idle.append(client)
+        _refused(record)
+        held_back(record, client.retry_after)
+        if not warm:
+            counted[0] += 1
+            if progress is not None:
+                progress(counted[0], requests or 0)
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            for index, offset in enumerate(schedule):
+                at = begin + offset
+                if index == warmup:
+                    window[0] = at
+                    if duration is not None:
+                        window[1] = at + duration
+                end = window[1]
+                if requests is not None and index >= warmup + requests:
+                    break
+                if end is not None and index >= warmup and at >= end:
+                    break
+                await asyncio.sleep(max(0.0, at - clock()))
+                prompt_id, request = prepared.next()
+                warm = index < warmup
+                now = clock()
+                if now < hold["until"]:
+                    records.append(_capped(now, model, prompt_id, warm, hold["reason"]))
+                    continue
+                if len(everyone) - len(idle) >= max_in_flight:
+                    records.append(_capped(now, model, prompt_id, warm))
+                    continue
+                if not idle:
+                    everyone.append(Client(target, workload.sampling.max_tokens))
+                    idle.append(everyone[-1])
+                group.create_task(one(idle.pop(), request, prompt_id, warm))
+    except* BenchError as refused:
+        raise refused.exceptions[0] from None
+    finally:
+        for client in everyone:
+            client.close()
+    start = window[0] if window[0] is not None else clock()
+    counted_ends = [r.end for r in records if not r.warmup]
+    end = window[1] if duration is not None else max(counted_ends, default=start)
+    return _measurement(records, start, end if end is not None else start)
+
+
+def _capped(
+    now: float, model: str, prompt_id: str, warmup: bool, error: str = CAP_REACHED
+) -> RequestRecord:
+    """The failed record of an arrival the open loop did not send (`error` says why)."""
+    return RequestRecord(
+        start=now,
+        end=now,
+        ok=False,
+        status=None,
+        error=error,
+        first_token=None,
+        chunk_times=(),
+        output_tokens=None,
+        output_source="client",
+        model=model,
+        prompt_id=prompt_id,
+        warmup=warmup,
+    )

@@ -1,0 +1,265 @@
+"""PNG plots of a saved run: throughput and latency against load per model, the matrix as bars.
+
+matplotlib is optional (the extra `llm-gateway[bench]`) and imported only when a plot is drawn,
+so `gateway bench` starts fast and works without it. The figures are drawn on the Agg canvas
+directly (`matplotlib.figure.Figure` with `FigureCanvasAgg`), never through `pyplot`: pyplot
+keeps global figure state and picks a GUI backend when it finds a display, neither of which a
+command writing files wants.
+
+A run document is input: values matplotlib cannot draw (a knee of 1e308) end in `PlotFailed`,
+not a traceback; each PNG is written to a new temporary file in the directory and renamed over
+its name, so a symlink planted at `<model>-throughput.png` is replaced, never written through;
+at most `MAX_MODELS` models are plotted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import re
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from gateway.clients.bench.document import models, nested, points, real, stat
+from gateway.clients.bench.tables import safe
+
+INSTALL_HINT = "pip install 'llm-gateway[bench]'"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+#: The most models a run's plots show (two PNGs each, and one bar each in the matrix).
+MAX_MODELS = 50
+
+
+class PlotError(RuntimeError):
+    """No plots: matplotlib is missing or could not draw the run's values."""
+
+
+class PlotsUnavailable(PlotError):
+    """matplotlib is not installed."""
+
+
+class PlotFailed(PlotError):
+    """matplotlib failed on the run's values (absurd numbers from a hand-edited file)."""
+
+
+def _figure_classes() -> tuple[Any, Any]:
+    """`(Figure, FigureCanvasAgg)`, imported now.
+
+    Raises:
+        PlotsUnavailable: matplotlib is not installed.
+    """
+    try:
+        figure = importlib.import_module("matplotlib.figure")
+        agg = importlib.import_module("matplotlib.backends.backend_agg")
+    except ImportError as exc:
+        raise PlotsUnavailable(f"matplotlib is not installed: {INSTALL_HINT}") from exc
+    return figure.Figure, agg.FigureCanvasAgg
+
+
+def slug(name: str) -> str:
+    """A file-name part for a model name: only letters, digits, `.`, `_`, `-` (no `/`, no `..`)."""
+    text = _UNSAFE.sub("_", name).strip("._") or "model"
+    return text[:80]
+
+
+def _label(name: object) -> str:
+    # matplotlib reads $...$ as mathtext: a "$" in a model name would fail the plot.
+    return safe(name, 80).replace("$", r"\$")
+
+
+def plot_run(
+    doc: Mapping[str, Any], outdir: str | Path, *, notes: list[str] | None = None
+) -> list[Path]:
+    """Draw the run's plots into `outdir` (created when missing).
+
+    Per model, `<model>-throughput.png` (output tok/s against the level) and
+    `<model>-latency.png` (TTFT p50 and p99, TPOT p50 in ms, log scale), each with the knee
+    marked when it lies among the levels measured; with more than one model also `matrix.png`
+    (bars of TTFT p50, decode tok/s, knee and quality per model). A model without points gets
+    no plot; only the first `MAX_MODELS` models are drawn (a sentence in `notes` says so).
+
+    Args:
+        doc: The run document.
+        outdir: The directory of the PNGs.
+        notes: Where to append what the reader should know (models left out).
+
+    Returns:
+        The files written, in that order.
+
+    Raises:
+        PlotsUnavailable: matplotlib is not installed.
+        PlotFailed: matplotlib could not draw the values.
+        OSError: `outdir` cannot be created or written.
+    """
+    figure_class, canvas_class = _figure_classes()
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    used: set[str] = set()
+    entries = models(doc)
+    if len(entries) > MAX_MODELS and notes is not None:
+        notes.append(f"plots show the first {MAX_MODELS} of {len(entries)} models")
+    entries = entries[:MAX_MODELS]
+
+    def save(name: str, draw: Any, size: tuple[float, float], *args: Any) -> None:
+        try:
+            figure = draw(figure_class(figsize=size), *args)
+            canvas_class(figure)
+            _write(figure, out / name)
+        except OSError:
+            raise
+        except Exception as exc:  # matplotlib's own errors on absurd values vary by version
+            raise PlotFailed(f"cannot draw {name}: {type(exc).__name__}: {exc}") from exc
+        written.append(out / name)
+
+    for entry in entries:
+        ordered = points(entry)
+        if not ordered:
+            continue
+        model = str(entry.get("model"))
+        base = slug(model)
+        # Two names can share a slug ("a/b" and "a_b"); a number keeps both plots.
+        name, n = base, 2
+        while name in used:
+            name, n = f"{base}-{n}", n + 1
+        used.add(name)
+        knee = _knee(entry, ordered)
+        save(f"{name}-throughput.png", _throughput, (7, 4.5), model, ordered, knee)
+        save(f"{name}-latency.png", _latency, (7, 4.5), model, ordered, knee)
+    if len(entries) > 1:
+        save("matrix.png", _matrix, (11, 7), entries)
+    return written
+
+
+def _write(figure: Any, path: Path) -> None:
+    """Save `figure` as PNG at `path` (`replace_file`)."""
+    replace_file(path, lambda handle: figure.savefig(handle, format="png", dpi=100))
+
+
+def replace_file(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write a file at `path` with `write(handle)`, through a new file in the same directory.
+
+    `mkstemp` creates the file exclusively (no symlink followed); `os.replace` then replaces
+    whatever `path` is, a symlink included, instead of writing to its target. The file gets
+    the permissions a plain `open` would give it (0666 less the umask).
+
+    Raises:
+        OSError: the directory is not writable (nothing is left behind).
+    """
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would hide the file from others
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def _knee(entry: Mapping[str, Any], ordered: Sequence[Mapping[str, Any]]) -> float | None:
+    # The knee is one of the levels measured; anything outside them (1e308) is not drawn.
+    knee = real(nested(entry, "knee", "level"))
+    levels = [float(p["level"]) for p in ordered]
+    if knee is None or not levels or not min(levels) <= knee <= max(levels):
+        return None
+    return knee
+
+
+def _xlabel(ordered: Sequence[Mapping[str, Any]]) -> str:
+    return "requests/s" if ordered[0].get("shape") == "rate" else "concurrent requests"
+
+
+def _mark_knee(axes: Any, knee: float | None) -> None:
+    if knee is not None:
+        axes.axvline(knee, color="tab:red", linestyle=":", label=f"knee {knee:g}")
+
+
+def _series(
+    ordered: Sequence[Mapping[str, Any]], key: str, scale: float = 1.0
+) -> tuple[list[float], list[float]]:
+    pairs = [(float(p["level"]), stat(p, key)) for p in ordered]
+    present = [(x, y * scale) for x, y in pairs if y is not None]
+    return [x for x, _ in present], [y for _, y in present]
+
+
+def _throughput(
+    figure: Any, model: str, ordered: Sequence[Mapping[str, Any]], knee: float | None
+) -> Any:
+    axes = figure.add_subplot()
+    xs, ys = _series(ordered, "output_tokens_per_second")
+    axes.plot(xs, ys, marker="o", label="output tok/s (median)")
+    _mark_knee(axes, knee)
+    axes.set_xlabel(_xlabel(ordered))
+    axes.set_ylabel("output tokens/s")
+    axes.set_title(f"{_label(model)}: throughput")
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def _latency(
+    figure: Any, model: str, ordered: Sequence[Mapping[str, Any]], knee: float | None
+) -> Any:
+    axes = figure.add_subplot()
+    drawn: list[float] = []
+    for key, label, style in (
+        ("ttft_seconds.p50", "TTFT p50", "-"),
+        ("ttft_seconds.p99", "TTFT p99", "--"),
+        ("tpot_seconds.p50", "TPOT p50", "-."),
+    ):
+        xs, ys = _series(ordered, key, 1000.0)
+        if ys:
+            axes.plot(xs, ys, style, marker="o", label=label)
+            drawn.extend(ys)
+    _mark_knee(axes, knee)
+    if drawn and min(drawn) > 0:
+        axes.set_yscale("log")  # TTFT and TPOT differ by orders of magnitude
+    axes.set_xlabel(_xlabel(ordered))
+    axes.set_ylabel("ms")
+    axes.set_title(f"{_label(model)}: latency")
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def _matrix(figure: Any, entries: Sequence[Mapping[str, Any]]) -> Any:
+    names = [_label(entry.get("model")) for entry in entries]
+    firsts = [points(entry)[:1] for entry in entries]
+    panels = (
+        (
+            "TTFT p50 (ms), lowest level",
+            [stat(f[0], "ttft_seconds.p50") if f else None for f in firsts],
+            1000.0,
+        ),
+        (
+            "decode p50 (tok/s), lowest level",
+            [stat(f[0], "decode_tokens_per_second.p50") if f else None for f in firsts],
+            1.0,
+        ),
+        ("knee (level)", [_knee(e, points(e)) for e in entries], 1.0),
+        ("quality score (%)", [nested(e, "quality", "score") for e in entries], 100.0),
+    )
+    for index, (title, values, scale) in enumerate(panels, start=1):
+        axes = figure.add_subplot(2, 2, index)
+        # A missing value is a bar of 0 height: the model keeps its place on the axis.
+        heights = [_height(v, scale) for v in values]
+        axes.bar(range(len(names)), heights, color="tab:blue")
+        axes.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+        axes.set_title(title, fontsize=10)
+        axes.grid(True, axis="y", alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+def _height(value: object, scale: float) -> float:
+    found = real(value)
+    scaled = None if found is None else real(found * scale)
+    return 0.0 if scaled is None else scaled

@@ -1,0 +1,475 @@
+"""Per-key limits: requests per minute, tokens per minute, requests in flight.
+
+Built on `limits`' async strategies and storages (the library slowapi itself uses). slowapi's
+own Redis path is synchronous (slowapi issue #130) and would block the event loop on every
+request, so the gateway calls `limits.aio` directly; the storage is in memory (one process) or
+Redis (`GATEWAY_RATE_LIMIT_STORAGE=redis://...`, shared by every replica).
+
+* RPM: a moving window over the last 60 s (exact), one hit per request, counted at admission
+  (`admit`), before the body is read: a flood of junk bodies spends the key's own RPM. Routes
+  that spend no tokens but make an upstream work (model lists, `/api/show`, management) count
+  too (`admitted`).
+* Concurrency: a count per key, taken at admission and given back when the response ends;
+  in Redis one lease per request that its process renews, so the requests of a process that
+  died stop counting one lease later, and what a storage stall left counted is voided as soon
+  as the storage answers again (`gateway.limits.inflight`).
+* TPM: fixed one-minute windows. Once the body is parsed, the request reserves what it may use
+  (`reserve`; `gateway.limits.estimate`: its `num_predict`, else
+  `GATEWAY_TPM_RESERVE_TOKENS`, plus its prompt's bytes / 4) and is refused when the window
+  has not that much left (429), or for good when its prompt alone, or its own `num_predict`,
+  exceeds the key's whole TPM (413: no window could ever hold it). When it ends, `release`
+  settles the reservation with what it really used (`RequestMeter.charged_tokens`: output
+  tokens, plus the prompt at least at its estimate once the upstream took it, a client that
+  hung up included): the difference is refunded, or the excess charged. Parallel requests
+  therefore share the window instead of all passing the same "tokens left" check (issue 11,
+  class 5); only a request that uses more than it reserved (no `num_predict`, an answer longer
+  than the default) can overshoot, by its own excess. The reservation and the refund are
+  `limits`' own counter operations (`FixedWindowRateLimiter.hit(cost=n)`, `Storage.incr` with
+  a negative amount on the same key), atomic in Redis, so every replica sees them at once.
+
+When the storage fails or is slower than `GATEWAY_RATE_LIMIT_TIMEOUT`, the configured policy
+applies (`GATEWAY_RATE_LIMIT_FAIL_OPEN`): admit (open) or answer 503 (closed); each such event
+is logged and counted in `gateway_rate_limit_storage_errors_total`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+
+import anyio
+from limits import RateLimitItemPerMinute
+from limits.aio.storage import MemoryStorage, RedisStorage, Storage
+from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
+
+from gateway.auth.principal import Principal
+from gateway.errors import (
+    GatewayError,
+    OverTokenLimitError,
+    RateLimitedError,
+    ServiceUnavailableError,
+)
+from gateway.limits.estimate import TokenEstimate
+from gateway.limits.inflight import SWEEP_INTERVAL, InFlight, LeasedInFlight, LocalInFlight
+from gateway.metering.metrics import Metrics
+from gateway.settings import Settings
+
+logger = logging.getLogger("gateway.limits")
+
+#: Seconds two reads of one TPM window's end may differ by (Redis TTLs are whole seconds).
+_WINDOW_SLACK = 5.0
+
+
+def build_storage(settings: Settings) -> Storage:
+    """Open the limits storage named by `GATEWAY_RATE_LIMIT_STORAGE`.
+
+    `memory://` keeps counters in this process; `redis://host:port/db` (or `rediss://`) shares
+    them between replicas, through redis-py's asyncio client.
+    """
+    url = settings.rate_limit_storage
+    if url.startswith(("redis://", "rediss://")):
+        return RedisStorage(
+            f"async+{url}",
+            implementation="redispy",
+            key_prefix=settings.rate_limit_key_prefix,
+            socket_timeout=settings.rate_limit_timeout,
+            socket_connect_timeout=settings.rate_limit_timeout,
+        )
+    return HousekeptMemoryStorage()
+
+
+class HousekeptMemoryStorage(MemoryStorage):
+    """`limits`' in-memory async storage, pruning expired entries at most once a second.
+
+    `limits.aio.storage.MemoryStorage` schedules a pruning pass on every counter update, and the
+    pass hands a `bisect` per key to a worker thread (`asyncio.to_thread`): a thread wake-up and
+    a loop wake-up per request, about 1 ms of added latency per request on the benchmark's VM
+    (docs/performance.md). Pruning only frees memory: every read compares expiry times itself,
+    so limits stay exact when it runs less often. This overrides the private, name-mangled
+    `__schedule_expiry` (limits 5.x); `tests/test_ratelimit.py` fails if it disappears.
+    """
+
+    #: Seconds between two pruning passes.
+    PRUNE_INTERVAL = 1.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._next_prune = 0.0
+
+    async def _MemoryStorage__schedule_expiry(self) -> None:
+        now = time.monotonic()
+        if now < self._next_prune:
+            return
+        self._next_prune = now + self.PRUNE_INTERVAL
+        # getattr: mypy cannot see a name-mangled private method of the base class
+        await getattr(super(), "_MemoryStorage__schedule_expiry")()  # noqa: B009
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A key's effective limits; 0 means unlimited."""
+
+    rpm: int
+    tpm: int
+    max_concurrent: int
+
+    @classmethod
+    def of(cls, principal: Principal, settings: Settings) -> Limits:
+        """Resolve the key's own limits, falling back to the settings' defaults for None."""
+
+        def pick(own: int | None, default: int) -> int:
+            return default if own is None else own
+
+        return cls(
+            pick(principal.rpm, settings.default_rpm),
+            pick(principal.tpm, settings.default_tpm),
+            pick(principal.max_concurrent, settings.default_max_concurrent),
+        )
+
+
+@dataclass
+class Admission:
+    """What admission granted: response headers, and what to undo or settle at the end.
+
+    Attributes:
+        reserved: Tokens reserved against TPM and not yet settled.
+        window_ends: When the TPM window holding `reserved` ends (epoch seconds).
+        ticket: The in-flight count's ticket (`InFlight.acquire`) while the request holds one.
+        released: `KeyLimiter.release` ran; later calls do nothing.
+    """
+
+    key_id: str
+    limits: Limits
+    headers: dict[str, str] = field(default_factory=dict)
+    ticket: str | None = None
+    reserved: int = 0
+    window_ends: float = 0.0
+    released: bool = False
+
+
+class KeyLimiter:
+    """Admits or refuses requests per key, and settles their tokens after them.
+
+    A request calls `admit` (RPM, in-flight), then `reserve` (TPM) once its body is known, and
+    `release` exactly once after `admit` succeeded, whatever happened since: it gives the
+    in-flight slot back and settles the reservation. With a shared storage, `run` must run
+    for as long as the limiter serves: it renews the leases of the requests in flight.
+
+    Args:
+        storage: A `limits.aio` storage (memory or Redis).
+        settings: Defaults, fail policy, storage timeout and lease (seconds).
+        metrics: For `gateway_rate_limited_total{kind}` and storage errors.
+        in_flight: The in-flight counts; by default in this process with the memory storage,
+            else leases in the Redis of `GATEWAY_RATE_LIMIT_STORAGE`.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        settings: Settings,
+        metrics: Metrics,
+        in_flight: InFlight | None = None,
+    ) -> None:
+        self._storage = storage
+        self._settings = settings
+        self._metrics = metrics
+        self._moving = MovingWindowRateLimiter(storage)
+        self._fixed = FixedWindowRateLimiter(storage)
+        # The in-process storage never waits on anything: no deadline to arm for it.
+        self._remote = not isinstance(storage, MemoryStorage)
+        if in_flight is None:
+            in_flight = LeasedInFlight.from_settings(settings) if self._remote else LocalInFlight()
+        self._in_flight = in_flight
+
+    async def run(self) -> None:
+        """Renew this process's in-flight leases until cancelled; returns at once in memory.
+
+        A renewal that fails is logged and counted (`gateway_rate_limit_storage_errors_total`)
+        and tried again at the next interval: with a third of the lease between renewals, two
+        may fail before a request stops counting. Between renewals, every `SWEEP_INTERVAL`
+        seconds, what failed acquires and releases may have left counted is voided
+        (`InFlight.sweep`), so a storage stall does not hold a key's slots for a lease after;
+        a sweep that keeps failing is counted each time and logged once per renewal interval.
+        """
+        interval = self._in_flight.renew_interval
+        if interval is None:
+            return
+        renew_at = time.monotonic() + interval
+        quiet_until = 0.0  # a failing sweep is retried twice a second: log it once an interval
+        while True:
+            await anyio.sleep(max(min(SWEEP_INTERVAL, renew_at - time.monotonic()), 0))
+            now = time.monotonic()
+            if not await self._upkeep(
+                "voiding failed calls", self._in_flight.sweep, interval, log=now >= quiet_until
+            ):
+                quiet_until = max(quiet_until, now + interval)
+            if time.monotonic() >= renew_at:
+                renew_at = time.monotonic() + interval
+                await self._upkeep("renewing leases", self._in_flight.renew, interval)
+
+    async def _upkeep(
+        self, what: str, call: Callable[[], Awaitable[None]], deadline: float, *, log: bool = True
+    ) -> bool:
+        """Run one in-flight upkeep call within `deadline` s; False if it failed.
+
+        A failure is counted (`gateway_rate_limit_storage_errors_total`), and logged if `log`.
+        """
+        try:
+            with anyio.fail_after(deadline):
+                await call()
+        except Exception as exc:
+            self._metrics.rate_limit_storage_errors.inc()
+            if log:
+                logger.warning(
+                    "rate-limit storage failed while %s: %s",
+                    what,
+                    type(exc).__name__ or "timeout",
+                )
+            return False
+        return True
+
+    async def aclose(self) -> None:
+        """Close the in-flight counts' own connections (the storage is closed apart)."""
+        await self._in_flight.aclose()
+
+    def _deadline(self) -> AbstractContextManager[object]:
+        """`GATEWAY_RATE_LIMIT_TIMEOUT` around a shared storage's calls; nothing in-process."""
+        if self._remote:
+            return anyio.fail_after(self._settings.rate_limit_timeout)
+        return contextlib.nullcontext()
+
+    async def admit(self, principal: Principal) -> Admission:
+        """Check and count RPM, take an in-flight slot; needs nothing of the body.
+
+        Raises:
+            RateLimitedError: a limit is reached (429 with `Retry-After` and `X-RateLimit-*`).
+            ServiceUnavailableError: the storage failed and the policy is fail-closed (503).
+        """
+        limits = Limits.of(principal, self._settings)
+        admission = Admission(principal.key_id, limits)
+        if not (limits.rpm or limits.max_concurrent):
+            return admission
+        try:
+            with self._deadline():
+                await self._check(principal.key_id, limits, admission)
+        except GatewayError:
+            raise
+        except Exception as exc:  # storage down or slow: apply the policy
+            self._storage_failed(exc)
+        return admission
+
+    @contextlib.asynccontextmanager
+    async def admitted(self, principal: Principal) -> AsyncIterator[Admission]:
+        """`admit` around a request that spends no tokens (model lists, management), then release.
+
+        Every route that can make an upstream work counts against its key's RPM and holds an
+        in-flight slot while it runs, so a key cannot call its upstreams faster than its limit
+        through a route that carries no generation (`/api/tags`: 300 upstream calls in 0.8 s
+        from a 5-per-minute key).
+
+        Raises:
+            RateLimitedError, ServiceUnavailableError: as `admit`.
+        """
+        admission = await self.admit(principal)
+        try:
+            yield admission
+        finally:
+            with anyio.CancelScope(shield=True):  # a cancelled request still gives its slot back
+                await self.release(admission, 0)
+
+    async def _check(self, key_id: str, limits: Limits, admission: Admission) -> None:
+        if limits.rpm:
+            item = RateLimitItemPerMinute(limits.rpm)
+            allowed = await self._moving.hit(item, "rpm", key_id)
+            stats = await self._moving.get_window_stats(item, "rpm", key_id)
+            admission.headers = _headers(limits.rpm, stats.remaining, stats.reset_time)
+            if not allowed:
+                what = f"{limits.rpm} requests per minute"
+                raise self._refuse("rpm", what, admission.headers, stats.reset_time)
+        if limits.max_concurrent:
+            admission.ticket = await self._in_flight.acquire(key_id, limits.max_concurrent)
+            if admission.ticket is None:
+                what = f"at most {limits.max_concurrent} in flight"
+                raise self._refuse("concurrency", what, admission.headers, time.time() + 1)
+
+    async def reserve(self, admission: Admission, estimate: TokenEstimate) -> None:
+        """Reserve the request's expected tokens in its key's TPM window.
+
+        A request that can never fit a window is refused before anything is counted: its
+        estimated prompt alone exceeds the key's TPM, or its own output bound (`num_predict`,
+        `max_tokens`) does. Admitting it would let one request overshoot by any amount, once
+        per window (a 2,000,000-token prompt a minute on a 1,000-token key). Otherwise the
+        reservation is `estimate.total` capped at the key's TPM: a guessed output (no bound)
+        must not make a servable request unservable. `X-RateLimit-Tokens-Remaining` is what the
+        window had left before this reservation.
+
+        Raises:
+            OverTokenLimitError: the prompt or the output bound exceeds the key's TPM (413; the
+                message says which and what to change).
+            RateLimitedError: the window has less left than the reservation (429).
+            ServiceUnavailableError: the storage failed and the policy is fail-closed (503).
+        """
+        tpm = admission.limits.tpm
+        if not tpm:
+            return
+        if estimate.prompt > tpm or (estimate.asked and estimate.output > tpm):
+            raise self._never(tpm, estimate)
+        try:
+            with self._deadline():
+                await self._reserve(admission, estimate)
+        except GatewayError:
+            raise
+        except Exception as exc:  # fail open: no reservation, the whole use is charged later
+            self._storage_failed(exc)
+
+    def _never(self, tpm: int, estimate: TokenEstimate) -> OverTokenLimitError:
+        """Count and build the refusal of a request no TPM window of its key can hold."""
+        self._metrics.rate_limited.labels("tpm").inc()
+        if estimate.prompt > tpm:
+            needs = f"its prompt is about {estimate.prompt} tokens: shorten the prompt"
+        else:
+            needs = (
+                f"it asks for up to {estimate.output} output tokens "
+                "(options.num_predict or max_tokens): lower it"
+            )
+        return OverTokenLimitError(
+            f"request exceeds this key's limit of {tpm} tokens per minute and can never be "
+            f"admitted; {needs}"
+        )
+
+    async def _reserve(self, admission: Admission, estimate: TokenEstimate) -> None:
+        tpm = admission.limits.tpm
+        item = RateLimitItemPerMinute(tpm)
+        cost = max(min(estimate.total, tpm), 1)  # at least one token must be left, as before
+        refusal = ""
+        if not await self._fixed.hit(item, "tpm", admission.key_id, cost=cost):
+            # `hit` counted the cost even though it failed: take it back at once, or this
+            # refusal would crowd out requests that fit.
+            with anyio.CancelScope(shield=True):
+                await self._storage.incr(
+                    item.key_for("tpm", admission.key_id), item.get_expiry(), amount=-cost
+                )
+            refusal = f"; this request needs about {cost}"
+        else:
+            admission.reserved = cost
+        stats = await self._fixed.get_window_stats(item, "tpm", admission.key_id)
+        admission.window_ends = stats.reset_time
+        left = min(stats.remaining + admission.reserved, tpm)
+        admission.headers.update(_headers(tpm, left, stats.reset_time, prefix="Tokens-"))
+        if refusal:
+            what = f"{tpm} tokens per minute"
+            raise self._refuse("tpm", what, admission.headers, stats.reset_time, refusal)
+
+    async def release(self, admission: Admission, tokens: int) -> None:
+        """Settle the TPM reservation with `tokens` (prompt + output) and give back the slot.
+
+        Only the first call counts (a request's tokens are charged once). Never raises: a storage
+        failure here is logged and counted, not shown to a client.
+        """
+        if admission.released:
+            return
+        admission.released = True
+        settles = admission.limits.tpm and (tokens or admission.reserved)
+        if not settles and admission.ticket is None:
+            return
+        try:
+            if self._remote:  # the caller may be cancelled; the charge must still happen
+                with self._deadline(), anyio.CancelScope(shield=True):
+                    await self._charge(admission, tokens)
+            else:
+                await self._charge(admission, tokens)
+        except Exception as exc:
+            self._metrics.rate_limit_storage_errors.inc()
+            logger.warning("rate-limit storage failed while releasing: %s", type(exc).__name__)
+
+    async def _charge(self, admission: Admission, tokens: int) -> None:
+        if admission.limits.tpm:
+            reserved, admission.reserved = admission.reserved, 0
+            await self._settle(admission, tokens - reserved)
+        if admission.ticket is not None:
+            ticket, admission.ticket = admission.ticket, None
+            await self._in_flight.release(admission.key_id, ticket)
+
+    async def _settle(self, admission: Admission, extra: int) -> None:
+        """Charge `extra` tokens beyond the reservation, or refund `-extra` of it.
+
+        A refund goes back only into the window that holds the reservation: once that window
+        has ended, the new one never held it. Windows are told apart by their end, read back
+        from the storage (Redis rounds it to the second; two windows end at least 60 s apart).
+        """
+        item = RateLimitItemPerMinute(admission.limits.tpm)
+        if extra > 0:
+            await self._fixed.hit(item, "tpm", admission.key_id, cost=extra)
+            return
+        key = item.key_for("tpm", admission.key_id)
+        if not extra or not _same_window(await self._storage.get_expiry(key), admission):
+            return
+        left = await self._storage.incr(key, item.get_expiry(), amount=extra)
+        if left < 0:  # the window ended between the two calls: give the new one no credit
+            await self._storage.incr(key, item.get_expiry(), amount=-left)
+
+    def _refuse(
+        self,
+        kind: str,
+        what: str,
+        headers: dict[str, str],
+        reset_time: float,
+        detail: str = "",
+    ) -> RateLimitedError:
+        """Count the refusal and build the 429 with `Retry-After` (RFC 9110 section 10.2.3).
+
+        Args:
+            kind: The `kind` label of `gateway_rate_limited_total`.
+            what: The limit, e.g. `60 requests per minute`.
+            headers: The `X-RateLimit-*` headers so far; `Retry-After` is added.
+            reset_time: When retrying can succeed (epoch seconds).
+            detail: Appended to the message, e.g. how much this request needed.
+        """
+        self._metrics.rate_limited.labels(kind).inc()
+        retry_after = str(max(math.ceil(reset_time - time.time()), 1))
+        return RateLimitedError(
+            f"rate limit exceeded: {what} for this key{detail}",
+            headers={**headers, "Retry-After": retry_after},
+        )
+
+    def _storage_failed(self, exc: Exception) -> None:
+        self._metrics.rate_limit_storage_errors.inc()
+        policy = "open" if self._settings.rate_limit_fail_open else "closed"
+        logger.warning(
+            "rate-limit storage unavailable (%s); failing %s",
+            type(exc).__name__ or "timeout",
+            policy,
+        )
+        if not self._settings.rate_limit_fail_open:
+            raise ServiceUnavailableError(
+                "rate limiting is unavailable; try again later", headers={"Retry-After": "5"}
+            ) from exc
+
+
+def _same_window(ends: float, admission: Admission) -> bool:
+    """The TPM window ending at `ends` is the one `admission` reserved in (and still runs)."""
+    return ends > time.time() and abs(ends - admission.window_ends) < _WINDOW_SLACK
+
+
+def _headers(limit: int, remaining: int, reset_time: float, prefix: str = "") -> dict[str, str]:
+    """`X-RateLimit-*` headers: the limit, what is left, and seconds until the window resets."""
+    reset = max(math.ceil(reset_time - time.time()), 0)
+    return {
+        f"X-RateLimit-{prefix}Limit": str(limit),
+        f"X-RateLimit-{prefix}Remaining": str(max(remaining, 0)),
+        f"X-RateLimit-{prefix}Reset": str(reset),
+    }
+
+
+async def close_storage(storage: Storage) -> None:
+    """Close the storage's connections, if it holds any (Redis)."""
+    bridge = getattr(storage, "bridge", None)
+    client = getattr(bridge, "storage", None)
+    close = getattr(client, "aclose", None)
+    if close is not None:
+        await close()

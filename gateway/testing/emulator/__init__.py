@@ -1,0 +1,1 @@
+"""The Ollama (and OpenAI-compatible) emulator: a fake model server with known truth."""

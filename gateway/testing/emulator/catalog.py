@@ -1,0 +1,142 @@
+"""What the Ollama emulator knows about a model: its name, details, layers and `/api/show` body.
+
+Owns how a requested name resolves against the installed ones (tag `latest` by default, matching
+ignores case, reference §2.1), the canonical `name:tag`, and everything derived from a name alone:
+the `details` of `/api/tags` and `/api/ps` (§6.3, §6.4), the capabilities, the layers (digests and
+sizes) that pull, push and create report progress on (§6.7), and the `ShowResponse` body (§6.5).
+They are pure functions of the name and the config, so every route and both faces agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.testing.emulator.state import EmulatorConfig
+
+TEMPLATE = (
+    "{{ if .System }}<|system|>{{ .System }}<|end|>{{ end }}"
+    "{{ range .Messages }}<|{{ .Role }}|>{{ .Content }}<|end|>{{ end }}<|assistant|>"
+)
+"""The chat template every model reports; its `<`, `>` show Go's HTML escaping (§1)."""
+
+_CONTEXT_LENGTH = 131_072  # the trained context (`<arch>.context_length`), not the loaded one
+_VOCABULARY = ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "tok", "think", " "]
+
+
+def canonical(name: str) -> str:
+    """Return `name` with its tag, `latest` when it has none (§2.1)."""
+    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+
+
+def resolve(name: str, models: list[str]) -> str | None:
+    """Find an installed model as `models` spells it; matching ignores case (§2.1)."""
+    wanted = canonical(name).lower()
+    return next((model for model in models if canonical(model).lower() == wanted), None)
+
+
+def digest(name: str, part: str = "") -> str:
+    """A stable hex sha256 for a model (or one of its parts), without the `sha256:` prefix."""
+    return hashlib.sha256(f"{canonical(name)}\0{part}".encode()).hexdigest()
+
+
+def details(name: str) -> dict[str, Any]:
+    """The `details` object of `/api/tags`, `/api/ps` and `/api/show` (§6.3)."""
+    base, _, tag = canonical(name).rpartition(":")
+    family = base.rsplit("/", 1)[-1].rstrip("0123456789.") or "llama"
+    size = tag.upper() if tag[:1].isdigit() and tag.endswith("b") else "3.2B"
+    return {
+        "parent_model": "",
+        "format": "gguf",
+        "family": family,
+        "families": [family],
+        "parameter_size": size,
+        "quantization_level": "Q4_K_M",
+    }
+
+
+def listing(name: str) -> dict[str, Any]:
+    """One `/api/tags` entry without `modified_at` (§6.3)."""
+    size = sum(size for _, size in layers(name))
+    return {
+        "name": name,
+        "model": name,
+        "size": size,
+        "digest": digest(name),
+        "details": details(name),
+    }
+
+
+def layers(name: str) -> list[tuple[str, int]]:
+    """The model's layers as `(digest, size)`: the weights, then the template and parameters."""
+    weights = 2_000_000_000 + int(digest(name, "weights")[:7], 16)
+    parts = (("weights", weights), ("template", len(TEMPLATE)), ("params", 96))
+    return [(f"sha256:{digest(name, part)}", size) for part, size in parts]
+
+
+def capabilities(name: str, config: EmulatorConfig) -> list[str]:
+    """What `/api/show` says the model can do: embedding models by name, else chat and tools."""
+    if "embed" in name.lower():
+        return ["embedding"]
+    return ["completion", "tools", *(["thinking"] if config.thinking_tokens else [])]
+
+
+def _parameter_count(size: str) -> int:
+    number = size.rstrip("BbMm")
+    scale = 1_000_000 if size[-1:] in "Mm" else 1_000_000_000
+    try:
+        return round(float(number) * scale)
+    except ValueError:
+        return 3_200_000_000
+
+
+def _model_info(name: str, config: EmulatorConfig, *, verbose: bool) -> dict[str, Any]:
+    """GGUF key-values; arrays over 5 items are emptied unless `verbose` (§6.5)."""
+    info = details(name)
+    arch = info["family"]
+    kv: dict[str, Any] = {
+        "general.architecture": arch,
+        "general.basename": canonical(name).rpartition(":")[0].rsplit("/", 1)[-1],
+        "general.file_type": 15,
+        "general.parameter_count": _parameter_count(info["parameter_size"]),
+        "general.quantization_version": 2,
+        f"{arch}.attention.head_count": 24,
+        f"{arch}.block_count": 28,
+        f"{arch}.context_length": _CONTEXT_LENGTH,
+        f"{arch}.embedding_length": config.embedding_dimensions,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": _VOCABULARY if verbose else [],
+    }
+    return dict(sorted(kv.items()))  # a Go map: json.Marshal sorts the keys
+
+
+def show_body(
+    name: str, config: EmulatorConfig, *, modified_at: str, verbose: bool
+) -> dict[str, Any]:
+    """The `POST /api/show` answer for an installed model, in `ShowResponse` field order (§6.5)."""
+    stop = '"<|end|>"'
+    parameters = f"{'stop':<30} {stop}"  # Go: fmt.Sprintf("%-*s %#v", 30, key, value)
+    weights = layers(name)[0][0].replace(":", "-")
+    modelfile = (
+        '# Modelfile generated by "ollama show"\n'
+        "# To build a new Modelfile based on this, replace FROM with:\n"
+        f"# FROM {name}\n\n"
+        f"FROM /root/.ollama/models/blobs/{weights}\n"
+        f'TEMPLATE """{TEMPLATE}"""\n'
+        f"PARAMETER stop {stop}\n"
+    )
+    dims = config.embedding_dimensions
+    return {
+        "modelfile": modelfile,
+        "parameters": parameters,
+        "template": TEMPLATE,
+        "details": details(name),
+        "model_info": _model_info(name, config, verbose=verbose),
+        "tensors": [
+            {"name": "output_norm.weight", "type": "F32", "shape": [dims]},
+            {"name": "token_embd.weight", "type": "Q4_K", "shape": [dims, len(_VOCABULARY)]},
+        ],
+        "capabilities": capabilities(name, config),
+        "modified_at": modified_at,
+    }

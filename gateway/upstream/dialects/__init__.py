@@ -1,0 +1,1 @@
+"""The APIs a model server speaks (Ollama, OpenAI-compatible): requests out, chunks back."""

@@ -1,0 +1,1 @@
+"""What comes in off the wire, below every surface: request bodies, their budget, bounded JSON."""
