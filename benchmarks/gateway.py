@@ -116,6 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--no-nginx", action="store_true", help="skip the nginx row")
     add(
+        "--baseline-tree",
+        type=Path,
+        metavar="DIR",
+        help="also a gateway run from another source tree (e.g. `git worktree add DIR COMMIT`): "
+        "rows base, base-chat, base-sse beside gateway, gw-chat, gw-sse in the same run, so a "
+        "change is measured against its parent on the same machine at the same moment",
+    )
+    add(
         "--floor-row",
         action="store_true",
         help="also a bare uvicorn + aiohttp relay (row floor): the stack's own cost",
@@ -204,11 +212,18 @@ def run_sweep(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         pid = gateway.process.pid
         generate = Target("gateway", gateway.url, "/v1/generate", BODY, key=key, pids=(pid,))
         targets: list[Target] = []
+        base: tuple[str, str, tuple[int, ...]] | None = None
+        if args.baseline_tree is not None:
+            base = _baseline_gateway(args, workdir, emulator.url, stack)
         if "generate" in args.surfaces:
             targets += [
                 Target("direct", emulator.url, "/api/generate", BODY, baseline=None),
                 generate,
             ]
+            if base is not None:
+                targets.append(
+                    Target("base", base[0], "/v1/generate", BODY, key=base[1], pids=base[2])
+                )
             targets += _generate_variants(args, workdir, emulator.url, stack, notes)
         if "chat" in args.surfaces:
             targets += [
@@ -223,6 +238,18 @@ def run_sweep(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     baseline="direct-chat",
                 ),
             ]
+            if base is not None:
+                targets.append(
+                    Target(
+                        "base-chat",
+                        base[0],
+                        "/api/chat",
+                        CHAT_BODY,
+                        key=base[1],
+                        pids=base[2],
+                        baseline="direct-chat",
+                    )
+                )
         if "sse" in args.surfaces:
             # The gateway translates to /api/chat upstream and writes the SSE itself; direct
             # is the emulator's own /v1 face. Both send the role on the first content delta,
@@ -242,6 +269,19 @@ def run_sweep(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     baseline="direct-sse",
                 ),
             ]
+            if base is not None:
+                targets.append(
+                    Target(
+                        "base-sse",
+                        base[0],
+                        chat_sse,
+                        CHAT_BODY,
+                        key=base[1],
+                        sse=True,
+                        pids=base[2],
+                        baseline="direct-sse",
+                    )
+                )
         for target in targets:  # connections, caches and lazy imports before measuring
             measure(target, 4, LoadPlan(warmup=0.0, requests=16, client=args.load_client), None)
         rows = []
@@ -261,6 +301,27 @@ def run_sweep(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         print(f"  gateway RSS with {args.idle_streams} idle streams ...", file=sys.stderr)
         result["idle_memory"] = _idle_memory(args, workdir / "idle")
     return result
+
+
+def _baseline_gateway(
+    args: argparse.Namespace, workdir: Path, upstream_url: str, stack: ExitStack
+) -> tuple[str, str, tuple[int, ...]]:
+    """A gateway run from `--baseline-tree`, started on `stack`: its URL, key and pids.
+
+    The tree's `gateway` package is put first on the path (`PYTHONPATH`) and the working
+    directory is kept off it (`PYTHONSAFEPATH`, Python 3.11), so `python -m gateway` runs the
+    other tree's code on this environment's installed packages.
+    """
+    tree = args.baseline_tree.resolve()
+    if not (tree / "gateway" / "__init__.py").is_file():
+        raise SystemExit(f"--baseline-tree {tree}: no gateway/ package there")
+    env = {"PYTHONPATH": str(tree), "PYTHONSAFEPATH": "1"}
+    gateway, key = gateway_with_key(
+        workdir / "baseline", upstream_url, limits=not args.no_key_limits, extra_env=env
+    )
+    stack.enter_context(gateway)
+    assert gateway.process is not None  # noqa: S101 - started
+    return gateway.url, key, (gateway.process.pid,)
 
 
 def _generate_variants(

@@ -7,11 +7,13 @@ Fast: no process is started. The benchmark itself is `python -m benchmarks.gatew
 from __future__ import annotations
 
 import argparse
+from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from benchmarks.gateway import SURFACES, _surfaces, build_parser
+from benchmarks.gateway import SURFACES, _baseline_gateway, _surfaces, build_parser
 from benchmarks.measure import summarise
 from benchmarks.report import add_relative, baseline_of, check_targets, find_regressions
 from benchmarks.servers import Target
@@ -193,6 +195,16 @@ def test_surfaces_default_to_all_three_and_keep_their_order() -> None:
         _surfaces("generate,embed")
     with pytest.raises(argparse.ArgumentTypeError):
         _surfaces(",")
+
+
+def test_a_baseline_tree_without_a_gateway_package_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    args = build_parser().parse_args(["--baseline-tree", str(tmp_path)])
+    assert args.baseline_tree == tmp_path
+    with ExitStack() as stack, pytest.raises(SystemExit, match="no gateway/ package"):
+        _baseline_gateway(args, tmp_path / "work", "http://127.0.0.1:9", stack)
+    assert not (tmp_path / "work").exists()  # no key store made, no process started
 
 
 def _count(body: bytes, *, sse: bool) -> Reader:
