@@ -5,7 +5,8 @@ Starts the emulator (a subprocess), makes a key with `gateway keys create`, buil
 in-process (`gateway.app.create_app`) on uvicorn, and sends one streamed `POST /api/chat` (or
 `--path /v1/chat/completions`) after a warm-up request. A profile hook (`sys.setprofile`) records
 every call into a `gateway.*` module (the emulator's `gateway.testing` excepted) made from another
-module while the request runs, and prints:
+module while the request runs, in the tasks the request started (not in the lifespan's
+background loops), and prints:
 
 - the modules touched, in the order first entered, and their count;
 - per module, how often it was entered from another module on the way in (before the first
@@ -60,13 +61,20 @@ class PathRecorder:
     def __init__(self) -> None:
         self.entries: list[tuple[str, bool]] = []  # (module entered, before the first chunk)
         self.way_in = True
+        # Tasks running before the request (the lifespan's poll loops, the batch runner, the
+        # usage sink, the client itself) are not the request's path.
+        self.before = asyncio.all_tasks()
 
     def __call__(self, frame: FrameType, event: str, _arg: Any) -> None:
         """Record a call into one of our modules from another module."""
         if event != "call":
             return
         module = _module(frame)
-        if _ours(module) and _module(frame.f_back) != module:
+        if (
+            _ours(module)
+            and _module(frame.f_back) != module
+            and asyncio.current_task() not in self.before
+        ):
             self.entries.append((module, self.way_in))
 
 
