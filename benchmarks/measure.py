@@ -4,7 +4,7 @@ Owns `measure` (one target at one concurrency: latency, throughput, the proxy's 
 the upstream's and the load generator's CPU share) and `idle_stream_memory` (the gateway's RSS
 per open idle stream). The load generator is `python -m benchmarks.load` in one or more processes of
 its own; their JSON reports are merged here. Percentiles are
-`gateway.clients.bench.stats.percentile`,
+`gateway.clients.bench.quantiles.percentile`,
 the one definition `gateway bench` uses too.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from benchmarks.procstat import cpu_seconds, load_average, rss_kib
 from benchmarks.servers import Target
-from gateway.clients.bench.stats import percentile
+from gateway.clients.bench.quantiles import percentile
 
 
 @dataclass(frozen=True)

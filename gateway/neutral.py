@@ -90,7 +90,7 @@ class GenerationRequest:
         max_output_tokens: The client's bound on output tokens (`num_predict`, `max_tokens`),
             or None when it set none; what the TPM reservation uses.
         prompt_bytes: UTF-8 bytes of the prompt (for the TPM estimate): a generation's whole
-            body but its non-prompt fields (`gateway.wire.json.prompt_bytes`), an embedding's
+            body but its non-prompt fields (`gateway.limits.estimate.prompt_bytes`), an embedding's
             input texts.
         prompt_tokens: Prompt tokens the client sent as tokens already (a generate `context`).
         body_bytes: Bytes of the client's body: over `INLINE_PARSE_BYTES` the upstream request

@@ -22,8 +22,8 @@ from gateway.clients.bench.compare import (
     judge,
     main_compare,
     parse_threshold,
+    render_comparison,
 )
-from gateway.clients.bench.report import render_comparison
 from tests.bench_docs import model_entry, run_doc
 
 LATENCY = Metric("ttft_seconds.p50", "TTFT p50 (ms)", scale=1000.0)

@@ -15,14 +15,13 @@ from typing import Any
 import pytest
 
 from gateway.clients.bench import plots
-from gateway.clients.bench.compare import compare
+from gateway.clients.bench.compare import compare, render_comparison
 from gateway.clients.bench.plots import PlotFailed, PlotsUnavailable, plot_run, slug
 from gateway.clients.bench.report import (
     CSV_COLUMNS,
     RENDERERS,
     add_arguments,
     main_report,
-    render_comparison,
     render_csv,
     render_json,
     render_markdown,

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 import benchmarks.measure
+from gateway.clients.bench.quantiles import percentile
 from gateway.clients.bench.records import RequestRecord
 from gateway.clients.bench.slo import parse_slo
 from gateway.clients.bench.stats import (
@@ -15,7 +16,6 @@ from gateway.clients.bench.stats import (
     client_decode_rate,
     distribution,
     escape_error,
-    percentile,
     point_summary,
     summarize,
 )

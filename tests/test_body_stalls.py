@@ -27,7 +27,6 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from gateway.settings import Settings
-from gateway.upstream.dialects import base as dialect
 from gateway.wire import json as body
 from tests import test_answer_bounds
 from tests.helpers import MODEL, OllamaLookalike, served
@@ -139,11 +138,11 @@ def test_a_large_body_does_not_stall_another_keys_stream(serve, upstream, make_b
 
 
 def _fit(make: Any) -> bytes:
-    """The largest `make(n)` of at most 1 MiB (`dialect.INLINE_PARSE_BYTES`)."""
+    """The largest `make(n)` of at most 1 MiB (`body.INLINE_PARSE_BYTES`)."""
     low, high = 1, 400_000
     while low < high:
         mid = (low + high + 1) // 2
-        if len(make(mid)) <= dialect.INLINE_PARSE_BYTES:
+        if len(make(mid)) <= body.INLINE_PARSE_BYTES:
             low = mid
         else:
             high = mid - 1
@@ -179,7 +178,7 @@ def test_many_bodies_of_many_values_under_a_mebibyte_do_not_stall_another_keys_s
     _, url = upstream
     gateway_url, attacker, victim = serve(url, "ollama")
     raw = make_body()
-    assert len(raw) <= dialect.INLINE_PARSE_BYTES
+    assert len(raw) <= body.INLINE_PARSE_BYTES
 
     def attack() -> list[int]:
         headers = {"Authorization": f"Bearer {attacker}", "content-type": "application/json"}
@@ -216,7 +215,7 @@ def test_a_small_body_is_parsed_on_the_event_loop(monkeypatch):
         seen.append(threading.get_ident())
         return len(raw)
 
-    raw = b" " * dialect.INLINE_PARSE_BYTES
+    raw = b" " * body.INLINE_PARSE_BYTES
     assert anyio.run(body.parse_request_body, parse, raw, Settings()) == len(raw)
     assert seen == [loop_thread]
 
@@ -236,7 +235,7 @@ def test_large_bodies_are_parsed_in_at_most_two_threads_at_once():
         return threading.get_ident()
 
     async def main() -> set[int]:
-        raw = b" " * (dialect.INLINE_PARSE_BYTES + 1)
+        raw = b" " * (body.INLINE_PARSE_BYTES + 1)
         idents: list[int] = []
 
         async def one() -> None:
@@ -249,4 +248,4 @@ def test_large_bodies_are_parsed_in_at_most_two_threads_at_once():
 
     idents = anyio.run(main)
     assert threading.get_ident() not in idents
-    assert most[0] == dialect.JSON_THREADS == 2
+    assert most[0] == body.JSON_THREADS == 2

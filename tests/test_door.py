@@ -16,11 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.api.middleware.access import client_address
 from gateway.keys.store import KeyStore
 from gateway.serve.logs import EscapingFormatter, escape_text
 from gateway.settings import Settings
 from gateway.testing.stack import create_key, gateway_process
+from gateway.wire.address import client_address
 from tests.conftest import Emulator, Gateway
 
 MODEL = "llama3.2:latest"

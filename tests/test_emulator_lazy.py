@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import itertools
 
+from gateway.testing.emulator.config import EmulatorConfig
 from gateway.testing.emulator.content import PLAIN, plan
-from gateway.testing.emulator.state import EmulatorConfig
 
 
 def test_a_huge_answer_is_planned_without_being_built():

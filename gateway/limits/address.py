@@ -13,7 +13,7 @@ address, in a moving minute, and once an address has spent its budget its furthe
   success costs nothing here.
 - **Two budgets, counted apart:** `api` (API keys, `GATEWAY_AUTH_FAILURES_PER_MINUTE`) and
   `admin` (admin tokens on `/admin/v1`, `GATEWAY_ADMIN_AUTH_FAILURES_PER_MINUTE`, tighter).
-- **The address** is `gateway.api.middleware.access.client_address`: the peer, or for a peer in
+- **The address** is `gateway.wire.address.client_address`: the peer, or for a peer in
   `GATEWAY_TRUSTED_PROXIES` the nearest untrusted `X-Forwarded-For` hop, so a client cannot
   escape by writing the header itself. An IPv6 client is counted by its /64 (one host or one
   subscriber usually has a whole /64); an IPv4-mapped address as the IPv4 one.
@@ -50,10 +50,10 @@ from limits.aio.storage import MemoryStorage, Storage
 from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
 from starlette.types import Scope
 
-from gateway.api.middleware.access import client_address
 from gateway.errors import GatewayError, RateLimitedError
 from gateway.metering.metrics import Metrics
 from gateway.settings import Settings
+from gateway.wire.address import client_address
 
 logger = logging.getLogger("gateway.limits")
 

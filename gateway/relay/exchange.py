@@ -61,16 +61,15 @@ from gateway.relay.deadline import IdleDeadline
 from gateway.settings import Settings
 from gateway.upstream.client import GenerationClient
 from gateway.upstream.dialects.base import (
-    INLINE_PARSE_BYTES,
     MAX_LINE_BYTES,
     MAX_VECTOR_BYTES,
     AnswerTooLongError,
     Dialect,
     StreamBrokenError,
     StreamDecoder,
-    json_thread_limiter,
     requested_vectors,
 )
+from gateway.wire.json import INLINE_PARSE_BYTES, json_thread_limiter
 
 logger = logging.getLogger("gateway.relay")
 

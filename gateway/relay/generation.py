@@ -29,8 +29,9 @@ from gateway.neutral import Chunk, GenerationRequest
 from gateway.relay.exchange import Exchange
 from gateway.relay.surface import Codec
 from gateway.tracing.spans import end_upstream, end_upstream_failure
-from gateway.upstream.dialects.base import INLINE_PARSE_BYTES, MAX_LINE_BYTES
+from gateway.upstream.dialects.base import MAX_LINE_BYTES
 from gateway.upstream.pool import Upstream
+from gateway.wire.json import INLINE_PARSE_BYTES
 
 if TYPE_CHECKING:
     from gateway.relay.pipeline import Relay

@@ -166,7 +166,7 @@ def build_server(
         timeout_graceful_shutdown=int(settings.shutdown_timeout) + 2,
         server_header=False,
         # The client's address is the gateway's to judge
-        # (`gateway.api.middleware.access.client_address`,
+        # (`gateway.wire.address.client_address`,
         # GATEWAY_TRUSTED_PROXIES). uvicorn's own proxy headers, on by default and trusting
         # 127.0.0.1, would let any client arriving over loopback (a sidecar, a TCP proxy)
         # set the address the access log and the audit trail record.

@@ -29,20 +29,46 @@ never the `RecursionError` of a deeply nested document.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
+from weakref import WeakKeyDictionary
 
 import anyio
 
 from gateway.errors import BadRequestError, UnprocessableError
-from gateway.upstream.dialects.base import INLINE_PARSE_BYTES, json_thread_limiter
 
 if TYPE_CHECKING:
     from gateway.settings import Settings
 
 T = TypeVar("T")
+
+#: Largest answer body parsed (or non-streamed answer written) on the event loop; a larger one
+#: goes to a worker thread (1 MiB of embeddings parses in a few milliseconds; a thread hop costs
+#: ~100 us, and the Python number hooks of the dialects' `THREADED_JSON` a tenth more per
+#: number). Here, below both the request bodies (`parse_request_body`) and the upstream
+#: dialects (`gateway.upstream.dialects.base`), which share the bound and the threads.
+INLINE_PARSE_BYTES = 1024 * 1024
+
+#: Most request bodies parsed, or upstream requests written, in worker threads at once: a flood
+#: of large bodies waits for these, and leaves the rest of the thread pool to other work.
+JSON_THREADS = 2
+
+_json_limiters: WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.CapacityLimiter] = (
+    WeakKeyDictionary()
+)
+
+
+def json_thread_limiter() -> anyio.CapacityLimiter:
+    """The running event loop's limiter of `JSON_THREADS` (one per loop: tests run several)."""
+    loop = asyncio.get_running_loop()
+    limiter = _json_limiters.get(loop)
+    if limiter is None:
+        limiter = _json_limiters[loop] = anyio.CapacityLimiter(JSON_THREADS)
+    return limiter
+
 
 #: Longest model name accepted (Ollama names are `namespace/name:tag`, far shorter).
 MAX_MODEL_NAME = 256
@@ -352,84 +378,3 @@ INLINE_ALWAYS_BYTES = 64 * 1024
 #: per value (the key hooks), not per byte. 95,000 keys in just under 1 MiB held the loop 0.16 s
 #: each; eight connections of them paused another key's stream for seconds (a re-attack).
 INLINE_VALUES = 4096
-
-
-def text_bytes(value: object) -> int:
-    """UTF-8 bytes of a string value (0 for anything else): the TPM estimate's unit."""
-    if not isinstance(value, str):
-        return 0
-    # isascii() reads a flag of the string: a megabyte of ASCII is never copied to be measured.
-    return len(value) if value.isascii() else len(value.encode("utf-8", "replace"))
-
-
-#: Top-level fields of a generation body that are not prompt text: the model's name, flags,
-#: sampling options and stop strings, the client's labels, images (not counted: what they cost
-#: depends on the model, and base64 at 4 bytes a token would refuse what is servable) and a
-#: generate `context` (already tokens: `GenerationRequest.prompt_tokens`). Every other field
-#: counts, whatever its name.
-NOT_PROMPT = frozenset(
-    {"model", "stream", "stream_options", "options", "keep_alive", "images", "context"}
-    | {"stop", "logit_bias", "metadata", "user"}
-)
-
-#: Fields of a message (`messages[]`) and of a content part (`content[]`) that hold media.
-_MEDIA = frozenset({"images", "image_url", "input_audio", "audio_url", "video_url", "file"})
-
-
-def prompt_bytes(body: dict[str, Any]) -> int:
-    """Bytes of a generation body's prompt text: what its TPM estimate counts (bytes / 4).
-
-    A denylist, not a list of prompt fields: every value of the body counts except the fields
-    of `NOT_PROMPT` and the media of a message, so a field a client or a new Ollama or OpenAI
-    release adds (tools, tool calls, thinking, a format schema, names) counts too. Upstreams
-    render those into the prompt the model prefills. Strings and the keys below the top level
-    count their UTF-8 bytes, numbers their digits, `true`/`false`/`null` 4, and each member of
-    an object or array one byte more (its punctuation): close to the body's JSON text, which
-    is how tools and schemas reach the model. Top-level field names and top-level numbers and
-    flags are parameters, not text. One walk of the parsed body, bounded by
-    `GATEWAY_MAX_JSON_VALUES`.
-
-    Args:
-        body: A parsed generation body (a chat or generate request of either surface).
-
-    Returns:
-        The byte count; 0 when nothing counts.
-    """
-    total = 0
-    for name, value in body.items():
-        if name in NOT_PROMPT:
-            continue
-        if name == "messages" and isinstance(value, list):
-            total += sum(1 + _without_media(message) for message in value)
-        elif isinstance(value, str | dict | list):
-            total += _json_bytes(value)
-    return total
-
-
-def _without_media(value: object) -> int:
-    """`_json_bytes` of a message or a content part, its media fields left out."""
-    if not isinstance(value, dict):
-        return _json_bytes(value)
-    total = 0
-    for name, member in value.items():
-        if name in _MEDIA:
-            continue
-        if name == "content" and isinstance(member, list):  # OpenAI's parts: text or media
-            size = sum(1 + _without_media(part) for part in member)
-        else:
-            size = _json_bytes(member)
-        total += text_bytes(name) + 1 + size
-    return total
-
-
-def _json_bytes(value: object) -> int:
-    """About the bytes of `value`'s JSON text (`prompt_bytes`); depth is bounded by parsing."""
-    if isinstance(value, str):
-        return text_bytes(value)
-    if isinstance(value, dict):
-        return sum(text_bytes(key) + 1 + _json_bytes(member) for key, member in value.items())
-    if isinstance(value, list):
-        return sum(1 + _json_bytes(member) for member in value)
-    if isinstance(value, bool) or value is None:
-        return 4
-    return len(str(value))  # an int (at most MAX_INT_DIGITS) or a finite float

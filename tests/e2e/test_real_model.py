@@ -154,7 +154,7 @@ def test_the_demo_runs_and_leaves_nothing_behind(tmp_path: Path):
     """The README's main job, as a user runs it (without the install step)."""
     before = _servers()
     result = subprocess.run(
-        [sys.executable, "-m", "gateway.clients.demo", "--max-tokens", "24"],
+        [sys.executable, "-m", "gateway.testing.demo", "--max-tokens", "24"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -20,13 +20,13 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from gateway.api.middleware.access import client_address
 from gateway.auth.identity import AdminAuthError, AdminIdentity, Scope
 from gateway.auth.jwt import AdminTokenVerifier
 from gateway.deps import get_address_limiter
 from gateway.errors import ForbiddenError, GatewayError, NotFoundError, UnauthorizedError
 from gateway.keys.apikey import KEY_PREFIX
 from gateway.keys.audit import Actor
+from gateway.wire.address import client_address
 
 logger = logging.getLogger("gateway.api.admin")
 

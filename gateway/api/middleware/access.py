@@ -17,7 +17,6 @@ logged 500 in the client's dialect, with the request id, instead of reaching the
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import re
@@ -31,15 +30,13 @@ from gateway.errors import error_response
 from gateway.neutral import RequestSummary
 from gateway.routing import route_label
 from gateway.upstream.headers import upstream_request_id
+from gateway.wire.address import Network, client_address
 
 logger = logging.getLogger("gateway.api.middleware.access")
 
 _VALID_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 #: Scraped and probed every few seconds: their lines would drown the requests' own.
 _UNLOGGED = frozenset({"/metrics", "/healthz", "/readyz"})
-
-
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class AccessMiddleware:
@@ -152,41 +149,6 @@ def _count_unexpected(scope: Scope, state: dict[str, object]) -> None:
     count = getattr(metrics, "count_rejection", None)
     if count is not None and "summary" not in state:
         count(route_label(scope), 500, "error")
-
-
-def client_address(scope: Scope, trusted: Sequence[Network]) -> str | None:
-    """The client's IP address as the access log names it; None when the server gave no peer.
-
-    The peer address, unless it lies in one of `trusted`: then `X-Forwarded-For` is read from
-    the right (the hop closest to the gateway) and the first address not in `trusted` is the
-    client, as RFC 7239 section 7.4 advises; entries a client may have forged further left are
-    ignored. A malformed entry stops the walk and is not trusted: the last good hop is named.
-    """
-    peer = scope.get("client")
-    address: str | None = peer[0] if peer else None
-    if address is None or not trusted or not _in(address, trusted):
-        return address
-    hops: list[str] = []
-    for name, value in scope["headers"]:
-        if name == b"x-forwarded-for":
-            hops.extend(part.strip() for part in value.decode("latin-1").split(","))
-    for hop in reversed(hops):
-        try:
-            ipaddress.ip_address(hop)
-        except ValueError:
-            return address
-        address = hop
-        if not _in(hop, trusted):
-            return hop
-    return address
-
-
-def _in(address: str, networks: Sequence[Network]) -> bool:
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    return any(ip in network for network in networks)
 
 
 def _incoming_id(scope: Scope) -> str | None:

@@ -2,7 +2,7 @@
 
 Only what the gateway itself reads is checked (model, stream, options, messages); every other
 field reaches an Ollama upstream as the client sent it. The TPM estimate counts every field but
-the few that are not prompt text (`gateway.wire.json.prompt_bytes`).
+the few that are not prompt text (`gateway.limits.estimate.prompt_bytes`).
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.errors import UnprocessableError
+from gateway.limits.estimate import prompt_bytes, text_bytes
 from gateway.neutral import GenerationRequest, Operation
 from gateway.settings import Settings
-from gateway.wire.json import check_spelling, parse_object, prompt_bytes, text_bytes
+from gateway.wire.json import check_spelling, parse_object
 
 
 def parse_generation(raw: bytes, operation: Operation, settings: Settings) -> GenerationRequest:

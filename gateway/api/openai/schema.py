@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.errors import BadRequestError, UnprocessableError
+from gateway.limits.estimate import prompt_bytes, text_bytes
 from gateway.neutral import GenerationRequest
 from gateway.settings import Settings
-from gateway.wire.json import check_spelling, parse_object, prompt_bytes, text_bytes
+from gateway.wire.json import check_spelling, parse_object
 
 
 def parse_chat(raw: bytes, settings: Settings) -> GenerationRequest:
@@ -94,7 +95,7 @@ def _generation(body: dict[str, Any], operation: Any, body_bytes: int) -> Genera
     """The neutral request of a chat or completion body, its common fields checked.
 
     Its prompt size is every field but the few that are not prompt text (tools, tool calls,
-    `response_format` and names count: `gateway.wire.json.prompt_bytes`).
+    `response_format` and names count: `gateway.limits.estimate.prompt_bytes`).
 
     Raises:
         UnprocessableError: an output bound that is not a positive integer; `n` or `best_of`

@@ -52,8 +52,7 @@ from gateway.clients.bench.document import (
     stat,
 )
 from gateway.clients.bench.fingerprint import mismatches as fingerprint_mismatches
-from gateway.clients.bench.report import render_comparison
-from gateway.clients.bench.tables import safe
+from gateway.clients.bench.tables import MISSING, Column, level, number, safe, text_table
 
 Verdict = Literal["better", "worse", "same", "noise", "missing"]
 Outcome = Literal["pass", "regression", "refused"]
@@ -402,6 +401,69 @@ def parse_threshold(text: str) -> float:
             f"ambiguous threshold {text!r}: write {value:g}% or a fraction"
         )
     return value
+
+
+def _span(span: Span | None, metric: Metric) -> str:
+    if span is None:
+        return MISSING
+    if metric.is_level:
+        return level(span.median)
+    scale = metric.scale
+    text = number(span.median, scale)
+    if span.low != span.high:
+        text += f" ({number(span.low, scale)}-{number(span.high, scale)})"
+    return text
+
+
+def _change(change: float | None, absolute: bool) -> str:
+    if change is None:
+        return MISSING
+    if absolute:
+        return f"{change * 100:+.1f} pp"
+    return f"{change:+.1%}" if abs(change) != float("inf") else ("+inf" if change > 0 else "-inf")
+
+
+def render_comparison(comparison: Comparison) -> str:
+    """The terminal form of `compare.compare`: the rows, the notes and the verdict line.
+
+    Refused for mismatched fingerprints: the mismatches only. Refused because NEW lacks what
+    BASE measured: the rows, then the reasons and the verdict.
+    """
+    mismatch_refused = bool(comparison.mismatches) and not comparison.mismatch_allowed
+    if comparison.verdict == "refused" and mismatch_refused:
+        lines = ["refused: the runs are not comparable:"]
+        lines += [f"  {safe(m, 500)}" for m in comparison.mismatches]
+        lines += [f"  {safe(r, 500)}" for r in comparison.refusals]
+        lines.append("pass --allow-mismatch to compare them anyway")
+        return "\n".join(lines) + "\n"
+    columns = [Column("model", "left"), Column("level"), Column("metric", "left")]
+    columns += [Column("BASE"), Column("NEW"), Column("change"), Column("verdict", "left")]
+    rows = [
+        [
+            safe(row.model),
+            level(row.level),
+            row.metric.label,
+            _span(row.base, row.metric),
+            _span(row.new, row.metric),
+            _change(row.change, row.metric.absolute),
+            row.verdict,
+        ]
+        for row in comparison.rows
+    ]
+    lines = [text_table(columns, rows)]
+    lines += [f"mismatch (allowed): {safe(m, 500)}" for m in comparison.mismatches]
+    lines += [f"note: {safe(n, 500)}" for n in comparison.notes]
+    worse = len(comparison.regressions)
+    if comparison.refusals:
+        lines.append("refused: NEW cannot be judged against BASE:")
+        lines += [f"  {safe(r, 500)}" for r in comparison.refusals]
+        lines.append("verdict: refused")
+        return "\n".join(lines) + "\n"
+    lines.append(
+        f"verdict: {comparison.verdict} ({worse} of {len(comparison.rows)} values worse by more"
+        f" than {comparison.threshold:.1%} and beyond the repeats' range)"
+    )
+    return "\n".join(lines) + "\n"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

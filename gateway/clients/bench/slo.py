@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from gateway.clients.bench.quantiles import percentile, stat_name
 from gateway.clients.bench.records import RequestRecord
-from gateway.clients.bench.stats import percentile, stat_name
 
 #: SLO metric name -> the run document's metric.
 METRIC_NAMES = {

@@ -1,21 +1,21 @@
-"""The statistics of a benchmark: percentiles, one repeat's summary, the spread over repeats.
+"""The statistics of a benchmark: distributions, one repeat's summary, the spread over repeats.
 
 `summarize` turns the `RequestRecord`s of one repeat into the run document's "repeat" object
 (docs/benchmarking.md): counts, the per-repeat scalars (`requests_per_second`,
 `output_tokens_per_second`, `goodput_requests_per_second`, `error_rate`), a distribution of
 every per-request metric, the source of each metric, the client's own measures beside the
 server's, and a few error examples. `point_summary` folds a point's repeats into `<metric>.<stat>`
-keys, each with `across_repeats` (median, min, max, spread). `benchmarks/` (the gateway's overhead
-benchmark) uses the same `percentile`, so the two tools compute one statistic one way.
+keys, each with `across_repeats` (median, min, max, spread). Percentiles are
+`gateway.clients.bench.quantiles.percentile`, below this module and the SLOs it takes.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gateway.clients.bench.quantiles import percentile, stat_name
 from gateway.clients.bench.records import RequestRecord, Source
 from gateway.clients.keyfile import redact_key
 
@@ -48,28 +48,6 @@ ERROR_EXAMPLE_CHARS = 200
 
 Value = tuple[float, str] | None
 """A metric's value for one request and where it came from, or None (not measured)."""
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The `q`-th percentile (0-100) of `values` with linear interpolation between ranks.
-
-    The same definition as numpy's default (`linear`): rank `(n - 1) * q / 100` in the sorted
-    values, interpolated between its two neighbours.
-
-    Returns:
-        The percentile, or None without values.
-    """
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low, high = math.floor(rank), math.ceil(rank)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def stat_name(q: float) -> str:
-    """The key of the `q`-th percentile: `p50`, `p99`, `p99.9`."""
-    return f"p{q:g}"
 
 
 def distribution(values: Sequence[float], extra: Iterable[float] = ()) -> dict[str, float | None]:

@@ -54,15 +54,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from gateway.testing.emulator import embed, models, native, openai, transfer
+from gateway.testing.emulator.config import FAULTS, EmulatorConfig, Fault
 from gateway.testing.emulator.front_door import FrontDoor
-from gateway.testing.emulator.state import (
-    FAULTS,
-    EmulatorConfig,
-    EmulatorState,
-    Fault,
-    Outcome,
-    ReceivedRequest,
-)
+from gateway.testing.emulator.state import EmulatorState, Outcome, ReceivedRequest
 
 __all__ = [
     "FAULTS",

@@ -33,7 +33,7 @@ from gateway.testing.emulator.catalog import canonical
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-    from gateway.testing.emulator.state import EmulatorConfig
+    from gateway.testing.emulator.config import EmulatorConfig
 
 
 class _Ticket:

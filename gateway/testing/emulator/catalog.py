@@ -13,7 +13,7 @@ import hashlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gateway.testing.emulator.state import EmulatorConfig
+    from gateway.testing.emulator.config import EmulatorConfig
 
 TEMPLATE = (
     "{{ if .System }}<|system|>{{ .System }}<|end|>{{ end }}"

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.testing.emulator.dialect import Piece, ToolCall
 
 if TYPE_CHECKING:
-    from gateway.testing.emulator.state import EmulatorConfig
+    from gateway.testing.emulator.config import EmulatorConfig
 
 FORMAT_ERROR = 'invalid format: expected "json" or a valid JSON Schema object'
 TOP_LOGPROBS_ERROR = "top_logprobs must be between 0 and 20"

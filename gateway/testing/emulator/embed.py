@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.types import ASGIApp
 
-    from gateway.testing.emulator.state import EmulatorConfig, ReceivedRequest
+    from gateway.testing.emulator.config import EmulatorConfig
+    from gateway.testing.emulator.state import ReceivedRequest
 
 _TOO_LONG = "the input length exceeds the context length"
 

@@ -23,9 +23,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.testing.emulator.capacity import AfterLoad, Capacity, Seat
 from gateway.testing.emulator.catalog import resolve
+from gateway.testing.emulator.config import EmulatorConfig
 from gateway.testing.emulator.content import PLAIN, Shape, plan
 from gateway.testing.emulator.dialect import Dialect, Event, Piece, Summary
-from gateway.testing.emulator.state import EmulatorConfig, Outcome, ReceivedRequest
+from gateway.testing.emulator.state import Outcome, ReceivedRequest
 from gateway.testing.emulator.wire import JSON_MEDIA_TYPE, encode_json, json_response
 
 _MIDSTREAM = frozenset(

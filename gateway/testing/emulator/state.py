@@ -1,10 +1,10 @@
 """What the Ollama emulator is told and what it saw: its knobs, its records, their shared state.
 
-Owns `EmulatorConfig` (the knobs tests change between requests), `ReceivedRequest` (one request as
-the emulator saw it), `EmulatorState` (both, shared between the server and test threads, plus
-what the model management routes changed: installed models and uploaded blobs; and the models'
-slots and loads, `Capacity`), the fault and outcome vocabularies, and how a handler finds its
-request's record and config snapshot.
+Owns `ReceivedRequest` (one request as the emulator saw it), `EmulatorState` (the knobs,
+`gateway.testing.emulator.config.EmulatorConfig`, and the records, shared between the server and
+test threads, plus what the model management routes changed: installed models and uploaded
+blobs; and the models' slots and loads, `Capacity`), the outcome vocabulary, and how a handler
+finds its request's record and config snapshot.
 """
 
 from __future__ import annotations
@@ -14,129 +14,18 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal
 
 from gateway.testing.emulator.capacity import Capacity
+from gateway.testing.emulator.config import EmulatorConfig
 
 if TYPE_CHECKING:
     from starlette.requests import Request
 
-Fault = Literal[
-    "status_before",
-    "busy",
-    "not_found",
-    "error_midstream",
-    "hang_before",
-    "hang_midstream",
-    "drop_midstream",
-    "eof_without_done",
-    "malformed",
-]
 Outcome = Literal["completed", "client_disconnect", "fault"]
 
-FAULTS: frozenset[str] = frozenset(get_args(Fault))
 RECORD_KEY = "gateway.emulator.record"
 """The ASGI scope key under which the front door files each request's `ReceivedRequest`."""
-
-
-@dataclass
-class EmulatorConfig:
-    """The emulator's knobs. Mutable: tests change them between requests.
-
-    Each request takes a snapshot when it arrives, so a change never affects one in flight.
-    A generation's time line is: a cold load (`cold_load`, only for a model's first request
-    after start or unload), a wait for a slot (`parallel`, FIFO), prefill (`ttft`), then one
-    gap per token (`inter_token`, stretched by `batch_slowdown` while other generations of the
-    model run), so TTFT = load + queue wait + `ttft`. The defaults (`parallel` 0, `cold_load`
-    0, `batch_slowdown` 0) leave only `ttft` and `inter_token`. The reported durations are
-    measured from the real delays: `load_duration` is the cold load waited plus
-    `load_duration_ns` (capped at the measured prefill, which it is carved from, as a warm
-    runner's lookup); `prompt_eval_duration` the rest of the prefill (the queue wait is in no
-    counter but `total_duration`, as in Ollama); `eval_duration` from the first chunk to the
-    final one, the decode time actually spent; `total_duration` from arrival to the end.
-    Capacity semantics live in `gateway.testing.emulator.capacity`; embeddings ignore them.
-
-    Attributes:
-        models: Installed model names; any other model gets 404 (§4.2).
-        ttft: Seconds of prefill: from the slot (arrival, without a load or queue wait) to
-            the first chunk, and to the headers (§1).
-        inter_token: Seconds between chunks for a generation running alone (see
-            `batch_slowdown`).
-        tokens: Content tokens per answer (`"tok0 "`, `"tok1 "`, ...). A JSON `format` answer
-            is cut into this many pieces; a tool call arrives after this many tokens.
-        thinking_tokens: Thinking-only chunks sent before the content (§2.3).
-        empty_first_chunk: Send one chunk with empty text first.
-        fault: None, or one of these (`FAULTS`). Before any byte: `status_before`
-            (`fault_status` with `fault_message`), `busy` (503 and the busy text), `not_found`
-            (404 for any model), `hang_before` (never answer; only the client leaving ends
-            it). After `fault_after` tokens, at the time the next chunk was due:
-            `error_midstream` (one error line, then the end; status stays 200, §4.3/§4.4),
-            `hang_midstream` (send nothing more, keep the connection open),
-            `drop_midstream` (close the TCP connection mid-body), `eof_without_done` (end the
-            body cleanly with no final chunk), `malformed` (one line that is not JSON, then
-            the end). Without streaming, `error_midstream` answers `fault_status` (§2.4) and
-            `eof_without_done` answers `done: false` without metrics.
-        fault_after: Tokens sent before a mid-stream fault.
-        fault_status: Status of `status_before`, and of `error_midstream` without streaming.
-        fault_message: Error text of `status_before` and `error_midstream`.
-        version: What `/api/version` reports.
-        host_gate: 403 with an empty body for a non-local `Host` (§6.8).
-        origin_gate: 403 with an empty body for a disallowed `Origin` (§6.8).
-        omit_usage: Never send `usage` on `/v1`, like servers without `include_usage`.
-        prompt_eval_count: Reported prompt tokens (0 is omitted, §9.2).
-        load_duration_ns: The warm part of `load_duration`, carved from the prefill (0 is
-            omitted); a cold load (`cold_load`) adds to it.
-        embedding_dimensions: Length of the embedding vectors (§6.6, §7.4).
-        context_length: The loaded context (`/api/ps`); an embedding input of more words
-            is truncated, or refused with `truncate: false` (§6.6).
-        tool_call: Answer a chat request that offers `tools` (both faces) with a call to the
-            first tool instead of text (§3.2, §7.1).
-        tool_arguments: The call's arguments; None derives them from the tool's `parameters`
-            schema (each property gets a fixed value of its type).
-        registry: The models `/api/pull` (and `/api/create` from a missing model) can fetch;
-            None lets every name be pulled. Others fail mid-stream (§6.7).
-        parallel: Generations a model runs at once, like `OLLAMA_NUM_PARALLEL`; the rest wait
-            in a FIFO queue. 0 is unlimited.
-        batch_slowdown: k in the per-token gap `inter_token * (1 + k * (b - 1))`, where b is
-            the model's generations holding a slot (in prefill or decode) as a token goes out,
-            like a GPU whose step time grows with the batch. 0 keeps `inter_token` flat.
-        max_queue: Requests that may wait for a slot, like `OLLAMA_MAX_QUEUE`; one more is
-            answered 503 with Ollama's busy text at once. None is unbounded.
-        cold_load: Seconds a model's first generation after start, or after an unload
-            (`keep_alive: 0`), waits for the load, reported in its `load_duration` and part of
-            its TTFT; requests arriving during the load wait for the same load. `/api/ps` then
-            lists only loaded models. 0 (the default) means every model is loaded at start.
-        llamacpp_timings: On `/v1`, add llama.cpp server's `timings` object (`prompt_n`,
-            `prompt_ms`, ..., `predicted_per_second`) to the last chunk before `[DONE]` and
-            to the `stream: false` body.
-    """
-
-    models: list[str] = field(default_factory=lambda: ["llama3.2:latest", "qwen2.5:7b"])
-    ttft: float = 0.05
-    inter_token: float = 0.01
-    tokens: int = 16
-    thinking_tokens: int = 0
-    empty_first_chunk: bool = False
-    fault: Fault | None = None
-    fault_after: int = 5
-    fault_status: int = 500
-    fault_message: str = "an error was encountered while running the model"
-    version: str = "0.33.0"
-    host_gate: bool = True
-    origin_gate: bool = True
-    omit_usage: bool = False
-    prompt_eval_count: int = 12
-    load_duration_ns: int = 1_000_000
-    embedding_dimensions: int = 8
-    context_length: int = 4096
-    tool_call: bool = False
-    tool_arguments: dict[str, Any] | None = None
-    registry: list[str] | None = None
-    parallel: int = 0
-    batch_slowdown: float = 0.0
-    max_queue: int | None = None
-    cold_load: float = 0.0
-    llamacpp_timings: bool = False
 
 
 @dataclass(eq=False)

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-    from gateway.testing.emulator.state import EmulatorConfig, Outcome, ReceivedRequest
+    from gateway.testing.emulator.config import EmulatorConfig
+    from gateway.testing.emulator.state import Outcome, ReceivedRequest
 
 _SUCCESS = {"status": "success"}
 _MISSING_MANIFEST = "pull model manifest: file does not exist"

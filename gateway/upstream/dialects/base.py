@@ -9,18 +9,16 @@ a `StreamDecoder`. Decoders do no I/O: the relay reads the body and feeds them t
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
-from weakref import WeakKeyDictionary
 
-import anyio
 import httpx
 
 from gateway.neutral import Chunk, GenerationRequest, Stats
+from gateway.wire.json import INLINE_PARSE_BYTES
 
 #: Longest NDJSON or SSE line accepted from an upstream, in bytes. A generated token is a few
 #: bytes; the final generate chunk carries `context` (a few ints per token), so allow a lot.
@@ -33,28 +31,6 @@ MAX_LINE_BYTES = 32 * 1024 * 1024
 #: fill it (`requested_vectors`); with fewer, no model makes that much and the upstream is at
 #: fault (docs/operations.md, "Whose fault is a failure").
 MAX_VECTOR_BYTES = 1024 * 1024
-
-#: Largest answer body parsed (or non-streamed answer written) on the event loop; a larger one
-#: goes to a worker thread (1 MiB of embeddings parses in a few milliseconds; a thread hop costs
-#: ~100 us, and the Python number hooks of `THREADED_JSON` a tenth more per number).
-INLINE_PARSE_BYTES = 1024 * 1024
-
-#: Most request bodies parsed, or upstream requests written, in worker threads at once: a flood
-#: of large bodies waits for these, and leaves the rest of the thread pool to other work.
-JSON_THREADS = 2
-
-_json_limiters: WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.CapacityLimiter] = (
-    WeakKeyDictionary()
-)
-
-
-def json_thread_limiter() -> anyio.CapacityLimiter:
-    """The running event loop's limiter of `JSON_THREADS` (one per loop: tests run several)."""
-    loop = asyncio.get_running_loop()
-    limiter = _json_limiters.get(loop)
-    if limiter is None:
-        limiter = _json_limiters[loop] = anyio.CapacityLimiter(JSON_THREADS)
-    return limiter
 
 
 class StreamBrokenError(Exception):

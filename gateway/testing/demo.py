@@ -5,7 +5,7 @@ Starts llama-cpp-python's OpenAI-compatible server with Gemma 3 270M, starts `ga
 front of it with the `openai` dialect, creates a key with `gateway keys create`, streams an
 answer through `POST /api/generate` and prints it as it arrives, then prints TTFT and decode
 tokens/s as the client measured them and as the gateway's `/metrics` recorded them.
-Run it with `scripts/demo` (which installs everything first) or `python -m gateway.clients.demo`.
+Run it with `scripts/demo` (which installs everything first) or `python -m gateway.testing.demo`.
 """
 
 from __future__ import annotations
