@@ -29,6 +29,7 @@ from gateway.errors import (
     UpstreamUnavailableError,
 )
 from gateway.lifecycle import Lifecycle
+from gateway.neutral import Outcome
 from gateway.wire.json import parse_json
 
 logger = logging.getLogger("gateway.api")
@@ -160,7 +161,7 @@ class ProgressResponse(Response):
         self,
         open_stream: Callable[[], Awaitable[httpx.Response]],
         lifecycle: Lifecycle,
-        done: Callable[[int, str], None],
+        done: Callable[[int, Outcome], None],
     ) -> None:
         self.status_code = 200
         self.background = None
@@ -175,7 +176,8 @@ class ProgressResponse(Response):
         Raises:
             GatewayError: the request failed before its first byte was sent.
         """
-        outcome, failure = "client_disconnect", None
+        outcome: Outcome = "client_disconnect"
+        failure = None
         try:
             with anyio.CancelScope() as cancel, self._lifecycle.ends_with(cancel):
                 watcher = asyncio.get_running_loop().create_task(self._watch(receive, cancel))
@@ -203,12 +205,12 @@ class ProgressResponse(Response):
             await self._end(send, b"", start=True)
         self._done(self.status_code, outcome)
 
-    async def _relay(self, upstream: httpx.Response, send: Send) -> str:
+    async def _relay(self, upstream: httpx.Response, send: Send) -> Outcome:
         media = upstream.headers.get("content-type", "application/x-ndjson")
         self.status_code, self._started = upstream.status_code, True
         headers = [(b"content-type", media.encode("latin-1"))]
         await send({"type": "http.response.start", "status": self.status_code, "headers": headers})
-        outcome = "completed"
+        outcome: Outcome = "completed"
         try:
             async for part in upstream.aiter_raw():
                 await send({"type": "http.response.body", "body": part, "more_body": True})
