@@ -16,7 +16,8 @@ How a request ended is written in two places only, each once:
 - `RequestContext.outcome`: the metered summary's outcome wins; without one, the last outcome
   set (a refusal, an unexpected error, a model-management call);
 - `ending`: how a relayed answer that stopped without its own ending ended (a shutdown, or the
-  client leaving).
+  client leaving): `gateway.relay.response.RelayResponse` and the Ollama progress stream
+  (`gateway.api.ollama.passthrough.ProgressResponse`) both end by it.
 
 This module sits at the bottom of the layers, just above the vocabulary: it imports only
 `gateway.neutral`, the standard library, and (for type checking) Starlette's `Scope` and
