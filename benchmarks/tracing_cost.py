@@ -20,6 +20,8 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from gateway.auth.principal import Principal
+from gateway.context import RequestContext
 from gateway.neutral import GenerationRequest, RequestSummary
 from gateway.settings import Settings
 from gateway.tracing.middleware import end_server
@@ -62,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     traceparent = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     headers = [(b"host", b"gw"), (b"authorization", b"Bearer x"), (b"traceparent", traceparent)]
     scope = {"type": "http", "method": "POST", "path": "/v1/generate", "headers": headers}
+    context = RequestContext("abc", principal=Principal("k", "bench", None))
     batch = 256  # below the processor's queue (2048), so no span is dropped
     loop_seconds = 0.0
     for done in range(0, args.requests, batch):
@@ -71,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             client = tracing.start_upstream(server, request, upstream)
             tracing.inject(client, {"x-request-id": "abc"})
             end_upstream(client, summary, finish_reason="stop", response_model="bench")
-            end_server(server, scope, {"request_id": "abc", "key_id": "k"}, 200, None)
+            end_server(server, scope, context, 200, None)
         loop_seconds += time.process_time() - started
         tracing.provider.force_flush()
     tracing.provider.shutdown()

@@ -14,6 +14,7 @@ from gateway import __version__
 from gateway.api.admin.routes import router as admin_router
 from gateway.api.batch.routes import ENDPOINTS as BATCH_ENDPOINTS
 from gateway.api.batch.routes import router as batch_router
+from gateway.api.handlers import register_error_handlers
 from gateway.api.health import router as health_router
 from gateway.api.middleware.access import AccessMiddleware, UnexpectedErrorMiddleware
 from gateway.api.middleware.cors import GatewayCORSMiddleware
@@ -26,7 +27,6 @@ from gateway.auth.jwt import AdminTokenVerifier
 from gateway.batch.runner import BatchRunner
 from gateway.batch.store import BatchStore
 from gateway.deps import GatewayState
-from gateway.errors import register_error_handlers
 from gateway.keys.store import KeyStore
 from gateway.lifecycle import Lifecycle
 from gateway.limits.address import AddressLimiter
@@ -155,7 +155,7 @@ def create_app(
         openapi_url=None,
         redirect_slashes=False,  # a redirect would be built from the client's Host header
     )
-    register_error_handlers(app)
+    register_error_handlers(app, metrics, metrics_per_key=settings.metrics_per_key)
     app.router.routes.extend([*ollama_routes, *openai_routes])
     app.include_router(openai_router)
     app.include_router(batch_router)
@@ -176,7 +176,7 @@ def create_app(
         min_rate=settings.body_min_bytes_per_second,
     )
     app.add_middleware(BodyBudgetMiddleware, budget=budget)
-    app.add_middleware(UnexpectedErrorMiddleware)
+    app.add_middleware(UnexpectedErrorMiddleware, rejections=metrics)
     if settings.cors_origins:
         app.add_middleware(GatewayCORSMiddleware, allow_origins=settings.cors_origins)
     if tracing is not None:  # inside AccessMiddleware: the request id is known

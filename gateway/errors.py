@@ -44,12 +44,9 @@ from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any, Literal
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.routing import route_label
+from gateway.neutral import Outcome
 
 logger = logging.getLogger("gateway.errors")
 
@@ -79,7 +76,7 @@ class GatewayError(Exception):
     """
 
     status_code = 500
-    outcome = "error"
+    outcome: Outcome = "error"
 
     def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
@@ -91,14 +88,14 @@ class BadRequestError(GatewayError):
     """The body is not valid JSON (400, as Ollama answers; reference section 1)."""
 
     status_code = 400
-    outcome = "bad_request"
+    outcome: Outcome = "bad_request"
 
 
 class UnauthorizedError(GatewayError):
     """No usable API key (401 with `WWW-Authenticate: Bearer`, RFC 6750 section 3)."""
 
     status_code = 401
-    outcome = "rejected_auth"
+    outcome: Outcome = "rejected_auth"
 
     def __init__(self, message: str, *, challenge: str = 'Bearer realm="gateway"') -> None:
         super().__init__(message, headers={"WWW-Authenticate": challenge})
@@ -108,21 +105,21 @@ class ForbiddenError(GatewayError):
     """The key is valid but may not use the requested model (403)."""
 
     status_code = 403
-    outcome = "forbidden"
+    outcome: Outcome = "forbidden"
 
 
 class NotFoundError(GatewayError):
     """No such model, or none this key may see (404; Ollama's and OpenAI's status for it)."""
 
     status_code = 404
-    outcome = "not_found"
+    outcome: Outcome = "not_found"
 
 
 class PayloadTooLargeError(GatewayError):
     """The request body is larger than `GATEWAY_MAX_BODY_BYTES` (413)."""
 
     status_code = 413
-    outcome = "bad_request"
+    outcome: Outcome = "bad_request"
 
 
 class OverTokenLimitError(PayloadTooLargeError):
@@ -132,14 +129,14 @@ class OverTokenLimitError(PayloadTooLargeError):
     waiting cannot help; a 429 would make clients and SDKs retry it for ever.
     """
 
-    outcome = "bad_request"
+    outcome: Outcome = "bad_request"
 
 
 class UnprocessableError(GatewayError):
     """Well-formed JSON of the wrong shape (422)."""
 
     status_code = 422
-    outcome = "bad_request"
+    outcome: Outcome = "bad_request"
 
 
 class UntranslatableRequestError(UnprocessableError):
@@ -154,7 +151,7 @@ class ClientClosedRequestError(GatewayError):
     """The client went away before its request was read (499, nginx's convention; logged only)."""
 
     status_code = 499
-    outcome = "client_disconnect"
+    outcome: Outcome = "client_disconnect"
 
 
 class RateLimitedError(GatewayError):
@@ -164,14 +161,14 @@ class RateLimitedError(GatewayError):
     """
 
     status_code = 429
-    outcome = "rate_limited"
+    outcome: Outcome = "rate_limited"
 
 
 class ServiceUnavailableError(GatewayError):
     """The gateway cannot take the request now; the client should retry later (503)."""
 
     status_code = 503
-    outcome = "rejected_busy"
+    outcome: Outcome = "rejected_busy"
 
 
 #: Whose fault a failed upstream call is: `upstream` (it is broken or silent: feeds its circuit
@@ -234,7 +231,7 @@ class UpstreamError(GatewayError):
     """
 
     status_code = 502
-    outcome = "upstream_error"
+    outcome: Outcome = "upstream_error"
 
     def __init__(
         self,
@@ -302,7 +299,7 @@ class AnswerTooLargeError(UpstreamError):
     """
 
     status_code = 413
-    outcome = "client_error"
+    outcome: Outcome = "client_error"
 
     def __init__(self, message: str) -> None:
         super().__init__(message, blame="request")
@@ -321,7 +318,7 @@ class UpstreamTimeoutError(UpstreamError):
     """
 
     status_code = 504
-    outcome = "timeout"
+    outcome: Outcome = "timeout"
 
 
 def ollama_error_body(message: str) -> bytes:
@@ -371,51 +368,3 @@ def error_response(
     else:
         body = ollama_error_body(message)
     return Response(body, status_code, headers=headers, media_type="application/json")
-
-
-def _count_rejection(request: Request, status_code: int, outcome: str) -> None:
-    """Count a request that ended in an error before the relay metered it."""
-    state = request.scope.setdefault("state", {})
-    state["outcome"] = outcome
-    metrics, principal, settings = (
-        state.get("metrics"),
-        state.get("principal"),
-        state.get("settings"),
-    )
-    if metrics is not None and "summary" not in state:
-        key = None
-        if principal is not None:
-            key = principal.name if getattr(settings, "metrics_per_key", True) else "all"
-        metrics.count_rejection(route_label(request.scope), status_code, outcome, key=key)
-
-
-async def _handle_gateway_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, GatewayError)  # noqa: S101 - registered for GatewayError only
-    _count_rejection(request, exc.status_code, exc.outcome)
-    return error_response(request.url.path, exc.status_code, exc.message, exc.headers)
-
-
-async def _handle_http_exception(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, StarletteHTTPException)  # noqa: S101
-    message = {404: "not found", 405: "method not allowed"}.get(exc.status_code, str(exc.detail))
-    _count_rejection(request, exc.status_code, "not_found" if exc.status_code == 404 else "error")
-    return error_response(request.url.path, exc.status_code, message, exc.headers)
-
-
-async def _handle_validation_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, RequestValidationError)  # noqa: S101
-    first = exc.errors()[0] if exc.errors() else {}
-    where = ".".join(str(part) for part in first.get("loc", ()))
-    return error_response(request.url.path, 422, f"invalid request: {where} {first.get('msg', '')}")
-
-
-def register_error_handlers(app: FastAPI) -> None:
-    """Register every exception handler of the gateway on `app` (called once by `create_app`).
-
-    Unexpected exceptions are turned into a 500 by
-    `gateway.api.middleware.access.AccessMiddleware`, which
-    knows the request id.
-    """
-    app.add_exception_handler(GatewayError, _handle_gateway_error)
-    app.add_exception_handler(StarletteHTTPException, _handle_http_exception)
-    app.add_exception_handler(RequestValidationError, _handle_validation_error)

@@ -23,6 +23,28 @@ Operation = Literal["generate", "chat", "embed"]
 #: The wire form of a request body: the client surface it came through.
 Surface = Literal["ollama", "openai"]
 
+#: How a request ended: the `outcome` label of `gateway_requests_total`, the access log's
+#: `outcome` field and the spans' `gateway.outcome` (docs/metrics.md has the table). A batch
+#: line (`gateway.batch.line`) also ends `preempted` (an interactive request took its slot) or
+#: `deferred` (no spare slot: `gateway.upstream.slots.NoSpareCapacity`, never recorded).
+Outcome = Literal[
+    "completed",
+    "client_disconnect",
+    "shutdown",
+    "upstream_error",
+    "timeout",
+    "client_error",
+    "rejected_auth",
+    "forbidden",
+    "rate_limited",
+    "rejected_busy",
+    "bad_request",
+    "not_found",
+    "error",
+    "preempted",
+    "deferred",
+]
+
 
 #: Tokens seen less than this many seconds after the first one arrived with it: in the same
 #: read, or after a stall of the reader's event loop. Their spacing says nothing about the
@@ -247,7 +269,7 @@ class RequestSummary:
     model: str
     key: str
     upstream: str | None
-    outcome: str
+    outcome: Outcome
     status: int
     duration_s: float
     ttft_s: float | None = None

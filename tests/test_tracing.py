@@ -35,6 +35,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.app import create_app
+from gateway.context import RequestContext
 from gateway.settings import Settings
 from gateway.testing.emulator.app import EmulatorConfig, create_emulator_app
 from gateway.testing.server import LoopbackServer
@@ -531,7 +532,7 @@ def test_a_method_http_does_not_define_is_other() -> None:
     assert traced is not None
     scope = {"type": "http", "method": "FROB", "path": "/x", "headers": []}
     span = traced.start_server(scope)
-    end_server(span, scope, {}, 405, None)
+    end_server(span, scope, RequestContext(), 405, None)
     traced.provider.shutdown()
     (finished,) = exporter.get_finished_spans()
     assert finished.name == "HTTP"

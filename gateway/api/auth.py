@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from gateway.auth.principal import Principal
+from gateway.context import request_context
 from gateway.deps import AuthenticatorDep, get_address_limiter
 from gateway.errors import BadRequestError, GatewayError, UnauthorizedError
 from gateway.keys.store import InvalidKeyError
@@ -47,7 +48,8 @@ def presented_key(request: Request) -> str | None:
 async def require_principal(request: Request, authenticator: AuthenticatorDep) -> Principal:
     """Authenticate the request's API key and return its principal.
 
-    The principal is also stored in `request.state.principal` (the rate limiter keys on it).
+    The principal is also kept in the request's `RequestContext` (`gateway.context`): the
+    error handlers label refusals with it, the access log and the body budget use its id.
     Each failure spends the client address's budget (`gateway.limits.address`); a valid key
     is never counted there, nor refused by it.
 
@@ -75,8 +77,7 @@ async def require_principal(request: Request, authenticator: AuthenticatorDep) -
             ) from exc
         raise await _failed(request, UnauthorizedError(str(exc))) from exc
     principal = Principal.from_record(record)  # every field, the permission included
-    request.state.principal = principal  # the error handlers label refusals with it
-    request.scope.setdefault("state", {})["key_id"] = record.id
+    request_context(request.scope).principal = principal
     return principal
 
 

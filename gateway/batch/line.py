@@ -15,10 +15,12 @@ from dataclasses import dataclass
 import anyio
 
 from gateway.auth.principal import Principal
+from gateway.context import RequestContext
 from gateway.errors import ForbiddenError
 from gateway.limits.estimate import estimate_tokens
 from gateway.metering.meter import RequestMeter
 from gateway.metering.metrics import ALL_KEYS
+from gateway.neutral import Outcome
 from gateway.relay.generation import Generation
 from gateway.relay.pipeline import Relay
 from gateway.relay.surface import Endpoint
@@ -64,7 +66,7 @@ async def run_line(
         GatewayError: every other failure, as the interactive path raises it.
     """
     arrival = time.perf_counter()
-    state = {"arrival": arrival, "request_id": request_id}
+    context = RequestContext(request_id, arrival)  # no scope: the line's own
     admission = await relay.limiter.admit(principal)
     try:
         request = await parse_request_body(endpoint.parse, raw, relay.settings)
@@ -88,7 +90,7 @@ async def run_line(
         prompt_estimate=expected.prompt,
     )
     generation = Generation(
-        relay, state, request, headers, meter, admission, key=principal.key_id, background=holder
+        relay, context, request, headers, meter, admission, key=principal.key_id, background=holder
     )
     try:
         exchange = await generation.connect()
@@ -98,7 +100,7 @@ async def run_line(
         raise
     except BaseException as exc:
         status = getattr(exc, "status_code", None)
-        outcome = getattr(exc, "outcome", None)
+        outcome: Outcome | None = getattr(exc, "outcome", None)
         if outcome is None:
             outcome = "preempted" if holder.cancel_called else "error"
         await generation.finish(outcome, status)

@@ -22,6 +22,7 @@ from gateway.errors import (
     GatewayError,
     PayloadTooLargeError,
 )
+from gateway.neutral import Outcome
 from gateway.settings import Settings
 
 #: Room for the multipart framing and the `purpose` field around the file itself.
@@ -32,7 +33,7 @@ class UploadTooSlowError(GatewayError):
     """An upload fell below the minimum pace (408: the client may send it again faster)."""
 
     status_code = 408
-    outcome = "client_disconnect"  # as the door's own 408 for a stalled body
+    outcome: Outcome = "client_disconnect"  # as the door's own 408 for a stalled body
 
 
 class PacedReceive:

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 
 from gateway.metering.metrics import Metrics, RequestSeries
-from gateway.neutral import Chunk, RequestSummary, Stats, TokenClock
+from gateway.neutral import Chunk, Outcome, RequestSummary, Stats, TokenClock
 
 
 @dataclass
@@ -66,7 +66,7 @@ class RequestMeter:
     final: Stats | None = None
     finish_reason: str | None = None
     response_model: str | None = None
-    outcome: str | None = None
+    outcome: Outcome | None = None
     status: int = 200
     upstream: str | None = None
     tried: list[str] = field(default_factory=list)
@@ -151,7 +151,7 @@ class RequestMeter:
             return None
         return count / duration_ns * 1e9
 
-    def finish(self, outcome: str, status: int | None = None) -> RequestSummary:
+    def finish(self, outcome: Outcome, status: int | None = None) -> RequestSummary:
         """Summarize the request and record it into the metrics, once.
 
         Args:

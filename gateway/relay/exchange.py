@@ -56,7 +56,7 @@ from gateway.errors import (
     parse_retry_after,
 )
 from gateway.metering.meter import RequestMeter
-from gateway.neutral import Chunk, GenerationRequest
+from gateway.neutral import Chunk, GenerationRequest, Outcome
 from gateway.relay.deadline import IdleDeadline
 from gateway.settings import Settings
 from gateway.upstream.client import GenerationClient
@@ -129,7 +129,7 @@ class Exchange:
         self._broken: StreamBrokenError | None = None  # held back until its good chunks are sent
         self._rest: memoryview | None = None  # what is left of a long read (`_next_batch`)
         self._request: httpx.Request | None = None
-        self.outcome: str | None = None
+        self.outcome: Outcome | None = None
         self.failure: GatewayError | None = None
         self.server_errors = 0
         self.received = 0

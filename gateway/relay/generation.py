@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 from opentelemetry.trace import Span
 
+from gateway.context import RequestContext
 from gateway.errors import (
     AnswerTooLargeError,
     GatewayError,
@@ -25,7 +26,7 @@ from gateway.errors import (
 )
 from gateway.limits.limiter import Admission
 from gateway.metering.meter import RequestMeter
-from gateway.neutral import Chunk, GenerationRequest
+from gateway.neutral import Chunk, GenerationRequest, Outcome
 from gateway.relay.exchange import Exchange
 from gateway.relay.surface import Codec
 from gateway.tracing.spans import end_upstream, end_upstream_failure
@@ -41,6 +42,8 @@ class Generation:
     """One admitted generation request: its upstream, and everything it must give back.
 
     Attributes:
+        context: The request's own state (`gateway.context`): the SERVER span it finds its
+            parent in, and where `finish` leaves the summary.
         meter: The request's measurements.
         headers: Extra response headers (the key's rate-limit headers).
         request: The neutral request.
@@ -59,7 +62,7 @@ class Generation:
     def __init__(
         self,
         relay: Relay,
-        state: dict[str, Any],
+        context: RequestContext,
         request: GenerationRequest,
         upstream_headers: dict[str, str],
         meter: RequestMeter,
@@ -71,7 +74,7 @@ class Generation:
         self.relay = relay
         self.background = background
         self.key = key  # the API key's id: whose request an ambiguous upstream failure was
-        self.state = state
+        self.context = context
         self.request = request
         self.upstream_headers = upstream_headers
         self.meter = meter
@@ -139,7 +142,7 @@ class Generation:
                 headers = self.upstream_headers
                 if relay.tracing is not None:  # the span starts once the upstream's slot is held
                     span = self.span = relay.tracing.start_upstream(
-                        self.state.get("span"), self.request, upstream
+                        self.context.span, self.request, upstream
                     )
                     headers = relay.tracing.inject(span, headers)
                 self.exchange = exchange = Exchange(
@@ -288,7 +291,7 @@ class Generation:
             finally:
                 await self.relay.limiter.release(self.admission, 0)
 
-    async def finish(self, outcome: str, status: int | None = None) -> None:
+    async def finish(self, outcome: Outcome, status: int | None = None) -> None:
         """Release the upstream, charge tokens, record metrics (shielded); once."""
         if self.done:
             return
@@ -303,7 +306,8 @@ class Generation:
         with anyio.CancelScope(shield=True):
             try:
                 await self._release(healthy, key)
-                summary = self.state["summary"] = self.meter.finish(outcome, status)
+                summary = self.meter.finish(outcome, status)
+                self.context.finish(summary)
                 if self.relay.usage is not None:
                     self.relay.usage.record(summary)
                 if self.span is not None:

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 from fastapi import Request, Response
 
 from gateway.auth.principal import Principal
+from gateway.context import RequestContext, request_context
 from gateway.errors import (
     ForbiddenError,
     ServiceUnavailableError,
@@ -76,23 +76,22 @@ class Relay:
         Raises:
             GatewayError: every refusal before an upstream is chosen (recorded in usage).
         """
-        state: dict[str, Any] = request.scope.setdefault("state", {})
+        context = request_context(request.scope)
         try:
-            return await self._admit(request, principal, endpoint, state)
+            return await self._admit(request, principal, endpoint, context)
         except Exception as exc:
             if self.usage is not None:
-                arrival = state.get("arrival")
                 self.usage.record_rejection(
                     principal.key_id,
-                    state.get("model"),
+                    context.model,
                     status=getattr(exc, "status_code", 500),
                     outcome=getattr(exc, "outcome", "error"),
-                    elapsed_s=0.0 if arrival is None else time.perf_counter() - arrival,
+                    elapsed_s=time.perf_counter() - context.arrival,
                 )
             raise
 
     async def _admit(
-        self, request: Request, principal: Principal, endpoint: Endpoint, state: dict[str, Any]
+        self, request: Request, principal: Principal, endpoint: Endpoint, context: RequestContext
     ) -> Response:
         if self.lifecycle.draining:
             raise ServiceUnavailableError(
@@ -105,12 +104,12 @@ class Relay:
             raw = await read_body(request, self.settings.max_body_bytes)
             generation_request = await parse_request_body(endpoint.parse, raw, self.settings)
             model = generation_request.model
-            state["model"] = model
+            context.model = model
             if not principal.allows_model(model):
                 raise ForbiddenError(f"this API key may not use model '{model}'")
             # Only what the upstream hop can carry is forwarded (a bad value is left out).
             headers = upstream_request_headers(
-                request.headers.items(), request_id=state.get("request_id", "-")
+                request.headers.items(), request_id=context.request_id
             )
             expected = estimate_tokens(generation_request, self.settings.tpm_reserve_tokens)
             await self.limiter.reserve(admission, expected)
@@ -123,12 +122,12 @@ class Relay:
             route=endpoint.route,
             model=self.pool.label(model),
             key=principal.name if self.settings.metrics_per_key else ALL_KEYS,
-            arrival=state.get("arrival", time.perf_counter()),
+            arrival=context.arrival,
             key_id=principal.key_id,
             requested_model=model,
             prompt_estimate=expected.prompt,
         )
         generation = Generation(
-            self, state, generation_request, headers, meter, admission, key=principal.key_id
+            self, context, generation_request, headers, meter, admission, key=principal.key_id
         )
         return RelayResponse(generation, endpoint.codec(generation_request), self.lifecycle)

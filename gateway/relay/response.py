@@ -30,6 +30,7 @@ import anyio
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
+from gateway.context import ending
 from gateway.errors import ServiceUnavailableError
 from gateway.lifecycle import Lifecycle
 from gateway.neutral import Chunk
@@ -99,7 +100,7 @@ class RelayResponse(Response):
             stopped = self.lifecycle.stopped and not self.client_gone
             outcome = self.exchange.outcome if self.exchange is not None else None
             await generation.finish(
-                outcome or ("shutdown" if stopped else "client_disconnect"),
+                ending(outcome, shutdown=stopped),
                 None if self.started else 503 if stopped else CLIENT_CLOSED_REQUEST,
             )
             raise
@@ -179,9 +180,7 @@ class RelayResponse(Response):
             return
         if stopped and outcome is None:
             await self._end_with_error(send, "gateway is shutting down")
-        if outcome is None:
-            outcome = "shutdown" if stopped else "client_disconnect"
-        await generation.finish(outcome)
+        await generation.finish(ending(outcome, shutdown=stopped))
 
     async def _end_with_error(self, send: Send, message: str) -> None:
         """Send one final error chunk and end the body (reference section 4.3)."""

@@ -7,7 +7,7 @@ from typing import Any
 from opentelemetry.trace import Span, Status, StatusCode
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.neutral import RequestSummary
+from gateway.context import RequestContext, request_context
 from gateway.routing import OTHER_ROUTE, route_label
 from gateway.tracing.spans import METHODS, Tracing
 
@@ -19,7 +19,7 @@ class TracingMiddleware:
     """Pure ASGI: one SERVER span per HTTP request (`gateway.tracing`); added only when on.
 
     It sits inside `AccessMiddleware`, so the request id is known, and keeps the span in the
-    scope's `state` as `span`, where the request's `Generation` finds its parent.
+    request's `RequestContext` (`gateway.context`), where its `Generation` finds its parent.
 
     Args:
         app: The ASGI app.
@@ -36,8 +36,8 @@ class TracingMiddleware:
             await self.app(scope, receive, send)
             return
         span = self.tracing.start_server(scope)
-        state = scope.setdefault("state", {})
-        state["span"] = span
+        context = request_context(scope)
+        context.span = span
         status: int | None = None
 
         async def send_noting_status(message: Message) -> None:
@@ -53,26 +53,25 @@ class TracingMiddleware:
             error = type(exc).__qualname__
             raise
         finally:
-            end_server(span, scope, state, status, error)
+            end_server(span, scope, context, status, error)
 
 
 def end_server(
-    span: Span, scope: Scope, state: dict[str, Any], status: int | None, error: str | None
+    span: Span, scope: Scope, context: RequestContext, status: int | None, error: str | None
 ) -> None:
-    """End a SERVER span: route, status, the request's id, key id and outcome from `state`."""
+    """End a SERVER span: route, status, the request's id, key id and outcome (`context`)."""
     route = route_label(scope)
-    attributes: dict[str, Any] = {"gateway.request_id": state.get("request_id", "")}
+    attributes: dict[str, Any] = {"gateway.request_id": context.request_id}
     if route != OTHER_ROUTE:
         attributes["http.route"] = route
         method = scope["method"]
         span.update_name(f"{method if method in METHODS else 'HTTP'} {route}")
     if status is not None:
         attributes["http.response.status_code"] = status
-    key_id = state.get("key_id")
+    key_id = context.key_id
     if key_id:
         attributes["gateway.key_id"] = key_id
-    summary = state.get("summary")
-    outcome = summary.outcome if isinstance(summary, RequestSummary) else state.get("outcome")
+    outcome = context.outcome
     if outcome:
         attributes["gateway.outcome"] = outcome
     span.set_attributes(attributes)

@@ -17,12 +17,13 @@ import anyio
 
 from gateway.errors import ServiceUnavailableError
 from gateway.metering.metrics import Metrics
+from gateway.neutral import Outcome
 
 
 class NoSpareCapacity(ServiceUnavailableError):
     """A batch line found no slot that interactive traffic leaves free (it waits, untried)."""
 
-    outcome = "deferred"
+    outcome: Outcome = "deferred"
 
 
 class UpstreamSlots:

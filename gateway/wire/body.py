@@ -13,12 +13,14 @@ import time
 
 from starlette.requests import ClientDisconnect, Request
 
+from gateway.context import request_context
 from gateway.errors import (
     BadRequestError,
     ClientClosedRequestError,
     GatewayError,
     PayloadTooLargeError,
 )
+from gateway.neutral import Outcome
 from gateway.wire.budget import hold_of
 
 
@@ -26,14 +28,14 @@ class BodyTooSlowError(GatewayError):
     """A buffered body fell below the minimum pace (408: the client may send it again faster)."""
 
     status_code = 408
-    outcome = "client_disconnect"  # as the door's own 408 for a stalled body
+    outcome: Outcome = "client_disconnect"  # as the door's own 408 for a stalled body
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
     """Read the request body, refusing more than `max_bytes` without buffering the excess.
 
     The bytes are charged to the request's `BodyHold` (the key is the authenticated one,
-    `state["key_id"]`; none for the admin API) as they arrive, never by the declared
+    the `RequestContext`'s `key_id`; none for the admin API) as they arrive, never by the declared
     `Content-Length` alone. The charge lasts until the request ends. Each piece must come by
     `grace + received / min_rate` seconds after the first read (the budget's pace).
 
@@ -47,8 +49,7 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     """
     declared = request.headers.get("content-length")
     hold = hold_of(request.scope)
-    key_id = request.scope.get("state", {}).get("key_id")
-    key = None if key_id is None else str(key_id)
+    key = request_context(request.scope).key_id
     if declared is not None:
         if not declared.isdigit():
             raise BadRequestError("invalid Content-Length")

@@ -22,13 +22,12 @@ from dataclasses import dataclass, field
 from prometheus_client import Gauge
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.context import request_context
 from gateway.errors import RateLimitedError, ServiceUnavailableError
 
 RETRY_AFTER_SECONDS = "5"
 """`Retry-After` of a refused charge: held bodies finish or time out within seconds
 (`GATEWAY_BODY_TIMEOUT` between two pieces)."""
-
-_STATE_KEY = "body_hold"
 
 
 class BodyBudget:
@@ -131,7 +130,7 @@ class BodyHold:
 
 def hold_of(scope: Scope) -> BodyHold | None:
     """The request's `BodyHold`, or None outside `BodyBudgetMiddleware` (no accounting)."""
-    hold = scope.get("state", {}).get(_STATE_KEY)
+    hold = request_context(scope).body_hold
     return hold if isinstance(hold, BodyHold) else None
 
 
@@ -155,7 +154,7 @@ class BodyBudgetMiddleware:
             await self.app(scope, receive, send)
             return
         hold = BodyHold(self.budget)
-        scope.setdefault("state", {})[_STATE_KEY] = hold
+        request_context(scope).body_hold = hold
         try:
             await self.app(scope, receive, send)
         finally:

@@ -22,6 +22,7 @@ from fastapi import Depends, Request
 
 from gateway.auth.identity import AdminAuthError, AdminIdentity, Scope
 from gateway.auth.jwt import AdminTokenVerifier
+from gateway.context import request_context
 from gateway.deps import get_address_limiter
 from gateway.errors import ForbiddenError, GatewayError, NotFoundError, UnauthorizedError
 from gateway.keys.apikey import KEY_PREFIX
@@ -54,7 +55,7 @@ async def require_admin_identity(request: Request, verifier: VerifierDep) -> Adm
     """Verify the request's admin token and return who it names.
 
     Verified once per request: `BoundedBodyRoute` calls this before it reads the body, and the
-    router's dependency then gets the identity it left in the request's state.
+    router's dependency then gets the identity it left in the request's `RequestContext`.
 
     Raises:
         UnauthorizedError: no token, several, an app key, or a token `gateway.auth.jwt`
@@ -63,8 +64,8 @@ async def require_admin_identity(request: Request, verifier: VerifierDep) -> Adm
             (429, `gateway.limits.address`).
         ForbiddenError: a valid token that grants no admin scope.
     """
-    state = request.scope.setdefault("state", {})
-    known = state.get("admin_identity")
+    context = request_context(request.scope)
+    known = context.admin
     if isinstance(known, AdminIdentity):
         return known
     authorizations = request.headers.getlist("authorization")
@@ -85,8 +86,7 @@ async def require_admin_identity(request: Request, verifier: VerifierDep) -> Adm
             _log_refusal(request, exc.message)
             raise ForbiddenError(exc.message) from None
         raise await _refused(request, exc.message, exc.www_authenticate) from None
-    state["admin_subject"] = identity.subject
-    state["admin_identity"] = identity
+    context.admin = identity
     return identity
 
 

@@ -1,7 +1,8 @@
 """Pure-ASGI middleware: request id, arrival time, one JSON log line a request, last-resort 500.
 
-`AccessMiddleware` wraps everything, so `arrival` (a `time.perf_counter()` in seconds, kept in
-the ASGI scope's `state`) is the clock start for TTFT, and every request is logged, including
+`AccessMiddleware` wraps everything, so it makes the request's `RequestContext`
+(`gateway.context`), whose `arrival` (a `time.perf_counter()` in seconds) is the clock start
+for TTFT, and every request is logged, including
 those the CORS layer answers itself. The request id comes from a well-formed incoming
 `X-Request-ID` or is made here, and goes back in the `X-Request-ID` response header. The log line
 has no prompt text and no secrets: only the key's id, never the key. Its `route` is the matched
@@ -26,8 +27,9 @@ from collections.abc import Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.api.handlers import RejectionCounter
+from gateway.context import RequestContext, request_context
 from gateway.errors import error_response
-from gateway.neutral import RequestSummary
 from gateway.routing import route_label
 from gateway.upstream.headers import upstream_request_id
 from gateway.wire.address import Network, client_address
@@ -56,10 +58,8 @@ class AccessMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        arrival = time.perf_counter()
-        request_id = _incoming_id(scope) or uuid.uuid4().hex
-        state = scope.setdefault("state", {})
-        state.update(arrival=arrival, request_id=request_id)
+        context = request_context(scope)  # the first to ask: its arrival is now
+        request_id = context.request_id = _incoming_id(scope) or uuid.uuid4().hex
         status: int | None = None
 
         async def send_with_id(message: Message) -> None:
@@ -75,29 +75,23 @@ class AccessMiddleware:
             await self.app(scope, receive, send_with_id)
         finally:
             if logger.isEnabledFor(logging.INFO) and scope["path"] not in _UNLOGGED:
-                self._log(scope, state, status, arrival)
+                self._log(scope, context, status)
 
-    def _log(
-        self, scope: Scope, state: dict[str, object], status: int | None, arrival: float
-    ) -> None:
-        summary = state.get("summary")
+    def _log(self, scope: Scope, context: RequestContext, status: int | None) -> None:
+        summary = context.summary
         record = {
-            "request_id": state["request_id"],
+            "request_id": context.request_id,
             "client": client_address(scope, self.trusted_proxies),
             "method": scope["method"],
             "route": route_label(scope),
             "status": status,
-            "key_id": state.get("key_id"),
-            "model": state.get("model"),
-            **(
-                summary.log_fields()
-                if isinstance(summary, RequestSummary)
-                else {"outcome": state.get("outcome")}
-            ),
+            "key_id": context.key_id,
+            "model": context.model,
+            **(summary.log_fields() if summary is not None else {"outcome": context.outcome}),
         }
-        record.setdefault("duration_s", round(time.perf_counter() - arrival, 6))
-        upstream_id = upstream_request_id(str(state["request_id"]))
-        if upstream_id != state["request_id"]:
+        record.setdefault("duration_s", round(time.perf_counter() - context.arrival, 6))
+        upstream_id = upstream_request_id(context.request_id)
+        if upstream_id != context.request_id:
             record["upstream_request_id"] = upstream_id
         logger.info(json.dumps(record, separators=(",", ":"), default=str))
 
@@ -114,10 +108,13 @@ class UnexpectedErrorMiddleware:
 
     Args:
         app: The ASGI app.
+        rejections: Counts the 500 of a request the relay did not meter (the app's metrics);
+            None counts nothing.
     """
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, rejections: RejectionCounter | None = None) -> None:
         self.app = app
+        self.rejections = rejections
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app; answer 500 for an exception raised before the response started."""
@@ -134,21 +131,15 @@ class UnexpectedErrorMiddleware:
         try:
             await self.app(scope, receive, send_noting_start)
         except Exception:
-            state = scope.setdefault("state", {})
-            logger.exception("unhandled error, request_id=%s", state.get("request_id"))
-            state["outcome"] = "error"
+            context = request_context(scope)
+            logger.exception("unhandled error, request_id=%s", context.request_id)
+            context.set_outcome("error")
             if started:
                 raise
             response = error_response(scope["path"], 500, "internal gateway error")
             await response(scope, receive, send)
-            _count_unexpected(scope, state)
-
-
-def _count_unexpected(scope: Scope, state: dict[str, object]) -> None:
-    metrics = state.get("metrics")
-    count = getattr(metrics, "count_rejection", None)
-    if count is not None and "summary" not in state:
-        count(route_label(scope), 500, "error")
+            if self.rejections is not None and not context.metered:
+                self.rejections.count_rejection(route_label(scope), 500, "error")
 
 
 def _incoming_id(scope: Scope) -> str | None:

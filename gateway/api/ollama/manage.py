@@ -57,6 +57,7 @@ from gateway.api.ollama.passthrough import (
     transport_error,
 )
 from gateway.auth.principal import Principal
+from gateway.context import request_context
 from gateway.deps import LifecycleDep, MetricsDep, PoolDep, RelayDep, SettingsDep
 from gateway.errors import (
     BadRequestError,
@@ -68,6 +69,7 @@ from gateway.errors import (
 from gateway.lifecycle import Lifecycle
 from gateway.limits.limiter import KeyLimiter
 from gateway.metering.metrics import ALL_KEYS, OTHER_MODEL, Metrics
+from gateway.neutral import Outcome
 from gateway.routing import route_label
 from gateway.settings import Settings
 from gateway.upstream.client import build_upstream_client
@@ -205,20 +207,18 @@ class Manager:
             if not self.principal.allows_model(model):
                 raise ForbiddenError(f"this API key may not use model '{model}'")
         first = models[0] if models else None
-        self.request.scope.setdefault("state", {})["model"] = first
+        request_context(self.request.scope).model = first
         return raw, first
 
     def headers(self, content_type: str = "application/json") -> dict[str, str]:
         """The upstream request's headers: the forwarded few, the request id, the type."""
-        state = self.request.scope.get("state", {})
-        forwarded = upstream_request_headers(
-            self.request.headers.items(), request_id=state.get("request_id", "-")
-        )
+        request_id = request_context(self.request.scope).request_id
+        forwarded = upstream_request_headers(self.request.headers.items(), request_id=request_id)
         return {**forwarded, "content-type": content_type}
 
-    def record(self, model: str | None, status: int, outcome: str) -> None:
+    def record(self, model: str | None, status: int, outcome: Outcome) -> None:
         """Count the request in `gateway_requests_total` and name its outcome in the log."""
-        self.request.scope.setdefault("state", {})["outcome"] = outcome
+        request_context(self.request.scope).set_outcome(outcome)
         route = route_label(self.request.scope)
         key = self.principal.name if self.settings.metrics_per_key else ALL_KEYS
         label = self.pool.label(model) if model else OTHER_MODEL

@@ -35,6 +35,7 @@ from fastapi.responses import PlainTextResponse
 from gateway.api.auth import PrincipalDep, require_principal
 from gateway.api.ollama.passthrough import error_of, fetch, transport_error
 from gateway.auth.principal import Principal
+from gateway.context import request_context
 from gateway.deps import PoolDep, RelayDep, SettingsDep
 from gateway.errors import (
     BadRequestError,
@@ -259,7 +260,7 @@ async def _show(
     model = requested_model(await parse_request_body(parse_body, raw, settings))
     if model is None:
         raise BadRequestError("model is required")
-    request.scope.setdefault("state", {})["model"] = model
+    request_context(request.scope).model = model
     if not principal.allows_model(model):
         raise NotFoundError(f"model '{tagged(model)}' not found")
     ollama = [u for u in pool.upstreams if u.dialect.name == "ollama"]

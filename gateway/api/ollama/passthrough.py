@@ -21,6 +21,7 @@ import httpx
 from fastapi import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.context import ending
 from gateway.errors import (
     GatewayError,
     ServiceUnavailableError,
@@ -29,6 +30,7 @@ from gateway.errors import (
     UpstreamUnavailableError,
 )
 from gateway.lifecycle import Lifecycle
+from gateway.neutral import Outcome
 from gateway.wire.json import parse_json
 
 logger = logging.getLogger("gateway.api")
@@ -160,7 +162,7 @@ class ProgressResponse(Response):
         self,
         open_stream: Callable[[], Awaitable[httpx.Response]],
         lifecycle: Lifecycle,
-        done: Callable[[int, str], None],
+        done: Callable[[int, Outcome], None],
     ) -> None:
         self.status_code = 200
         self.background = None
@@ -175,13 +177,14 @@ class ProgressResponse(Response):
         Raises:
             GatewayError: the request failed before its first byte was sent.
         """
-        outcome, failure = "client_disconnect", None
+        relayed: Outcome | None = None  # the stream's own ending, when it reached one
+        failure = None
         try:
             with anyio.CancelScope() as cancel, self._lifecycle.ends_with(cancel):
                 watcher = asyncio.get_running_loop().create_task(self._watch(receive, cancel))
                 try:
                     self._upstream = await self._open()
-                    outcome = await self._relay(self._upstream, send)
+                    relayed = await self._relay(self._upstream, send)
                 except GatewayError as exc:
                     failure = exc
                 except OSError:  # the server could not write: the client is gone
@@ -194,21 +197,21 @@ class ProgressResponse(Response):
                     await self._upstream.aclose()
         if failure is not None:
             raise failure
-        if cancel.cancelled_caught and self._lifecycle.stopped and not self._gone:
+        shutdown = cancel.cancelled_caught and self._lifecycle.stopped and not self._gone
+        if shutdown:
             if not self._started:
                 raise ServiceUnavailableError("gateway is shutting down")
-            outcome = "shutdown"
             await self._end(send, b'{"error":"gateway is shutting down"}\n')
         elif not self._started:  # the client left first; nobody reads this, the log shows it
             await self._end(send, b"", start=True)
-        self._done(self.status_code, outcome)
+        self._done(self.status_code, ending(relayed, shutdown=shutdown))
 
-    async def _relay(self, upstream: httpx.Response, send: Send) -> str:
+    async def _relay(self, upstream: httpx.Response, send: Send) -> Outcome:
         media = upstream.headers.get("content-type", "application/x-ndjson")
         self.status_code, self._started = upstream.status_code, True
         headers = [(b"content-type", media.encode("latin-1"))]
         await send({"type": "http.response.start", "status": self.status_code, "headers": headers})
-        outcome = "completed"
+        outcome: Outcome = "completed"
         try:
             async for part in upstream.aiter_raw():
                 await send({"type": "http.response.body", "body": part, "more_body": True})
