@@ -23,8 +23,11 @@ from gateway.api.openai.routes import generation_routes as openai_routes
 from gateway.api.openai.routes import router as openai_router
 from gateway.auth.authenticator import KeyAuthenticator
 from gateway.auth.jwt import AdminTokenVerifier
+from gateway.batch.batches import BatchStore
+from gateway.batch.files import FileStore
+from gateway.batch.finalize import Finalizer
+from gateway.batch.queue import LineQueue
 from gateway.batch.runner import BatchRunner
-from gateway.batch.store import BatchStore
 from gateway.deps import GatewayState
 from gateway.errors import register_error_handlers
 from gateway.keys.store import KeyStore
@@ -115,10 +118,18 @@ def create_app(
                 usage=usage,
                 tracing=tracing,
             )
-            batches = BatchStore(store.engine, settings.batch_storage_dir or None)
+            files = FileStore(store.engine, settings.batch_storage_dir or None)
+            batches = BatchStore(store.engine)
             runner = None
             if settings.batch_worker:
-                runner = BatchRunner(batches, store, relay, BATCH_ENDPOINTS, metrics)
+                runner = BatchRunner(
+                    LineQueue(store.engine),
+                    Finalizer(store.engine, files),
+                    store,
+                    relay,
+                    BATCH_ENDPOINTS,
+                    metrics,
+                )
             async with anyio.create_task_group() as background:
                 for upstream in pool.upstreams:
                     background.start_soon(upstream.monitor.run)
@@ -139,6 +150,7 @@ def create_app(
                     lifecycle=lifecycle,
                     keys=store,
                     admin_verifier=admin_verifier,
+                    files=files,
                     batches=batches,
                     batch_runner=runner,
                 )

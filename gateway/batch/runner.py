@@ -29,8 +29,9 @@ from datetime import timedelta
 import anyio
 
 from gateway.auth.principal import Principal
+from gateway.batch.finalize import Finalizer
 from gateway.batch.line import run_line
-from gateway.batch.store import BatchStore, ClaimedLine
+from gateway.batch.queue import ClaimedLine, LineQueue
 from gateway.db.tables import as_utc
 from gateway.errors import (
     GatewayError,
@@ -56,7 +57,8 @@ class BatchRunner:
     """Runs batch lines in this process; see the module docstring.
 
     Args:
-        store: The batch tables.
+        queue: The batch lines' queue.
+        finalizer: Ends the batches that are done.
         keys: The key store: each line runs as its batch's key is now (revoked: failed).
         relay: The interactive pipeline's services.
         endpoints: The Endpoint for each batch endpoint path.
@@ -65,13 +67,15 @@ class BatchRunner:
 
     def __init__(
         self,
-        store: BatchStore,
+        queue: LineQueue,
+        finalizer: Finalizer,
         keys: KeyStore,
         relay: Relay,
         endpoints: dict[str, Endpoint],
         metrics: Metrics,
     ) -> None:
-        self.store = store
+        self.queue = queue
+        self.finalizer = finalizer
         self.keys = keys
         self.relay = relay
         self.endpoints = endpoints
@@ -131,15 +135,15 @@ class BatchRunner:
             await self._stopped.wait()
 
     async def _look(self, lines: anyio.abc.TaskGroup, lease: float) -> None:
-        for batch_id in await self.store.finalize():
+        for batch_id in await self.finalizer.finalize():
             logger.info("batch %s ended", batch_id)
-        self.metrics.batch_queue_depth.set(await self.store.queue_depth())
+        self.metrics.batch_queue_depth.set(await self.queue.queue_depth())
         room = self.settings.batch_max_concurrent - self.running
         if room <= 0 or self.relay.lifecycle.draining or not self._room():
             return
         now = time.monotonic()
         self._held = {key: until for key, until in self._held.items() if until > now}
-        for line in await self.store.claim(self.owner, room, lease, skip_keys=list(self._held)):
+        for line in await self.queue.claim(self.owner, room, lease, skip_keys=list(self._held)):
             self.running += 1
             self.metrics.batch_lines_running.set(self.running)
             lines.start_soon(self._run, line)
@@ -150,7 +154,7 @@ class BatchRunner:
             await anyio.sleep(every)
             try:
                 with anyio.CancelScope(shield=True):  # never cut a database call halfway
-                    await self.store.renew(self.owner, self.settings.batch_lease_seconds)
+                    await self.queue.renew(self.owner, self.settings.batch_lease_seconds)
             except Exception:
                 logger.exception("batch runner: lease renewal failed")
 
@@ -185,7 +189,7 @@ class BatchRunner:
         event: str | None,
         error: GatewayError | None,
     ) -> None:
-        await self.store.release_line(
+        await self.queue.release_line(
             self.owner,
             line,
             not_before=as_utc(None) + timedelta(seconds=delay),
@@ -249,7 +253,7 @@ class BatchRunner:
                 await self._retry_later(line, line.attempts, 0.2, "preempted", None)
             return
         if answer is not None:
-            recorded = await self.store.finish_line(
+            recorded = await self.queue.finish_line(
                 self.owner,
                 line,
                 succeeded=True,
@@ -291,7 +295,7 @@ class BatchRunner:
     async def _fail(
         self, line: ClaimedLine, attempts: int, request_id: str, status: int, message: str
     ) -> None:
-        await self.store.finish_line(
+        await self.queue.finish_line(
             self.owner,
             line,
             succeeded=False,
