@@ -1,6 +1,6 @@
 """Async dependency getters for the lifespan state, and their `Annotated` aliases.
 
-The lifespan (`gateway.app`) yields a `GatewayState`; Starlette copies it into each request's
+The lifespan (`gateway.lifespan`) yields a `GatewayState`; Starlette copies it into each request's
 `request.state`. Handlers reach it only through these getters (STYLE section 4).
 """
 
