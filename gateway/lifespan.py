@@ -31,6 +31,7 @@ from gateway.limits.address import AddressLimiter
 from gateway.limits.limiter import KeyLimiter, build_storage, close_storage
 from gateway.metering.metrics import Metrics
 from gateway.metering.usage import open_usage
+from gateway.policies import AuthFailurePolicy, BatchPolicy, LimitPolicy, PoolPolicy
 from gateway.relay.pipeline import Relay
 from gateway.settings import Settings
 from gateway.tracing.spans import Tracing
@@ -70,14 +71,15 @@ async def open_services(
     except BaseException:
         await store.close()  # a refused database leaves no connection open
         raise
-    limit_storage = build_storage(settings)
+    limits = LimitPolicy.of(settings)
+    limit_storage = build_storage(limits)
     async with AsyncExitStack() as stack:
         # Closed last, in this order: the usage sink's final flush (below) needs the store.
         stack.push_async_callback(close_storage, limit_storage)
         stack.push_async_callback(store.close)
         if tracing is not None:  # closed after the last request's spans have ended
             stack.push_async_callback(tracing.aclose)
-        pool = await open_pool(settings, metrics, stack, upstream_transport)
+        pool = await open_pool(PoolPolicy.of(settings), metrics, stack, upstream_transport)
         # Left when the lifespan ends, after uvicorn finished the in-flight requests: the
         # last summaries are in, and the sink writes them before the store closes.
         usage = await stack.enter_async_context(
@@ -92,7 +94,7 @@ async def open_services(
         admin_verifier = AdminTokenVerifier.from_settings(settings)
         if admin_verifier is not None:
             stack.push_async_callback(admin_verifier.aclose)
-        limiter = KeyLimiter(limit_storage, settings, metrics)
+        limiter = KeyLimiter(limit_storage, limits, metrics)
         stack.push_async_callback(limiter.aclose)
         relay = Relay(
             settings=settings,
@@ -114,6 +116,7 @@ async def open_services(
                 relay,
                 BATCH_ENDPOINTS,
                 metrics,
+                BatchPolicy.of(settings),
             )
         async with anyio.create_task_group() as background:
             for upstream in pool.upstreams:
@@ -128,7 +131,9 @@ async def open_services(
                     ttl=settings.key_cache_seconds,
                     last_used_interval=settings.last_used_interval,
                 ),
-                address_limiter=AddressLimiter(limit_storage, settings, metrics),
+                address_limiter=AddressLimiter(
+                    limit_storage, AuthFailurePolicy.of(settings), metrics
+                ),
                 metrics=metrics,
                 pool=pool,
                 relay=relay,

@@ -43,6 +43,7 @@ from gateway.errors import (
 )
 from gateway.keys.store import KeyNotFoundError, KeyStore
 from gateway.metering.metrics import Metrics
+from gateway.policies import BatchPolicy
 from gateway.relay.pipeline import Relay
 from gateway.relay.surface import Endpoint
 from gateway.upstream.slots import NoSpareCapacity
@@ -63,6 +64,7 @@ class BatchRunner:
         relay: The interactive pipeline's services.
         endpoints: The Endpoint for each batch endpoint path.
         metrics: `gateway_batch_*`.
+        policy: How many lines at once, their leases, attempts and backoff.
     """
 
     def __init__(
@@ -73,6 +75,7 @@ class BatchRunner:
         relay: Relay,
         endpoints: dict[str, Endpoint],
         metrics: Metrics,
+        policy: BatchPolicy,
     ) -> None:
         self.queue = queue
         self.finalizer = finalizer
@@ -80,7 +83,7 @@ class BatchRunner:
         self.relay = relay
         self.endpoints = endpoints
         self.metrics = metrics
-        self.settings = relay.settings
+        self.policy = policy
         self.owner = f"replica-{secrets.token_hex(6)}"
         self.running = 0
         self._wake = anyio.Event()
@@ -94,13 +97,13 @@ class BatchRunner:
         self._wake.set()
 
     def _room(self) -> bool:
-        reserve = self.settings.batch_reserved_slots
-        limit = self.settings.batch_max_concurrent
+        reserve = self.policy.reserved_slots
+        limit = self.policy.max_concurrent
         return any(u.slots.background_room(reserve, limit) for u in self.relay.pool.upstreams)
 
     async def run(self) -> None:
         """Loop until `stop` (or until cancelled, the lifespan's last resort)."""
-        lease = self.settings.batch_lease_seconds
+        lease = self.policy.lease_seconds
         try:
             async with anyio.create_task_group() as lines:
                 lines.start_soon(self._renew_leases)
@@ -109,7 +112,7 @@ class BatchRunner:
                         await self._look(lines, lease)
                     except Exception:  # the database went away: try again next look
                         logger.exception("batch runner: a look for work failed")
-                    with anyio.move_on_after(self.settings.batch_poll_seconds):
+                    with anyio.move_on_after(self.policy.poll_seconds):
                         await self._wake.wait()
                     self._wake = anyio.Event()
                 # Only the relay calls are cut short: a database call cancelled halfway can
@@ -138,7 +141,7 @@ class BatchRunner:
         for batch_id in await self.finalizer.finalize():
             logger.info("batch %s ended", batch_id)
         self.metrics.batch_queue_depth.set(await self.queue.queue_depth())
-        room = self.settings.batch_max_concurrent - self.running
+        room = self.policy.max_concurrent - self.running
         if room <= 0 or self.relay.lifecycle.draining or not self._room():
             return
         now = time.monotonic()
@@ -149,12 +152,12 @@ class BatchRunner:
             lines.start_soon(self._run, line)
 
     async def _renew_leases(self) -> None:
-        every = self.settings.batch_lease_seconds / 3
+        every = self.policy.lease_seconds / 3
         while True:
             await anyio.sleep(every)
             try:
                 with anyio.CancelScope(shield=True):  # never cut a database call halfway
-                    await self.queue.renew(self.owner, self.settings.batch_lease_seconds)
+                    await self.queue.renew(self.owner, self.policy.lease_seconds)
             except Exception:
                 logger.exception("batch runner: lease renewal failed")
 
@@ -274,13 +277,9 @@ class BatchRunner:
             and error.blame == "request"
             and error.status_code != 429
         )
-        if (
-            error.status_code in RETRYABLE
-            and attempts < self.settings.batch_max_attempts
-            and not own
-        ):
-            base = self.settings.batch_retry_base_seconds * 2 ** (attempts - 1)
-            delay = min(self.settings.batch_retry_max_seconds, base) * random.uniform(0.5, 1.0)  # noqa: S311
+        if error.status_code in RETRYABLE and attempts < self.policy.max_attempts and not own:
+            base = self.policy.retry_base_seconds * 2 ** (attempts - 1)
+            delay = min(self.policy.retry_max_seconds, base) * random.uniform(0.5, 1.0)  # noqa: S311
             # The upstream's own Retry-After, or the gateway's (503 while the circuit breaker
             # holds every upstream out of rotation: retrying sooner only burns attempts).
             if isinstance(error, UpstreamStatusError):

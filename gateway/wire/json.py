@@ -32,17 +32,16 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
 from gateway.errors import BadRequestError, UnprocessableError
 from gateway.upstream.dialects.base import INLINE_PARSE_BYTES, json_thread_limiter
 
-if TYPE_CHECKING:
-    from gateway.settings import Settings
-
 T = TypeVar("T")
+#: What `parse_request_body` hands its parser besides the bytes (the surfaces' settings).
+C = TypeVar("C")
 
 #: Longest model name accepted (Ollama names are `namespace/name:tag`, far shorter).
 MAX_MODEL_NAME = 256
@@ -320,9 +319,7 @@ def parse_object(raw: bytes, *, max_depth: int, max_values: int = 100_000) -> di
     return body
 
 
-async def parse_request_body(
-    parse: Callable[[bytes, Settings], T], raw: bytes, settings: Settings
-) -> T:
+async def parse_request_body(parse: Callable[[bytes, C], T], raw: bytes, settings: C) -> T:
     """`parse(raw, settings)`: on the event loop, or in a worker thread for a large body.
 
     A body over `INLINE_PARSE_BYTES` (1 MiB), or over `INLINE_ALWAYS_BYTES` (64 KiB) with more
@@ -334,7 +331,7 @@ async def parse_request_body(
     Args:
         parse: A surface's body check (`parse_object` and the shape checks after it).
         raw: The request body.
-        settings: Passed on to `parse`.
+        settings: Passed on to `parse` (the surfaces' `Settings`; nothing here reads it).
 
     Raises:
         Whatever `parse` raises.

@@ -27,6 +27,7 @@ from gateway.batch.upload import read_form
 from gateway.batch.validate import InputChecker
 from gateway.deps import RelayDep, SettingsDep
 from gateway.errors import BadRequestError, NotFoundError, RateLimitedError
+from gateway.policies import UploadLimits
 from gateway.relay.pipeline import Relay
 from gateway.relay.surface import Endpoint
 from gateway.settings import Settings
@@ -112,7 +113,7 @@ async def _store_upload(
     request: Request, principal: Principal, files: FileStore, settings: Settings
 ) -> dict[str, Any]:
     """Receive, check and store one upload (under an upload slot); see `upload_file`."""
-    upload, purpose, form = await read_form(request, settings)
+    upload, purpose, form = await read_form(request, UploadLimits.of(settings))
     try:
         if purpose != "batch":
             raise BadRequestError("purpose must be 'batch'")
