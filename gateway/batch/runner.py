@@ -16,6 +16,8 @@ outcome decides what happens next:
   `failed` with the last reason;
 - the request's own fault (400, 403, 404, 413, 422, or any failure blamed on the request, such as
   its own `GATEWAY_REQUEST_TIMEOUT` running out): `failed` at once.
+
+Just over ~300 lines: the loop and the outcome table above are one concern.
 """
 
 from __future__ import annotations

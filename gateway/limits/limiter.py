@@ -30,6 +30,9 @@ Redis (`GATEWAY_RATE_LIMIT_STORAGE=redis://...`, shared by every replica).
 When the storage fails or is slower than `GATEWAY_RATE_LIMIT_TIMEOUT`, the configured policy
 applies (`GATEWAY_RATE_LIMIT_FAIL_OPEN`): admit (open) or answer 503 (closed); each such event
 is logged and counted in `gateway_rate_limit_storage_errors_total`.
+
+Over ~300 lines for one reason: `KeyLimiter` is one class whose admit, reserve and release
+share the window arithmetic, the in-flight counts and the storage-failure policy.
 """
 
 from __future__ import annotations

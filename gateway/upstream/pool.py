@@ -15,6 +15,9 @@ closing first, rather than giving up, so an upstream that serves again is used a
 of after the whole cooldown, and its success closes its circuit. A single upstream keeps its
 breaker (fast 503s while it is down, one trial after the cooldown): there is no other upstream
 whose recovery panic mode could find.
+
+Over ~300 lines for one reason: `UpstreamPool`'s choice, failover order and breaker
+bookkeeping read the same per-upstream state; `open_pool` beside it is what builds it.
 """
 
 from __future__ import annotations

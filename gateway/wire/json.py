@@ -25,6 +25,10 @@ Every other JSON document from outside (an admin token's header and claims, an i
 provider's JWKS, tool-call arguments, an upstream's model list or error body) is parsed with
 `parse_json`: the same bounds on values and depth, one `ValueError` for whatever is wrong, and
 never the `RecursionError` of a deeply nested document.
+
+Over ~300 lines for one reason: every bound on a client's JSON body (values, depth, key
+folding, the hand-off to a thread, the bytes the TPM estimate counts) sits in one place, so
+every surface parses through the same checks.
 """
 
 from __future__ import annotations

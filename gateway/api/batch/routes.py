@@ -2,6 +2,9 @@
 
 Files and batches belong to the key that made them: every other key gets the same 404 as for
 an id that does not exist. Errors are OpenAI error objects (`gateway.errors.speaks_openai`).
+
+Over ~300 lines for one reason: the two APIs' endpoints share admission (`_admitted`),
+paging and error helpers; one router per API would duplicate them.
 """
 
 from __future__ import annotations
