@@ -24,6 +24,7 @@ from limits.strategies import MovingWindowRateLimiter as SyncMovingWindow
 from gateway.auth.principal import Principal
 from gateway.limits.limiter import KeyLimiter, build_storage, close_storage
 from gateway.metering.metrics import Metrics
+from gateway.policies import LimitPolicy
 from gateway.settings import Settings
 
 BIG = 10**9  # limits high enough never to refuse during the benchmark
@@ -37,8 +38,8 @@ async def _async_cost(storage_url: str | None, requests: int) -> float:
         rate_limit_key_prefix=f"bench-{uuid.uuid4().hex}",
         rate_limit_timeout=5,
     )
-    storage = build_storage(settings)
-    limiter = KeyLimiter(storage, settings, Metrics())
+    storage = build_storage(LimitPolicy.of(settings))
+    limiter = KeyLimiter(storage, LimitPolicy.of(settings), Metrics())
     limits = (0, 0, 0) if storage_url is None else (BIG, BIG, BIG)  # 0: unlimited
     principal = Principal("bench", "bench", None, *limits)
     for _ in range(50):  # warm up connections

@@ -1,6 +1,6 @@
 """Async dependency getters for the lifespan state, and their `Annotated` aliases.
 
-The lifespan (`gateway.app`) yields a `GatewayState`; Starlette copies it into each request's
+The lifespan (`gateway.lifespan`) yields a `GatewayState`; Starlette copies it into each request's
 `request.state`. Handlers reach it only through these getters (STYLE section 4).
 """
 
@@ -12,8 +12,9 @@ from fastapi import Depends, Request
 
 from gateway.auth.authenticator import KeyAuthenticator
 from gateway.auth.jwt import AdminTokenVerifier
+from gateway.batch.batches import BatchStore
+from gateway.batch.files import FileStore
 from gateway.batch.runner import BatchRunner
-from gateway.batch.store import BatchStore
 from gateway.keys.store import KeyStore
 from gateway.lifecycle import Lifecycle
 from gateway.limits.address import AddressLimiter
@@ -35,6 +36,7 @@ class GatewayState(TypedDict):
     lifecycle: Lifecycle
     keys: KeyStore
     admin_verifier: AdminTokenVerifier | None
+    files: FileStore
     batches: BatchStore
     batch_runner: BatchRunner | None
 

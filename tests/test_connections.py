@@ -448,7 +448,7 @@ class _Peer:
 
 
 def test_an_address_share_groups_ipv6_by_64_and_passes_over_proxies_and_unix_sockets():
-    from gateway.serve.door import _shared_address
+    from gateway.serve.tallies import shared_address as _shared_address
 
     trusted = tuple(
         Settings(trusted_proxies=["10.0.0.0/8", "2001:db8:ffff::/48"]).trusted_proxy_networks

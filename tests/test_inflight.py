@@ -20,6 +20,7 @@ from gateway.errors import RateLimitedError
 from gateway.limits.inflight import LeasedInFlight, LocalInFlight
 from gateway.limits.limiter import KeyLimiter, build_storage, close_storage
 from gateway.metering.metrics import Metrics
+from gateway.policies import LimitPolicy
 from gateway.settings import Settings
 from tests.conftest import REDIS_URL
 
@@ -132,9 +133,9 @@ async def test_the_limiter_renews_in_the_background_and_counts_renewal_failures(
         rate_limit_lease_seconds=1.5,
     )
     principal = Principal(key_id="k", name="k", models=None, max_concurrent=1)
-    storage = build_storage(settings)
+    storage = build_storage(LimitPolicy.of(settings))
     metrics = Metrics()
-    limiter = KeyLimiter(storage, settings, metrics)
+    limiter = KeyLimiter(storage, LimitPolicy.of(settings), metrics)
     try:
         async with anyio.create_task_group() as background:
             background.start_soon(limiter.run)
@@ -152,7 +153,7 @@ async def test_the_limiter_renews_in_the_background_and_counts_renewal_failures(
     # A renewal against a Redis that is gone is logged and counted, and the loop goes on.
     broken = LeasedInFlight(aioredis.Redis.from_url("redis://127.0.0.1:1/0"), redis_prefix, 1.0)
     broken._held["k"] = {"ticket"}
-    limiter = KeyLimiter(storage, settings, metrics, in_flight=broken)
+    limiter = KeyLimiter(storage, LimitPolicy.of(settings), metrics, in_flight=broken)
     with anyio.move_on_after(2.5):
         await limiter.run()
     assert metrics.rate_limit_storage_errors._value.get() >= 2

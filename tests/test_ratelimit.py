@@ -21,6 +21,7 @@ from gateway.auth.principal import Principal
 from gateway.errors import RateLimitedError
 from gateway.limits.limiter import KeyLimiter, build_storage
 from gateway.metering.metrics import Metrics
+from gateway.policies import LimitPolicy
 from gateway.settings import Settings
 from gateway.testing.stack import create_key, gateway_process
 from tests.conftest import Emulator, Gateway, metric_value
@@ -384,7 +385,9 @@ async def test_the_memory_storage_prunes_at_most_once_a_second_and_stays_exact(m
 
     monkeypatch.setattr(MemoryStorage, "_MemoryStorage__schedule_expiry", counting)
     settings = Settings(upstream_url="http://127.0.0.1:1")
-    limiter = KeyLimiter(build_storage(settings), settings, Metrics())
+    limiter = KeyLimiter(
+        build_storage(LimitPolicy.of(settings)), LimitPolicy.of(settings), Metrics()
+    )
     principal = Principal("k1", "app", None, rpm=40)
     for _ in range(40):
         await limiter.release(await limiter.admit(principal), 0)

@@ -24,6 +24,7 @@ from gateway.limits.estimate import TokenEstimate
 from gateway.limits.estimate import estimate_tokens as _estimate_request
 from gateway.limits.limiter import KeyLimiter, build_storage
 from gateway.metering.metrics import Metrics
+from gateway.policies import LimitPolicy
 from gateway.settings import Settings
 from tests.conftest import Emulator, Gateway, metric_value
 from tests.test_ratelimit import MODEL, REDIS_URL, _generations, _redis_up
@@ -230,8 +231,8 @@ def test_estimates_read_num_predict_and_the_prompt():
 @pytest.mark.anyio
 async def test_a_refund_never_credits_a_window_that_did_not_hold_the_reservation():
     settings = Settings(upstream_url="http://127.0.0.1:1")
-    storage = build_storage(settings)
-    limiter = KeyLimiter(storage, settings, Metrics())
+    storage = build_storage(LimitPolicy.of(settings))
+    limiter = KeyLimiter(storage, LimitPolicy.of(settings), Metrics())
     principal = Principal("k1", "app", None, tpm=100)
     first = await limiter.admit(principal)
     await limiter.reserve(first, estimate_tokens({"options": {"num_predict": 40}}, 0))

@@ -18,6 +18,7 @@ import pytest
 
 from gateway.errors import UpstreamStatusError
 from gateway.metering.metrics import Metrics
+from gateway.policies import PoolPolicy
 from gateway.settings import Settings
 from gateway.testing.emulator.app import EmulatorConfig, create_emulator_app
 from gateway.testing.server import LoopbackServer
@@ -303,7 +304,7 @@ async def test_panic_mode_offers_every_upstream_once_nearest_to_closing_first():
     settings = Settings(upstreams=[{"url": url} for url in urls])
     transport = httpx.MockTransport(lambda _: httpx.Response(500))
     async with AsyncExitStack() as stack:
-        pool = await open_pool(settings, Metrics(), stack, transport)
+        pool = await open_pool(PoolPolicy.of(settings), Metrics(), stack, transport)
         closed, half_open, old, young = pool.upstreams
         for upstream in (old, young):
             upstream.breaker = CircuitBreaker(failures=1, cooldown=60)

@@ -16,6 +16,8 @@ outcome decides what happens next:
   `failed` with the last reason;
 - the request's own fault (400, 403, 404, 413, 422, or any failure blamed on the request, such as
   its own `GATEWAY_REQUEST_TIMEOUT` running out): `failed` at once.
+
+Just over ~300 lines: the loop and the outcome table above are one concern.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from datetime import timedelta
 import anyio
 
 from gateway.auth.principal import Principal
+from gateway.batch.finalize import Finalizer
 from gateway.batch.line import run_line
-from gateway.batch.store import BatchStore, ClaimedLine
+from gateway.batch.queue import ClaimedLine, LineQueue
 from gateway.db.tables import as_utc
 from gateway.errors import (
     GatewayError,
@@ -42,6 +45,7 @@ from gateway.errors import (
 )
 from gateway.keys.store import KeyNotFoundError, KeyStore
 from gateway.metering.metrics import Metrics
+from gateway.policies import BatchPolicy
 from gateway.relay.pipeline import Relay
 from gateway.relay.surface import Endpoint
 from gateway.upstream.slots import NoSpareCapacity
@@ -56,27 +60,32 @@ class BatchRunner:
     """Runs batch lines in this process; see the module docstring.
 
     Args:
-        store: The batch tables.
+        queue: The batch lines' queue.
+        finalizer: Ends the batches that are done.
         keys: The key store: each line runs as its batch's key is now (revoked: failed).
         relay: The interactive pipeline's services.
         endpoints: The Endpoint for each batch endpoint path.
         metrics: `gateway_batch_*`.
+        policy: How many lines at once, their leases, attempts and backoff.
     """
 
     def __init__(
         self,
-        store: BatchStore,
+        queue: LineQueue,
+        finalizer: Finalizer,
         keys: KeyStore,
         relay: Relay,
         endpoints: dict[str, Endpoint],
         metrics: Metrics,
+        policy: BatchPolicy,
     ) -> None:
-        self.store = store
+        self.queue = queue
+        self.finalizer = finalizer
         self.keys = keys
         self.relay = relay
         self.endpoints = endpoints
         self.metrics = metrics
-        self.settings = relay.settings
+        self.policy = policy
         self.owner = f"replica-{secrets.token_hex(6)}"
         self.running = 0
         self._wake = anyio.Event()
@@ -90,13 +99,13 @@ class BatchRunner:
         self._wake.set()
 
     def _room(self) -> bool:
-        reserve = self.settings.batch_reserved_slots
-        limit = self.settings.batch_max_concurrent
+        reserve = self.policy.reserved_slots
+        limit = self.policy.max_concurrent
         return any(u.slots.background_room(reserve, limit) for u in self.relay.pool.upstreams)
 
     async def run(self) -> None:
         """Loop until `stop` (or until cancelled, the lifespan's last resort)."""
-        lease = self.settings.batch_lease_seconds
+        lease = self.policy.lease_seconds
         try:
             async with anyio.create_task_group() as lines:
                 lines.start_soon(self._renew_leases)
@@ -105,7 +114,7 @@ class BatchRunner:
                         await self._look(lines, lease)
                     except Exception:  # the database went away: try again next look
                         logger.exception("batch runner: a look for work failed")
-                    with anyio.move_on_after(self.settings.batch_poll_seconds):
+                    with anyio.move_on_after(self.policy.poll_seconds):
                         await self._wake.wait()
                     self._wake = anyio.Event()
                 # Only the relay calls are cut short: a database call cancelled halfway can
@@ -131,26 +140,26 @@ class BatchRunner:
             await self._stopped.wait()
 
     async def _look(self, lines: anyio.abc.TaskGroup, lease: float) -> None:
-        for batch_id in await self.store.finalize():
+        for batch_id in await self.finalizer.finalize():
             logger.info("batch %s ended", batch_id)
-        self.metrics.batch_queue_depth.set(await self.store.queue_depth())
-        room = self.settings.batch_max_concurrent - self.running
+        self.metrics.batch_queue_depth.set(await self.queue.queue_depth())
+        room = self.policy.max_concurrent - self.running
         if room <= 0 or self.relay.lifecycle.draining or not self._room():
             return
         now = time.monotonic()
         self._held = {key: until for key, until in self._held.items() if until > now}
-        for line in await self.store.claim(self.owner, room, lease, skip_keys=list(self._held)):
+        for line in await self.queue.claim(self.owner, room, lease, skip_keys=list(self._held)):
             self.running += 1
             self.metrics.batch_lines_running.set(self.running)
             lines.start_soon(self._run, line)
 
     async def _renew_leases(self) -> None:
-        every = self.settings.batch_lease_seconds / 3
+        every = self.policy.lease_seconds / 3
         while True:
             await anyio.sleep(every)
             try:
                 with anyio.CancelScope(shield=True):  # never cut a database call halfway
-                    await self.store.renew(self.owner, self.settings.batch_lease_seconds)
+                    await self.queue.renew(self.owner, self.policy.lease_seconds)
             except Exception:
                 logger.exception("batch runner: lease renewal failed")
 
@@ -185,7 +194,7 @@ class BatchRunner:
         event: str | None,
         error: GatewayError | None,
     ) -> None:
-        await self.store.release_line(
+        await self.queue.release_line(
             self.owner,
             line,
             not_before=as_utc(None) + timedelta(seconds=delay),
@@ -249,7 +258,7 @@ class BatchRunner:
                 await self._retry_later(line, line.attempts, 0.2, "preempted", None)
             return
         if answer is not None:
-            recorded = await self.store.finish_line(
+            recorded = await self.queue.finish_line(
                 self.owner,
                 line,
                 succeeded=True,
@@ -270,13 +279,9 @@ class BatchRunner:
             and error.blame == "request"
             and error.status_code != 429
         )
-        if (
-            error.status_code in RETRYABLE
-            and attempts < self.settings.batch_max_attempts
-            and not own
-        ):
-            base = self.settings.batch_retry_base_seconds * 2 ** (attempts - 1)
-            delay = min(self.settings.batch_retry_max_seconds, base) * random.uniform(0.5, 1.0)  # noqa: S311
+        if error.status_code in RETRYABLE and attempts < self.policy.max_attempts and not own:
+            base = self.policy.retry_base_seconds * 2 ** (attempts - 1)
+            delay = min(self.policy.retry_max_seconds, base) * random.uniform(0.5, 1.0)  # noqa: S311
             # The upstream's own Retry-After, or the gateway's (503 while the circuit breaker
             # holds every upstream out of rotation: retrying sooner only burns attempts).
             if isinstance(error, UpstreamStatusError):
@@ -291,7 +296,7 @@ class BatchRunner:
     async def _fail(
         self, line: ClaimedLine, attempts: int, request_id: str, status: int, message: str
     ) -> None:
-        await self.store.finish_line(
+        await self.queue.finish_line(
             self.owner,
             line,
             succeeded=False,

@@ -23,7 +23,7 @@ from gateway.errors import (
     PayloadTooLargeError,
 )
 from gateway.neutral import Outcome
-from gateway.settings import Settings
+from gateway.policies import UploadLimits
 
 #: Room for the multipart framing and the `purpose` field around the file itself.
 FORM_OVERHEAD = 64 * 1024
@@ -41,15 +41,14 @@ class PacedReceive:
 
     Args:
         receive: The request's own `receive`.
-        settings: `GATEWAY_BATCH_MAX_FILE_BYTES`, `GATEWAY_BODY_TIMEOUT` (the grace) and
-            `GATEWAY_BATCH_UPLOAD_MIN_BYTES_PER_SECOND`.
+        limits: The file's largest size, the grace (`GATEWAY_BODY_TIMEOUT`) and the pace.
     """
 
-    def __init__(self, receive: Receive, settings: Settings) -> None:
+    def __init__(self, receive: Receive, limits: UploadLimits) -> None:
         self._receive = receive
-        self._limit = settings.batch_max_file_bytes + FORM_OVERHEAD
-        self._grace = settings.body_timeout
-        self._rate = settings.batch_upload_min_bytes_per_second
+        self._limit = limits.max_file_bytes + FORM_OVERHEAD
+        self._grace = limits.grace
+        self._rate = limits.min_bytes_per_second
         self._started = time.monotonic()
         self.received = 0
 
@@ -77,7 +76,7 @@ class PacedReceive:
         return message
 
 
-async def read_form(request: Request, settings: Settings) -> tuple[UploadFile, object, FormData]:
+async def read_form(request: Request, limits: UploadLimits) -> tuple[UploadFile, object, FormData]:
     """Parse the upload's multipart body as it arrives: (the `file` part, `purpose`, the form).
 
     The caller closes the form (its temporary file) when done.
@@ -88,14 +87,14 @@ async def read_form(request: Request, settings: Settings) -> tuple[UploadFile, o
         BadRequestError: not a multipart body it can read, or no `file` part (400).
         ClientClosedRequestError: the client went away mid-body (499).
     """
-    limit = settings.batch_max_file_bytes + FORM_OVERHEAD
+    limit = limits.max_file_bytes + FORM_OVERHEAD
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
             raise BadRequestError("invalid Content-Length")
         if int(declared) > limit:
             raise PayloadTooLargeError(f"request body is larger than {limit} bytes")
-    paced = Request(request.scope, PacedReceive(request.receive, settings))
+    paced = Request(request.scope, PacedReceive(request.receive, limits))
     try:
         form = await paced.form(max_files=1, max_fields=10)
     except GatewayError:

@@ -67,7 +67,8 @@ class InputChecker:
         endpoint_path: The batch's `endpoint`; every line's `url` must be it.
         endpoint: That endpoint's parser (`gateway.api.openai.routes`).
         principal: The batch's key: each line's model must be one it may use.
-        settings: Body limits (`GATEWAY_MAX_BODY_BYTES`, ...) and `GATEWAY_BATCH_MAX_LINES`.
+        settings: Body limits (`GATEWAY_MAX_BODY_BYTES`, ...) and `GATEWAY_BATCH_MAX_LINES`;
+            whole, because each line goes through `Endpoint.parse`, which takes them.
     """
 
     def __init__(
@@ -227,7 +228,8 @@ def check_input(
         endpoint_path: The batch's `endpoint`; every line's `url` must be it.
         endpoint: That endpoint's parser (`gateway.api.openai.routes`).
         principal: The batch's key: each line's model must be one it may use.
-        settings: Body limits (`GATEWAY_MAX_BODY_BYTES`, ...) and `GATEWAY_BATCH_MAX_LINES`.
+        settings: Body limits (`GATEWAY_MAX_BODY_BYTES`, ...) and `GATEWAY_BATCH_MAX_LINES`;
+            whole, because each line goes through `Endpoint.parse`, which takes them.
 
     Returns:
         (lines, errors): the checked lines, and every error found (at most `MAX_ERRORS`);

@@ -25,7 +25,7 @@ import httpx
 
 from gateway.clients.keyfile import KeyInputError, read_client_key
 
-#: The gateway's id shapes (`gateway.batch.store.new_id`); a file is named after the batch id.
+#: The gateway's id shapes (`gateway.batch.records.new_id`); a file is named after the batch id.
 BATCH_ID = re.compile(r"batch_[0-9a-f]{24}")
 FILE_ID = re.compile(r"file-[0-9a-f]{24}")
 

@@ -182,7 +182,7 @@ class FileRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
     # Deferred, and raising if touched unasked: a listing or a metadata read must never load
     # every file's bytes (ten listings of 10 x 20 MiB files took 7.2 GB before). The bytes are
-    # read in ranges by `gateway.batch.store.BatchStore.open_content`.
+    # read in ranges by `gateway.batch.files.FileStore.content`.
     content: Mapped[bytes | None] = mapped_column(
         LargeBinary, nullable=True, deferred=True, deferred_raiseload=True
     )

@@ -52,7 +52,7 @@ from starlette.types import Scope
 
 from gateway.errors import GatewayError, RateLimitedError
 from gateway.metering.metrics import Metrics
-from gateway.settings import Settings
+from gateway.policies import AuthFailurePolicy
 from gateway.wire.address import client_address
 
 logger = logging.getLogger("gateway.limits")
@@ -72,19 +72,19 @@ class AddressLimiter:
 
     Args:
         storage: The `limits.aio` storage the key limits use (memory or Redis).
-        settings: The budgets, trusted proxies and storage timeout.
+        policy: The budgets, trusted proxies and storage timeout.
         metrics: For `gateway_address_limited_total` and storage errors.
     """
 
-    def __init__(self, storage: Storage, settings: Settings, metrics: Metrics) -> None:
+    def __init__(self, storage: Storage, policy: AuthFailurePolicy, metrics: Metrics) -> None:
         self._moving = MovingWindowRateLimiter(storage)
         self._fixed = FixedWindowRateLimiter(storage)
         self._budgets: dict[Budget, int] = {
-            "api": settings.auth_failures_per_minute,
-            "admin": settings.admin_auth_failures_per_minute,
+            "api": policy.api_per_minute,
+            "admin": policy.admin_per_minute,
         }
-        self._trusted = settings.trusted_proxy_networks
-        self._timeout = settings.rate_limit_timeout
+        self._trusted = policy.trusted_proxies
+        self._timeout = policy.timeout
         # The in-process storage never waits on anything: no deadline to arm for it.
         self._remote = not isinstance(storage, MemoryStorage)
         self._metrics = metrics

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from itertools import count
 from typing import TYPE_CHECKING, Protocol
 
-from gateway.settings import Settings
+from gateway.policies import LimitPolicy
 
 if TYPE_CHECKING:  # imported when used: redis-py 8 imports the OpenTelemetry SDK with it
     import redis.asyncio as aioredis
@@ -192,16 +192,16 @@ class LeasedInFlight:
         self._void = client.register_script(_VOID)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> LeasedInFlight:
+    def from_policy(cls, policy: LimitPolicy) -> LeasedInFlight:
         """A client of its own on `GATEWAY_RATE_LIMIT_STORAGE`, with the limiter's timeouts."""
         import redis.asyncio as aioredis  # here, not at the top: see the module's imports
 
         client = aioredis.Redis.from_url(
-            settings.rate_limit_storage,
-            socket_timeout=settings.rate_limit_timeout,
-            socket_connect_timeout=settings.rate_limit_timeout,
+            policy.storage_url,
+            socket_timeout=policy.timeout,
+            socket_connect_timeout=policy.timeout,
         )
-        return cls(client, settings.rate_limit_key_prefix, settings.rate_limit_lease_seconds)
+        return cls(client, policy.key_prefix, policy.lease_seconds)
 
     @property
     def renew_interval(self) -> float:

@@ -30,6 +30,9 @@ Redis (`GATEWAY_RATE_LIMIT_STORAGE=redis://...`, shared by every replica).
 When the storage fails or is slower than `GATEWAY_RATE_LIMIT_TIMEOUT`, the configured policy
 applies (`GATEWAY_RATE_LIMIT_FAIL_OPEN`): admit (open) or answer 503 (closed); each such event
 is logged and counted in `gateway_rate_limit_storage_errors_total`.
+
+Over ~300 lines for one reason: `KeyLimiter` is one class whose admit, reserve and release
+share the window arithmetic, the in-flight counts and the storage-failure policy.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from gateway.errors import (
 from gateway.limits.estimate import TokenEstimate
 from gateway.limits.inflight import SWEEP_INTERVAL, InFlight, LeasedInFlight, LocalInFlight
 from gateway.metering.metrics import Metrics
-from gateway.settings import Settings
+from gateway.policies import LimitPolicy
 
 logger = logging.getLogger("gateway.limits")
 
@@ -65,20 +68,20 @@ logger = logging.getLogger("gateway.limits")
 _WINDOW_SLACK = 5.0
 
 
-def build_storage(settings: Settings) -> Storage:
+def build_storage(policy: LimitPolicy) -> Storage:
     """Open the limits storage named by `GATEWAY_RATE_LIMIT_STORAGE`.
 
     `memory://` keeps counters in this process; `redis://host:port/db` (or `rediss://`) shares
     them between replicas, through redis-py's asyncio client.
     """
-    url = settings.rate_limit_storage
+    url = policy.storage_url
     if url.startswith(("redis://", "rediss://")):
         return RedisStorage(
             f"async+{url}",
             implementation="redispy",
-            key_prefix=settings.rate_limit_key_prefix,
-            socket_timeout=settings.rate_limit_timeout,
-            socket_connect_timeout=settings.rate_limit_timeout,
+            key_prefix=policy.key_prefix,
+            socket_timeout=policy.timeout,
+            socket_connect_timeout=policy.timeout,
         )
     return HousekeptMemoryStorage()
 
@@ -119,16 +122,16 @@ class Limits:
     max_concurrent: int
 
     @classmethod
-    def of(cls, principal: Principal, settings: Settings) -> Limits:
-        """Resolve the key's own limits, falling back to the settings' defaults for None."""
+    def of(cls, principal: Principal, policy: LimitPolicy) -> Limits:
+        """Resolve the key's own limits, falling back to the policy's defaults for None."""
 
         def pick(own: int | None, default: int) -> int:
             return default if own is None else own
 
         return cls(
-            pick(principal.rpm, settings.default_rpm),
-            pick(principal.tpm, settings.default_tpm),
-            pick(principal.max_concurrent, settings.default_max_concurrent),
+            pick(principal.rpm, policy.default_rpm),
+            pick(principal.tpm, policy.default_tpm),
+            pick(principal.max_concurrent, policy.default_max_concurrent),
         )
 
 
@@ -162,7 +165,7 @@ class KeyLimiter:
 
     Args:
         storage: A `limits.aio` storage (memory or Redis).
-        settings: Defaults, fail policy, storage timeout and lease (seconds).
+        policy: Defaults, fail policy, storage timeout and lease (seconds).
         metrics: For `gateway_rate_limited_total{kind}` and storage errors.
         in_flight: The in-flight counts; by default in this process with the memory storage,
             else leases in the Redis of `GATEWAY_RATE_LIMIT_STORAGE`.
@@ -171,19 +174,19 @@ class KeyLimiter:
     def __init__(
         self,
         storage: Storage,
-        settings: Settings,
+        policy: LimitPolicy,
         metrics: Metrics,
         in_flight: InFlight | None = None,
     ) -> None:
         self._storage = storage
-        self._settings = settings
+        self._policy = policy
         self._metrics = metrics
         self._moving = MovingWindowRateLimiter(storage)
         self._fixed = FixedWindowRateLimiter(storage)
         # The in-process storage never waits on anything: no deadline to arm for it.
         self._remote = not isinstance(storage, MemoryStorage)
         if in_flight is None:
-            in_flight = LeasedInFlight.from_settings(settings) if self._remote else LocalInFlight()
+            in_flight = LeasedInFlight.from_policy(policy) if self._remote else LocalInFlight()
         self._in_flight = in_flight
 
     async def run(self) -> None:
@@ -240,7 +243,7 @@ class KeyLimiter:
     def _deadline(self) -> AbstractContextManager[object]:
         """`GATEWAY_RATE_LIMIT_TIMEOUT` around a shared storage's calls; nothing in-process."""
         if self._remote:
-            return anyio.fail_after(self._settings.rate_limit_timeout)
+            return anyio.fail_after(self._policy.timeout)
         return contextlib.nullcontext()
 
     async def admit(self, principal: Principal) -> Admission:
@@ -250,7 +253,7 @@ class KeyLimiter:
             RateLimitedError: a limit is reached (429 with `Retry-After` and `X-RateLimit-*`).
             ServiceUnavailableError: the storage failed and the policy is fail-closed (503).
         """
-        limits = Limits.of(principal, self._settings)
+        limits = Limits.of(principal, self._policy)
         admission = Admission(principal.key_id, limits)
         if not (limits.rpm or limits.max_concurrent):
             return admission
@@ -439,13 +442,13 @@ class KeyLimiter:
 
     def _storage_failed(self, exc: Exception) -> None:
         self._metrics.rate_limit_storage_errors.inc()
-        policy = "open" if self._settings.rate_limit_fail_open else "closed"
+        policy = "open" if self._policy.fail_open else "closed"
         logger.warning(
             "rate-limit storage unavailable (%s); failing %s",
             type(exc).__name__ or "timeout",
             policy,
         )
-        if not self._settings.rate_limit_fail_open:
+        if not self._policy.fail_open:
             raise ServiceUnavailableError(
                 "rate limiting is unavailable; try again later", headers={"Retry-After": "5"}
             ) from exc

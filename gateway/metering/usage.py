@@ -4,7 +4,7 @@ On the request path `UsageSink.record` (a finished request's `RequestSummary`) a
 `record_rejection` (a request refused after authentication) only add integers to a dict entry:
 no I/O, no await. `run` writes the pending sums every `GATEWAY_USAGE_FLUSH_SECONDS` (sooner when
 half of `GATEWAY_USAGE_MAX_PENDING_ROWS` rows are pending), and once more when it is stopped,
-after the server has finished its in-flight requests (`open_usage`, `gateway.app`).
+after the server has finished its in-flight requests (`open_usage`, `gateway.lifespan`).
 
 Exactness (docs/keys.md, "Usage"):
 

@@ -1,9 +1,10 @@
 """The door: what a client connection may do before and while it sends a request.
 
 Owns `DoorProtocol` (uvicorn's httptools protocol behind these limits; `gateway.serve.coalesce`
-builds
-the protocol passed as `http=` on it), its `DoorLimits`, the `DoorReport` of refusals and the
-`AddressShares` of open connections per client address.
+builds the protocol passed as `http=` on it) and its `DoorLimits`; what it counts across a
+server's connections (refusals, connections per address) is `gateway.serve.tallies`'. Over
+~300 lines for one reason: `DoorProtocol` is one state machine over uvicorn's callbacks
+(connection, head, body, response, timers), and its parts read each other's state.
 
 **The door.** uvicorn's httptools protocol keeps a connection that sends nothing, or sends its
 headers a byte at a time, for ever: its keep-alive timer starts only once a response is
@@ -40,31 +41,22 @@ answer (nginx's lingering close), so the answer is not lost to a TCP reset.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
-import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Self, cast
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from gateway.errors import ollama_error_body, openai_error_body, speaks_openai
-from gateway.limits.address import address_bucket
 from gateway.serve.logs import escape_text
+from gateway.serve.tallies import AddressShares, DoorReport, Network, shared_address
 
 # The name from before the door had a module of its own: log lines and filters stay the same.
 logger = logging.getLogger("gateway.serve.coalesce")
 
 #: Seconds a refused connection is still read (and the bytes dropped) after the answer.
 LINGER = 2.0
-#: Seconds between two log lines summing up refused connections and requests.
-REPORT_INTERVAL = 10.0
-#: Seconds between two log lines naming the same address refused over its share.
-ADDRESS_LOG_INTERVAL = 60.0
-
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 @dataclass(frozen=True)
@@ -90,67 +82,6 @@ class DoorLimits:
     max_connections: int = 0
     max_connections_per_address: int = 0
     trusted_proxies: tuple[Network, ...] = ()
-
-
-@dataclass
-class DoorReport:
-    """Refusals since the last log line, shared by a server's connections (one per class)."""
-
-    counts: Counter[str] = field(default_factory=Counter)
-    logged_at: float = float("-inf")
-
-    def note(self, reason: str) -> None:
-        """Count one refusal; log the counts at most every `REPORT_INTERVAL` seconds."""
-        self.counts[reason] += 1
-        now = time.monotonic()
-        if now - self.logged_at >= REPORT_INTERVAL:
-            summary = ", ".join(f"{n} {what}" for what, n in sorted(self.counts.items()))
-            logger.warning("client connections refused or closed: %s", summary)
-            self.counts.clear()
-            self.logged_at = now
-
-
-@dataclass
-class AddressShares:
-    """Open connections per client address, shared by a server's connections (one per class).
-
-    Attributes:
-        held: Open (admitted) connections per address bucket; an address with none is absent.
-        logged_at: `time.monotonic()` of each address's last refusal log line, within the last
-            `ADDRESS_LOG_INTERVAL` seconds only.
-    """
-
-    held: Counter[str] = field(default_factory=Counter)
-    logged_at: dict[str, float] = field(default_factory=dict)
-
-    def take(self, bucket: str, share: int) -> bool:
-        """Count one more connection of `bucket`; False (nothing counted) if it holds `share`."""
-        if self.held[bucket] >= share:
-            return False
-        self.held[bucket] += 1
-        return True
-
-    def release(self, bucket: str) -> None:
-        """One connection of `bucket` ended."""
-        self.held[bucket] -= 1
-        if self.held[bucket] <= 0:
-            del self.held[bucket]
-
-    def first_refusal(self, bucket: str) -> bool:
-        """True for the first refusal of `bucket` in `ADDRESS_LOG_INTERVAL` seconds.
-
-        A flood of refused connections must not flood the log: one line per address per
-        interval. Addresses whose interval has passed are forgotten when a new line is due, so
-        the memory is bounded by the addresses refused within one interval.
-        """
-        now = time.monotonic()
-        if now - self.logged_at.get(bucket, float("-inf")) < ADDRESS_LOG_INTERVAL:
-            return False
-        self.logged_at = {
-            seen: at for seen, at in self.logged_at.items() if now - at < ADDRESS_LOG_INTERVAL
-        }
-        self.logged_at[bucket] = now
-        return True
 
 
 def _answer(
@@ -226,7 +157,7 @@ class DoorProtocol(HttpToolsProtocol):
             self._refuse(transport, f"the gateway has too many open connections ({cap})")
             return
         share = limits.max_connections_per_address
-        address = _shared_address(transport, limits.trusted_proxies) if share else None
+        address = shared_address(transport, limits.trusted_proxies) if share else None
         if address is not None:
             if not self.shares.take(address, share):
                 self.report.note("over GATEWAY_MAX_CLIENT_CONNECTIONS_PER_ADDRESS")
@@ -439,23 +370,3 @@ class DoorProtocol(HttpToolsProtocol):
             self._timer = self.loop.call_later(LINGER, transport.close)
         else:
             transport.close()
-
-
-def _shared_address(transport: asyncio.Transport, trusted: tuple[Network, ...]) -> str | None:
-    """What the peer of `transport` is counted as (`address_bucket`); None when it has no share.
-
-    No share: a peer in `trusted` (a proxy speaks for many clients), or one that is not an IP
-    address (a Unix socket's peer).
-    """
-    peer = transport.get_extra_info("peername")
-    if not isinstance(peer, tuple) or not peer:
-        return None
-    try:
-        ip = ipaddress.ip_address(peer[0])
-    except ValueError:
-        return None
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped  # a dual-stack socket's IPv4 client, as `address_bucket` counts it
-    if any(ip in network for network in trusted):
-        return None
-    return address_bucket(str(ip))

@@ -7,11 +7,12 @@ from http.cookiejar import CookieJar, DefaultCookiePolicy
 import httpx
 
 from gateway.metering.metrics import Metrics
-from gateway.settings import Settings, UpstreamSpec
+from gateway.policies import PoolPolicy, UpstreamTimeouts
+from gateway.settings import UpstreamSpec
 from gateway.upstream.transport import AiohttpTransport
 
 
-def upstream_timeout(settings: Settings) -> httpx.Timeout:
+def upstream_timeout(timeouts: UpstreamTimeouts) -> httpx.Timeout:
     """Return httpx's per-socket-operation timeouts for upstream calls, in seconds.
 
     httpx's read timeout applies to every socket read, including the wait for the response
@@ -19,12 +20,12 @@ def upstream_timeout(settings: Settings) -> httpx.Timeout:
     the longer of the first-byte and idle timeouts. Generations (`GenerationClient`) drop it:
     the relay enforces each of the two precisely with its own deadline.
     """
-    read = max(settings.first_byte_timeout, settings.idle_timeout)
+    read = max(timeouts.first_byte, timeouts.idle)
     return httpx.Timeout(
-        connect=settings.connect_timeout,
+        connect=timeouts.connect,
         read=read,
-        write=settings.idle_timeout,
-        pool=settings.connect_timeout,
+        write=timeouts.idle,
+        pool=timeouts.connect,
     )
 
 
@@ -46,7 +47,7 @@ def upstream_default_headers(spec: UpstreamSpec) -> dict[str, str]:
 
 
 def build_upstream_client(
-    spec: UpstreamSpec, settings: Settings, transport: httpx.AsyncBaseTransport
+    spec: UpstreamSpec, timeouts: UpstreamTimeouts, transport: httpx.AsyncBaseTransport
 ) -> httpx.AsyncClient:
     """Build the upstream client: base URL, timeouts, default headers; never `timeout=None`.
 
@@ -55,7 +56,7 @@ def build_upstream_client(
 
     Args:
         spec: The upstream (URL, credential, Host override).
-        settings: Gateway settings (timeouts in seconds, `max_connections`).
+        timeouts: The upstream call timeouts (seconds).
         transport: From `build_upstream_transport`, or a test transport
             (for example `httpx.MockTransport`).
 
@@ -68,7 +69,7 @@ def build_upstream_client(
         # upstream or a proxy in front of it would be replayed on everyone's requests.
         cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
         headers=upstream_default_headers(spec),
-        timeout=upstream_timeout(settings),
+        timeout=upstream_timeout(timeouts),
         transport=transport,
         follow_redirects=False,
         trust_env=False,
@@ -76,7 +77,7 @@ def build_upstream_client(
 
 
 def build_upstream_transport(
-    spec: UpstreamSpec, settings: Settings, metrics: Metrics | None = None
+    spec: UpstreamSpec, policy: PoolPolicy, metrics: Metrics | None = None
 ) -> httpx.AsyncBaseTransport:
     """Return the transport `GATEWAY_UPSTREAM_HTTP_CLIENT` names: aiohttp (default) or httpcore.
 
@@ -85,15 +86,15 @@ def build_upstream_transport(
 
     Args:
         spec: The upstream (its name labels `gateway_upstream_connections_in_use`).
-        settings: `upstream_http_client`, `max_connections`.
+        policy: Its `http_client` and `max_connections`.
         metrics: Where the aiohttp transport keeps `gateway_upstream_connections_in_use`.
     """
     limits = httpx.Limits(
-        max_connections=settings.max_connections,
-        max_keepalive_connections=settings.max_connections,
+        max_connections=policy.max_connections,
+        max_keepalive_connections=policy.max_connections,
         keepalive_expiry=30.0,
     )
-    if settings.upstream_http_client == "aiohttp":
+    if policy.http_client == "aiohttp":
         in_use = metrics.upstream_connections_in_use.labels(spec.name) if metrics else None
         return AiohttpTransport(limits, in_use)
     return httpx.AsyncHTTPTransport(limits=limits)
@@ -117,11 +118,11 @@ class GenerationClient:
     """
 
     def __init__(
-        self, spec: UpstreamSpec, settings: Settings, transport: httpx.AsyncBaseTransport
+        self, spec: UpstreamSpec, timeouts: UpstreamTimeouts, transport: httpx.AsyncBaseTransport
     ) -> None:
         self._base = spec.base
         self._headers = upstream_default_headers(spec)
-        timeout = upstream_timeout(settings)
+        timeout = upstream_timeout(timeouts)
         self._timeout = {
             "connect": timeout.connect,
             "read": None,

@@ -15,6 +15,9 @@ closing first, rather than giving up, so an upstream that serves again is used a
 of after the whole cooldown, and its success closes its circuit. A single upstream keeps its
 breaker (fast 503s while it is down, one trial after the cooldown): there is no other upstream
 whose recovery panic mode could find.
+
+Over ~300 lines for one reason: `UpstreamPool`'s choice, failover order and breaker
+bookkeeping read the same per-upstream state; `open_pool` beside it is what builds it.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ import anyio
 import httpx
 
 from gateway.metering.metrics import OTHER_MODEL, Metrics
-from gateway.settings import Settings, UpstreamSpec
+from gateway.policies import PoolPolicy
+from gateway.settings import UpstreamSpec
 from gateway.upstream.breaker import CircuitBreaker, CircuitState
 from gateway.upstream.catalog import ModelCatalog
 from gateway.upstream.client import (
@@ -300,7 +304,7 @@ def build_dialect(spec: UpstreamSpec) -> Dialect:
 
 
 async def open_pool(
-    settings: Settings,
+    policy: PoolPolicy,
     metrics: Metrics,
     stack: AsyncExitStack,
     transport: httpx.AsyncBaseTransport | None = None,
@@ -308,29 +312,29 @@ async def open_pool(
     """Open one client and transport per upstream (closed by `stack`) and assemble the pool.
 
     Args:
-        settings: `upstream_specs`, timeouts, the per-upstream gate and the breaker settings.
+        policy: The upstreams, timeouts, transport, the per-upstream gate and the breakers.
         metrics: Shared by the monitors, gates and the pool.
         stack: Owns the clients' lifetimes (the app's lifespan).
         transport: An httpx transport for every client (tests).
     """
     upstreams = []
-    for spec in settings.upstream_specs:
-        http = transport or build_upstream_transport(spec, settings, metrics)
-        client = await stack.enter_async_context(build_upstream_client(spec, settings, http))
+    for spec in policy.upstreams:
+        http = transport or build_upstream_transport(spec, policy, metrics)
+        client = await stack.enter_async_context(build_upstream_client(spec, policy.timeouts, http))
         dialect = build_dialect(spec)
         logger.info(
             "upstream %s: %s dialect, over %s",
             spec.name,
             dialect.name,
-            "a test transport" if transport is not None else settings.upstream_http_client,
+            "a test transport" if transport is not None else policy.http_client,
         )
-        catalog = ModelCatalog(dialect, client, timeout=settings.connect_timeout)
-        capacity = settings.upstream_max_concurrent
+        catalog = ModelCatalog(dialect, client, timeout=policy.timeouts.connect)
+        capacity = policy.max_concurrent
         upstreams.append(
             Upstream(
                 spec=spec,
                 client=client,
-                generation=GenerationClient(spec, settings, http),
+                generation=GenerationClient(spec, policy.timeouts, http),
                 dialect=dialect,
                 catalog=catalog,
                 monitor=UpstreamMonitor(
@@ -339,17 +343,17 @@ async def open_pool(
                     dialect=dialect,
                     catalog=catalog,
                     metrics=metrics,
-                    interval=settings.upstream_poll_interval,
-                    timeout=settings.connect_timeout,
+                    interval=policy.poll_interval,
+                    timeout=policy.timeouts.connect,
                 ),
                 slots=UpstreamSlots(
                     spec.name,
                     capacity if spec.max_concurrent is None else spec.max_concurrent,
-                    settings.upstream_queue_size,
-                    settings.upstream_queue_timeout,
+                    policy.queue_size,
+                    policy.queue_timeout,
                     metrics,
                 ),
-                breaker=CircuitBreaker(settings.circuit_failures, settings.circuit_cooldown),
+                breaker=CircuitBreaker(policy.circuit_failures, policy.circuit_cooldown),
             )
         )
     return UpstreamPool(upstreams, metrics)

@@ -25,6 +25,10 @@ Every other JSON document from outside (an admin token's header and claims, an i
 provider's JWKS, tool-call arguments, an upstream's model list or error body) is parsed with
 `parse_json`: the same bounds on values and depth, one `ValueError` for whatever is wrong, and
 never the `RecursionError` of a deeply nested document.
+
+Over ~300 lines for one reason: every bound on a client's JSON body (values, depth, key
+folding, the hand-off to a thread, the bytes the TPM estimate counts) sits in one place, so
+every surface parses through the same checks.
 """
 
 from __future__ import annotations
@@ -33,17 +37,16 @@ import asyncio
 import json
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 from weakref import WeakKeyDictionary
 
 import anyio
 
 from gateway.errors import BadRequestError, UnprocessableError
 
-if TYPE_CHECKING:
-    from gateway.settings import Settings
-
 T = TypeVar("T")
+#: What `parse_request_body` hands its parser besides the bytes (the surfaces' settings).
+C = TypeVar("C")
 
 #: Largest answer body parsed (or non-streamed answer written) on the event loop; a larger one
 #: goes to a worker thread (1 MiB of embeddings parses in a few milliseconds; a thread hop costs
@@ -346,9 +349,7 @@ def parse_object(raw: bytes, *, max_depth: int, max_values: int = 100_000) -> di
     return body
 
 
-async def parse_request_body(
-    parse: Callable[[bytes, Settings], T], raw: bytes, settings: Settings
-) -> T:
+async def parse_request_body(parse: Callable[[bytes, C], T], raw: bytes, settings: C) -> T:
     """`parse(raw, settings)`: on the event loop, or in a worker thread for a large body.
 
     A body over `INLINE_PARSE_BYTES` (1 MiB), or over `INLINE_ALWAYS_BYTES` (64 KiB) with more
@@ -360,7 +361,7 @@ async def parse_request_body(
     Args:
         parse: A surface's body check (`parse_object` and the shape checks after it).
         raw: The request body.
-        settings: Passed on to `parse`.
+        settings: Passed on to `parse` (the surfaces' `Settings`; nothing here reads it).
 
     Raises:
         Whatever `parse` raises.

@@ -15,7 +15,7 @@ from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
-from gateway.batch.store import BatchStore
+from gateway.batch.queue import LineQueue
 from gateway.db.tables import Base, BatchLineRow, BatchRow, as_utc
 from tests.conftest import Database
 
@@ -73,7 +73,7 @@ async def engine(database: Database) -> AsyncIterator[AsyncEngine]:
 async def test_keys_take_turns_and_a_key_runs_its_oldest_batch_by_model_then_line(
     engine: AsyncEngine,
 ) -> None:
-    store = BatchStore(engine)
+    store = LineQueue(engine)
     await _queue(engine, "big", "batch_big_old", 300, age=30)
     await _queue(engine, "big", "batch_big_new", 300, age=20)
     await _queue(engine, "small", "batch_small", 2, age=10)
@@ -114,7 +114,7 @@ async def _claim_steps(tmp_path_factory: pytest.TempPathFactory, lines: int) -> 
         async with engine.connect() as conn:  # the pool's one connection
             raw = await conn.get_raw_connection()
             await raw.driver_connection.set_progress_handler(tick, 1000)
-        claimed = await BatchStore(engine).claim("r1", 4, 60)
+        claimed = await LineQueue(engine).claim("r1", 4, 60)
         assert {c.key_id for c in claimed} == {"flood", "victim"}
         return steps
     finally:

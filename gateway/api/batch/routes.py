@@ -2,6 +2,9 @@
 
 Files and batches belong to the key that made them: every other key gets the same 404 as for
 an id that does not exist. Errors are OpenAI error objects (`gateway.errors.speaks_openai`).
+
+Over ~300 lines for one reason: the two APIs' endpoints share admission (`_admitted`),
+paging and error helpers; one router per API would duplicate them.
 """
 
 from __future__ import annotations
@@ -19,12 +22,15 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway.api.auth import PrincipalDep, require_principal
 from gateway.api.openai.routes import Completions, Embeddings
 from gateway.auth.principal import Principal
+from gateway.batch.batches import BatchStore, parse_window
+from gateway.batch.files import FileGoneError, FileStore
+from gateway.batch.records import UnknownCursorError
 from gateway.batch.runner import BatchRunner
-from gateway.batch.store import BatchStore, FileGoneError, UnknownCursorError, parse_window
 from gateway.batch.upload import read_form
 from gateway.batch.validate import InputChecker
 from gateway.deps import RelayDep, SettingsDep
 from gateway.errors import BadRequestError, NotFoundError, RateLimitedError
+from gateway.policies import UploadLimits
 from gateway.relay.pipeline import Relay
 from gateway.relay.surface import Endpoint
 from gateway.settings import Settings
@@ -43,6 +49,12 @@ logger = logging.getLogger("gateway.batch")
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_principal)])
 
 
+async def get_files(request: Request) -> FileStore:
+    """The file store the lifespan opened."""
+    files: FileStore = request.state.files
+    return files
+
+
 async def get_batches(request: Request) -> BatchStore:
     """The batch store the lifespan opened."""
     store: BatchStore = request.state.batches
@@ -55,6 +67,7 @@ async def get_runner(request: Request) -> BatchRunner | None:
     return runner
 
 
+FilesDep = Annotated[FileStore, Depends(get_files)]
 BatchesDep = Annotated[BatchStore, Depends(get_batches)]
 RunnerDep = Annotated[BatchRunner | None, Depends(get_runner)]
 LimitQuery = Annotated[int, Query(ge=1, le=10_000)]
@@ -75,7 +88,7 @@ def _json_object(raw: bytes) -> dict[str, Any]:
 async def upload_file(
     request: Request,
     principal: PrincipalDep,
-    store: BatchesDep,
+    files: FilesDep,
     settings: SettingsDep,
     relay: RelayDep,
 ) -> dict[str, Any]:
@@ -95,15 +108,15 @@ async def upload_file(
     """
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise BadRequestError("send the file as multipart/form-data")
-    async with _admitted(relay, principal), store.uploads.slot(principal.key_id):
-        return await _store_upload(request, principal, store, settings)
+    async with _admitted(relay, principal), files.uploads.slot(principal.key_id):
+        return await _store_upload(request, principal, files, settings)
 
 
 async def _store_upload(
-    request: Request, principal: Principal, store: BatchStore, settings: Settings
+    request: Request, principal: Principal, files: FileStore, settings: Settings
 ) -> dict[str, Any]:
     """Receive, check and store one upload (under an upload slot); see `upload_file`."""
-    upload, purpose, form = await read_form(request, settings)
+    upload, purpose, form = await read_form(request, UploadLimits.of(settings))
     try:
         if purpose != "batch":
             raise BadRequestError("purpose must be 'batch'")
@@ -114,7 +127,7 @@ async def _store_upload(
         if size > settings.batch_max_file_bytes:
             raise BadRequestError(f"the file is larger than {settings.batch_max_file_bytes} bytes")
         quota = settings.batch_max_stored_bytes_per_key
-        held = await store.stored_bytes(principal.key_id)
+        held = await files.stored_bytes(principal.key_id)
         if held + size > quota:
             raise BadRequestError(
                 f"this key's files would hold {held + size} bytes, over its {quota}: "
@@ -123,14 +136,14 @@ async def _store_upload(
         content = await upload.read()  # once, from the spooled file: what the store writes
     finally:
         await form.close()
-    record = await store.create_file(principal.key_id, _filename(upload.filename), "batch", content)
+    record = await files.create_file(principal.key_id, _filename(upload.filename), "batch", content)
     return record.as_openai()
 
 
 @router.get("/files")
 async def list_files(
     principal: PrincipalDep,
-    store: BatchesDep,
+    files: FilesDep,
     relay: RelayDep,
     purpose: str | None = None,
     limit: LimitQuery = 10_000,
@@ -143,17 +156,17 @@ async def list_files(
     """
     try:
         async with _admitted(relay, principal):
-            files, more = await store.list_files(
+            found, more = await files.list_files(
                 principal.key_id, purpose=purpose, limit=limit, after=after
             )
     except UnknownCursorError:
         raise _unknown_cursor("file") from None
-    return _list_page([f.as_openai() for f in files], more)
+    return _list_page([f.as_openai() for f in found], more)
 
 
 @router.get("/files/{file_id}")
 async def get_file(
-    file_id: str, principal: PrincipalDep, store: BatchesDep, relay: RelayDep
+    file_id: str, principal: PrincipalDep, files: FilesDep, relay: RelayDep
 ) -> dict[str, Any]:
     """One of the key's files.
 
@@ -161,7 +174,7 @@ async def get_file(
         NotFoundError: no such file, or another key's (404).
     """
     async with _admitted(relay, principal):
-        record = await store.get_file(principal.key_id, file_id)
+        record = await files.get_file(principal.key_id, file_id)
     if record is None:
         raise NotFoundError(f"No such File object: {file_id}")
     return record.as_openai()
@@ -169,29 +182,29 @@ async def get_file(
 
 @router.get("/files/{file_id}/content")
 async def file_content(
-    file_id: str, principal: PrincipalDep, store: BatchesDep, relay: RelayDep
+    file_id: str, principal: PrincipalDep, files: FilesDep, relay: RelayDep
 ) -> Response:
     """A file's bytes (JSONL), streamed."""
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(_admitted(relay, principal))
-        record = await store.get_file(principal.key_id, file_id)
+        record = await files.get_file(principal.key_id, file_id)
         if record is None:
             raise NotFoundError(f"No such File object: {file_id}")
-        await stack.enter_async_context(store.downloads.slot(principal.key_id))
+        await stack.enter_async_context(files.downloads.slot(principal.key_id))
         # The admission and the slot are the response's from here: held until it ends.
         return FileDownload(
-            store.content(record), record.size, stack.pop_all(), relay.settings.idle_timeout
+            files.content(record), record.size, stack.pop_all(), relay.settings.idle_timeout
         )
     raise AssertionError("unreachable")  # pragma: no cover - mypy: the block returns
 
 
 @router.delete("/files/{file_id}")
 async def delete_file(
-    file_id: str, principal: PrincipalDep, store: BatchesDep, relay: RelayDep
+    file_id: str, principal: PrincipalDep, files: FilesDep, relay: RelayDep
 ) -> dict[str, Any]:
     """Delete one of the key's files."""
     async with _admitted(relay, principal):
-        deleted = await store.delete_file(principal.key_id, file_id)
+        deleted = await files.delete_file(principal.key_id, file_id)
     if not deleted:
         raise NotFoundError(f"No such File object: {file_id}")
     return {"id": file_id, "object": "file", "deleted": True}
@@ -201,6 +214,7 @@ async def delete_file(
 async def create_batch(
     request: Request,
     principal: PrincipalDep,
+    files: FilesDep,
     store: BatchesDep,
     runner: RunnerDep,
     settings: SettingsDep,
@@ -219,14 +233,18 @@ async def create_batch(
         ServiceUnavailableError: every batch creation slot of the process stayed taken (503).
     """
     async with _admitted(relay, principal):
-        batch = await _create_batch(request, principal, store, settings)
+        batch = await _create_batch(request, principal, files, store, settings)
     if runner is not None:
         runner.wake()
     return batch
 
 
 async def _create_batch(
-    request: Request, principal: Principal, store: BatchStore, settings: Settings
+    request: Request,
+    principal: Principal,
+    files: FileStore,
+    store: BatchStore,
+    settings: Settings,
 ) -> dict[str, Any]:
     """Check the request and the file's every line, then create the batch; see `create_batch`."""
     body = _json_object(await read_body(request, 64 * 1024))
@@ -257,7 +275,7 @@ async def _create_batch(
     file_id = body.get("input_file_id")
     if not isinstance(file_id, str):
         raise BadRequestError("input_file_id is required")
-    record = await store.get_file(principal.key_id, file_id)
+    record = await files.get_file(principal.key_id, file_id)
     if record is None or record.purpose != "batch":
         raise BadRequestError(f"input_file_id {file_id!r} is not one of this key's batch files")
     async with store.checks.slot(principal.key_id):  # the checked lines are in memory
@@ -268,7 +286,7 @@ async def _create_batch(
             settings=settings,
         )
         try:
-            async with aclosing(store.content(record)) as parts:
+            async with aclosing(files.content(record)) as parts:
                 async for part in parts:
                     # Off the event loop, a piece at a time: the GIL changes hands between
                     # lines, and no single step is bigger than one line's parse.

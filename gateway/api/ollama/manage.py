@@ -70,6 +70,7 @@ from gateway.lifecycle import Lifecycle
 from gateway.limits.limiter import KeyLimiter
 from gateway.metering.metrics import ALL_KEYS, OTHER_MODEL, Metrics
 from gateway.neutral import Outcome
+from gateway.policies import UpstreamTimeouts
 from gateway.routing import route_label
 from gateway.settings import Settings
 from gateway.upstream.client import build_upstream_client
@@ -341,7 +342,9 @@ async def _uploader(upstream: Upstream, settings: Settings) -> AsyncIterator[htt
     if settings.upstream_http_client == "httpx":
         yield upstream.client
         return
-    async with build_upstream_client(upstream.spec, settings, httpx.AsyncHTTPTransport()) as own:
+    async with build_upstream_client(
+        upstream.spec, UpstreamTimeouts.of(settings), httpx.AsyncHTTPTransport()
+    ) as own:
         yield own
 
 
