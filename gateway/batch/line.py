@@ -88,11 +88,18 @@ async def run_line(
         prompt_estimate=expected.prompt,
     )
     generation = Generation(
-        relay, state, request, headers, meter, admission, key=principal.key_id, background=holder
+        relay.services,
+        state,
+        request,
+        headers,
+        meter,
+        admission,
+        key=principal.key_id,
+        background=holder,
     )
     try:
         exchange = await generation.connect()
-        body = await generation.collect(exchange, endpoint.codec(request))
+        body = await generation.collect(endpoint.codec(request))
     except NoSpareCapacity:
         await generation.withdraw()
         raise

@@ -21,7 +21,7 @@ away that covers the whole request (one watcher task per request, not one per ph
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -38,7 +38,7 @@ from gateway.limits.limiter import KeyLimiter
 from gateway.metering.meter import RequestMeter
 from gateway.metering.metrics import ALL_KEYS, Metrics
 from gateway.metering.usage import UsageSink
-from gateway.relay.generation import Generation
+from gateway.relay.generation import Generation, Services
 from gateway.relay.response import RelayResponse
 from gateway.relay.surface import Endpoint
 from gateway.settings import Settings
@@ -61,6 +61,14 @@ class Relay:
     usage: UsageSink | None = None
     #: None when tracing is off: then the only cost per request is testing this.
     tracing: Tracing | None = None
+    #: What each `Generation` is handed: the part of these services it uses.
+    services: Services = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        services = Services(
+            self.pool, self.limiter, self.metrics, self.settings, self.usage, self.tracing
+        )
+        object.__setattr__(self, "services", services)  # a frozen dataclass's derived field
 
     async def handle(self, request: Request, principal: Principal, endpoint: Endpoint) -> Response:
         """Check and admit one generation or embedding request; return its response.
@@ -129,6 +137,17 @@ class Relay:
             prompt_estimate=expected.prompt,
         )
         generation = Generation(
-            self, state, generation_request, headers, meter, admission, key=principal.key_id
+            self.services,
+            state,
+            generation_request,
+            headers,
+            meter,
+            admission,
+            key=principal.key_id,
         )
-        return RelayResponse(generation, endpoint.codec(generation_request), self.lifecycle)
+        return RelayResponse(
+            generation,
+            endpoint.codec(generation_request),
+            self.lifecycle,
+            idle_timeout=self.settings.idle_timeout,
+        )

@@ -23,8 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import anyio
 from starlette.responses import Response
@@ -36,10 +37,6 @@ from gateway.neutral import Chunk
 from gateway.relay.deadline import IdleDeadline
 from gateway.relay.surface import Codec
 
-if TYPE_CHECKING:
-    from gateway.relay.exchange import Exchange
-    from gateway.relay.generation import Generation
-
 logger = logging.getLogger("gateway.relay")
 
 JSON = b"application/json; charset=utf-8"
@@ -49,28 +46,89 @@ JSON = b"application/json; charset=utf-8"
 CLIENT_CLOSED_REQUEST = 499
 
 
+class Stream(Protocol):
+    """An open upstream answer, as the response reads it (`gateway.relay.exchange.Exchange`)."""
+
+    @property
+    def outcome(self) -> str | None:
+        """None while running; then how the upstream's answer ended (`completed`, ...)."""
+        ...
+
+    def batches(self) -> AsyncGenerator[list[Chunk], None]:
+        """The answer's chunks, one batch per upstream read; never raises an upstream fault."""
+        ...
+
+
+class Run(Protocol):
+    """An admitted request, as the response drives it (`gateway.relay.generation.Generation`).
+
+    The response knows this much of the engine and nothing more, so that the modules of the
+    relay import each other in one direction only (`gateway.relay`).
+    """
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Extra response headers (the key's rate-limit headers)."""
+        ...
+
+    @property
+    def streams(self) -> bool:
+        """The client asked for a stream rather than one object."""
+        ...
+
+    @property
+    def observe(self) -> Callable[[Chunk], None]:
+        """What each chunk passes through just before the client gets it (the meter)."""
+        ...
+
+    async def connect(self) -> Stream:
+        """Open the upstream answer (upstream choice, slot, failover).
+
+        Raises:
+            GatewayError: no upstream answered; nothing was sent to the client yet.
+        """
+        ...
+
+    async def collect(self, codec: Codec) -> bytes:
+        """The whole answer of the stream `connect` opened, as one JSON object.
+
+        Raises:
+            GatewayError: the answer failed or is too large; nothing was sent yet.
+        """
+        ...
+
+    async def finish(self, outcome: str, status: int | None = None) -> None:
+        """Release what the request holds and record it (shielded; once)."""
+        ...
+
+
 class RelayResponse(Response):
     """Run a `Generation` and send its answer: streamed unbuffered, or one JSON object.
 
     A `Response` subclass only so that FastAPI passes it through untouched; it renders itself.
 
     Args:
-        generation: The admitted request (`gateway.relay.generation.Generation`).
+        generation: The admitted request (`Run`: a `gateway.relay.generation.Generation`).
         codec: Writes the answer in the client's format (`gateway.relay.surface.Codec`).
         lifecycle: Its stop signal ends the request; a running stream ends with an error chunk.
+        idle_timeout: Seconds a client may read nothing before its stream is closed
+            (`GATEWAY_IDLE_TIMEOUT`).
     """
 
-    def __init__(self, generation: Generation, codec: Codec, lifecycle: Lifecycle) -> None:
+    def __init__(
+        self, generation: Run, codec: Codec, lifecycle: Lifecycle, *, idle_timeout: float
+    ) -> None:
         self.status_code = 200
         self.background = None
         self.generation = generation
         self.codec = codec
         self.lifecycle = lifecycle
+        self.idle_timeout = idle_timeout
         self.raw_headers = [
             (name.lower().encode("latin-1"), value.encode("latin-1"))
             for name, value in generation.headers.items()
         ]
-        self.exchange: Exchange | None = None
+        self.exchange: Stream | None = None
         self.started = False
         self.client_gone = False
 
@@ -112,7 +170,7 @@ class RelayResponse(Response):
     async def _respond(self, send: Send) -> None:
         exchange = self.exchange = await self.generation.connect()
         stall = IdleDeadline()  # a client that reads nothing must not hold its slot forever
-        limit = self.generation.relay.settings.idle_timeout
+        limit = self.idle_timeout
 
         async def write(message: Message) -> None:
             await stall.wait(send(message), limit)
@@ -125,7 +183,7 @@ class RelayResponse(Response):
         finally:
             stall.close()
 
-    async def _relay(self, exchange: Exchange, write: Send) -> None:
+    async def _relay(self, exchange: Stream, write: Send) -> None:
         """Send the answer: the codec's stream as chunks come, or one JSON object.
 
         Raises:
@@ -134,7 +192,7 @@ class RelayResponse(Response):
             GatewayError: the `stream:false` answer failed before anything was sent.
         """
         if not self.generation.streams:
-            content = await self.generation.collect(exchange, self.codec)
+            content = await self.generation.collect(self.codec)
             length = str(len(content)).encode()
             headers = [(b"content-type", JSON), (b"content-length", length), *self.raw_headers]
             self.started = True
