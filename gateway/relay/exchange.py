@@ -27,7 +27,6 @@ well-behaved upstream sends it, and it is the upstream's fault.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -45,13 +44,10 @@ from tenacity import (
 
 from gateway.errors import (
     AnswerTooLargeError,
-    Blame,
     GatewayError,
-    ServiceUnavailableError,
     UntranslatableRequestError,
     UpstreamError,
     UpstreamStatusError,
-    UpstreamTimeoutError,
     UpstreamUnavailableError,
     parse_retry_after,
 )
@@ -71,6 +67,7 @@ from gateway.upstream.dialects.base import (
     json_thread_limiter,
     requested_vectors,
 )
+from gateway.upstream.errors import ERROR_BODY_LIMIT, error_message, status_kind, transport_error
 
 logger = logging.getLogger("gateway.relay")
 
@@ -79,9 +76,9 @@ E = TypeVar("E", bound=GatewayError)
 #: The client's error when the upstream is silent mid-stream for `GATEWAY_IDLE_TIMEOUT`.
 _IDLE_MESSAGE = "upstream sent nothing for {:g} s"
 
-#: Most bytes of an upstream error body read to find its message, and most bytes read after
-#: the final chunk to keep the connection (what Ollama sends after `done` is nothing at all).
-_ERROR_BODY_LIMIT = _DRAIN_LIMIT = 64 * 1024
+#: Most bytes read after the final chunk to keep the connection (what Ollama sends after `done`
+#: is nothing at all).
+_DRAIN_LIMIT = 64 * 1024
 #: Longest wait, in seconds, for the body's end after the final chunk (Ollama ends it at once).
 _DRAIN_SECONDS = 1.0
 #: Most bytes of one read fed to the decoder in one turn of the event loop (`_next_batch`).
@@ -236,7 +233,7 @@ class Exchange:
         if self._first[0].error is not None:  # an error as the first line: a 500 (section 4.2)
             error = UpstreamStatusError(500, self._first[0].error)
             self._note_server_error(error)
-            raise self._count(error, _status_kind(error))
+            raise self._count(error, status_kind(error))
 
     async def _next_batch(self) -> list[Chunk]:
         """Read until the decoder completes a chunk; return those chunks (at least one).
@@ -435,19 +432,22 @@ class Exchange:
         raw = b""
         async for part in response.aiter_bytes():
             raw += part
-            if len(raw) >= _ERROR_BODY_LIMIT:
+            if len(raw) >= ERROR_BODY_LIMIT:
                 break
-        message = _error_message(raw)
+        message = error_message(raw)
         logger.warning("upstream answered %s: %s", response.status_code, message[:200])
         retry_after = parse_retry_after(response.headers.get("retry-after"))
         error = UpstreamStatusError(response.status_code, message, retry_after=retry_after)
         self._note_server_error(error)
-        return self._count(error, _status_kind(error))
+        return self._count(error, status_kind(error))
 
     def _classify(
         self, exc: BaseException, deadline_message: str, *, request_deadline: bool = False
     ) -> GatewayError | None:
-        """Map a transport exception to the client's error; None for ones to re-raise.
+        """Map a transport exception to the client's error, counted; None for ones to re-raise.
+
+        The classifier is `gateway.upstream.errors.transport_error`; only an over-long answer
+        the request asked for is told apart here (it needs the request).
 
         Args:
             exc: What the try or the read raised.
@@ -466,51 +466,11 @@ class Exchange:
                     f"{MAX_LINE_BYTES // 2**20} MiB limit for one answer: send fewer inputs "
                     "per request"
                 )
-        if isinstance(exc, TimeoutError):
-            blame: Blame = "request" if request_deadline else "upstream"
-            return self._count(UpstreamTimeoutError(deadline_message, blame=blame), "timeout")
-        if isinstance(exc, httpx.PoolTimeout):
-            message = "every upstream connection is busy (GATEWAY_MAX_CONNECTIONS)"
-            return self._count(
-                ServiceUnavailableError(message, headers={"Retry-After": "1"}), "pool"
-            )
-        if isinstance(exc, httpx.ConnectTimeout):
-            return self._count(UpstreamTimeoutError("timed out connecting to upstream"), "timeout")
-        if isinstance(exc, httpx.TimeoutException):
-            return self._count(UpstreamTimeoutError(deadline_message), "timeout")
-        if isinstance(exc, httpx.ConnectError):
-            return self._count(UpstreamUnavailableError("upstream is unreachable"), "connect")
-        if isinstance(exc, httpx.HTTPError):
-            return self._count(
-                UpstreamUnavailableError("upstream closed the connection unexpectedly"), "stream"
-            )
-        if isinstance(exc, StreamBrokenError):
-            return self._count(UpstreamUnavailableError(str(exc)), "stream")
-        return None
+        classified = transport_error(exc, deadline_message, request_deadline=request_deadline)
+        if classified is None:
+            return None
+        return self._count(*classified)
 
     def _count(self, error: E, kind: str) -> E:
         self._metrics.upstream_errors.labels(kind).inc()
         return error
-
-
-def _status_kind(error: UpstreamStatusError) -> str:
-    """The `gateway_upstream_errors_total` kind of an upstream error status (docs/metrics.md)."""
-    if error.upstream_status == 429:
-        return "rate_limited"
-    if error.upstream_status == 503:
-        return "busy"
-    if error.status_code < 500:  # passed on as 4xx: the upstream refused the request
-        return "status_4xx"
-    return "status"
-
-
-def _error_message(raw: bytes) -> str:
-    """Find the message in an Ollama (`{"error": str}`) or OpenAI (`{"error": {...}}`) body."""
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
-        return raw[:200].decode("utf-8", "replace").strip()
-    error = data.get("error") if isinstance(data, dict) else None
-    if isinstance(error, dict):
-        error = error.get("message")
-    return str(error) if error else ""

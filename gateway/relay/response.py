@@ -1,13 +1,10 @@
 """The response of a generation: connects upstream, relays the answer, and always finishes.
 
-Pure ASGI, not a `StreamingResponse` subclass. One watcher task per request listens for
-`http.disconnect`, whatever ASGI spec version the server reports (Starlette only listens below
-2.4), from the wait for an upstream slot to the last chunk, and cancels the request's cancel
-scope: a client that goes away cancels the upstream request at once, even while the upstream
-is silent (field failure F-13). The same scope is what a shutdown's deadline cancels
-(`gateway.lifecycle`). The watcher is a plain asyncio task, cancelled when the request ends,
-not an anyio task group: the group's bookkeeping cost about 30 µs per request
-(docs/performance.md), and nothing waits for the watcher's end.
+Pure ASGI, not a `StreamingResponse` subclass. One watcher task per request
+(`gateway.relay.disconnect`) listens for `http.disconnect` from the wait for an upstream slot to
+the last chunk, and cancels the request's cancel scope: a client that goes away cancels the
+upstream request at once, even while the upstream is silent (field failure F-13). The same
+scope is what a shutdown's deadline cancels (`gateway.lifecycle`).
 
 Until the first byte is sent, a failure is raised as a `GatewayError`, which the app's error
 handlers turn into a real status in the client's dialect; after it, the stream ends with one
@@ -20,7 +17,6 @@ its stream is closed and its slot freed. The outcome is recorded exactly once; a
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, Callable
@@ -35,6 +31,7 @@ from gateway.errors import ServiceUnavailableError
 from gateway.lifecycle import Lifecycle
 from gateway.neutral import Chunk
 from gateway.relay.deadline import IdleDeadline
+from gateway.relay.disconnect import watch_disconnect
 from gateway.relay.surface import Codec
 
 logger = logging.getLogger("gateway.relay")
@@ -142,9 +139,7 @@ class RelayResponse(Response):
         error: Exception | None = None
         try:
             with anyio.CancelScope() as cancel, self.lifecycle.ends_with(cancel):
-                watcher = asyncio.get_running_loop().create_task(
-                    self._watch_disconnect(receive, cancel)
-                )
+                watcher = watch_disconnect(receive, cancel, self._client_left)
                 try:
                     await self._respond(send)
                 except OSError:  # the server could not write: the client is gone
@@ -248,9 +243,5 @@ class RelayResponse(Response):
             await send({"type": "http.response.body", "body": line, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
-        # The body has been read already: the next message can only be `http.disconnect`.
-        while (await receive())["type"] != "http.disconnect":
-            pass
+    def _client_left(self) -> None:
         self.client_gone = True
-        scope.cancel()
