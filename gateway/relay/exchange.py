@@ -9,7 +9,7 @@ reference section 4.3, or an SSE error event), and is kept in `failure`.
 
 Every upstream error carries its `blame` (`gateway.errors.Blame`): the caller feeds the circuit
 breaker from it, and only failures that are not the request's are retried (the rule by kind of
-fault is `Exchange._retrying`; docs/operations.md, "Retries and failover by kind of fault"). The
+fault is `gateway.relay.retry`; docs/operations.md, "Retries and failover by kind of fault"). The
 upstream request is built once, before any try, so a body the gateway cannot translate is the
 client's 422, never an upstream fault.
 
@@ -34,13 +34,6 @@ from typing import TypeVar
 
 import anyio
 import httpx
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential_jitter,
-)
 
 from gateway.errors import (
     AnswerTooLargeError,
@@ -54,6 +47,7 @@ from gateway.errors import (
 from gateway.metering.meter import RequestMeter
 from gateway.neutral import Chunk, GenerationRequest
 from gateway.relay.deadline import IdleDeadline
+from gateway.relay.retry import retryable, with_retries
 from gateway.settings import Settings
 from gateway.upstream.client import GenerationClient
 from gateway.upstream.dialects.base import (
@@ -154,8 +148,14 @@ class Exchange:
         phase = self._settings.first_byte_timeout
         timeout, message = self._deadline(phase, "upstream sent nothing within {:g} s")
         try:
-            with anyio.fail_after(timeout):
-                await self._attempts()
+            with anyio.fail_after(timeout):  # the retries too: all before the first byte
+                await with_retries(
+                    self._attempt,
+                    self._retryable,
+                    attempts=self._settings.retry_attempts,
+                    backoff=self._settings.retry_backoff,
+                    metrics=self._metrics,
+                )
         except BaseException as exc:
             await self.aclose()
             error = self._classify(exc, message, request_deadline=timeout < phase)
@@ -183,28 +183,6 @@ class Exchange:
             logger.warning("cannot build the upstream request: %r", exc)
             message = f"the {self._dialect.name} upstream cannot take this request"
             raise UntranslatableRequestError(message) from exc
-
-    async def _attempts(self) -> None:
-        """The first try at once; tenacity takes over only when it failed and may be retried.
-
-        Most requests succeed at the first try, and an `AsyncRetrying` loop costs about 50 µs
-        of CPU per request (docs/performance.md). After a retryable failure the loop starts
-        with that failure as its first attempt, so the backoff, the retry counting and the
-        attempt limit are tenacity's exactly as if it had run from the start.
-        """
-        try:
-            await self._attempt()
-            return
-        except Exception as exc:
-            if not self._retryable(exc) or self._settings.retry_attempts < 2:
-                raise
-            failure: Exception | None = exc
-        async for attempt in self._retrying():
-            with attempt:
-                if failure is not None:
-                    first, failure = failure, None
-                    raise first
-                await self._attempt()
 
     async def _attempt(self) -> None:
         """One try: send, check the status, wait for the first chunk."""
@@ -276,52 +254,16 @@ class Exchange:
             if chunks:
                 return chunks
 
-    def _retrying(self) -> AsyncRetrying:
-        """Retries on this upstream before the first byte (tenacity), with backoff and jitter.
-
-        Retried up to `GATEWAY_RETRY_ATTEMPTS` tries: refused or reset connections, and upstream
-        502/503/504 answers (Ollama's "server busy" 503, reference section 8); `_attempts` says
-        when the loop starts. A 500 not blamed on the request at most once, and only when
-        `retry_server_error` (no other upstream is left): a model server's 500 is usually the
-        same for the same request, and each try costs a generation. Never a timeout (the
-        upstream may still be generating: the caller moves on), never a 4xx, never what the
-        request caused (`blame == "request"`, such as a 500 in
-        `gateway.errors.REQUEST_BLAMING_500`: it fails the same way anywhere), never an answer
-        with `Retry-After` (not sooner than asked: the caller moves on to another upstream), and
-        never once a chunk has been relayed: `open()` is the only caller, and the client has
-        received nothing while it runs (field failure F-06).
-        """
-        settings = self._settings
-        return AsyncRetrying(
-            stop=stop_after_attempt(settings.retry_attempts),
-            wait=wait_exponential_jitter(
-                multiplier=settings.retry_backoff, max=2.0, jitter=settings.retry_backoff
-            ),
-            retry=retry_if_exception(self._retryable),
-            before_sleep=self._count_retry,
-            reraise=True,
-        )
-
     def _retryable(self, exc: BaseException) -> bool:
-        """Whether a failed try may be repeated on the same upstream (see `_retrying`)."""
-        if isinstance(exc, UpstreamStatusError):
-            if exc.blame == "request" or exc.retry_after is not None:
-                return False
-            if exc.upstream_status == 500:
-                return self._retry_server_error and self.server_errors < 2
-            return exc.upstream_status in (502, 503, 504)
-        return isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError)
+        """Whether a failed try may be repeated on this upstream (`gateway.relay.retry`)."""
+        return retryable(
+            exc, retry_server_error=self._retry_server_error, server_errors=self.server_errors
+        )
 
     def _note_server_error(self, error: UpstreamStatusError) -> None:
         """Count a 500 that is not the request's fault (`server_errors`)."""
         if error.upstream_status == 500 and error.blame != "request":
             self.server_errors += 1
-
-    def _count_retry(self, state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome else None
-        reason = "status" if isinstance(exc, UpstreamStatusError) else "connect"
-        self._metrics.upstream_retries.labels(reason).inc()
-        logger.info("retrying upstream request (%s), attempt %d", reason, state.attempt_number)
 
     def _deadline(self, phase_timeout: float, phase_message: str) -> tuple[float, str]:
         """The seconds to wait now and the message if they run out.
