@@ -1,10 +1,11 @@
 """One batch line through the same pipeline as an interactive request, with no client.
 
 The key's limits (RPM, in-flight, TPM), its model allow-list, the upstream choice, failover,
-retries, metrics and usage are the interactive path's own (`gateway.relay.pipeline`); only two
-things differ. The line takes an upstream slot only when one is spare for batch work
-(`UpstreamSlots.try_acquire_background`), and its answer is collected into one JSON object
-instead of being written to a socket. Its metrics carry the route label `/v1/batches`.
+retries, metrics and usage are the interactive path's own (`gateway.relay.admission`,
+`gateway.relay.pipeline`); only two things differ. The line takes an upstream slot only when
+one is spare for batch work (`UpstreamSlots.try_acquire_background`), and its answer is
+collected into one JSON object instead of being written to a socket. Its metrics carry the
+route label `/v1/batches`.
 """
 
 from __future__ import annotations
@@ -16,17 +17,11 @@ import anyio
 
 from gateway.auth.principal import Principal
 from gateway.context import RequestContext
-from gateway.errors import ForbiddenError
-from gateway.limits.estimate import estimate_tokens
-from gateway.metering.meter import RequestMeter
-from gateway.metering.metrics import ALL_KEYS
 from gateway.neutral import Outcome
-from gateway.relay.generation import Generation
+from gateway.relay.admission import admit_generation
 from gateway.relay.pipeline import Relay
 from gateway.relay.surface import Endpoint
-from gateway.upstream.headers import upstream_request_headers
 from gateway.upstream.slots import NoSpareCapacity
-from gateway.wire.json import parse_request_body
 
 #: The `route` label of batch lines in the metrics (one value, whatever the batch's endpoint).
 BATCH_ROUTE = "/v1/batches"
@@ -65,36 +60,19 @@ async def run_line(
         NoSpareCapacity: no upstream slot is spare for batch work (likewise).
         GatewayError: every other failure, as the interactive path raises it.
     """
-    arrival = time.perf_counter()
-    context = RequestContext(request_id, arrival)  # no scope: the line's own
-    admission = await relay.limiter.admit(principal)
-    try:
-        request = await parse_request_body(endpoint.parse, raw, relay.settings)
-        if not principal.allows_model(request.model):
-            raise ForbiddenError(f"this API key may not use model '{request.model}'")
-        headers = upstream_request_headers((), request_id=request_id)
-        expected = estimate_tokens(request, relay.settings.tpm_reserve_tokens)
-        await relay.limiter.reserve(admission, expected)
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            await relay.limiter.release(admission, 0)
-        raise
-    meter = RequestMeter(
-        metrics=relay.metrics,
+    context = RequestContext(request_id, time.perf_counter())  # no scope: the line's own
+    generation = await admit_generation(
+        relay.services,
+        principal,
+        endpoint,
+        raw,
+        context=context,
         route=BATCH_ROUTE,
-        model=relay.pool.label(request.model),
-        key=principal.name if relay.settings.metrics_per_key else ALL_KEYS,
-        arrival=arrival,
-        key_id=principal.key_id,
-        requested_model=request.model,
-        prompt_estimate=expected.prompt,
-    )
-    generation = Generation(
-        relay, context, request, headers, meter, admission, key=principal.key_id, background=holder
+        background=holder,
     )
     try:
         exchange = await generation.connect()
-        body = await generation.collect(exchange, endpoint.codec(request))
+        body = await generation.collect(endpoint.codec(generation.request))
     except NoSpareCapacity:
         await generation.withdraw()
         raise

@@ -9,7 +9,7 @@ reference section 4.3, or an SSE error event), and is kept in `failure`.
 
 Every upstream error carries its `blame` (`gateway.errors.Blame`): the caller feeds the circuit
 breaker from it, and only failures that are not the request's are retried (the rule by kind of
-fault is `Exchange._retrying`; docs/operations.md, "Retries and failover by kind of fault"). The
+fault is `gateway.relay.retry`; docs/operations.md, "Retries and failover by kind of fault"). The
 upstream request is built once, before any try, so a body the gateway cannot translate is the
 client's 422, never an upstream fault.
 
@@ -27,7 +27,6 @@ well-behaved upstream sends it, and it is the upstream's fault.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -35,29 +34,20 @@ from typing import TypeVar
 
 import anyio
 import httpx
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential_jitter,
-)
 
 from gateway.errors import (
     AnswerTooLargeError,
-    Blame,
     GatewayError,
-    ServiceUnavailableError,
     UntranslatableRequestError,
     UpstreamError,
     UpstreamStatusError,
-    UpstreamTimeoutError,
     UpstreamUnavailableError,
     parse_retry_after,
 )
 from gateway.metering.meter import RequestMeter
 from gateway.neutral import Chunk, GenerationRequest, Outcome
 from gateway.relay.deadline import IdleDeadline
+from gateway.relay.retry import retryable, with_retries
 from gateway.settings import Settings
 from gateway.upstream.client import GenerationClient
 from gateway.upstream.dialects.base import (
@@ -69,6 +59,7 @@ from gateway.upstream.dialects.base import (
     StreamDecoder,
     requested_vectors,
 )
+from gateway.upstream.errors import ERROR_BODY_LIMIT, error_message, status_kind, transport_error
 from gateway.wire.json import INLINE_PARSE_BYTES, json_thread_limiter
 
 logger = logging.getLogger("gateway.relay")
@@ -78,9 +69,9 @@ E = TypeVar("E", bound=GatewayError)
 #: The client's error when the upstream is silent mid-stream for `GATEWAY_IDLE_TIMEOUT`.
 _IDLE_MESSAGE = "upstream sent nothing for {:g} s"
 
-#: Most bytes of an upstream error body read to find its message, and most bytes read after
-#: the final chunk to keep the connection (what Ollama sends after `done` is nothing at all).
-_ERROR_BODY_LIMIT = _DRAIN_LIMIT = 64 * 1024
+#: Most bytes read after the final chunk to keep the connection (what Ollama sends after `done`
+#: is nothing at all).
+_DRAIN_LIMIT = 64 * 1024
 #: Longest wait, in seconds, for the body's end after the final chunk (Ollama ends it at once).
 _DRAIN_SECONDS = 1.0
 #: Most bytes of one read fed to the decoder in one turn of the event loop (`_next_batch`).
@@ -156,8 +147,14 @@ class Exchange:
         phase = self._settings.first_byte_timeout
         timeout, message = self._deadline(phase, "upstream sent nothing within {:g} s")
         try:
-            with anyio.fail_after(timeout):
-                await self._attempts()
+            with anyio.fail_after(timeout):  # the retries too: all before the first byte
+                await with_retries(
+                    self._attempt,
+                    self._retryable,
+                    attempts=self._settings.retry_attempts,
+                    backoff=self._settings.retry_backoff,
+                    metrics=self._metrics,
+                )
         except BaseException as exc:
             await self.aclose()
             error = self._classify(exc, message, request_deadline=timeout < phase)
@@ -186,28 +183,6 @@ class Exchange:
             message = f"the {self._dialect.name} upstream cannot take this request"
             raise UntranslatableRequestError(message) from exc
 
-    async def _attempts(self) -> None:
-        """The first try at once; tenacity takes over only when it failed and may be retried.
-
-        Most requests succeed at the first try, and an `AsyncRetrying` loop costs about 50 µs
-        of CPU per request (docs/performance.md). After a retryable failure the loop starts
-        with that failure as its first attempt, so the backoff, the retry counting and the
-        attempt limit are tenacity's exactly as if it had run from the start.
-        """
-        try:
-            await self._attempt()
-            return
-        except Exception as exc:
-            if not self._retryable(exc) or self._settings.retry_attempts < 2:
-                raise
-            failure: Exception | None = exc
-        async for attempt in self._retrying():
-            with attempt:
-                if failure is not None:
-                    first, failure = failure, None
-                    raise first
-                await self._attempt()
-
     async def _attempt(self) -> None:
         """One try: send, check the status, wait for the first chunk."""
         await self.aclose()  # what a failed earlier try left open
@@ -235,7 +210,7 @@ class Exchange:
         if self._first[0].error is not None:  # an error as the first line: a 500 (section 4.2)
             error = UpstreamStatusError(500, self._first[0].error)
             self._note_server_error(error)
-            raise self._count(error, _status_kind(error))
+            raise self._count(error, status_kind(error))
 
     async def _next_batch(self) -> list[Chunk]:
         """Read until the decoder completes a chunk; return those chunks (at least one).
@@ -278,52 +253,16 @@ class Exchange:
             if chunks:
                 return chunks
 
-    def _retrying(self) -> AsyncRetrying:
-        """Retries on this upstream before the first byte (tenacity), with backoff and jitter.
-
-        Retried up to `GATEWAY_RETRY_ATTEMPTS` tries: refused or reset connections, and upstream
-        502/503/504 answers (Ollama's "server busy" 503, reference section 8); `_attempts` says
-        when the loop starts. A 500 not blamed on the request at most once, and only when
-        `retry_server_error` (no other upstream is left): a model server's 500 is usually the
-        same for the same request, and each try costs a generation. Never a timeout (the
-        upstream may still be generating: the caller moves on), never a 4xx, never what the
-        request caused (`blame == "request"`, such as a 500 in
-        `gateway.errors.REQUEST_BLAMING_500`: it fails the same way anywhere), never an answer
-        with `Retry-After` (not sooner than asked: the caller moves on to another upstream), and
-        never once a chunk has been relayed: `open()` is the only caller, and the client has
-        received nothing while it runs (field failure F-06).
-        """
-        settings = self._settings
-        return AsyncRetrying(
-            stop=stop_after_attempt(settings.retry_attempts),
-            wait=wait_exponential_jitter(
-                multiplier=settings.retry_backoff, max=2.0, jitter=settings.retry_backoff
-            ),
-            retry=retry_if_exception(self._retryable),
-            before_sleep=self._count_retry,
-            reraise=True,
-        )
-
     def _retryable(self, exc: BaseException) -> bool:
-        """Whether a failed try may be repeated on the same upstream (see `_retrying`)."""
-        if isinstance(exc, UpstreamStatusError):
-            if exc.blame == "request" or exc.retry_after is not None:
-                return False
-            if exc.upstream_status == 500:
-                return self._retry_server_error and self.server_errors < 2
-            return exc.upstream_status in (502, 503, 504)
-        return isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError)
+        """Whether a failed try may be repeated on this upstream (`gateway.relay.retry`)."""
+        return retryable(
+            exc, retry_server_error=self._retry_server_error, server_errors=self.server_errors
+        )
 
     def _note_server_error(self, error: UpstreamStatusError) -> None:
         """Count a 500 that is not the request's fault (`server_errors`)."""
         if error.upstream_status == 500 and error.blame != "request":
             self.server_errors += 1
-
-    def _count_retry(self, state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome else None
-        reason = "status" if isinstance(exc, UpstreamStatusError) else "connect"
-        self._metrics.upstream_retries.labels(reason).inc()
-        logger.info("retrying upstream request (%s), attempt %d", reason, state.attempt_number)
 
     def _deadline(self, phase_timeout: float, phase_message: str) -> tuple[float, str]:
         """The seconds to wait now and the message if they run out.
@@ -434,19 +373,22 @@ class Exchange:
         raw = b""
         async for part in response.aiter_bytes():
             raw += part
-            if len(raw) >= _ERROR_BODY_LIMIT:
+            if len(raw) >= ERROR_BODY_LIMIT:
                 break
-        message = _error_message(raw)
+        message = error_message(raw)
         logger.warning("upstream answered %s: %s", response.status_code, message[:200])
         retry_after = parse_retry_after(response.headers.get("retry-after"))
         error = UpstreamStatusError(response.status_code, message, retry_after=retry_after)
         self._note_server_error(error)
-        return self._count(error, _status_kind(error))
+        return self._count(error, status_kind(error))
 
     def _classify(
         self, exc: BaseException, deadline_message: str, *, request_deadline: bool = False
     ) -> GatewayError | None:
-        """Map a transport exception to the client's error; None for ones to re-raise.
+        """Map a transport exception to the client's error, counted; None for ones to re-raise.
+
+        The classifier is `gateway.upstream.errors.transport_error`; only an over-long answer
+        the request asked for is told apart here (it needs the request).
 
         Args:
             exc: What the try or the read raised.
@@ -465,51 +407,11 @@ class Exchange:
                     f"{MAX_LINE_BYTES // 2**20} MiB limit for one answer: send fewer inputs "
                     "per request"
                 )
-        if isinstance(exc, TimeoutError):
-            blame: Blame = "request" if request_deadline else "upstream"
-            return self._count(UpstreamTimeoutError(deadline_message, blame=blame), "timeout")
-        if isinstance(exc, httpx.PoolTimeout):
-            message = "every upstream connection is busy (GATEWAY_MAX_CONNECTIONS)"
-            return self._count(
-                ServiceUnavailableError(message, headers={"Retry-After": "1"}), "pool"
-            )
-        if isinstance(exc, httpx.ConnectTimeout):
-            return self._count(UpstreamTimeoutError("timed out connecting to upstream"), "timeout")
-        if isinstance(exc, httpx.TimeoutException):
-            return self._count(UpstreamTimeoutError(deadline_message), "timeout")
-        if isinstance(exc, httpx.ConnectError):
-            return self._count(UpstreamUnavailableError("upstream is unreachable"), "connect")
-        if isinstance(exc, httpx.HTTPError):
-            return self._count(
-                UpstreamUnavailableError("upstream closed the connection unexpectedly"), "stream"
-            )
-        if isinstance(exc, StreamBrokenError):
-            return self._count(UpstreamUnavailableError(str(exc)), "stream")
-        return None
+        classified = transport_error(exc, deadline_message, request_deadline=request_deadline)
+        if classified is None:
+            return None
+        return self._count(*classified)
 
     def _count(self, error: E, kind: str) -> E:
         self._metrics.upstream_errors.labels(kind).inc()
         return error
-
-
-def _status_kind(error: UpstreamStatusError) -> str:
-    """The `gateway_upstream_errors_total` kind of an upstream error status (docs/metrics.md)."""
-    if error.upstream_status == 429:
-        return "rate_limited"
-    if error.upstream_status == 503:
-        return "busy"
-    if error.status_code < 500:  # passed on as 4xx: the upstream refused the request
-        return "status_4xx"
-    return "status"
-
-
-def _error_message(raw: bytes) -> str:
-    """Find the message in an Ollama (`{"error": str}`) or OpenAI (`{"error": {...}}`) body."""
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
-        return raw[:200].decode("utf-8", "replace").strip()
-    error = data.get("error") if isinstance(data, dict) else None
-    if isinstance(error, dict):
-        error = error.get("message")
-    return str(error) if error else ""

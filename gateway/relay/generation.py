@@ -3,14 +3,15 @@
 `Relay.handle` (`gateway.relay.pipeline`) admits the request and builds its `Generation`;
 `RelayResponse` (`gateway.relay.response`) then drives it: `connect` (choose an upstream, its
 slot, open the exchange with failover), the stream or `collect`, and `finish` or `withdraw`,
-which give back the slot and the key's limits exactly once.
+which give back the slot and the key's limits exactly once. It is handed the services it uses
+(`Services`), not the `Relay`, so that no module of the relay imports back up into the pipeline.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import aclosing
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import anyio
 from opentelemetry.trace import Span
@@ -24,18 +25,40 @@ from gateway.errors import (
     UpstreamError,
     UpstreamStatusError,
 )
-from gateway.limits.limiter import Admission
+from gateway.limits.limiter import Admission, KeyLimiter
 from gateway.metering.meter import RequestMeter
+from gateway.metering.metrics import Metrics
+from gateway.metering.usage import UsageSink
 from gateway.neutral import Chunk, GenerationRequest, Outcome
 from gateway.relay.exchange import Exchange
 from gateway.relay.surface import Codec
-from gateway.tracing.spans import end_upstream, end_upstream_failure
+from gateway.settings import Settings
+from gateway.tracing.spans import Tracing, end_upstream, end_upstream_failure
 from gateway.upstream.dialects.base import MAX_LINE_BYTES
-from gateway.upstream.pool import Upstream
+from gateway.upstream.pool import Upstream, UpstreamPool
 from gateway.wire.json import INLINE_PARSE_BYTES
 
-if TYPE_CHECKING:
-    from gateway.relay.pipeline import Relay
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """The app-wide services a `Generation` uses, built once (`gateway.relay.pipeline.Relay`).
+
+    Attributes:
+        pool: Chooses the upstream, and hears how each attempt went (its circuit breaker).
+        limiter: Settles the key's in-flight count and TPM when the request ends.
+        metrics: `gateway_upstream_failovers_total`, and the meter's series.
+        settings: The batch slot policy, the circuit cooldown (Retry-After when no upstream
+            is left), and the exchange's timeouts and retry policy.
+        usage: Where the finished request's summary is written; None when usage is off.
+        tracing: Starts each attempt's CLIENT span; None when tracing is off.
+    """
+
+    pool: UpstreamPool
+    limiter: KeyLimiter
+    metrics: Metrics
+    settings: Settings
+    usage: UsageSink | None = None
+    tracing: Tracing | None = None
 
 
 class Generation:
@@ -61,7 +84,7 @@ class Generation:
 
     def __init__(
         self,
-        relay: Relay,
+        services: Services,
         context: RequestContext,
         request: GenerationRequest,
         upstream_headers: dict[str, str],
@@ -71,7 +94,7 @@ class Generation:
         key: str,
         background: anyio.CancelScope | None = None,
     ) -> None:
-        self.relay = relay
+        self.services = services
         self.background = background
         self.key = key  # the API key's id: whose request an ambiguous upstream failure was
         self.context = context
@@ -89,7 +112,7 @@ class Generation:
         self.span: Span | None = None
         self.answer: list[str] | None = None  # the text, kept only for a span that shows it
         self.observe: Callable[[Chunk], None] = meter.observe
-        if relay.tracing is not None and relay.tracing.capture_content:
+        if services.tracing is not None and services.tracing.capture_content:
             self.answer = []
             self.observe = self._observe_keeping_text
 
@@ -111,7 +134,7 @@ class Generation:
             GatewayError: the first "busy" answer (429, 503: it says when to come back) if an
                 upstream gave one, else the last upstream's failure; 503 when none is available.
         """
-        relay = self.relay
+        services = self.services
         tried: set[str] = set()
         last: GatewayError | None = None
         busy: GatewayError | None = None  # an upstream that turned it away for load
@@ -119,10 +142,10 @@ class Generation:
         # After a busy answer no open circuit is tried (panic=False): the client gets that
         # answer's Retry-After at once rather than after a dead upstream's first-byte timeout.
         while (
-            upstream := relay.pool.choose(self.request.model, tried, panic=busy is None)
+            upstream := services.pool.choose(self.request.model, tried, panic=busy is None)
         ) is not None:
             if tried:
-                relay.metrics.upstream_failovers.inc()
+                services.metrics.upstream_failovers.inc()
             tried.add(upstream.name)
             self.meter.upstream_timings = upstream.dialect.reports_timings
             self.meter.upstream = upstream.name
@@ -135,29 +158,29 @@ class Generation:
                 else:
                     self.holds_slot = upstream.slots.try_acquire_background(
                         self.background,
-                        relay.settings.batch_reserved_slots,
-                        relay.settings.batch_max_concurrent,
+                        services.settings.batch_reserved_slots,
+                        services.settings.batch_max_concurrent,
                     )
                     self.holds_background = True
                 headers = self.upstream_headers
-                if relay.tracing is not None:  # the span starts once the upstream's slot is held
-                    span = self.span = relay.tracing.start_upstream(
+                if services.tracing is not None:  # the span starts once the upstream's slot is held
+                    span = self.span = services.tracing.start_upstream(
                         self.context.span, self.request, upstream
                     )
-                    headers = relay.tracing.inject(span, headers)
+                    headers = services.tracing.inject(span, headers)
                 self.exchange = exchange = Exchange(
                     client=upstream.generation,
                     dialect=upstream.dialect,
                     request=self.request,
                     headers=headers,
-                    settings=relay.settings,
+                    settings=services.settings,
                     meter=self.meter,
                     # A 500's one more try goes to another upstream while one is left.
                     retry_server_error=not server_errors
-                    and len(tried) == len(relay.pool.upstreams),
+                    and len(tried) == len(services.pool.upstreams),
                 )
                 await exchange.open()
-                relay.pool.answering(upstream)
+                services.pool.answering(upstream)
             except UntranslatableRequestError as exc:
                 self._end_span(exc)
                 await self._release(None)  # another upstream's dialect may express it
@@ -167,7 +190,7 @@ class Generation:
                 self._end_span(exc)
                 retry_after = getattr(exc, "retry_after", None)
                 if retry_after:
-                    relay.pool.defer(upstream, retry_after)
+                    services.pool.defer(upstream, retry_after)
                 if exc.status_code < 500 and getattr(exc, "upstream_status", None) != 429:
                     raise  # the upstream answered (a 4xx): `finish` records it as an answer
                 await self._release(*self._verdict(exc))
@@ -186,7 +209,7 @@ class Generation:
             raise busy
         if last is not None:
             raise last
-        wait = relay.pool.retry_after(relay.settings.circuit_cooldown)
+        wait = services.pool.retry_after(services.settings.circuit_cooldown)
         raise ServiceUnavailableError(
             "no upstream is available: all are down or out of rotation",
             headers={"Retry-After": str(wait)},
@@ -220,7 +243,7 @@ class Generation:
             return None, None
         return False, self.key if error.blame == "either" else None
 
-    async def collect(self, exchange: Exchange, codec: Codec) -> bytes:
+    async def collect(self, codec: Codec) -> bytes:
         """Aggregate the whole stream for `stream:false` (reference section 2.4); JSON bytes.
 
         At most `MAX_LINE_BYTES` of upstream answer are collected: how long an answer is
@@ -234,6 +257,8 @@ class Generation:
             GatewayError: the upstream failed mid-answer; nothing was sent yet, so the client
                 gets a real status and the partial text is discarded, as Ollama does.
         """
+        exchange = self.exchange  # the one `connect` returned
+        assert exchange is not None  # noqa: S101 - called after a successful `connect`
         async with aclosing(exchange.batches()) as batches:
             async for batch in batches:
                 for chunk in batch:
@@ -269,7 +294,7 @@ class Generation:
                     )
                 elif self.holds_slot:
                     self.upstream.slots.release()
-                self.relay.pool.finished(self.upstream, healthy, key)
+                self.services.pool.finished(self.upstream, healthy, key)
         self.holds_slot = self.holds_background = False
         self.upstream = self.exchange = None
 
@@ -289,7 +314,7 @@ class Generation:
             try:
                 await self._release(None)
             finally:
-                await self.relay.limiter.release(self.admission, 0)
+                await self.services.limiter.release(self.admission, 0)
 
     async def finish(self, outcome: Outcome, status: int | None = None) -> None:
         """Release the upstream, charge tokens, record metrics (shielded); once."""
@@ -308,8 +333,8 @@ class Generation:
                 await self._release(healthy, key)
                 summary = self.meter.finish(outcome, status)
                 self.context.finish(summary)
-                if self.relay.usage is not None:
-                    self.relay.usage.record(summary)
+                if self.services.usage is not None:
+                    self.services.usage.record(summary)
                 if self.span is not None:
                     end_upstream(
                         self.span,
@@ -320,7 +345,7 @@ class Generation:
                     )
                     self.span = None
             finally:  # whatever failed above, the key's in-flight count and TPM are settled
-                await self.relay.limiter.release(self.admission, self.meter.charged_tokens)
+                await self.services.limiter.release(self.admission, self.meter.charged_tokens)
 
 
 def _fails_over(error: GatewayError) -> bool:

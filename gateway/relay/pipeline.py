@@ -4,16 +4,17 @@ The flow is the same for every client surface and upstream dialect: the surface'
 (`gateway.relay.surface`) parses the body into a neutral `GenerationRequest` and supplies the
 codec that writes the answer; the upstream's dialect translates both ways.
 
-per-key RPM and in-flight limits -> read and check the body -> the key's model allow-list ->
-reserve its expected tokens in the key's TPM -> (the response starts running:
-`gateway.relay.response`) -> choose an upstream (gateway.upstream.pool) -> its slot (bounded
-queue) -> open the exchange (retries, first-byte deadline; on failure the next upstream) ->
-stream (the codec's NDJSON or SSE), or aggregate for `stream:false` ->
+the drain check -> per-key RPM and in-flight limits -> read and check the body -> the key's
+model allow-list -> reserve its expected tokens in the key's TPM (the one admission path,
+`gateway.relay.admission`, shared with batch lines and model management) -> (the response
+starts running: `gateway.relay.response`) -> choose an upstream (gateway.upstream.pool) -> its
+slot (bounded queue) -> open the exchange (retries, first-byte deadline; on failure the next
+upstream) -> stream (the codec's NDJSON or SSE), or aggregate for `stream:false` ->
 finish: metrics, usage and the upstream's trace span (the summary), TPM settled (refund or
 charge), slots back. A refusal on the way (after authentication) is recorded in usage too
 (`Relay.handle`).
 
-The endpoint does the checks and returns a `RelayResponse` for a `Generation`; everything from
+`Relay.handle` does the checks and builds a `RelayResponse` for a `Generation`; everything from
 choosing an upstream on runs inside that response, under the one watcher for the client going
 away that covers the whole request (one watcher task per request, not one per phase).
 """
@@ -21,32 +22,24 @@ away that covers the whole request (one watcher task per request, not one per ph
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import anyio
 from fastapi import Request, Response
 
 from gateway.auth.principal import Principal
 from gateway.context import RequestContext, request_context
-from gateway.errors import (
-    ForbiddenError,
-    ServiceUnavailableError,
-)
+from gateway.errors import ServiceUnavailableError
 from gateway.lifecycle import Lifecycle
-from gateway.limits.estimate import estimate_tokens
 from gateway.limits.limiter import KeyLimiter
-from gateway.metering.meter import RequestMeter
-from gateway.metering.metrics import ALL_KEYS, Metrics
+from gateway.metering.metrics import Metrics
 from gateway.metering.usage import UsageSink
-from gateway.relay.generation import Generation
+from gateway.relay.admission import admit_generation
+from gateway.relay.generation import Services
 from gateway.relay.response import RelayResponse
 from gateway.relay.surface import Endpoint
 from gateway.settings import Settings
 from gateway.tracing.spans import Tracing
-from gateway.upstream.headers import upstream_request_headers
 from gateway.upstream.pool import UpstreamPool
-from gateway.wire.body import read_body
-from gateway.wire.json import parse_request_body
 
 
 @dataclass(frozen=True)
@@ -61,6 +54,14 @@ class Relay:
     usage: UsageSink | None = None
     #: None when tracing is off: then the only cost per request is testing this.
     tracing: Tracing | None = None
+    #: What each `Generation` is handed: the part of these services it uses.
+    services: Services = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        services = Services(
+            self.pool, self.limiter, self.metrics, self.settings, self.usage, self.tracing
+        )
+        object.__setattr__(self, "services", services)  # a frozen dataclass's derived field
 
     async def handle(self, request: Request, principal: Principal, endpoint: Endpoint) -> Response:
         """Check and admit one generation or embedding request; return its response.
@@ -97,37 +98,12 @@ class Relay:
             raise ServiceUnavailableError(
                 "gateway is shutting down", headers={"Retry-After": "1", "Connection": "close"}
             )
-        # RPM and in-flight need nothing of the body: decided before it is read, so a flood of
-        # slow or junk bodies spends the key's own limits (issue 11); TPM needs num_predict.
-        admission = await self.limiter.admit(principal)
-        try:
-            raw = await read_body(request, self.settings.max_body_bytes)
-            generation_request = await parse_request_body(endpoint.parse, raw, self.settings)
-            model = generation_request.model
-            context.model = model
-            if not principal.allows_model(model):
-                raise ForbiddenError(f"this API key may not use model '{model}'")
-            # Only what the upstream hop can carry is forwarded (a bad value is left out).
-            headers = upstream_request_headers(
-                request.headers.items(), request_id=context.request_id
-            )
-            expected = estimate_tokens(generation_request, self.settings.tpm_reserve_tokens)
-            await self.limiter.reserve(admission, expected)
-        except BaseException:  # refused (or cancelled) after admission: no leaked slot
-            with anyio.CancelScope(shield=True):  # a cancelled scope would skip the release
-                await self.limiter.release(admission, 0)
-            raise
-        meter = RequestMeter(
-            metrics=self.metrics,
-            route=endpoint.route,
-            model=self.pool.label(model),
-            key=principal.name if self.settings.metrics_per_key else ALL_KEYS,
-            arrival=context.arrival,
-            key_id=principal.key_id,
-            requested_model=model,
-            prompt_estimate=expected.prompt,
+        generation = await admit_generation(
+            self.services, principal, endpoint, request, context=context
         )
-        generation = Generation(
-            self, context, generation_request, headers, meter, admission, key=principal.key_id
+        return RelayResponse(
+            generation,
+            endpoint.codec(generation.request),
+            self.lifecycle,
+            idle_timeout=self.settings.idle_timeout,
         )
-        return RelayResponse(generation, endpoint.codec(generation_request), self.lifecycle)

@@ -1,13 +1,10 @@
 """The response of a generation: connects upstream, relays the answer, and always finishes.
 
-Pure ASGI, not a `StreamingResponse` subclass. One watcher task per request listens for
-`http.disconnect`, whatever ASGI spec version the server reports (Starlette only listens below
-2.4), from the wait for an upstream slot to the last chunk, and cancels the request's cancel
-scope: a client that goes away cancels the upstream request at once, even while the upstream
-is silent (field failure F-13). The same scope is what a shutdown's deadline cancels
-(`gateway.lifecycle`). The watcher is a plain asyncio task, cancelled when the request ends,
-not an anyio task group: the group's bookkeeping cost about 30 µs per request
-(docs/performance.md), and nothing waits for the watcher's end.
+Pure ASGI, not a `StreamingResponse` subclass. One watcher task per request
+(`gateway.relay.disconnect`) listens for `http.disconnect` from the wait for an upstream slot to
+the last chunk, and cancels the request's cancel scope: a client that goes away cancels the
+upstream request at once, even while the upstream is silent (field failure F-13). The same
+scope is what a shutdown's deadline cancels (`gateway.lifecycle`).
 
 Until the first byte is sent, a failure is raised as a `GatewayError`, which the app's error
 handlers turn into a real status in the client's dialect; after it, the stream ends with one
@@ -20,11 +17,11 @@ its stream is closed and its slot freed. The outcome is recorded exactly once; a
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import anyio
 from starlette.responses import Response
@@ -33,13 +30,10 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway.context import ending
 from gateway.errors import ServiceUnavailableError
 from gateway.lifecycle import Lifecycle
-from gateway.neutral import Chunk
+from gateway.neutral import Chunk, Outcome
 from gateway.relay.deadline import IdleDeadline
+from gateway.relay.disconnect import watch_disconnect
 from gateway.relay.surface import Codec
-
-if TYPE_CHECKING:
-    from gateway.relay.exchange import Exchange
-    from gateway.relay.generation import Generation
 
 logger = logging.getLogger("gateway.relay")
 
@@ -50,28 +44,89 @@ JSON = b"application/json; charset=utf-8"
 CLIENT_CLOSED_REQUEST = 499
 
 
+class Stream(Protocol):
+    """An open upstream answer, as the response reads it (`gateway.relay.exchange.Exchange`)."""
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """None while running; then how the upstream's answer ended (`completed`, ...)."""
+        ...
+
+    def batches(self) -> AsyncGenerator[list[Chunk], None]:
+        """The answer's chunks, one batch per upstream read; never raises an upstream fault."""
+        ...
+
+
+class Run(Protocol):
+    """An admitted request, as the response drives it (`gateway.relay.generation.Generation`).
+
+    The response knows this much of the engine and nothing more, so that the modules of the
+    relay import each other in one direction only (`gateway.relay`).
+    """
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Extra response headers (the key's rate-limit headers)."""
+        ...
+
+    @property
+    def streams(self) -> bool:
+        """The client asked for a stream rather than one object."""
+        ...
+
+    @property
+    def observe(self) -> Callable[[Chunk], None]:
+        """What each chunk passes through just before the client gets it (the meter)."""
+        ...
+
+    async def connect(self) -> Stream:
+        """Open the upstream answer (upstream choice, slot, failover).
+
+        Raises:
+            GatewayError: no upstream answered; nothing was sent to the client yet.
+        """
+        ...
+
+    async def collect(self, codec: Codec) -> bytes:
+        """The whole answer of the stream `connect` opened, as one JSON object.
+
+        Raises:
+            GatewayError: the answer failed or is too large; nothing was sent yet.
+        """
+        ...
+
+    async def finish(self, outcome: Outcome, status: int | None = None) -> None:
+        """Release what the request holds and record it (shielded; once)."""
+        ...
+
+
 class RelayResponse(Response):
     """Run a `Generation` and send its answer: streamed unbuffered, or one JSON object.
 
     A `Response` subclass only so that FastAPI passes it through untouched; it renders itself.
 
     Args:
-        generation: The admitted request (`gateway.relay.generation.Generation`).
+        generation: The admitted request (`Run`: a `gateway.relay.generation.Generation`).
         codec: Writes the answer in the client's format (`gateway.relay.surface.Codec`).
         lifecycle: Its stop signal ends the request; a running stream ends with an error chunk.
+        idle_timeout: Seconds a client may read nothing before its stream is closed
+            (`GATEWAY_IDLE_TIMEOUT`).
     """
 
-    def __init__(self, generation: Generation, codec: Codec, lifecycle: Lifecycle) -> None:
+    def __init__(
+        self, generation: Run, codec: Codec, lifecycle: Lifecycle, *, idle_timeout: float
+    ) -> None:
         self.status_code = 200
         self.background = None
         self.generation = generation
         self.codec = codec
         self.lifecycle = lifecycle
+        self.idle_timeout = idle_timeout
         self.raw_headers = [
             (name.lower().encode("latin-1"), value.encode("latin-1"))
             for name, value in generation.headers.items()
         ]
-        self.exchange: Exchange | None = None
+        self.exchange: Stream | None = None
         self.started = False
         self.client_gone = False
 
@@ -85,9 +140,7 @@ class RelayResponse(Response):
         error: Exception | None = None
         try:
             with anyio.CancelScope() as cancel, self.lifecycle.ends_with(cancel):
-                watcher = asyncio.get_running_loop().create_task(
-                    self._watch_disconnect(receive, cancel)
-                )
+                watcher = watch_disconnect(receive, cancel, self._client_left)
                 try:
                     await self._respond(send)
                 except OSError:  # the server could not write: the client is gone
@@ -113,7 +166,7 @@ class RelayResponse(Response):
     async def _respond(self, send: Send) -> None:
         exchange = self.exchange = await self.generation.connect()
         stall = IdleDeadline()  # a client that reads nothing must not hold its slot forever
-        limit = self.generation.relay.settings.idle_timeout
+        limit = self.idle_timeout
 
         async def write(message: Message) -> None:
             await stall.wait(send(message), limit)
@@ -126,7 +179,7 @@ class RelayResponse(Response):
         finally:
             stall.close()
 
-    async def _relay(self, exchange: Exchange, write: Send) -> None:
+    async def _relay(self, exchange: Stream, write: Send) -> None:
         """Send the answer: the codec's stream as chunks come, or one JSON object.
 
         Raises:
@@ -135,7 +188,7 @@ class RelayResponse(Response):
             GatewayError: the `stream:false` answer failed before anything was sent.
         """
         if not self.generation.streams:
-            content = await self.generation.collect(exchange, self.codec)
+            content = await self.generation.collect(self.codec)
             length = str(len(content)).encode()
             headers = [(b"content-type", JSON), (b"content-length", length), *self.raw_headers]
             self.started = True
@@ -189,9 +242,5 @@ class RelayResponse(Response):
             await send({"type": "http.response.body", "body": line, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
-        # The body has been read already: the next message can only be `http.disconnect`.
-        while (await receive())["type"] != "http.disconnect":
-            pass
+    def _client_left(self) -> None:
         self.client_gone = True
-        scope.cancel()

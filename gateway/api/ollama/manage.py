@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Annotated, Any
@@ -71,19 +71,18 @@ from gateway.limits.limiter import KeyLimiter
 from gateway.metering.metrics import ALL_KEYS, OTHER_MODEL, Metrics
 from gateway.neutral import Outcome
 from gateway.policies import UpstreamTimeouts
+from gateway.relay.admission import Admitted, admitted, upstream_headers
 from gateway.routing import route_label
 from gateway.settings import Settings
 from gateway.upstream.client import build_upstream_client
-from gateway.upstream.headers import upstream_request_headers
 from gateway.upstream.pool import Upstream, UpstreamPool
-from gateway.wire.body import read_body
-from gateway.wire.json import parse_request_body
 
 router = APIRouter(prefix="/api", dependencies=[Depends(require_principal)])
 
 UpstreamParam = Annotated[str | None, Query(max_length=300, description="host:port")]
 _DIGEST = re.compile(r"sha256[:-][0-9a-fA-F]{64}")
-Names = Callable[[dict[str, Any]], list[str]]
+Body = dict[str, Any]
+Names = Callable[[Body], list[str]]
 
 #: The body fields a key with a model allow-list may send, per route (Ollama's `PullRequest`,
 #: `PushRequest`, `CreateRequest`, `CopyRequest`, `DeleteRequest`); `insecure` only as false.
@@ -193,29 +192,40 @@ class Manager:
             raise BadRequestError("several upstreams can manage models: add ?upstream=<host:port>")
         return chosen
 
-    async def body(self, path: str, names: Names) -> tuple[bytes, str | None]:
-        """The checked body, and the model it names first (for the access log and metrics).
+    def admitted(self, path: str, names: Names) -> AbstractAsyncContextManager[Admitted[Body]]:
+        """The one admission path (`gateway.relay.admission.admitted`) for this route's body.
+
+        The key's RPM and in-flight slot are held for the block; no tokens are reserved. The
+        model named first is noted for the access log and metrics (`Admitted.model`).
 
         Raises:
             ForbiddenError: it names a model off the key's allow-list, or carries a field that
                 may reach beyond it (`_check_fields`).
         """
-        raw = await read_body(self.request, self.settings.max_body_bytes)
-        body = await parse_request_body(parse_body, raw, self.settings)
-        _check_fields(self.principal, path, body)
-        models = names(body)
-        for model in models:
-            if not self.principal.allows_model(model):
-                raise ForbiddenError(f"this API key may not use model '{model}'")
-        first = models[0] if models else None
-        request_context(self.request.scope).model = first
-        return raw, first
 
-    def headers(self, content_type: str = "application/json") -> dict[str, str]:
-        """The upstream request's headers: the forwarded few, the request id, the type."""
-        request_id = request_context(self.request.scope).request_id
-        forwarded = upstream_request_headers(self.request.headers.items(), request_id=request_id)
+        def checked(body: Body) -> list[str]:
+            _check_fields(self.principal, path, body)
+            return names(body)
+
+        return admitted(
+            self.limiter,
+            self.settings,
+            self.principal,
+            self.request,
+            parse_body,
+            checked,
+            context=request_context(self.request.scope),
+        )
+
+    def headers(
+        self, forwarded: dict[str, str], content_type: str = "application/json"
+    ) -> dict[str, str]:
+        """The upstream request's headers: the forwarded few with the request id, and the type."""
         return {**forwarded, "content-type": content_type}
+
+    def _forwarded(self) -> dict[str, str]:
+        """The forwarded headers of a request with no body to admit (the blob routes)."""
+        return upstream_headers(self.request, request_context(self.request.scope))
 
     def record(self, model: str | None, status: int, outcome: Outcome) -> None:
         """Count the request in `gateway_requests_total` and name its outcome in the log."""
@@ -230,10 +240,11 @@ class Manager:
         if self.lifecycle.draining:
             raise ServiceUnavailableError("gateway is shutting down", headers={"Retry-After": "1"})
         (upstream,) = self.targets(name)
-        async with self.limiter.admitted(self.principal):
-            raw, model = await self.body(path, names)
+        # The key's limits are held while the body is checked, not while the transfer runs.
+        async with self.admitted(path, names) as ticket:
+            raw, model, forwarded = ticket.raw, ticket.model, ticket.headers
         client = upstream.client
-        request = client.build_request("POST", path, content=raw, headers=self.headers())
+        request = client.build_request("POST", path, content=raw, headers=self.headers(forwarded))
         return ProgressResponse(
             partial(send_streamed, client, request),
             self.lifecycle,
@@ -247,13 +258,13 @@ class Manager:
         has it, the 404 is the answer. Otherwise the first failure is, the others logged.
         """
         upstreams = self.targets(name, several=True)
-        async with self.limiter.admitted(self.principal):
-            raw, model = await self.body(path, names)
-            return await self._each(method, path, upstreams, raw, model)
+        async with self.admitted(path, names) as ticket:
+            return await self._each(method, path, upstreams, ticket)
 
     async def _each(
-        self, method: str, path: str, upstreams: list[Upstream], raw: bytes, model: str | None
+        self, method: str, path: str, upstreams: list[Upstream], ticket: Admitted[Body]
     ) -> Response:
+        raw, model = ticket.raw, ticket.model
         answers: dict[int, httpx.Response | GatewayError] = {}
 
         async def one(index: int, upstream: Upstream) -> None:
@@ -264,7 +275,7 @@ class Manager:
                     path,
                     budget=self.settings.first_byte_timeout,
                     content=raw,
-                    headers=self.headers(),
+                    headers=self.headers(ticket.headers),
                 )
                 answers[index] = response if response.is_success else error_of(response)
             except (httpx.HTTPError, TimeoutError) as exc:
@@ -308,7 +319,7 @@ class Manager:
                     "HEAD",
                     path,
                     budget=self.settings.connect_timeout,
-                    headers=self.headers(),
+                    headers=self.headers(self._forwarded()),
                 )
             else:
                 response = await self._upload(upstream, path)
@@ -320,7 +331,7 @@ class Manager:
         return passed(response)
 
     async def _upload(self, upstream: Upstream, path: str) -> httpx.Response:
-        headers = self.headers("application/octet-stream")
+        headers = self.headers(self._forwarded(), "application/octet-stream")
         declared = self.request.headers.get("content-length")
         if declared is not None:
             if not declared.isdigit():

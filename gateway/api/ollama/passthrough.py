@@ -10,7 +10,6 @@ kept, timeouts 504), a small answer as it came, and a progress stream relayed un
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -26,29 +25,23 @@ from gateway.errors import (
     GatewayError,
     ServiceUnavailableError,
     UpstreamStatusError,
-    UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
 from gateway.lifecycle import Lifecycle
 from gateway.neutral import Outcome
-from gateway.wire.json import parse_json
+from gateway.relay.disconnect import watch_disconnect
+from gateway.upstream.errors import ERROR_BODY_LIMIT, error_message
+from gateway.upstream.errors import transport_error as classify
 
 logger = logging.getLogger("gateway.api")
 
-#: Most bytes of an upstream error body read for its message.
-ERROR_BODY_LIMIT = 64 * 1024
 #: Status logged for a request whose client left before any byte was sent (nginx's convention).
 CLIENT_CLOSED_REQUEST = 499
 
 
 def status_error(response: httpx.Response, raw: bytes) -> UpstreamStatusError:
     """The client's error for an upstream error status, with the message of its body `raw`."""
-    try:
-        # An error body is `{"error": "..."}`: anything deep or long is no error message.
-        data = parse_json(raw, max_depth=8, max_values=1_000)
-        message = str(data.get("error") or "") if isinstance(data, dict) else ""
-    except ValueError:
-        message = raw[:200].decode("utf-8", "replace").strip()
+    message = error_message(raw, nested=False)
     logger.warning("upstream answered %s: %s", response.status_code, message[:200])
     return UpstreamStatusError(response.status_code, message)
 
@@ -59,15 +52,16 @@ def error_of(response: httpx.Response) -> UpstreamStatusError:
 
 
 def transport_error(exc: Exception) -> GatewayError:
-    """The client's error for a failed upstream call (`httpx.HTTPError` or `TimeoutError`)."""
-    if isinstance(exc, httpx.PoolTimeout):
-        message = "every upstream connection is busy (GATEWAY_MAX_CONNECTIONS)"
-        return ServiceUnavailableError(message, headers={"Retry-After": "1"})
-    if isinstance(exc, httpx.TimeoutException | TimeoutError):
-        return UpstreamTimeoutError("upstream did not answer in time")
-    if isinstance(exc, httpx.ConnectError):
-        return UpstreamUnavailableError("upstream is unreachable")
-    return UpstreamUnavailableError("upstream closed the connection unexpectedly")
+    """The client's error for a failed upstream call (`httpx.HTTPError` or `TimeoutError`).
+
+    The classifier is `gateway.upstream.errors.transport_error`; these calls say the same
+    thing of every deadline, connecting included.
+    """
+    message = "upstream did not answer in time"
+    classified = classify(exc, message, connect_timeout_message=message)
+    if classified is None:
+        return UpstreamUnavailableError("upstream closed the connection unexpectedly")
+    return classified[0]
 
 
 #: Most bytes read of an upstream's small answer (show, tags, ps, copy, delete, a blob check).
@@ -149,8 +143,9 @@ class ProgressResponse(Response):
     silent (a `stream:false` pull) closes it too; closing is what makes Ollama cancel a pull.
     Until the first byte a failure is raised for the app's error handlers; after it, a broken
     upstream stream or a shutdown (`Lifecycle.stop_streams`) ends the body with one
-    `{"error": ...}` line (reference section 4.3). Like `gateway.relay.response.RelayResponse`
-    it listens for `http.disconnect` itself, whatever ASGI version the server reports.
+    `{"error": ...}` line (reference section 4.3). It watches for the client leaving as
+    `gateway.relay.response.RelayResponse` does, with the same watcher
+    (`gateway.relay.disconnect`).
 
     Args:
         open_stream: Sends the upstream request; returns its successful response (body unread).
@@ -181,7 +176,7 @@ class ProgressResponse(Response):
         failure = None
         try:
             with anyio.CancelScope() as cancel, self._lifecycle.ends_with(cancel):
-                watcher = asyncio.get_running_loop().create_task(self._watch(receive, cancel))
+                watcher = watch_disconnect(receive, cancel, self._client_left)
                 try:
                     self._upstream = await self._open()
                     relayed = await self._relay(self._upstream, send)
@@ -230,9 +225,5 @@ class ProgressResponse(Response):
                 await send({"type": "http.response.start", "status": CLIENT_CLOSED_REQUEST})
             await send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def _watch(self, receive: Receive, scope: anyio.CancelScope) -> None:
-        # The body has been read already: the next message can only be `http.disconnect`.
-        while (await receive())["type"] != "http.disconnect":
-            pass
+    def _client_left(self) -> None:
         self._gone = True
-        scope.cancel()
