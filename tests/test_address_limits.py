@@ -21,8 +21,9 @@ import httpx
 import pytest
 
 from gateway.testing.stack import ManagedProcess, create_key
-from tests.conftest import Gateway, metric_value
-from tests.helpers import MODEL
+from tests.support.client import MODEL
+from tests.support.metrics import metric_value
+from tests.support.stack import Gateway
 from tests.test_admin_api import SECRET, _token
 from tests.test_workers import DEADLINE, two_workers, worker_pids
 

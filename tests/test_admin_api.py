@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from gateway.auth.jwt import mint_token
-from tests.conftest import Gateway
+from tests.support.stack import Gateway
 
 SECRET = "k7Qy2mVn8RwT4pZs6XbJ3cLd9FhGa5Ue1NoKi0Mt"
 HOUR = timedelta(hours=1)

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from gateway.testing.stack import gateway_process
-from tests.conftest import Emulator, Gateway
+from tests.support.stack import Emulator, Gateway
 from tests.test_admin_api import SECRET, Admin, _token, admin, admin_gateway
 
 __all__ = ["admin", "admin_gateway"]  # fixtures, imported so pytest finds them here

@@ -36,7 +36,7 @@ from gateway.auth.jwt import mint_token
 from gateway.testing.idp import IdentityProvider, forge
 from gateway.testing.server import LoopbackServer
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
-from tests.conftest import Emulator
+from tests.support.stack import Emulator
 from tests.test_admin_jwt import ADMIN_ROLE, ATTACK_NAMES, READ_ROLE, SECRET, _attacks, _kid
 
 ADMIN_SUB, READER_SUB = "7d2a9c1e-admin-alice", "3b8f0e6d-reader-bob"

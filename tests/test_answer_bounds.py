@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import json
 import random
-import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -33,16 +30,17 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway.neutral import GenerationRequest
 from gateway.testing.server import LoopbackServer
-from gateway.testing.stack import ManagedProcess, create_key, gateway_process
 from gateway.upstream.dialects.base import (
     JsonList,
     encode_json,
     encode_json_stepwise,
     requested_vectors,
 )
-from tests.batch.test_batch_sdk import FAST, _chat, _jsonl, _line, _upload, _wait
-from tests.conftest import Gateway, metric_value
-from tests.helpers import MODEL, OllamaLookalike, OpenAILookalike, served, sse, wait_polled
+from tests.support.batch import FAST, batch_line, chat_line, read_jsonl, upload_lines, wait_batch
+from tests.support.client import MODEL, worst_stream_gap
+from tests.support.lookalikes import OllamaLookalike, OpenAILookalike, served, sse
+from tests.support.metrics import metric_value, wait_polled
+from tests.support.stack import Gateway
 
 #: A high-dimension embedding model's vector length (Qwen3-Embedding-8B, NV-Embed).
 DIMENSIONS = 4096
@@ -312,14 +310,14 @@ def test_batch_lines_too_large_for_their_inputs_fail_at_once_and_leave_the_circu
     gw = _gateway(make_gateway, url, **OPEN_AT_ONE, **FAST, batch_max_attempts=5)
     _, victim = gw.create_key("victim")
     body = {"model": MODEL, "input": _inputs(OVER_CAP)}
-    lines = [_line(f"e-{i}", body, "/v1/embeddings") for i in range(4)]
+    lines = [batch_line(f"e-{i}", body, "/v1/embeddings") for i in range(4)]
     with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=gw.key, max_retries=0) as client:
-        file_id = _upload(client, lines)
+        file_id = upload_lines(client, lines)
         batch = client.batches.create(
             input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h"
         )
-        done = _wait(client, batch.id, timeout=60)
-        errors = _jsonl(client, done.error_file_id)
+        done = wait_batch(client, batch.id, timeout=60)
+        errors = read_jsonl(client, done.error_file_id)
     assert done.request_counts is not None
     assert (done.request_counts.completed, done.request_counts.failed) == (0, 4)
     assert {e["response"]["status_code"] for e in errors} == {413}
@@ -331,68 +329,6 @@ def test_batch_lines_too_large_for_their_inputs_fail_at_once_and_leave_the_circu
 
 
 # --- the event loop goes on serving other keys while a large answer is parsed or written -------
-
-
-@pytest.fixture
-def serve(tmp_path: Path) -> Iterator[Callable[[str, str], tuple[str, str, str]]]:
-    """Start `gateway serve` (its own process, as deployed) in front of one upstream.
-
-    Returns its URL, an attacker's key and a victim's key.
-    """
-    started: list[ManagedProcess] = []
-
-    def start(url: str, dialect: str) -> tuple[str, str, str]:
-        env = {
-            "GATEWAY_UPSTREAM_URL": url,
-            "GATEWAY_UPSTREAM_DIALECT": dialect,
-            "GATEWAY_FIRST_BYTE_TIMEOUT": "60",
-            "GATEWAY_IDLE_TIMEOUT": "60",
-        }
-        process = gateway_process(tmp_path, env)
-        process.__enter__()
-        started.append(process)
-        attacker = str(create_key(process.extra_env, "attacker")["key"])
-        victim = str(create_key(process.extra_env, "victim")["key"])
-        return process.url, attacker, victim
-
-    yield start
-    for process in started:
-        process.stop()
-
-
-def _worst_victim_gap(url: str, victim: str, attack: Callable[[], list[int]]) -> tuple:
-    """Stream the victim's generation while `attack` runs; its worst pause and the statuses."""
-    statuses: list[int] = []
-    attacking = threading.Event()
-
-    def run() -> None:
-        try:
-            statuses.extend(attack())
-        finally:
-            attacking.clear()
-
-    gaps: list[float] = []
-    with httpx.stream(
-        "POST",
-        f"{url}/api/generate",
-        json={"model": MODEL, "prompt": "victim"},
-        headers={"Authorization": f"Bearer {victim}"},
-        timeout=60,
-    ) as stream:
-        lines = stream.iter_lines()
-        next(lines)  # the stream is flowing before the attack starts
-        attacking.set()
-        attacker = threading.Thread(target=run)
-        attacker.start()
-        last = time.perf_counter()
-        for line in lines:
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
-            if not attacking.is_set() or json.loads(line)["done"]:
-                break
-        attacker.join()
-    return max(gaps), statuses
 
 
 @pytest.mark.parametrize(
@@ -436,7 +372,7 @@ def test_a_large_answer_does_not_stall_another_keys_stream(
         with ThreadPoolExecutor(2) as pool:  # two at once: the old code parsed them in turn
             return list(pool.map(post, range(2)))
 
-    worst, statuses = _worst_victim_gap(gateway_url, victim, attack)
+    worst, statuses = worst_stream_gap(gateway_url, victim, attack)
     assert statuses == [200, 200]
     assert worst < STALL_BOUND, worst
 
@@ -512,12 +448,12 @@ def test_a_batch_line_that_outruns_its_own_deadline_is_not_retried(make_gateway,
     emulator.config.tokens = 100
     emulator.config.inter_token = 0.05  # 5 s of answer
     with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=gw.key, max_retries=0) as client:
-        file_id = _upload(client, [_chat(f"slow-{i}") for i in range(2)])
+        file_id = upload_lines(client, [chat_line(f"slow-{i}") for i in range(2)])
         batch = client.batches.create(
             input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
         )
-        done = _wait(client, batch.id, timeout=60)
-        errors = _jsonl(client, done.error_file_id)
+        done = wait_batch(client, batch.id, timeout=60)
+        errors = read_jsonl(client, done.error_file_id)
     assert done.request_counts is not None
     assert (done.request_counts.completed, done.request_counts.failed) == (0, 2)
     assert {e["response"]["status_code"] for e in errors} == {504}

@@ -20,7 +20,7 @@ from gateway.auth.principal import Principal
 from gateway.db.tables import ApiKeyRow
 from gateway.keys import apikey
 from gateway.keys.store import InvalidKeyError, KeyRecord, KeyStore
-from tests.conftest import Gateway
+from tests.support.stack import Gateway
 
 pytestmark = pytest.mark.anyio
 

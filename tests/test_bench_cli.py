@@ -16,7 +16,7 @@ import pytest
 
 from gateway.clients.bench.cli import KEY_ENV, _save, main
 from gateway.testing.stack import free_port
-from tests.conftest import Emulator, Gateway
+from tests.support.stack import Emulator, Gateway
 
 FAST = {"ttft": 0.01, "inter_token": 0.002, "tokens": 6}
 

@@ -49,8 +49,8 @@ from gateway.clients.bench.shapes import ShapeOptions, search_knee
 from gateway.clients.bench.stats import summarize
 from gateway.clients.bench.workload import Sampling, Workload, load_workload
 from gateway.testing.emulator.app import EmulatorConfig
-from tests.conftest import Emulator, Gateway
-from tests.helpers import MODEL
+from tests.support.client import MODEL
+from tests.support.stack import Emulator, Gateway
 
 pytestmark = pytest.mark.anyio
 

@@ -27,7 +27,7 @@ from gateway.clients.bench.quality import probe_quality
 from gateway.clients.bench.records import RequestRecord
 from gateway.clients.bench.resources import ResourceMonitor
 from gateway.clients.bench.workload import Sampling, load_workload
-from tests.helpers import MODEL
+from tests.support.client import MODEL
 
 pytestmark = pytest.mark.anyio
 

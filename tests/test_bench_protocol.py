@@ -11,7 +11,7 @@ import pytest
 from gateway.clients.bench.protocol import AnswerReader, Target, build_request, error_text
 from gateway.clients.bench.records import RequestRecord
 from gateway.clients.bench.workload import Prompt, Sampling
-from tests.helpers import sse
+from tests.support.lookalikes import sse
 
 KEY = "gw_abc_supersecretvalue"
 TEXT = Prompt("t", text="Why?")

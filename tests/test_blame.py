@@ -18,8 +18,10 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.testing.emulator.app import EmulatorConfig, create_emulator_app
 from gateway.testing.server import LoopbackServer
-from tests.conftest import Emulator, Gateway, metric_value
-from tests.helpers import MODEL, OllamaLookalike, ndjson, served, wait_polled
+from tests.support.client import MODEL
+from tests.support.lookalikes import OllamaLookalike, ndjson, served
+from tests.support.metrics import metric_value, wait_polled
+from tests.support.stack import Emulator, Gateway
 
 #: The message of Ollama's runner crash: a broken server, or a prompt that crashes it.
 CRASH = "model runner has unexpectedly stopped, this may be due to resource limitations"

@@ -23,9 +23,11 @@ from pathlib import Path
 import httpx
 
 from gateway.testing.stack import create_key, gateway_process
-from tests.conftest import Emulator, Gateway, metric_value
+from tests.support.client import MODEL
+from tests.support.metrics import metric_value
+from tests.support.sockets import read_response
+from tests.support.stack import Emulator, Gateway
 
-MODEL = "llama3.2:latest"
 KIB = 1024
 MIB = 1024 * KIB
 #: Each held body: announced 900 KiB, of which 800 KiB of prompt are sent.
@@ -75,27 +77,6 @@ def _hold_chunked(gw: Gateway, key: str, path: str) -> socket.socket:
     with suppress(OSError):
         sock.sendall(head + f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
     return sock
-
-
-def _answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """Read one HTTP response (status, lower-cased headers, body) within `DEADLINE`."""
-    sock.settimeout(DEADLINE)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        piece = sock.recv(65536)
-        assert piece, f"connection closed without an answer: {data!r}"
-        data += piece
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
-    length = int(headers.get("content-length", "0"))
-    while len(body) < length:
-        piece = sock.recv(65536)
-        if not piece:
-            break
-        body += piece
-    return status, headers, body
 
 
 def _answered(socks: list[socket.socket], count: int) -> list[socket.socket]:
@@ -153,7 +134,7 @@ def test_a_key_holding_bodies_is_refused_past_its_share_while_others_are_served(
         # Eight connections hold bodies: two fit the key's 2 MiB share, six are refused.
         socks.extend(_hold(gw, gw.key) for _ in range(8))
         for sock in _answered(socks, 6):
-            status, headers, body = _answer(sock)
+            status, headers, body = read_response(sock, DEADLINE)
             assert status == 429, body
             assert int(headers["retry-after"]) > 0
             assert set(json.loads(body)) == {"error"}  # Ollama's format on /api/*
@@ -161,7 +142,7 @@ def test_a_key_holding_bodies_is_refused_past_its_share_while_others_are_served(
         # A chunked body on /v1 is charged as its chunks arrive too: refused at its first chunk.
         chunked = _hold_chunked(gw, gw.key, "/v1/chat/completions")
         socks.append(chunked)
-        status, headers, body = _answer(chunked)
+        status, headers, body = read_response(chunked, DEADLINE)
         assert status == 429, body
         assert "retry-after" in headers
         error = json.loads(body)["error"]
@@ -190,13 +171,13 @@ def test_past_the_process_budget_any_key_is_refused_with_503_and_the_budget_retu
         # The second key is within its share but the process is not: 503, retry later.
         refused = _hold(gw, second)
         socks.append(refused)
-        status, headers, body = _answer(refused)
+        status, headers, body = read_response(refused, DEADLINE)
         assert status == 503, body
         assert int(headers["retry-after"]) > 0
         assert set(json.loads(body)) == {"error"}
         chunked = _hold_chunked(gw, second, "/v1/completions")
         socks.append(chunked)
-        status, headers, body = _answer(chunked)
+        status, headers, body = read_response(chunked, DEADLINE)
         assert status == 503, body
         assert "retry-after" in headers
         assert json.loads(body)["error"]["message"]
@@ -319,7 +300,7 @@ def test_a_trickled_body_is_cut_at_the_minimum_pace(make_gateway: Callable[..., 
                     break
             except TimeoutError:
                 continue
-        status, _, body = _answer(sock)
+        status, _, body = read_response(sock, DEADLINE)
         assert status == 408, body
         assert b"bytes per second" in body
     finally:

@@ -29,11 +29,8 @@ from starlette.responses import Response, StreamingResponse
 from gateway.settings import Settings
 from gateway.upstream.dialects import base as dialect
 from gateway.wire import json as body
-from tests import test_answer_bounds
-from tests.helpers import MODEL, OllamaLookalike, served
-
-serve = test_answer_bounds.serve  # the fixture: `gateway serve` with an attacker and a victim
-_worst_victim_gap = test_answer_bounds._worst_victim_gap
+from tests.support.client import MODEL, worst_stream_gap
+from tests.support.lookalikes import OllamaLookalike, served
 
 #: Worst pause of the victim's stream allowed while the attacker's bodies are handled, seconds.
 #: Measured on a loaded 2-core machine (load 7-8): 0.85-2.3 s before the fix, 0.13-0.35 s after.
@@ -133,7 +130,7 @@ def test_a_large_body_does_not_stall_another_keys_stream(serve, upstream, make_b
         with ThreadPoolExecutor(CONNECTIONS) as pool:
             return [code for codes in pool.map(post, range(CONNECTIONS)) for code in codes]
 
-    worst, statuses = _worst_victim_gap(gateway_url, victim, attack)
+    worst, statuses = worst_stream_gap(gateway_url, victim, attack)
     assert set(statuses) == {status}, statuses
     assert worst < STALL_BOUND, worst
 
@@ -196,7 +193,7 @@ def test_many_bodies_of_many_values_under_a_mebibyte_do_not_stall_another_keys_s
         with ThreadPoolExecutor(8) as pool:
             return [code for codes in pool.map(post, range(8)) for code in codes]
 
-    worst, statuses = _worst_victim_gap(gateway_url, victim, attack)
+    worst, statuses = worst_stream_gap(gateway_url, victim, attack)
     assert set(statuses) == {200}, statuses
     assert worst < STALL_BOUND, worst
 

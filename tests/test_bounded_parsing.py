@@ -18,9 +18,9 @@ import pytest
 
 from gateway.errors import BadRequestError
 from gateway.wire.json import JsonLimitError, count_values, parse_json
-from tests.conftest import Gateway
+from tests.support.client import MODEL
+from tests.support.stack import Gateway
 
-MODEL = "llama3.2:latest"
 #: Just under the 16 MiB default body limit.
 SIZE = 16 * 1024 * 1024 - 4096
 
@@ -147,7 +147,7 @@ def test_integers_with_thousands_of_digits_are_refused_before_they_cost_seconds(
     """`int()` of a decimal string is quadratic in its digits: a few thousand 4,299-digit
     integers (under Python's own 4,300-digit limit) held the event loop for a second."""
     from gateway.wire.json import MAX_INT_DIGITS
-    from tests.helpers import parse_ollama as parse_body
+    from tests.support.client import parse_ollama as parse_body
 
     digits = "9" * 4299
     raw = ('{"model":"m","prompt":"x","a":[' + ",".join([digits] * 50) + "]}").encode()

@@ -19,9 +19,9 @@ from starlette.responses import PlainTextResponse, Response
 
 from gateway.errors import BadRequestError
 from gateway.testing.server import LoopbackServer
-from tests.conftest import Gateway
-from tests.helpers import OllamaLookalike, ndjson
-from tests.helpers import parse_ollama as parse_body
+from tests.support.client import parse_ollama as parse_body
+from tests.support.lookalikes import OllamaLookalike, ndjson
+from tests.support.stack import Gateway
 
 ALLOWED = "llama3.2:latest"
 FORBIDDEN = "qwen2.5:7b"

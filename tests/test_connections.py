@@ -21,8 +21,9 @@ from typing import Any
 from gateway.serve.server import RESERVED_FDS, door_limits
 from gateway.settings import Settings
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
-from tests.conftest import Emulator
-from tests.helpers import MODEL, stream_generation
+from tests.support.client import MODEL, stream_generation
+from tests.support.sockets import read_response, read_until_closed
+from tests.support.stack import Emulator
 
 GET = b"GET /healthz HTTP/1.1\r\nHost: gateway\r\n\r\n"
 
@@ -43,49 +44,15 @@ def _connect(gateway: ManagedProcess, source: str | None = None) -> socket.socke
     return socket.create_connection((host, int(port)), timeout=10, source_address=bind)
 
 
-def _read_until_closed(sock: socket.socket, within: float) -> bytes:
-    """Everything the server sends until it closes; fails if it is still open after `within` s."""
-    sock.settimeout(within)
-    received = b""
-    try:
-        while chunk := sock.recv(65536):
-            received += chunk
-    except ConnectionResetError:
-        pass
-    except TimeoutError:
-        raise AssertionError(f"still open after {within} s; received {received[:200]!r}") from None
-    return received
-
-
-def _response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """Read one response with a `Content-Length` body: (status, lower-case headers, body)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"closed before a whole head: {data!r}"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    status_line, *lines = head.decode("latin-1").split("\r\n")
-    headers = {}
-    for line in lines:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    while len(body) < int(headers.get("content-length", 0)):
-        chunk = sock.recv(65536)
-        assert chunk, "closed inside the body"
-        body += chunk
-    return int(status_line.split()[1]), headers, body
-
-
 def _healthy(sock: socket.socket) -> None:
     sock.sendall(GET)
-    status, _, _ = _response(sock)
+    status, _, _ = read_response(sock)
     assert status == 200
 
 
 def test_a_connection_that_sends_nothing_is_closed(emulator: Emulator, tmp_path: Path):
     with _gateway(tmp_path, emulator, header_timeout="0.5") as gateway, _connect(gateway) as sock:
-        assert _read_until_closed(sock, within=5) == b""
+        assert read_until_closed(sock, within=5) == b""
 
 
 def test_a_slowloris_head_is_cut_by_the_header_deadline(emulator: Emulator, tmp_path: Path):
@@ -103,7 +70,7 @@ def test_a_slowloris_head_is_cut_by_the_header_deadline(emulator: Emulator, tmp_
             except (BrokenPipeError, ConnectionResetError):
                 closed = True
         assert closed, "the server kept a head that never ends"
-        answer = _read_until_closed(sock, within=5)
+        answer = read_until_closed(sock, within=5)
         assert answer.startswith(b"HTTP/1.1 408 ")
         assert b"connection: close" in answer.lower()
 
@@ -114,16 +81,16 @@ def test_a_head_over_the_size_cap_gets_431(emulator: Emulator, tmp_path: Path):
             sock.sendall(
                 b"GET /healthz HTTP/1.1\r\nHost: g\r\nX-Fits: " + b"a" * 6000 + b"\r\n\r\n"
             )
-            assert _response(sock)[0] == 200
+            assert read_response(sock)[0] == 200
         with _connect(gateway) as sock:
             sock.sendall(
                 b"GET /healthz HTTP/1.1\r\nHost: g\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"
             )
-            status, headers, body = _response(sock)
+            status, headers, body = read_response(sock)
             assert status == 431
             assert headers["connection"] == "close"
             assert "too large" in json.loads(body)["error"]
-            assert _read_until_closed(sock, within=5) == b""
+            assert read_until_closed(sock, within=5) == b""
 
 
 def test_an_endless_header_is_cut_after_the_cap(emulator: Emulator, tmp_path: Path):
@@ -142,7 +109,7 @@ def test_an_endless_header_is_cut_after_the_cap(emulator: Emulator, tmp_path: Pa
 
         sender = threading.Thread(target=send_forever, daemon=True)
         sender.start()
-        answer = _read_until_closed(sock, within=10)
+        answer = read_until_closed(sock, within=10)
         assert answer.startswith(b"HTTP/1.1 431 ")
         sender.join(10)
 
@@ -155,10 +122,10 @@ def test_too_many_header_fields_get_431(emulator: Emulator, tmp_path: Path):
     with _gateway(tmp_path, emulator, max_headers="20") as gateway:
         with _connect(gateway) as sock:
             sock.sendall(request(15))
-            assert _response(sock)[0] == 200
+            assert read_response(sock)[0] == 200
         with _connect(gateway) as sock:
             sock.sendall(request(30))
-            status, headers, _ = _response(sock)
+            status, headers, _ = read_response(sock)
             assert status == 431
             assert headers["connection"] == "close"
         with _connect(gateway) as sock:  # a WebSocket handshake cut short is not upgraded
@@ -167,7 +134,7 @@ def test_too_many_header_fields_get_431(emulator: Emulator, tmp_path: Path):
                 b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
             )
             sock.sendall(request(30, websocket))
-            assert _response(sock)[0] == 431
+            assert read_response(sock)[0] == 431
 
 
 def test_over_the_connection_cap_new_clients_are_refused_until_one_leaves(
@@ -181,7 +148,7 @@ def test_over_the_connection_cap_new_clients_are_refused_until_one_leaves(
         while len(held) < 3:  # the readiness probe's connection may not be gone yet
             sock = _connect(gateway)
             sock.sendall(GET)
-            if _response(sock)[0] == 200:
+            if read_response(sock)[0] == 200:
                 held.append(sock)
             else:
                 sock.close()
@@ -189,12 +156,12 @@ def test_over_the_connection_cap_new_clients_are_refused_until_one_leaves(
                 time.sleep(0.1)
         try:
             with _connect(gateway) as extra:
-                status, headers, body = _response(extra)  # before sending anything
+                status, headers, body = read_response(extra)  # before sending anything
                 assert status == 503
                 assert headers["connection"] == "close"
                 assert headers["retry-after"] == "1"
                 assert "too many open connections" in json.loads(body)["error"]
-                assert _read_until_closed(extra, within=5) == b""
+                assert read_until_closed(extra, within=5) == b""
             for sock in held:  # the connections already in still work
                 _healthy(sock)
             held.pop().close()
@@ -202,7 +169,7 @@ def test_over_the_connection_cap_new_clients_are_refused_until_one_leaves(
             while True:  # the server notices the close a moment later
                 with _connect(gateway) as sock:
                     sock.sendall(GET)
-                    if _response(sock)[0] == 200:
+                    if read_response(sock)[0] == 200:
                         break
                 assert time.monotonic() < deadline, "no room after a client left"
                 time.sleep(0.1)
@@ -221,7 +188,7 @@ def _hold(gateway: ManagedProcess, source: str, count: int) -> list[socket.socke
     while len(held) < count:
         sock = _connect(gateway, source)
         sock.sendall(GET)
-        if _response(sock)[0] == 200:
+        if read_response(sock)[0] == 200:
             held.append(sock)
         else:
             sock.close()
@@ -232,7 +199,7 @@ def _hold(gateway: ManagedProcess, source: str, count: int) -> list[socket.socke
 
 def _refused_as_one_address(sock: socket.socket, share: int) -> None:
     """`sock` is answered 503 over its address's share, before it sends a whole head."""
-    status, headers, body = _response(sock)
+    status, headers, body = read_response(sock)
     assert status == 503
     assert headers["connection"] == "close"
     assert headers["retry-after"] == "1"
@@ -251,7 +218,7 @@ def test_one_address_cannot_take_every_connection(emulator: Emulator, tmp_path: 
         try:
             with _connect(gateway, "127.0.0.1") as eleventh:  # before sending anything
                 _refused_as_one_address(eleventh, 10)
-                assert _read_until_closed(eleventh, within=5) == b""
+                assert read_until_closed(eleventh, within=5) == b""
             for _ in range(45):  # more than the process cap, each with a byte of a head
                 sock = _connect(gateway, "127.0.0.1")
                 flood.append(sock)
@@ -270,7 +237,7 @@ def test_one_address_cannot_take_every_connection(emulator: Emulator, tmp_path: 
             while True:  # its share frees up once the server notices the close
                 with _connect(gateway, "127.0.0.1") as sock:
                     sock.sendall(GET)
-                    if _response(sock)[0] == 200:
+                    if read_response(sock)[0] == 200:
                         break
                 assert time.monotonic() < deadline, "no room after a connection of 127.0.0.1 left"
                 time.sleep(0.1)
@@ -302,7 +269,7 @@ def test_an_idle_kept_alive_connection_is_closed(emulator: Emulator, tmp_path: P
     with _gateway(tmp_path, emulator, **env) as gateway, _connect(gateway) as sock:
         _healthy(sock)
         # uvicorn's own default would be 5 s: closed well before proves the setting applies.
-        assert _read_until_closed(sock, within=3) == b""
+        assert read_until_closed(sock, within=3) == b""
 
 
 def test_a_kept_alive_connection_may_idle_longer_than_the_header_timeout(
@@ -332,10 +299,10 @@ def test_a_stalled_body_gets_408_and_a_slow_one_is_served(emulator: Emulator, tm
             for i in range(0, len(body), 10):  # slower overall than the timeout, never idle as long
                 sock.sendall(body[i : i + 10])
                 time.sleep(0.1)
-            assert _response(sock)[0] == 200
+            assert read_response(sock)[0] == 200
         with _connect(gateway) as sock:
             sock.sendall(_post_head(key, len(body)) + body[:10])
-            answer = _read_until_closed(sock, within=5)
+            answer = read_until_closed(sock, within=5)
             assert answer.startswith(b"HTTP/1.1 408 ")
             assert b"connection: close" in answer.lower()
 
@@ -361,7 +328,7 @@ def test_a_slow_head_on_a_kept_alive_connection_is_cut_too(emulator: Emulator, t
     with _gateway(tmp_path, emulator, **env) as gateway, _connect(gateway) as sock:
         _healthy(sock)
         sock.sendall(b"GET /healthz HTTP/1.1\r\n")  # the next head begins, and never ends
-        answer = _read_until_closed(sock, within=5)
+        answer = read_until_closed(sock, within=5)
         assert answer.startswith(b"HTTP/1.1 408 ")
 
 
@@ -410,10 +377,10 @@ def test_door_refusals_answer_in_the_dialect_of_the_path(emulator: Emulator, tmp
         ]:
             with _connect(gateway) as sock:  # too large
                 sock.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: g\r\n" + big)
-                body = error(_read_until_closed(sock, within=5))
+                body = error(read_until_closed(sock, within=5))
             with _connect(gateway) as sock:  # a head that stops before its end
                 sock.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: g\r\nX-Slow: a")
-                head_late = error(_read_until_closed(sock, within=10))
+                head_late = error(read_until_closed(sock, within=10))
             with _connect(gateway) as sock:  # a body that stops
                 sock.sendall(
                     b"POST "
@@ -422,7 +389,7 @@ def test_door_refusals_answer_in_the_dialect_of_the_path(emulator: Emulator, tmp
                     + key
                     + b"\r\nContent-Length: 50\r\n\r\n{"
                 )
-                body_late = error(_read_until_closed(sock, within=10))
+                body_late = error(read_until_closed(sock, within=10))
             for value, status, words in [
                 (body, 431, "too large"),
                 (head_late, 408, "request head"),

@@ -18,8 +18,8 @@ from gateway.app import create_app
 from gateway.settings import Settings
 from gateway.testing.server import LoopbackServer
 from gateway.testing.stack import create_key, gateway_process
-from tests.conftest import Emulator, Gateway
-from tests.helpers import MODEL
+from tests.support.client import MODEL
+from tests.support.stack import Emulator, Gateway
 
 APP = "https://app.example.com"
 FOREIGN = "https://evil.example.net"

@@ -21,10 +21,8 @@ from gateway.keys.store import KeyStore
 from gateway.serve.logs import EscapingFormatter, escape_text
 from gateway.settings import Settings
 from gateway.testing.stack import create_key, gateway_process
-from tests.conftest import Emulator, Gateway
-
-MODEL = "llama3.2:latest"
-
+from tests.support.client import MODEL
+from tests.support.stack import Emulator, Gateway
 
 # --- escaped logs -----------------------------------------------------------------------------
 

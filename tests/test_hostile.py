@@ -19,8 +19,10 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from gateway.testing.server import LoopbackServer
-from tests.conftest import Emulator, Gateway, metric_value
-from tests.helpers import MODEL, OllamaLookalike, OpenAILookalike, ndjson, served, sse
+from tests.support.client import MODEL
+from tests.support.lookalikes import OllamaLookalike, OpenAILookalike, ndjson, served, sse
+from tests.support.metrics import metric_value
+from tests.support.stack import Emulator, Gateway
 
 
 class WeirdUpstream(OllamaLookalike):

@@ -21,7 +21,7 @@ from gateway.limits.inflight import LeasedInFlight, LocalInFlight
 from gateway.limits.limiter import KeyLimiter, build_storage, close_storage
 from gateway.metering.metrics import Metrics
 from gateway.settings import Settings
-from tests.conftest import REDIS_URL
+from tests.support.servers import REDIS_URL
 
 pytestmark = pytest.mark.anyio
 

@@ -16,7 +16,7 @@ from sqlalchemy import text
 
 from gateway.keys.audit import Actor
 from gateway.keys.store import InvalidKeyError, KeyNotFoundError, KeyStore
-from tests.conftest import Database
+from tests.support.servers import Database
 from tests.test_keystore import T0
 
 ALICE = Actor("alice@example.com", "192.0.2.7")

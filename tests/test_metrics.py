@@ -14,13 +14,13 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from gateway.routing import route_label
-from tests.conftest import Emulator, Gateway, metric_value
-from tests.helpers import assert_ttft
+from tests.support.client import MODEL, assert_ttft
+from tests.support.metrics import metric_value
+from tests.support.stack import Emulator, Gateway
 
 TTFT = 0.3  # seconds the emulator waits before its first chunk
 INTER_TOKEN = 0.02  # seconds between chunks: 50 tokens/s
 TOKENS = 20
-MODEL = "llama3.2:latest"
 
 
 def _warm_up(gw: Gateway, emulator: Emulator) -> None:

@@ -25,9 +25,11 @@ import httpx
 import pytest
 
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
-from tests.conftest import REDIS_URL, Emulator, metric_value
+from tests.support.client import MODEL
+from tests.support.metrics import metric_value
+from tests.support.servers import REDIS_URL
+from tests.support.stack import Emulator
 
-MODEL = "llama3.2:latest"
 #: Models the emulator lists, each given one request: the page grows to about 900 KB.
 MODELS = [MODEL, *(f"filler-{n:03d}:latest" for n in range(80))]
 #: Anonymous scrapers, each in a loop, and for how long, seconds.

@@ -43,7 +43,7 @@ from gateway.db.migrations import VERSION_TABLE
 from gateway.db.tables import Base, UTCDateTime
 from gateway.keys import apikey
 from gateway.settings import Settings
-from tests.conftest import PG_URL, Database, _in_ci
+from tests.support.servers import PG_URL, Database, in_ci
 
 HEAD = "0004"
 CREATED = datetime(2020, 1, 1, tzinfo=UTC)
@@ -421,7 +421,7 @@ def database_url(
         asyncio.run(_create_database(PG_URL, name))
     except (OSError, SQLAlchemyError) as exc:
         message = f"PostgreSQL at {PG_URL} is not reachable: {exc!r}"
-        if _in_ci():
+        if in_ci():
             pytest.fail(f"{message} (CI is set, so this is a failure, not a skip)")
         pytest.skip(message)
     # Trust authentication ignores the password; it is here to be masked.

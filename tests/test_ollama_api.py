@@ -22,8 +22,10 @@ from starlette.routing import Route
 
 from gateway.testing.emulator.app import EmulatorConfig, create_emulator_app
 from gateway.testing.server import LoopbackServer
-from tests.conftest import Emulator, Gateway, metric_value
-from tests.helpers import MODEL, OllamaLookalike, served, wait_polled
+from tests.support.client import MODEL
+from tests.support.lookalikes import OllamaLookalike, served
+from tests.support.metrics import metric_value, wait_polled
+from tests.support.stack import Emulator, Gateway
 
 OTHER = "qwen2.5:7b"  # the emulator's second model
 KEYED_ROUTES = [

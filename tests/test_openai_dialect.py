@@ -9,7 +9,8 @@ import pytest
 
 from gateway.upstream.dialects.openai import SseDecoder
 from gateway.upstream.dialects.openai_request import to_openai_request
-from tests.conftest import Emulator, Gateway, metric_value
+from tests.support.metrics import metric_value
+from tests.support.stack import Emulator, Gateway
 
 
 def test_generate_becomes_a_chat_completion_with_system_and_options():

@@ -26,7 +26,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import Emulator, Gateway
+from tests.support.client import MODEL
+from tests.support.stack import Emulator, Gateway
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
@@ -34,7 +35,6 @@ ALERT_TESTS = DEPLOY / "prometheus" / "alerts.test.yml"
 PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "llm-gateway.json"
 
-MODEL = "llama3.2:latest"
 #: What the test puts in for the dashboard's variables: all models, and a rate window that holds
 #: enough 1 s scrapes (Grafana's $__rate_interval is at least four scrape intervals).
 DASHBOARD_VARIABLES = {"model": ".*", "__rate_interval": "1m", "__interval": "15s"}

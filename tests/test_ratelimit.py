@@ -23,11 +23,12 @@ from gateway.limits.limiter import KeyLimiter, build_storage
 from gateway.metering.metrics import Metrics
 from gateway.settings import Settings
 from gateway.testing.stack import create_key, gateway_process
-from tests.conftest import Emulator, Gateway, metric_value
+from tests.support.client import MODEL
+from tests.support.metrics import metric_value
+from tests.support.servers import REDIS_URL
+from tests.support.stack import Emulator, Gateway
 
-MODEL = "llama3.2:latest"
 GENERATION_PATHS = ("/api/generate", "/api/chat")
-REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def _generations(emulator: Emulator) -> list:

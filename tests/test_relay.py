@@ -10,7 +10,8 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from tests.conftest import Emulator, Gateway, metric_value
+from tests.support.metrics import metric_value
+from tests.support.stack import Emulator, Gateway
 
 
 def _lines(response: httpx.Response) -> list[dict]:

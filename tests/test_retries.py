@@ -20,8 +20,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.testing.server import LoopbackServer
-from tests.conftest import Emulator, Gateway, metric_value
-from tests.helpers import MODEL, OllamaLookalike, ndjson, served, wait_polled
+from tests.support.client import MODEL
+from tests.support.lookalikes import OllamaLookalike, ndjson, served
+from tests.support.metrics import metric_value, wait_polled
+from tests.support.stack import Emulator, Gateway
 
 #: A `FlakyUpstream` answer: nothing at all until the gateway hangs up (a silent upstream).
 HANG = "hang"

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
-from tests.conftest import Emulator
-from tests.helpers import MODEL, stream_generation
+from tests.support.client import MODEL, stream_generation
+from tests.support.stack import Emulator
 
 
 def _generate_in_background(url: str, key: str) -> tuple[threading.Thread, list[httpx.Response]]:

@@ -20,9 +20,10 @@ import httpx
 import pytest
 
 from gateway.testing.stack import create_key, gateway_process
-from tests.conftest import Emulator, metric_value
+from tests.support.client import MODEL
+from tests.support.metrics import metric_value
+from tests.support.stack import Emulator
 
-MODEL = "llama3.2:latest"
 SECONDS = float(os.environ.get("GATEWAY_SOAK_SECONDS", "60"))
 STREAMS = int(os.environ.get("GATEWAY_SOAK_STREAMS", "200"))
 FAULTS = [None, None, None, "error_midstream", "drop_midstream", "busy", "status_before"]

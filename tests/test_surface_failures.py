@@ -47,8 +47,10 @@ from gateway.serve.coalesce import CoalescingHttpToolsProtocol
 from gateway.serve.server import door_limits
 from gateway.settings import Settings
 from gateway.testing.server import LoopbackServer
-from tests.conftest import Emulator, Gateway, _create_key, metric_value
-from tests.helpers import MODEL, OllamaLookalike, OpenAILookalike, sse
+from tests.support.client import MODEL
+from tests.support.lookalikes import OllamaLookalike, OpenAILookalike, sse
+from tests.support.metrics import metric_value
+from tests.support.stack import Emulator, Gateway, store_key
 
 DIALECTS = ["ollama", "openai"]
 
@@ -504,7 +506,7 @@ def front(tmp_path: Path, dialect: str) -> Iterator[Callable[..., Gateway]]:
             **overrides,
         }
         settings = Settings(**values)
-        key_id, key = asyncio.run(_create_key(database_url, "test-key"))
+        key_id, key = asyncio.run(store_key(database_url, "test-key"))
         protocol = CoalescingHttpToolsProtocol.with_limits(door_limits(settings, RLIM_INFINITY))
         server = LoopbackServer(create_app(settings), http=protocol)
         server.start()

@@ -25,8 +25,11 @@ from gateway.limits.estimate import estimate_tokens as _estimate_request
 from gateway.limits.limiter import KeyLimiter, build_storage
 from gateway.metering.metrics import Metrics
 from gateway.settings import Settings
-from tests.conftest import Emulator, Gateway, metric_value
-from tests.test_ratelimit import MODEL, REDIS_URL, _generations, _redis_up
+from tests.support.client import MODEL
+from tests.support.metrics import metric_value
+from tests.support.servers import REDIS_URL
+from tests.support.stack import Emulator, Gateway
+from tests.test_ratelimit import _generations, _redis_up
 
 #: A prompt of 4 bytes: estimated at one token.
 PROMPT = "tiny"

@@ -41,8 +41,9 @@ from gateway.testing.server import LoopbackServer
 from gateway.tracing import spans as tracing_spans
 from gateway.tracing.middleware import end_server
 from gateway.tracing.provider import open_tracing, tracing_endpoint
-from tests.conftest import Emulator, Gateway, _create_key, metric_value
-from tests.helpers import MODEL
+from tests.support.client import MODEL
+from tests.support.metrics import metric_value
+from tests.support.stack import Emulator, Gateway, store_key
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -409,7 +410,7 @@ def test_a_collector_that_is_down_holds_the_shutdown_only_briefly(
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     database_url = f"sqlite+aiosqlite:///{tmp_path}/keys.db"
-    _, key = asyncio.run(_create_key(database_url, "test-key"))
+    _, key = asyncio.run(store_key(database_url, "test-key"))
     settings = Settings(
         upstream_url=emulator.url,
         database_url=database_url,

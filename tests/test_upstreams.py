@@ -24,8 +24,9 @@ from gateway.testing.server import LoopbackServer
 from gateway.upstream.breaker import CircuitBreaker, CircuitState
 from gateway.upstream.headers import upstream_request_id
 from gateway.upstream.pool import open_pool
-from tests.conftest import Emulator, Gateway, metric_value
-from tests.helpers import MODEL, wait_polled
+from tests.support.client import MODEL
+from tests.support.metrics import metric_value, wait_polled
+from tests.support.stack import Emulator, Gateway
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from gateway.keys.store import KeyStore
 from gateway.metering.counting import UNKNOWN_MODEL, canonical_model
 from gateway.metering.report import UsageReport, read_usage
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
-from tests.conftest import Emulator
+from tests.support.stack import Emulator
 
 MODELS = ("llama3.2", "qwen2.5:7b")
 #: The gateway's own timeouts and breaker kept out of the way of the injected faults.

@@ -24,9 +24,11 @@ import redis
 from gateway.serve.workers import SIGNAL_GRACE, refusal, share, worker_settings
 from gateway.settings import Settings, UpstreamSpec
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
-from tests.batch.test_batch_sdk import _chat, _jsonl, _upload, _wait
-from tests.conftest import REDIS_URL, Emulator, metric_value
-from tests.helpers import MODEL, stream_generation
+from tests.support.batch import chat_line, read_jsonl, upload_lines, wait_batch
+from tests.support.client import MODEL, stream_generation
+from tests.support.metrics import metric_value
+from tests.support.servers import REDIS_URL
+from tests.support.stack import Emulator
 
 DEADLINE = 30.0  # seconds any awaited state may take on a loaded machine
 
@@ -382,13 +384,13 @@ def test_a_batch_runs_each_line_once_with_two_workers_on_one_sqlite_file(two_wor
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=2, timeout=30)
     with client:
         ids = [f"req-{i}" for i in range(lines)]
-        file_id = _upload(client, [_chat(custom_id) for custom_id in ids])
+        file_id = upload_lines(client, [chat_line(custom_id) for custom_id in ids])
         batch = client.batches.create(
             input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
         )
-        done = _wait(client, batch.id, timeout=120.0)
+        done = wait_batch(client, batch.id, timeout=120.0)
         assert done.status == "completed", done
-        output = _jsonl(client, done.output_file_id)
+        output = read_jsonl(client, done.output_file_id)
     assert sorted(str(item["custom_id"]) for item in output) == sorted(ids)
 
     def succeeded() -> float:

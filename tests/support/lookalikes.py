@@ -1,22 +1,18 @@
-"""Helpers shared by the test modules: a model name, Ollama and OpenAI look-alikes, a poll wait."""
+"""Stand-in Ollama and OpenAI servers a test writes the answers of, and SSE and NDJSON text."""
 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
-import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.testing.server import LoopbackServer
-from tests.conftest import Gateway, metric_value
-
-MODEL = "llama3.2:latest"
+from tests.support.client import MODEL
 
 
 class OllamaLookalike:
@@ -113,59 +109,3 @@ def sse(*events: dict[str, Any] | str) -> str:
 def ndjson(*lines: dict[str, Any]) -> str:
     """The NDJSON text of `lines`: one JSON object a line, each ended by a newline."""
     return "".join(json.dumps(line) + "\n" for line in lines)
-
-
-def wait_polled(gw: Gateway, count: int) -> None:
-    """Wait (up to 5 s) until the gateway's monitor has seen `count` upstreams up."""
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if metric_value(gw.metrics_text(), "gateway_upstream_up") >= count:
-            return
-        time.sleep(0.05)
-
-
-def stream_generation(url: str, key: str, lines: list[dict[str, Any]]) -> int:
-    """Stream one generation of `MODEL` from the gateway at `url` as `key`; return its status.
-
-    Each NDJSON line is parsed and appended to `lines` as it arrives, so a caller whose stream
-    is cut keeps what came before the cut.
-    """
-    with httpx.stream(
-        "POST",
-        f"{url}/v1/generate",
-        json={"model": MODEL, "prompt": "x"},
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=30,
-    ) as response:
-        lines.extend(json.loads(line) for line in response.iter_lines() if line)
-        return response.status_code
-
-
-def parse_ollama(
-    raw: bytes, operation: str, *, max_depth: int = 64, max_values: int = 100_000
-) -> dict[str, Any]:
-    """Check an Ollama generate or chat body as the gateway does; return the checked body."""
-    from gateway.api.ollama.schema import parse_generation
-    from gateway.settings import Settings
-
-    settings = Settings(max_json_depth=max_depth, max_json_values=max_values)
-    return parse_generation(raw, operation, settings).body  # type: ignore[arg-type]
-
-
-#: Seconds a loopback hop may add after a silence. Some VMs (this project's CI among them)
-#: wake a process tens of milliseconds late after 0.3 s idle, which a TTFT measured across a
-#: hop pays and the emulator's knobs leave out (tests/test_bench_driver.py measures it).
-LOOPBACK_WAKE = 0.06
-
-
-def assert_ttft(exported: float, client: float | None, truth: float | None) -> None:
-    """The gateway's TTFT agrees with the client's and with the emulator's `truth` (seconds;
-    None: not checked).
-
-    The client's clock starts before the gateway's and stops after it, so it may read up to
-    `LOOPBACK_WAKE` more; both may exceed the truth by that much, never fall short of it.
-    """
-    if client is not None:
-        assert client - 0.02 - LOOPBACK_WAKE <= exported <= client * 1.05 + 0.02, (exported, client)
-    if truth is not None:
-        assert truth * 0.85 <= exported <= truth * 1.15 + LOOPBACK_WAKE, (exported, truth)
