@@ -350,12 +350,33 @@ def test_a_matplotlib_failure_is_a_plot_error_not_a_traceback(
     assert not [p for p in (tmp_path / "plots").iterdir() if p.name.endswith(".tmp")]
 
 
-def test_a_knee_far_outside_the_levels_is_not_drawn(tmp_path: Path) -> None:
+def test_a_knee_far_outside_the_levels_is_not_drawn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("matplotlib")
+    marked: list[float | None] = []
+    mark_knee = plots._mark_knee
+
+    def recording(axes: Any, knee: float | None) -> None:
+        marked.append(knee)
+        mark_knee(axes, knee)
+
+    monkeypatch.setattr(plots, "_mark_knee", recording)
     entry = model_entry("a")
     entry["knee"] = {"level": 1e308}
-    written = plot_run(run_doc([entry, model_entry("b")]), tmp_path)
+    other = model_entry("b")
+    written = plot_run(run_doc([entry, other]), tmp_path)
+    # Every plot is still written (not an empty list that `all` would pass on) ...
+    assert [p.name for p in written] == [
+        "a-throughput.png",
+        "a-latency.png",
+        "b-throughput.png",
+        "b-latency.png",
+        "matrix.png",
+    ]
     assert all(_png(p) for p in written)
+    # ... with a's knee left out of both its plots and b's knee drawn on both of its own.
+    assert marked == [None, None, other["knee"]["level"], other["knee"]["level"]]
 
 
 def test_plots_replace_a_symlink_instead_of_writing_through_it(tmp_path: Path) -> None:

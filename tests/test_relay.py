@@ -217,6 +217,8 @@ def test_credentials_and_origin_never_reach_the_upstream(gateway: Gateway, emula
 def test_configured_upstream_credential_is_sent(make_gateway, emulator: Emulator):
     gw = make_gateway(upstream_api_key="upstream-secret")
     _post(gw, "/v1/generate", {"model": "llama3.2", "prompt": "x", "stream": False})
+    # The generation reached the emulator: `all` over no records would pass on nothing.
+    assert [r.path for r in emulator.state.records if r.path == "/api/generate"]
     assert all(
         r.headers["authorization"] == "Bearer upstream-secret" for r in emulator.state.records
     )
