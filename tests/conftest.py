@@ -24,6 +24,17 @@ from gateway.testing.stack import ManagedProcess, create_key, gateway_process
 from tests.support.servers import PG_URL, REDIS_URL, Database, in_ci, postgres_database
 from tests.support.stack import Emulator, Gateway, store_key
 
+#: The markers of slow classes (pyproject.toml describes each); a test of any is `slow` too.
+SLOW_CLASSES = ("e2e", "soak", "crash", "processes", "prometheus", "clients", "tools")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects, so `-m "not slow"` sees the mark
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `slow` every test of a slow class: `./scripts/test --fast` runs `-m "not slow"`."""
+    for item in items:
+        if any(item.get_closest_marker(name) for name in SLOW_CLASSES):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture
 def anyio_backend() -> str:

@@ -308,6 +308,7 @@ def _get(connection: http.client.HTTPConnection, path: str, key: str) -> tuple[i
     return response.status, response.getheader("Retry-After")
 
 
+@pytest.mark.processes
 def test_two_workers_share_one_budget_through_redis(two_workers) -> None:
     gateway, key = two_workers(auth_failures_per_minute="6", keepalive_timeout="120")
     other_key = str(create_key(gateway.extra_env, "behind-the-same-nat")["key"])

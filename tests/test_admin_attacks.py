@@ -145,6 +145,7 @@ def test_a_token_with_deeply_nested_json_is_a_401_not_a_500(
     assert "Traceback" not in caplog.text
 
 
+@pytest.mark.processes
 def test_x_forwarded_for_does_not_write_the_audit_source_without_trusted_proxies(
     emulator: Emulator, tmp_path: Path
 ) -> None:

@@ -39,6 +39,8 @@ from gateway.testing.stack import ManagedProcess, create_key, gateway_process
 from tests.support.stack import Emulator
 from tests.test_admin_jwt import ADMIN_ROLE, ATTACK_NAMES, READ_ROLE, SECRET, _attacks, _kid
 
+pytestmark = pytest.mark.processes
+
 ADMIN_SUB, READER_SUB = "7d2a9c1e-admin-alice", "3b8f0e6d-reader-bob"
 KEY_CACHE_SECONDS = 1.0
 #: Slack on top of a bound: process scheduling, a database round trip, a poll interval.

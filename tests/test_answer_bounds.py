@@ -331,6 +331,7 @@ def test_batch_lines_too_large_for_their_inputs_fail_at_once_and_leave_the_circu
 # --- the event loop goes on serving other keys while a large answer is parsed or written -------
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     ("dialect", "path"),
     [

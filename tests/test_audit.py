@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.tools
+
 ROOT = Path(__file__).resolve().parent.parent
 AUDIT = ROOT / "scripts" / "audit"
 HASH = "--hash=sha256:" + "0" * 64

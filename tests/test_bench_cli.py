@@ -149,6 +149,7 @@ def test_compare_and_report_read_saved_runs(emulator, tmp_path, capsys):
     assert model in csv_text
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(120)
 def test_the_installed_command_runs_a_benchmark(emulator, tmp_path):
     model = _fast(emulator)

@@ -649,6 +649,7 @@ def plan(concurrency: int) -> tuple[int, int]:
     return warmup, counted
 
 
+@pytest.mark.processes
 async def test_knee_search_finds_the_configured_capacity(capacity_url, wake):
     target = Target(capacity_url, "ollama", chat=True)
     workload = Workload("one", load_workload("builtin:short", Sampling()).prompts[:1], Sampling())
@@ -673,6 +674,7 @@ async def test_knee_search_finds_the_configured_capacity(capacity_url, wake):
             assert within(got[name], bounds), (level, name, got, want)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("chat", [True, False])
 async def test_openai_measures_the_truth_too(capacity_url, wake, chat):
     target = Target(capacity_url, "openai", chat=chat)

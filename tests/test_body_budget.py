@@ -21,6 +21,7 @@ from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 import httpx
+import pytest
 
 from gateway.testing.stack import create_key, gateway_process
 from tests.support.client import MODEL
@@ -228,6 +229,7 @@ async def _hold_many(
                 await writer.wait_closed()
 
 
+@pytest.mark.processes
 def test_held_bodies_of_one_key_do_not_grow_the_gateway_process(
     tmp_path: Path, emulator: Emulator
 ) -> None:

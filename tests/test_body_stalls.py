@@ -98,6 +98,7 @@ def _inputs() -> bytes:
     return json.dumps({"model": MODEL, "input": ["a" * 160 for _ in range(99_000)]}).encode()
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     ("make_body", "path", "status"),
     [
@@ -165,6 +166,7 @@ def _small_parts() -> bytes:
     return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": parts}]}).encode()
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     ("make_body", "path"), [(_small_keys, "/api/embed"), (_small_parts, "/v1/chat/completions")]
 )

@@ -388,6 +388,7 @@ def test_bad_create_arguments_are_usage_errors(database_url: str, argv: list[str
     assert exited.value.code == 2
 
 
+@pytest.mark.processes
 def test_python_dash_m_gateway_runs_the_cli(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'keys.db'}"
     env = {**os.environ, "GATEWAY_DATABASE_URL": url}

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gateway.serve.server import RESERVED_FDS, door_limits
 from gateway.settings import Settings
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
@@ -50,11 +52,13 @@ def _healthy(sock: socket.socket) -> None:
     assert status == 200
 
 
+@pytest.mark.processes
 def test_a_connection_that_sends_nothing_is_closed(emulator: Emulator, tmp_path: Path):
     with _gateway(tmp_path, emulator, header_timeout="0.5") as gateway, _connect(gateway) as sock:
         assert read_until_closed(sock, within=5) == b""
 
 
+@pytest.mark.processes
 def test_a_slowloris_head_is_cut_by_the_header_deadline(emulator: Emulator, tmp_path: Path):
     with _gateway(tmp_path, emulator, header_timeout="0.5") as gateway, _connect(gateway) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nX-Slow: ")
@@ -75,6 +79,7 @@ def test_a_slowloris_head_is_cut_by_the_header_deadline(emulator: Emulator, tmp_
         assert b"connection: close" in answer.lower()
 
 
+@pytest.mark.processes
 def test_a_head_over_the_size_cap_gets_431(emulator: Emulator, tmp_path: Path):
     with _gateway(tmp_path, emulator, max_header_bytes="8192") as gateway:
         with _connect(gateway) as sock:
@@ -93,6 +98,7 @@ def test_a_head_over_the_size_cap_gets_431(emulator: Emulator, tmp_path: Path):
             assert read_until_closed(sock, within=5) == b""
 
 
+@pytest.mark.processes
 def test_an_endless_header_is_cut_after_the_cap(emulator: Emulator, tmp_path: Path):
     with (
         _gateway(tmp_path, emulator, max_header_bytes="8192") as gateway,
@@ -114,6 +120,7 @@ def test_an_endless_header_is_cut_after_the_cap(emulator: Emulator, tmp_path: Pa
         sender.join(10)
 
 
+@pytest.mark.processes
 def test_too_many_header_fields_get_431(emulator: Emulator, tmp_path: Path):
     def request(fields: int, upgrade: bytes = b"") -> bytes:
         lines = b"".join(b"X-F%d: v\r\n" % i for i in range(fields))
@@ -137,6 +144,7 @@ def test_too_many_header_fields_get_431(emulator: Emulator, tmp_path: Path):
             assert read_response(sock)[0] == 431
 
 
+@pytest.mark.processes
 def test_over_the_connection_cap_new_clients_are_refused_until_one_leaves(
     emulator: Emulator, tmp_path: Path
 ):
@@ -207,6 +215,7 @@ def _refused_as_one_address(sock: socket.socket, share: int) -> None:
     assert json.loads(body)["error"] == message
 
 
+@pytest.mark.processes
 def test_one_address_cannot_take_every_connection(emulator: Emulator, tmp_path: Path):
     """An anonymous client from one address holding its share and reopening half-sent heads
     (the attack that held all of GATEWAY_MAX_CLIENT_CONNECTIONS) leaves room for the others."""
@@ -246,6 +255,7 @@ def test_one_address_cannot_take_every_connection(emulator: Emulator, tmp_path: 
                 sock.close()
 
 
+@pytest.mark.processes
 def test_a_trusted_proxy_has_no_share_of_its_own(emulator: Emulator, tmp_path: Path):
     """A reverse proxy carries many clients: its connections count against the process cap
     only, while any other address keeps its share."""
@@ -264,6 +274,7 @@ def test_a_trusted_proxy_has_no_share_of_its_own(emulator: Emulator, tmp_path: P
                 sock.close()
 
 
+@pytest.mark.processes
 def test_an_idle_kept_alive_connection_is_closed(emulator: Emulator, tmp_path: Path):
     env = {"keepalive_timeout": "0.5", "header_timeout": "30"}
     with _gateway(tmp_path, emulator, **env) as gateway, _connect(gateway) as sock:
@@ -272,6 +283,7 @@ def test_an_idle_kept_alive_connection_is_closed(emulator: Emulator, tmp_path: P
         assert read_until_closed(sock, within=3) == b""
 
 
+@pytest.mark.processes
 def test_a_kept_alive_connection_may_idle_longer_than_the_header_timeout(
     emulator: Emulator, tmp_path: Path
 ):
@@ -289,6 +301,7 @@ def _post_head(key: str, length: int) -> bytes:
     ).encode()
 
 
+@pytest.mark.processes
 def test_a_stalled_body_gets_408_and_a_slow_one_is_served(emulator: Emulator, tmp_path: Path):
     emulator.config.tokens = 3
     with _gateway(tmp_path, emulator, body_timeout="0.5") as gateway:
@@ -307,6 +320,7 @@ def test_a_stalled_body_gets_408_and_a_slow_one_is_served(emulator: Emulator, tm
             assert b"connection: close" in answer.lower()
 
 
+@pytest.mark.processes
 def test_a_stream_may_last_longer_than_the_header_and_body_timeouts(
     emulator: Emulator, tmp_path: Path
 ):
@@ -323,6 +337,7 @@ def test_a_stream_may_last_longer_than_the_header_and_body_timeouts(
         assert "error" not in lines[-1]
 
 
+@pytest.mark.processes
 def test_a_slow_head_on_a_kept_alive_connection_is_cut_too(emulator: Emulator, tmp_path: Path):
     env = {"keepalive_timeout": "30", "header_timeout": "0.5"}
     with _gateway(tmp_path, emulator, **env) as gateway, _connect(gateway) as sock:
@@ -357,6 +372,7 @@ def test_an_address_share_is_a_quarter_of_the_cap_unless_set():
     ]
 
 
+@pytest.mark.processes
 def test_door_refusals_answer_in_the_dialect_of_the_path(emulator: Emulator, tmp_path: Path):
     """431 and both 408s name the path in the request line: the OpenAI API gets OpenAI's error
     object (its SDKs read `error.message`), Ollama's paths `{"error": "..."}`."""

@@ -220,6 +220,7 @@ def failing_gateway(tmp_path: Path, emulator: Emulator) -> Iterator[str]:
         yield server.url
 
 
+@pytest.mark.processes
 def test_the_last_resort_500_carries_cors_headers(
     failing_gateway: str, caplog: pytest.LogCaptureFixture
 ):
@@ -233,6 +234,7 @@ def test_the_last_resort_500_carries_cors_headers(
     assert f"unhandled error, request_id={request_id}" in caplog.text
 
 
+@pytest.mark.processes
 def test_gateway_serve_reads_a_comma_separated_list(tmp_path: Path, emulator: Emulator):
     """`GATEWAY_CORS_ORIGINS` as an operator writes it, through `gateway serve`, streaming."""
     env = {

@@ -34,6 +34,8 @@ from pydantic import ValidationError
 
 from gateway.settings import Settings
 
+pytestmark = pytest.mark.tools
+
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 KUSTOMIZE = DEPLOY / "kubernetes"

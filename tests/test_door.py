@@ -55,6 +55,7 @@ def test_the_formatter_escapes_arguments_but_keeps_tracebacks() -> None:
     assert rest.startswith("Traceback")  # Python's own text keeps its lines
 
 
+@pytest.mark.processes
 def test_an_upstream_echo_of_a_hostile_model_name_writes_one_log_line(
     tmp_path: Path, emulator: Emulator
 ) -> None:
@@ -133,6 +134,7 @@ def test_the_formatter_escapes_the_text_inside_a_traceback() -> None:
     assert all(part.isprintable() for part in line.splitlines())
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("path", ["/api/generate", "/v1/chat/completions"])
 def test_invisible_characters_in_a_model_name_are_escaped_in_the_real_log(
     tmp_path: Path, emulator: Emulator, path: str

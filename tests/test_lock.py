@@ -202,6 +202,7 @@ def _pip_install_dry_run(lock: Path, links: Path) -> subprocess.CompletedProcess
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)  # noqa: S603 (our own interpreter)
 
 
+@pytest.mark.tools
 def test_pip_refuses_a_file_whose_sha256_differs_from_the_lock(tmp_path):
     wheel = _wheel(tmp_path, "gw_lock_probe", "1.0")
     good = hashlib.sha256(wheel.read_bytes()).hexdigest()
@@ -221,6 +222,7 @@ def test_pip_refuses_a_file_whose_sha256_differs_from_the_lock(tmp_path):
     assert re.search(r"Would install gw[-_]lock[-_]probe-1\.0", accepted.stdout)
 
 
+@pytest.mark.tools
 def test_pip_refuses_a_pin_without_a_hash_among_hashed_ones(tmp_path):
     _wheel(tmp_path, "gw_lock_probe", "1.0")
     _wheel(tmp_path, "gw_lock_other", "1.0")
@@ -234,6 +236,7 @@ def test_pip_refuses_a_pin_without_a_hash_among_hashed_ones(tmp_path):
     assert "Hashes are required in --require-hashes mode" in refused.stderr
 
 
+@pytest.mark.tools
 def test_sbom_lists_every_runtime_release_with_its_hashes():
     venv_bin = Path(sys.executable).parent
     if not (ROOT / ".venv").exists() and shutil.which("cyclonedx-py", path=str(venv_bin)) is None:

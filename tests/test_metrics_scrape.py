@@ -30,6 +30,8 @@ from tests.support.metrics import metric_value
 from tests.support.servers import REDIS_URL
 from tests.support.stack import Emulator
 
+pytestmark = pytest.mark.processes
+
 #: Models the emulator lists, each given one request: the page grows to about 900 KB.
 MODELS = [MODEL, *(f"filler-{n:03d}:latest" for n in range(80))]
 #: Anonymous scrapers, each in a loop, and for how long, seconds.

@@ -363,6 +363,7 @@ async def test_concurrent_upgrades_upgrade_once(database: Database) -> None:
             await engine.dispose()
 
 
+@pytest.mark.processes
 def test_two_processes_upgrade_one_sqlite_file_once(tmp_path: Path) -> None:
     env = {**os.environ, "GATEWAY_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}"}
     command = [sys.executable, "-m", "gateway", "db", "upgrade"]
@@ -505,6 +506,7 @@ def test_auto_upgrade_off_commands_and_app_refuse_a_behind_database(
     asyncio.run(_start_app(database_url, database_auto_upgrade=False))
 
 
+@pytest.mark.processes
 def test_gateway_serve_refuses_a_newer_database(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}"
     asyncio.run(_upgrade_and_stamp(url, "0099"))

@@ -29,6 +29,8 @@ import yaml
 from tests.support.client import MODEL
 from tests.support.stack import Emulator, Gateway
 
+pytestmark = pytest.mark.prometheus
+
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 ALERT_TESTS = DEPLOY / "prometheus" / "alerts.test.yml"

@@ -232,6 +232,7 @@ def test_client_leaving_the_queue_gives_its_place_back(make_gateway, emulator: E
     assert len(_generations(emulator)) == 2
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(not _redis_up(), reason="Redis is not running on 127.0.0.1:6379")
 def test_two_gateway_processes_share_one_limit_through_redis(emulator: Emulator, tmp_path: Path):
     """F-22: 2 replicas on one Redis, rpm 5, 10 alternating requests: 5 x 200, 5 x 429."""
@@ -261,6 +262,7 @@ def test_two_gateway_processes_share_one_limit_through_redis(emulator: Emulator,
     assert len(_generations(emulator)) == 5
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(not _redis_up(), reason="Redis is not running on 127.0.0.1:6379")
 def test_a_killed_replicas_in_flight_requests_stop_counting_within_a_lease(
     emulator: Emulator, tmp_path: Path

@@ -9,10 +9,13 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
 from tests.support.client import MODEL, stream_generation
 from tests.support.stack import Emulator
+
+pytestmark = pytest.mark.processes
 
 
 def _generate_in_background(url: str, key: str) -> tuple[threading.Thread, list[httpx.Response]]:

@@ -28,7 +28,7 @@ SECONDS = float(os.environ.get("GATEWAY_SOAK_SECONDS", "60"))
 STREAMS = int(os.environ.get("GATEWAY_SOAK_STREAMS", "200"))
 FAULTS = [None, None, None, "error_midstream", "drop_midstream", "busy", "status_before"]
 
-pytestmark = pytest.mark.timeout(SECONDS + 180)
+pytestmark = [pytest.mark.soak, pytest.mark.timeout(SECONDS + 180)]
 
 
 def _open_fds(pid: int) -> int:

@@ -324,6 +324,7 @@ def test_tracing_off_forwards_no_traceparent(
     assert "traceparent" not in received.headers
 
 
+@pytest.mark.processes
 def test_tracing_off_imports_no_sdk() -> None:
     # A process of its own: other tests here import the SDK.
     code = (

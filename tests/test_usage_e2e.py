@@ -27,6 +27,8 @@ from gateway.metering.report import UsageReport, read_usage
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
 from tests.support.stack import Emulator
 
+pytestmark = pytest.mark.processes
+
 MODELS = ("llama3.2", "qwen2.5:7b")
 #: The gateway's own timeouts and breaker kept out of the way of the injected faults.
 ENV = {

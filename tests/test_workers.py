@@ -160,6 +160,7 @@ def _refused_serve(tmp_path: Path, *args: str, **env: str) -> subprocess.Complet
     )
 
 
+@pytest.mark.processes
 def test_serve_with_two_workers_and_memory_limits_exits_with_a_clear_error(tmp_path: Path):
     done = _refused_serve(tmp_path, "--workers", "2")
     assert done.returncode == 2
@@ -167,6 +168,7 @@ def test_serve_with_two_workers_and_memory_limits_exits_with_a_clear_error(tmp_p
     assert not (tmp_path / "gateway.db").exists()  # refused before touching anything
 
 
+@pytest.mark.processes
 def test_an_inherited_multiprocess_directory_is_refused(tmp_path: Path):
     """One process would write there and read a previous run's counters back as its own."""
     done = _refused_serve(tmp_path, PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "stale"))
@@ -178,6 +180,7 @@ def test_an_inherited_multiprocess_directory_is_refused(tmp_path: Path):
 # --- two real workers ---------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_metrics_count_every_request_whichever_worker_served_it(two_workers, emulator):
     emulator.config.tokens = 3
     gateway, key = two_workers()
@@ -195,6 +198,7 @@ def test_metrics_count_every_request_whichever_worker_served_it(two_workers, emu
     assert len([r for r in emulator.state.records if r.path == "/api/generate"]) == 12
 
 
+@pytest.mark.processes
 def test_rpm_limit_holds_across_workers(two_workers, emulator):
     emulator.config.tokens = 1
     gateway, key = two_workers(default_rpm="5")
@@ -204,6 +208,7 @@ def test_rpm_limit_holds_across_workers(two_workers, emulator):
     assert metric_value(text, "gateway_rate_limited_total", kind="rpm") == 3
 
 
+@pytest.mark.processes
 def test_in_flight_limit_holds_across_workers(two_workers, emulator, redis_prefix):
     emulator.config.inter_token = 0.05
     emulator.config.tokens = 100  # 5 s
@@ -236,6 +241,7 @@ def test_in_flight_limit_holds_across_workers(two_workers, emulator, redis_prefi
     assert generate(gateway.url, key).status_code == 200
 
 
+@pytest.mark.processes
 def test_sigterm_drains_every_worker_then_exits_0(two_workers, emulator):
     emulator.config.inter_token = 0.05
     emulator.config.tokens = 30  # 1.5 s: ends within the drain plus the deadline
@@ -262,6 +268,7 @@ def test_sigterm_drains_every_worker_then_exits_0(two_workers, emulator):
     assert gateway.log_tail(500).count("draining for 1 s before shutting down") == 2
 
 
+@pytest.mark.processes
 def test_a_stream_past_the_deadline_ends_with_the_error_line(two_workers, emulator):
     emulator.config.inter_token = 0.05
     emulator.config.tokens = 400  # 20 s: longer than drain + deadline
@@ -277,6 +284,7 @@ def test_a_stream_past_the_deadline_ends_with_the_error_line(two_workers, emulat
     assert lines[-1] == {"error": "gateway is shutting down"}
 
 
+@pytest.mark.processes
 def test_a_killed_worker_is_replaced_and_its_counts_stay(two_workers, emulator):
     emulator.config.tokens = 1
     gateway, key = two_workers()
@@ -303,6 +311,7 @@ def test_a_killed_worker_is_replaced_and_its_counts_stay(two_workers, emulator):
     assert metric_value(text, "gateway_requests_in_flight") == 0
 
 
+@pytest.mark.processes
 def test_a_replacement_that_fails_to_start_is_retried_while_the_other_worker_serves(
     two_workers, emulator, tmp_path: Path
 ):
@@ -327,6 +336,7 @@ def test_a_replacement_that_fails_to_start_is_retried_while_the_other_worker_ser
         assert generate(gateway.url, key).status_code == 200
 
 
+@pytest.mark.processes
 def test_the_upstream_gate_is_divided_between_the_workers(two_workers, emulator):
     emulator.config.tokens = 1
     gateway, _ = two_workers(upstream_max_concurrent="3", upstream_queue_size="10")
@@ -336,6 +346,7 @@ def test_the_upstream_gate_is_divided_between_the_workers(two_workers, emulator)
     assert f"upstream slots {name}=1 (0: no gate), queue 5" in log
 
 
+@pytest.mark.processes
 def test_a_signal_to_the_whole_process_group_still_drains(two_workers, emulator):
     """Ctrl-C (or `kill -- -PGID`) reaches each worker directly and again from the supervisor:
     one signal, so the drain is not cut short as a second signal would."""
@@ -354,6 +365,7 @@ def test_a_signal_to_the_whole_process_group_still_drains(two_workers, emulator)
     assert "second signal" not in gateway.log_tail(500)
 
 
+@pytest.mark.processes
 def test_a_second_signal_to_the_supervisor_ends_every_drain(two_workers, emulator):
     emulator.config.inter_token = 0.05
     emulator.config.tokens = 400  # 20 s
@@ -375,6 +387,7 @@ def test_a_second_signal_to_the_supervisor_ends_every_drain(two_workers, emulato
     assert gateway.log_tail(500).count("second signal") == 2
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(180)
 def test_a_batch_runs_each_line_once_with_two_workers_on_one_sqlite_file(two_workers, emulator):
     """Both workers' batch runners claim lines from one SQLite file: leases keep them apart."""
@@ -401,6 +414,7 @@ def test_a_batch_runs_each_line_once_with_two_workers_on_one_sqlite_file(two_wor
     assert len([r for r in emulator.state.records if r.path == "/api/chat"]) == lines
 
 
+@pytest.mark.processes
 def test_tpm_limit_holds_across_workers(two_workers, emulator, redis_prefix):
     """Each request reserves 11 tokens (num_predict 10, a 1-token prompt) and uses 22 (the
     emulator counts 12 prompt tokens): 22 + 11 and 44 + 11 against 50 per minute, whichever

@@ -27,6 +27,8 @@ from tests.support.batch import chat_line, read_jsonl, upload_lines, wait_batch
 from tests.support.metrics import metric_value
 from tests.support.stack import Emulator
 
+pytestmark = [pytest.mark.crash, pytest.mark.processes]
+
 LINES = 500
 RUNNING = "SELECT count(*) FROM gateway_batch_lines WHERE state = 'running'"
 ENV = {

@@ -27,7 +27,7 @@ MIB = 1024 * 1024
 #: What one step may add to the process's peak RSS.
 BOUND = 50 * MIB
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 
 def _status(pid: int, field: str) -> int:

@@ -25,6 +25,8 @@ from tests.support.client import MODEL_ALIAS as MODEL
 from tests.support.metrics import metric_value
 from tests.support.stack import Emulator, Gateway
 
+pytestmark = pytest.mark.clients
+
 DIALECTS = ["ollama", "openai"]
 MESSAGES: Any = [{"role": "user", "content": "hi"}]  # Any: the SDKs type messages as TypedDicts
 DIMENSIONS = 8  # the emulator's default vector length
