@@ -188,7 +188,7 @@ def serve(tmp_path: Path) -> Iterator[Callable[[str, str], tuple[str, str, str]]
     """Start `gateway serve` (its own process, as deployed) in front of one upstream.
 
     `start(url, dialect)` returns its URL, an attacker's key and a victim's key (the stall tests
-    of tests/test_answer_bounds.py and tests/test_body_stalls.py).
+    of tests/relay/test_answer_bounds.py and tests/wire/test_body_stalls.py).
     """
     started: list[ManagedProcess] = []
 

@@ -90,7 +90,8 @@ def parse_ollama(
 
 #: Seconds a loopback hop may add after a silence. Some VMs (this project's CI among them)
 #: wake a process tens of milliseconds late after 0.3 s idle, which a TTFT measured across a
-#: hop pays and the emulator's knobs leave out (tests/test_bench_driver.py measures it).
+#: hop pays and the emulator's knobs leave out (tests/clients/bench/test_bench_driver.py
+#: measures it).
 LOOPBACK_WAKE = 0.06
 
 
