@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anyio
@@ -14,13 +13,12 @@ import httpx
 import pytest
 
 from gateway.testing.emulator.app import (
-    EmulatorConfig,
-    EmulatorState,
     ReceivedRequest,
     create_emulator_app,
     main,
 )
 from gateway.testing.server import LoopbackServer
+from tests.support.emulator import fast_config
 
 pytestmark = pytest.mark.anyio
 
@@ -37,38 +35,6 @@ METRICS = (
     "eval_count",
     "eval_duration",
 )
-
-
-def fast_config(**changes) -> EmulatorConfig:
-    return EmulatorConfig(**{"ttft": 0.01, "inter_token": 0.002, "tokens": 6, **changes})
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[tuple[LoopbackServer, EmulatorState]]:
-    app = create_emulator_app()
-    with LoopbackServer(app) as server:
-        yield server, app.state.emulator
-
-
-@pytest.fixture
-def state(served: tuple[LoopbackServer, EmulatorState]) -> EmulatorState:
-    """The module's emulator, reset to a fast config, no records and no blobs.
-
-    The emulator test modules share these three fixtures (they import them from here).
-    """
-    emulator = served[1]
-    emulator.config = fast_config()
-    emulator.clear()
-    emulator.blobs.clear()
-    return emulator
-
-
-@pytest.fixture
-async def client(
-    served: tuple[LoopbackServer, EmulatorState], state: EmulatorState
-) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=served[0].url, timeout=5) as client:
-        yield client
 
 
 def ndjson(text: str) -> list[dict[str, Any]]:

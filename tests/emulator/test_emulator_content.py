@@ -1,4 +1,3 @@
-# ruff: noqa: F811 (tests take the fixtures imported from tests.emulator.test_emulator by name)
 """What the emulator's answers say over sockets: tool calls, JSON formats, logprobs; the CLI."""
 
 from __future__ import annotations
@@ -10,9 +9,7 @@ import pytest
 import uvicorn
 
 from gateway.testing.emulator import app as emulator
-
-# The module-scoped emulator and its fixtures, shared with tests/emulator/test_emulator.py.
-from tests.emulator.test_emulator import CHAT, GENERATE, client, ndjson, served, sse, state  # noqa: F401
+from tests.emulator.test_emulator import CHAT, GENERATE, ndjson, sse
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 (tests take the fixtures imported from tests.emulator.test_emulator by name)
 """The emulator's embedding routes over real sockets: `/api/embed`, `/api/embeddings`, `/v1`."""
 
 from __future__ import annotations
@@ -11,9 +10,7 @@ import httpx
 import pytest
 
 from gateway.testing.emulator.embed import normalize, raw_vector
-
-# The module-scoped emulator and its fixtures, shared with tests/emulator/test_emulator.py.
-from tests.emulator.test_emulator import client, fast_config, served, state  # noqa: F401
+from tests.support.emulator import fast_config
 
 pytestmark = pytest.mark.anyio
 

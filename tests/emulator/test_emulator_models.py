@@ -1,4 +1,3 @@
-# ruff: noqa: F811 (tests take the fixtures imported from tests.emulator.test_emulator by name)
 """The emulator's model routes over real sockets: show, list, pull, push, create, copy, delete."""
 
 from __future__ import annotations
@@ -9,9 +8,8 @@ import httpx
 import pytest
 
 from gateway.testing.emulator.catalog import TEMPLATE
-
-# The module-scoped emulator and its fixtures, shared with tests/emulator/test_emulator.py.
-from tests.emulator.test_emulator import client, fast_config, ndjson, served, state, wait_ended  # noqa: F401
+from tests.emulator.test_emulator import ndjson, wait_ended
+from tests.support.emulator import fast_config
 
 pytestmark = pytest.mark.anyio
 

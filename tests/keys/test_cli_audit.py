@@ -10,9 +10,7 @@ from typing import Any
 import pytest
 
 from gateway.cli import main
-from tests.keys.test_cli_keys import _authenticate, _create_json, database_url
-
-__all__ = ["database_url"]  # a fixture, imported so pytest finds it here
+from tests.keys.test_cli_keys import _authenticate, _create_json
 
 
 def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:

@@ -16,15 +16,6 @@ from gateway.cli import main
 from gateway.keys.store import InvalidKeyError, KeyRecord, KeyStore
 
 
-@pytest.fixture
-def database_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    url = f"sqlite+aiosqlite:///{tmp_path / 'keys.db'}"
-    monkeypatch.setenv("GATEWAY_DATABASE_URL", url)
-    # Settings also reads ./.env; keep a developer's .env out of the tests.
-    monkeypatch.chdir(tmp_path)
-    return url
-
-
 def _authenticate(url: str, key: str) -> KeyRecord:
     async def run() -> KeyRecord:
         store = KeyStore.from_url(url)

@@ -12,7 +12,6 @@ import pytest
 from gateway.cli import main
 from gateway.keys.store import KeyStore
 from gateway.metering.usage import UsageSink
-from tests.keys.test_cli_keys import database_url  # noqa: F401 - the fixture
 from tests.metering.test_usage import SUMMARY
 
 TODAY = datetime.now(UTC).date()
@@ -41,7 +40,7 @@ def _seed(url: str) -> tuple[str, str]:
 
 
 def test_usage_table_shows_the_last_30_days_and_a_total(
-    database_url: str,  # noqa: F811
+    database_url: str,
     capsys: pytest.CaptureFixture[str],
 ):
     alice, bob = _seed(database_url)
@@ -64,7 +63,7 @@ def test_usage_table_shows_the_last_30_days_and_a_total(
 
 
 def test_usage_json_filters_by_key_model_and_days(
-    database_url: str,  # noqa: F811
+    database_url: str,
     capsys: pytest.CaptureFixture[str],
 ):
     alice, _ = _seed(database_url)
@@ -88,7 +87,7 @@ def test_usage_json_filters_by_key_model_and_days(
 
 
 def test_usage_without_rows_says_so_and_bad_days_are_refused(
-    database_url: str,  # noqa: F811
+    database_url: str,
     capsys: pytest.CaptureFixture[str],
 ):
     assert main(["keys", "usage", "--until", "2030-01-31"]) == 0
