@@ -476,6 +476,7 @@ class _CountingVersion(OllamaLookalike):
         return await super()._version(request)
 
 
+@pytest.mark.slow  # seconds on 2 cores (--durations of the fast tier)
 def test_an_anonymous_readyz_flood_shares_the_upstreams_probes(make_gateway):
     """/readyz is public: callers share one probe at a time, and a ready result for a second,
     so a flood of anonymous /readyz makes the upstream answer about one probe a second, not one

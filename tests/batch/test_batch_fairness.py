@@ -33,7 +33,7 @@ from tests.support.stack import Gateway
 #: this one leaves room for a loaded machine (the old code held the loop for seconds).
 STALL = 1.0
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def _upload(gw: Gateway, key: str, content: bytes, timeout: float = 30) -> httpx.Response:

@@ -280,6 +280,7 @@ def _interactive(gw: Gateway) -> dict:
     return response.json()
 
 
+@pytest.mark.slow  # seconds on 2 cores (--durations of the fast tier)
 def test_batch_lines_leave_the_reserved_slot_to_interactive_requests(
     make_gateway: Callable[..., Gateway],
     emulator: Emulator,
@@ -326,6 +327,7 @@ def test_batch_lines_leave_the_reserved_slot_to_interactive_requests(
     assert metric_value(gw.metrics_text(), "gateway_batch_lines_total", outcome="preempted") == 0
 
 
+@pytest.mark.slow  # seconds on 2 cores (--durations of the fast tier)
 def test_an_interactive_request_preempts_a_running_batch_line(
     make_gateway: Callable[..., Gateway],
     emulator: Emulator,

@@ -123,6 +123,7 @@ async def test_the_set_expires_with_its_last_lease(redis_prefix: str) -> None:
     client.close()
 
 
+@pytest.mark.slow  # seconds on 2 cores (--durations of the fast tier)
 async def test_the_limiter_renews_in_the_background_and_counts_renewal_failures(
     redis_prefix: str,
 ) -> None:

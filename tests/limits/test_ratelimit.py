@@ -210,6 +210,7 @@ def test_a_queued_request_gets_the_slot_when_it_frees(make_gateway, emulator: Em
     assert metric_value(gw.metrics_text(), "gateway_upstream_slots_in_use") == 0
 
 
+@pytest.mark.slow  # seconds on 2 cores (--durations of the fast tier)
 def test_client_leaving_the_queue_gives_its_place_back(make_gateway, emulator: Emulator):
     gw = make_gateway(upstream_max_concurrent=1, upstream_queue_size=1, upstream_queue_timeout=10)
     emulator.config.tokens = 10

@@ -246,6 +246,7 @@ def test_per_key_labels_name_the_key(gateway: Gateway, emulator: Emulator):
     assert metric_value(text, "gateway_requests_total", key="test-key", outcome="completed") == 1
 
 
+@pytest.mark.slow  # seconds on 2 cores (--durations of the fast tier)
 def test_junk_model_names_add_no_series(gateway: Gateway, emulator: Emulator):
     """F-18: junk model names collapse into model="other"; more of them add no series."""
     from concurrent.futures import ThreadPoolExecutor

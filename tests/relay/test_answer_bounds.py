@@ -227,6 +227,7 @@ def _message(response: httpx.Response) -> str:
 # --- the request's fault: 413 in the client's format, no breaker, no retry, no failover --------
 
 
+@pytest.mark.slow  # seconds on 2 cores (--durations of the fast tier)
 @pytest.mark.parametrize("path", ["/api/embed", "/v1/embeddings"])
 def test_embeddings_too_large_for_their_many_inputs_are_the_requests_fault(
     make_gateway, upstream, path

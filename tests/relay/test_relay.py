@@ -446,6 +446,7 @@ def test_unknown_models_share_one_metrics_label(gateway: Gateway):
     assert metric_value(text, "gateway_requests_total", model="other") == 5
 
 
+@pytest.mark.slow  # seconds on 2 cores (--durations of the fast tier)
 def test_rejected_requests_are_counted_with_bounded_labels(gateway: Gateway):
     """F-18: bad keys, junk paths and bad bodies add a bounded set of series, no secrets."""
     for i in range(20):
@@ -521,6 +522,7 @@ def test_upstream_connections_are_reused(
     assert len(set(ports)) == 1, ports
 
 
+@pytest.mark.slow  # seconds on 2 cores (--durations of the fast tier)
 def test_a_client_that_stops_reading_loses_its_stream_after_the_idle_timeout(
     make_gateway: Callable[..., Gateway], emulator: Emulator
 ):

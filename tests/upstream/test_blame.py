@@ -212,6 +212,7 @@ def test_the_requests_own_deadline_mid_stream_is_not_an_upstream_failure(make_ga
 # --- class 7: panic mode, and busy is not broken --------------------------------------------
 
 
+@pytest.mark.slow  # seconds on 2 cores (--durations of the fast tier)
 def test_when_every_circuit_is_open_requests_reach_the_open_upstreams(make_gateway, emulator):
     """A's circuit is open, B dies: A serves again (panic mode) instead of 503 for a minute."""
     doomed = LoopbackServer(create_emulator_app(EmulatorConfig()))

@@ -235,6 +235,7 @@ def _access_line(caplog: pytest.LogCaptureFixture, request_id: str) -> dict[str,
     raise AssertionError(f"no access log line for {request_id}")
 
 
+@pytest.mark.slow  # seconds on 2 cores (--durations of the fast tier)
 @pytest.mark.parametrize("death", ["killed", "502", "silent"])
 def test_a_request_fails_over_past_an_open_circuit_when_the_last_closed_upstream_dies(
     make_gateway, second, caplog, death

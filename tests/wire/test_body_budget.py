@@ -260,6 +260,7 @@ def _announce(gw: Gateway, key: str, sent: bytes) -> socket.socket:
     return sock
 
 
+@pytest.mark.slow  # seconds on 2 cores (--durations of the fast tier)
 def test_a_declared_body_charges_only_what_arrives(
     make_gateway: Callable[..., Gateway],
 ) -> None:

@@ -83,6 +83,7 @@ def test_a_body_of_millions_of_values_is_refused_without_stalling_the_loop(gatew
     assert "more than 100000 JSON values" in response.json()["error"]
 
 
+@pytest.mark.slow  # seconds on 2 cores (--durations of the fast tier)
 def test_the_worst_allowed_body_is_parsed_without_stalling_the_loop(make_gateway):
     # httpx upstream: aiohttp raises a ResourceWarning (an error under pytest) for a request
     # body over 1 MiB given as bytes, which is the upstream transport's matter, not this test's.

@@ -94,6 +94,7 @@ def test_the_admin_api_does_not_exist_until_a_token_source_is_configured(
         assert response.json()["error"]["message"] == "not found"
 
 
+@pytest.mark.slow  # seconds on 2 cores (--durations of the fast tier)
 def test_create_then_use_update_rotate_and_revoke_a_key(admin: Admin) -> None:
     gateway = admin.gateway
     created = admin.ok("POST", "/keys", json={"name": "app", "models": ["llama3.2"], "rpm": 50})

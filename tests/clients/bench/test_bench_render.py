@@ -229,6 +229,7 @@ def _png(path: Path) -> bool:
     return path.stat().st_size > 1000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # seconds on 2 cores (--durations of the fast tier)
 def test_plots_are_written_per_model_and_as_a_matrix(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     # "a/b" and "a_b" share a slug; "$" would be mathtext to matplotlib.
