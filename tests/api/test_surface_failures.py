@@ -52,6 +52,9 @@ from tests.support.lookalikes import OllamaLookalike, OpenAILookalike, sse
 from tests.support.metrics import metric_value
 from tests.support.stack import Emulator, Gateway, store_key
 
+# Every failure class on every surface and both dialects: a third of the fast tier's time.
+pytestmark = pytest.mark.slow
+
 DIALECTS = ["ollama", "openai"]
 
 #: Seconds any awaited event may take before the test fails: generous, for a loaded machine.
