@@ -1,16 +1,13 @@
-"""Fixtures shared by the whole test suite."""
+"""Fixtures shared by the whole test suite (the helpers they hand out live in `tests/support/`)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import redis
 from sqlalchemy import text
@@ -21,20 +18,22 @@ from sqlalchemy.pool import NullPool
 from gateway.app import create_app
 from gateway.keys.store import KeyStore
 from gateway.settings import Settings
-from gateway.testing.emulator.app import EmulatorConfig, EmulatorState, create_emulator_app
+from gateway.testing.emulator.app import EmulatorConfig, create_emulator_app
 from gateway.testing.server import LoopbackServer
+from gateway.testing.stack import ManagedProcess, create_key, gateway_process
+from tests.support.servers import PG_URL, REDIS_URL, Database, in_ci, postgres_database
+from tests.support.stack import Emulator, Gateway, store_key
 
-PG_URL = os.environ.get(
-    "GATEWAY_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
-)
-"""The PostgreSQL server the `postgres` tests use (a superuser: they make roles and schemas)."""
-
-REDIS_URL = "redis://127.0.0.1:6379/0"
-"""The Redis server the multi-worker tests share limits in (each under a key prefix of its own)."""
+#: The markers of slow classes (pyproject.toml describes each); a test of any is `slow` too.
+SLOW_CLASSES = ("e2e", "soak", "crash", "processes", "prometheus", "clients", "tools")
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() not in {"", "0", "false", "no"}
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects, so `-m "not slow"` sees the mark
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `slow` every test of a slow class: `./scripts/test --fast` runs `-m "not slow"`."""
+    for item in items:
+        if any(item.get_closest_marker(name) for name in SLOW_CLASSES):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture
@@ -71,7 +70,7 @@ def postgres_url() -> Iterator[str]:
         )
     except (OSError, SQLAlchemyError) as exc:
         message = f"PostgreSQL at {PG_URL} is not reachable: {exc!r}"
-        if _in_ci():
+        if in_ci():
             pytest.fail(message)
         pytest.skip(message)
     try:
@@ -88,7 +87,7 @@ def redis_prefix() -> Iterator[str]:
         client.ping()
     except redis.RedisError as exc:
         message = f"Redis at {REDIS_URL} is not reachable: {exc!r}"
-        if _in_ci():
+        if in_ci():
             pytest.fail(message)
         pytest.skip(message)
     prefix = f"gwtest-{secrets.token_hex(6)}"
@@ -113,60 +112,6 @@ def serve_env(request: pytest.FixtureRequest) -> dict[str, str]:
 
 
 # --- gateway + emulator over real loopback sockets ------------------------------------------
-
-
-@dataclass
-class Emulator:
-    """A running Ollama emulator: its base URL and its state (config and records)."""
-
-    url: str
-    state: EmulatorState
-
-    @property
-    def config(self) -> EmulatorConfig:
-        return self.state.config
-
-
-@dataclass
-class Gateway:
-    """A running gateway: base URL, a valid key, the settings it runs with."""
-
-    url: str
-    key: str
-    key_id: str
-    settings: Settings
-    database_url: str
-
-    def headers(self, key: str | None = None) -> dict[str, str]:
-        return {"Authorization": f"Bearer {key or self.key}"}
-
-    def metrics_text(self) -> str:
-        return httpx.get(f"{self.url}/metrics").text
-
-    def create_key(self, name: str, **kwargs: Any) -> tuple[str, str]:
-        """Create another key in the gateway's store; returns (id, full key)."""
-        return asyncio.run(_create_key(self.database_url, name, **kwargs))
-
-    def revoke(self, key_id: str) -> None:
-        asyncio.run(_revoke(self.database_url, key_id))
-
-
-async def _create_key(database_url: str, name: str, **kwargs: Any) -> tuple[str, str]:
-    store = KeyStore.from_url(database_url)
-    try:
-        await store.create_schema()
-        record, key = await store.create_key(name, **kwargs)
-        return record.id, key
-    finally:
-        await store.close()
-
-
-async def _revoke(database_url: str, key_id: str) -> None:
-    store = KeyStore.from_url(database_url)
-    try:
-        await store.revoke(key_id)
-    finally:
-        await store.close()
 
 
 @pytest.fixture
@@ -196,7 +141,7 @@ def make_gateway(tmp_path: Path, emulator: Emulator) -> Iterator[Callable[..., G
         values.update(overrides)
         database_url = values["database_url"]  # an override (PostgreSQL) holds the key too
         settings = Settings(**values)
-        key_id, key = asyncio.run(_create_key(database_url, "test-key"))
+        key_id, key = asyncio.run(store_key(database_url, "test-key"))
         server = LoopbackServer(create_app(settings, span_exporter=span_exporter))
         server.__enter__()
         servers.append(server)
@@ -213,75 +158,7 @@ def gateway(make_gateway: Callable[..., Gateway]) -> Gateway:
     return make_gateway()
 
 
-def metric_value(text: str, name: str, **labels: str) -> float:
-    """Sum the samples of `name` in Prometheus text whose labels include `labels`."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith("#") or not line.startswith(name):
-            continue
-        series, _, value = line.rpartition(" ")
-        metric, _, label_text = series.partition("{")
-        if metric != name:
-            continue
-        if all(f'{k}="{v}"' in label_text for k, v in labels.items()):
-            total += float(value)
-    return total
-
-
 # --- the key store on both backends ----------------------------------------------------
-
-
-@dataclass
-class Database:
-    """Where a test's stores connect: a URL plus extra engine options."""
-
-    url: str
-    options: dict[str, Any] = field(default_factory=dict)
-
-    def open(self) -> KeyStore:
-        return KeyStore.from_url(self.url, **self.options)
-
-    async def execute(self, *statements: Any) -> None:
-        """Run raw SQL outside any KeyStore, in one transaction."""
-        engine = create_async_engine(self.url, poolclass=NullPool, **self.options)
-        try:
-            async with engine.begin() as conn:
-                for statement in statements:
-                    await conn.execute(statement)
-        finally:
-            await engine.dispose()
-
-    async def scalar(self, statement: Any) -> Any:
-        """Run one raw SQL query outside any KeyStore and return its first value."""
-        engine = create_async_engine(self.url, poolclass=NullPool, **self.options)
-        try:
-            async with engine.connect() as conn:
-                return await conn.scalar(statement)
-        finally:
-            await engine.dispose()
-
-
-async def _postgres_database() -> AsyncIterator[Database]:
-    schema = f"gw_test_{secrets.token_hex(6)}"
-    admin = create_async_engine(PG_URL, poolclass=NullPool, connect_args={"timeout": 5})
-    try:
-        async with admin.begin() as conn:
-            await conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    except (OSError, SQLAlchemyError) as exc:
-        await admin.dispose()
-        message = f"PostgreSQL at {PG_URL} is not reachable: {exc!r}"
-        if _in_ci():
-            pytest.fail(f"{message} (CI is set, so this is a failure, not a skip)")
-        pytest.skip(f"{message}; start it or set GATEWAY_TEST_POSTGRES_URL")
-    try:
-        yield Database(
-            PG_URL, {"connect_args": {"timeout": 5, "server_settings": {"search_path": schema}}}
-        )
-    finally:
-        async with admin.begin() as conn:
-            await conn.execute(text(f'DROP TABLE IF EXISTS "{schema}".gateway_api_keys'))
-            await conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        await admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -289,7 +166,7 @@ async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncItera
     if request.param == "sqlite":
         yield Database(f"sqlite+aiosqlite:///{tmp_path / 'keys.db'}")
     else:
-        async for database in _postgres_database():
+        async for database in postgres_database():
             yield database
 
 
@@ -301,3 +178,34 @@ async def store(database: Database) -> AsyncIterator[KeyStore]:
         yield key_store
     finally:
         await key_store.close()
+
+
+# --- `gateway serve` processes ------------------------------------------------------------
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Callable[[str, str], tuple[str, str, str]]]:
+    """Start `gateway serve` (its own process, as deployed) in front of one upstream.
+
+    `start(url, dialect)` returns its URL, an attacker's key and a victim's key (the stall tests
+    of tests/relay/test_answer_bounds.py and tests/wire/test_body_stalls.py).
+    """
+    started: list[ManagedProcess] = []
+
+    def start(url: str, dialect: str) -> tuple[str, str, str]:
+        env = {
+            "GATEWAY_UPSTREAM_URL": url,
+            "GATEWAY_UPSTREAM_DIALECT": dialect,
+            "GATEWAY_FIRST_BYTE_TIMEOUT": "60",
+            "GATEWAY_IDLE_TIMEOUT": "60",
+        }
+        process = gateway_process(tmp_path, env)
+        process.__enter__()
+        started.append(process)
+        attacker = str(create_key(process.extra_env, "attacker")["key"])
+        victim = str(create_key(process.extra_env, "victim")["key"])
+        return process.url, attacker, victim
+
+    yield start
+    for process in started:
+        process.stop()

@@ -8,7 +8,7 @@ from gateway.cli import main
 
 
 def test_serve_rejects_a_bad_worker_count(capsys: pytest.CaptureFixture[str]):
-    """`--workers` takes 1 or more, or auto (tests/test_workers.py runs the workers)."""
+    """`--workers` takes 1 or more, or auto (tests/serve/test_workers.py runs the workers)."""
     for bad in ("0", "two", "-1"):
         with pytest.raises(SystemExit) as exit_info:
             main(["serve", "--workers", bad])

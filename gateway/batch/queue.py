@@ -63,7 +63,7 @@ class LineQueue:
         time but reads outside it: two processes on one file (`gateway serve --workers 2`) can
         read the same runnable lines, so each line is taken with an UPDATE that checks again
         that it is still runnable, and only the lines it updated are claimed (before, both ran
-        such a line: 24 of 200 lines ran twice in tests/test_workers.py, the loser's result
+        such a line: 24 of 200 lines ran twice in tests/serve/test_workers.py, the loser's result
         discarded as superseded).
         """
         now = as_utc(None)

@@ -94,7 +94,7 @@ class HousekeptMemoryStorage(MemoryStorage):
     a loop wake-up per request, about 1 ms of added latency per request on the benchmark's VM
     (docs/performance.md). Pruning only frees memory: every read compares expiry times itself,
     so limits stay exact when it runs less often. This overrides the private, name-mangled
-    `__schedule_expiry` (limits 5.x); `tests/test_ratelimit.py` fails if it disappears.
+    `__schedule_expiry` (limits 5.x); `tests/limits/test_ratelimit.py` fails if it disappears.
     """
 
     #: Seconds between two pruning passes.

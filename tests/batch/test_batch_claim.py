@@ -17,7 +17,7 @@ from sqlalchemy.pool import StaticPool
 
 from gateway.batch.queue import LineQueue
 from gateway.db.tables import Base, BatchLineRow, BatchRow, as_utc
-from tests.conftest import Database
+from tests.support.servers import Database
 
 pytestmark = pytest.mark.anyio
 

@@ -11,9 +11,9 @@ import pytest
 
 from gateway.cli import main
 from gateway.clients.batch_cli import wait_for
-from tests.conftest import Gateway
+from tests.support.client import MODEL_ALIAS as MODEL
+from tests.support.stack import Gateway
 
-MODEL = "llama3.2"
 FAST = {"batch_poll_seconds": 0.1, "batch_retry_base_seconds": 0.05, "batch_lease_seconds": 3}
 
 

@@ -23,8 +23,11 @@ import openai
 import pytest
 
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
-from tests.batch.test_batch_sdk import _chat, _jsonl, _upload, _wait
-from tests.conftest import Emulator, metric_value
+from tests.support.batch import chat_line, read_jsonl, upload_lines, wait_batch
+from tests.support.metrics import metric_value
+from tests.support.stack import Emulator
+
+pytestmark = [pytest.mark.crash, pytest.mark.processes]
 
 LINES = 500
 RUNNING = "SELECT count(*) FROM gateway_batch_lines WHERE state = 'running'"
@@ -73,7 +76,7 @@ def _kill(process: ManagedProcess) -> None:
 
 def _submit(client: openai.OpenAI) -> tuple[str, list[str]]:
     ids = [f"req-{i}" for i in range(LINES)]
-    file_id = _upload(client, [_chat(custom_id) for custom_id in ids])
+    file_id = upload_lines(client, [chat_line(custom_id) for custom_id in ids])
     batch = client.batches.create(
         input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
     )
@@ -82,13 +85,13 @@ def _submit(client: openai.OpenAI) -> tuple[str, list[str]]:
 
 
 def _each_once(client: openai.OpenAI, batch_id: str, ids: list[str]) -> None:
-    done = _wait(client, batch_id, timeout=120.0)
+    done = wait_batch(client, batch_id, timeout=120.0)
     assert done.status == "completed", done
     assert done.request_counts is not None
     counts = done.request_counts
     assert (counts.total, counts.completed, counts.failed) == (LINES, LINES, 0)
-    output = _jsonl(client, done.output_file_id)
-    errors = _jsonl(client, done.error_file_id)
+    output = read_jsonl(client, done.output_file_id)
+    errors = read_jsonl(client, done.error_file_id)
     assert errors == []
     seen = Counter(str(item["custom_id"]) for item in output + errors)
     assert sorted(seen) == sorted(ids)

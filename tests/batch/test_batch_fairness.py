@@ -26,14 +26,14 @@ from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from gateway.db.tables import BatchLineRow, BatchRow, as_utc
-from tests.batch.test_batch_sdk import FAST, _chat
-from tests.conftest import Gateway
+from tests.support.batch import FAST, chat_line
+from tests.support.stack import Gateway
 
 #: The longest another request may wait on the event loop; the documented bound is 150 ms,
 #: this one leaves room for a loaded machine (the old code held the loop for seconds).
 STALL = 1.0
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def _upload(gw: Gateway, key: str, content: bytes, timeout: float = 30) -> httpx.Response:
@@ -84,20 +84,20 @@ def test_files_and_batch_creation_count_against_the_keys_rpm(
 ) -> None:
     gw = make_gateway(**FAST, batch_worker=False)
     _, key = gw.create_key("five-a-minute", rpm=5)
-    file_id = _upload(gw, key, (_chat("a") + "\n").encode()).json()["id"]  # 1
+    file_id = _upload(gw, key, (chat_line("a") + "\n").encode()).json()["id"]  # 1
     headers = gw.headers(key)
     assert httpx.get(f"{gw.url}/v1/files", headers=headers).status_code == 200  # 2
     assert httpx.get(f"{gw.url}/v1/files/{file_id}", headers=headers).status_code == 200  # 3
     content = httpx.get(f"{gw.url}/v1/files/{file_id}/content", headers=headers)  # 4
     assert content.status_code == 200
-    assert content.content == (_chat("a") + "\n").encode()
+    assert content.content == (chat_line("a") + "\n").encode()
     assert _create(gw, key, file_id).status_code == 200  # 5
     refused = [
         httpx.get(f"{gw.url}/v1/files", headers=headers),
         httpx.get(f"{gw.url}/v1/files/{file_id}", headers=headers),
         httpx.get(f"{gw.url}/v1/files/{file_id}/content", headers=headers),
         httpx.delete(f"{gw.url}/v1/files/{file_id}", headers=headers),
-        _upload(gw, key, (_chat("b") + "\n").encode()),
+        _upload(gw, key, (chat_line("b") + "\n").encode()),
         _create(gw, key, file_id),
     ]
     for response in refused:
@@ -111,7 +111,7 @@ def test_files_and_batch_creation_count_against_the_keys_rpm(
 @pytest.mark.parametrize(
     "content",
     [
-        pytest.param(b"\n" * (60 * 1024 * 1024) + (_chat("one") + "\n").encode(), id="blank"),
+        pytest.param(b"\n" * (60 * 1024 * 1024) + (chat_line("one") + "\n").encode(), id="blank"),
         pytest.param(b"1\n" * (30 * 1024 * 1024), id="tiny-lines"),
     ],
 )
@@ -254,14 +254,14 @@ def test_trickled_uploads_hold_their_own_keys_slot_not_everyones(
     second = _Trickle(gw, slow)
     # Every other key uploads and creates batches meanwhile, promptly.
     for n in range(2):
-        uploaded = _upload(gw, gw.key, (_chat(f"q{n}") + "\n").encode(), timeout=10)
+        uploaded = _upload(gw, gw.key, (chat_line(f"q{n}") + "\n").encode(), timeout=10)
         assert uploaded.status_code == 200, uploaded.text
         created = _create(gw, gw.key, uploaded.json()["id"], timeout=10)
         assert created.status_code == 200, created.text
     assert second.status(timeout=10) == 429  # the key's one upload is in progress
     # The trickle ends: it fell below the pace after the grace (408), its slot free again.
     assert first.status(timeout=30) == 408
-    assert _upload(gw, slow, (_chat("now") + "\n").encode()).status_code == 200
+    assert _upload(gw, slow, (chat_line("now") + "\n").encode()).status_code == 200
 
 
 def test_a_download_nobody_reads_is_closed_and_frees_its_slot(

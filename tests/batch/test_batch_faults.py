@@ -16,8 +16,17 @@ import openai
 import pytest
 
 from gateway.testing.emulator.state import ReceivedRequest
-from tests.batch.test_batch_sdk import FAST, TEXT, _chat, _jsonl, _line, _upload, _wait
-from tests.conftest import Emulator, Gateway, metric_value
+from tests.support.batch import (
+    FAST,
+    TEXT,
+    batch_line,
+    chat_line,
+    read_jsonl,
+    upload_lines,
+    wait_batch,
+)
+from tests.support.metrics import metric_value
+from tests.support.stack import Emulator, Gateway
 
 BASE = {**FAST, "upstream_dialect": "ollama", "retry_attempts": 1, "circuit_cooldown": 1.0}
 
@@ -37,7 +46,7 @@ def sdk() -> Iterator[Callable[[Gateway], openai.OpenAI]]:
 
 
 def _submit(client: openai.OpenAI, ids: list[str], window: str = "24h") -> str:
-    file_id = _upload(client, [_chat(i) for i in ids])
+    file_id = upload_lines(client, [chat_line(i) for i in ids])
     batch = client.batches.create(
         input_file_id=file_id, endpoint="/v1/chat/completions", completion_window=window
     )
@@ -63,8 +72,8 @@ def _faulted(emulator: Emulator) -> int:
 
 
 def _each_once(client: openai.OpenAI, batch: openai.types.Batch, ids: list[str]) -> tuple:
-    output = _jsonl(client, batch.output_file_id)
-    errors = _jsonl(client, batch.error_file_id)
+    output = read_jsonl(client, batch.output_file_id)
+    errors = read_jsonl(client, batch.error_file_id)
     seen = [o["custom_id"] for o in output] + [e["custom_id"] for e in errors]
     assert sorted(seen) == sorted(ids)
     return output, errors
@@ -95,7 +104,7 @@ def test_transient_faults_are_retried_until_every_line_succeeds(
     _wait_for(lambda: _faulted(emulator) >= 3)
     time.sleep(0.5)
     emulator.config.fault = None
-    done = _wait(client, batch_id)
+    done = wait_batch(client, batch_id)
     assert done.status == "completed", done
     assert done.request_counts is not None
     assert (done.request_counts.completed, done.request_counts.failed) == (6, 0)
@@ -122,7 +131,7 @@ def test_a_persistent_500_fails_every_line_once_after_max_attempts(
     emulator.config.fault_message = "the GPU caught fire"
     ids = [f"p-{i}" for i in range(4)]
     batch_id = _submit(client, ids)
-    done = _wait(client, batch_id)
+    done = wait_batch(client, batch_id)
     assert done.status == "completed", done
     assert done.request_counts is not None
     assert (done.request_counts.total, done.request_counts.failed) == (4, 4)
@@ -163,7 +172,7 @@ def test_a_hung_upstream_times_out_and_the_lines_succeed_on_retry(
     _wait_for(lambda: len(_chats(emulator)) >= 1)
     time.sleep(0.7)  # past the first-byte timeout: the hung attempts were given up
     emulator.config.fault = None
-    done = _wait(client, batch_id)
+    done = wait_batch(client, batch_id)
     assert done.status == "completed", done
     output, errors = _each_once(client, done, ids)
     assert errors == []
@@ -188,7 +197,7 @@ def test_a_dropped_stream_is_retried_and_the_output_is_whole(
     batch_id = _submit(client, ids)
     _wait_for(lambda: sum(r.outcome == "fault" for r in _chats(emulator)) >= 2)
     emulator.config.fault = None
-    done = _wait(client, batch_id)
+    done = wait_batch(client, batch_id)
     assert done.status == "completed", done
     output, errors = _each_once(client, done, ids)
     assert errors == []
@@ -214,7 +223,7 @@ def test_cancel_keeps_finished_lines_and_marks_the_rest_cancelled(
     _wait_for(one_done)
     cancelling = client.batches.cancel(batch_id)
     assert cancelling.status in ("cancelling", "cancelled")
-    done = _wait(client, batch_id)
+    done = wait_batch(client, batch_id)
     assert done.status == "cancelled", done
     assert done.cancelled_at is not None
     output, errors = _each_once(client, done, ids)
@@ -237,7 +246,7 @@ def test_a_batch_past_its_window_expires_with_its_finished_lines(
     emulator.config.inter_token = 0.03  # ~0.5 s a line: a few fit in the window
     ids = [f"e-{i}" for i in range(12)]
     batch_id = _submit(client, ids, window="2s")
-    done = _wait(client, batch_id, timeout=10)
+    done = wait_batch(client, batch_id, timeout=10)
     assert done.status == "expired", done
     assert done.expired_at is not None
     output, errors = _each_once(client, done, ids)
@@ -271,6 +280,7 @@ def _interactive(gw: Gateway) -> dict:
     return response.json()
 
 
+@pytest.mark.slow  # seconds on 2 cores (--durations of the fast tier)
 def test_batch_lines_leave_the_reserved_slot_to_interactive_requests(
     make_gateway: Callable[..., Gateway],
     emulator: Emulator,
@@ -298,7 +308,7 @@ def test_batch_lines_leave_the_reserved_slot_to_interactive_requests(
         before = len(_chats(emulator))
         answer = _interactive(gw)
         interactive = [r for r in _chats(emulator) if r.body["messages"][0]["content"] == "now"]
-        done = _wait(client, batch_id)
+        done = wait_batch(client, batch_id)
     finally:
         stop.set()
         watcher.join()
@@ -317,6 +327,7 @@ def test_batch_lines_leave_the_reserved_slot_to_interactive_requests(
     assert metric_value(gw.metrics_text(), "gateway_batch_lines_total", outcome="preempted") == 0
 
 
+@pytest.mark.slow  # seconds on 2 cores (--durations of the fast tier)
 def test_an_interactive_request_preempts_a_running_batch_line(
     make_gateway: Callable[..., Gateway],
     emulator: Emulator,
@@ -341,7 +352,7 @@ def test_an_interactive_request_preempts_a_running_batch_line(
     (mine,) = [r for r in _chats(emulator) if r.body["messages"][0]["content"] == "now"]
     assert running.ended_at is not None
     assert running.ended_at <= mine.ended_at
-    done = _wait(client, batch_id)
+    done = wait_batch(client, batch_id)
     assert done.status == "completed", done
     assert done.request_counts is not None
     assert done.request_counts.completed == len(ids)
@@ -367,7 +378,7 @@ def test_a_key_held_back_by_its_own_rpm_does_not_hold_back_another_keys_batch(
         _wait_for(lambda: slow.batches.retrieve(hog).request_counts.completed >= 2)
         client = sdk(gw)
         ids = ["mine-1", "mine-2"]
-        mine = _wait(client, _submit(client, ids), timeout=20)
+        mine = wait_batch(client, _submit(client, ids), timeout=20)
         assert mine.status == "completed"
         assert mine.request_counts.completed == 2
         _each_once(client, mine, ids)
@@ -393,11 +404,11 @@ def test_a_line_that_can_never_pass_the_keys_tpm_fails_at_once(
         "max_tokens": 1000,
     }
     with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0) as client:
-        file_id = _upload(client, [_line("huge", body), _chat("fits")])
+        file_id = upload_lines(client, [batch_line("huge", body), chat_line("fits")])
         batch = client.batches.create(
             input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
         )
-        done = _wait(client, batch.id, timeout=20)
+        done = wait_batch(client, batch.id, timeout=20)
         assert done.status == "completed"
         output, errors = _each_once(client, done, ["huge", "fits"])
     [error] = errors

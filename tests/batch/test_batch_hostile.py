@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from gateway.cli import main
-from tests.batch.test_batch_sdk import FAST, _chat, _line
-from tests.conftest import Gateway
+from tests.support.batch import FAST, batch_line, chat_line
+from tests.support.stack import Gateway
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -70,7 +70,7 @@ def test_a_malformed_cursor_is_a_400(gw: Gateway, listing: str) -> None:
 
 def test_nul_in_lines_metadata_and_file_name_is_refused_or_dropped(gw: Gateway) -> None:
     body = {"model": "llama3.2\x00x", "messages": [{"role": "user", "content": "hi"}]}
-    lines = [_line("a\x00b", json.loads(_chat("x"))["body"]), _line("ok", body)]
+    lines = [batch_line("a\x00b", json.loads(chat_line("x"))["body"]), batch_line("ok", body)]
     uploaded = _upload(gw, ("\n".join(lines) + "\n").encode(), filename="in\x00\x1b[2J.jsonl")
     assert uploaded.status_code == 200, uploaded.text
     stored = uploaded.json()["filename"]  # httpx sends the NUL as %00; ESC is dropped
@@ -87,7 +87,7 @@ def test_nul_in_lines_metadata_and_file_name_is_refused_or_dropped(gw: Gateway) 
         (1, "custom_id must not contain NUL"),
         (2, "model must not contain NUL"),
     }
-    good = _upload(gw, (_chat("fine") + "\n").encode()).json()["id"]
+    good = _upload(gw, (chat_line("fine") + "\n").encode()).json()["id"]
     refused = _create(gw, good, metadata={"job": "a\x00"})
     assert refused.status_code == 400
     assert refused.json()["error"]["message"].startswith("metadata:")
@@ -98,7 +98,7 @@ def test_nul_in_lines_metadata_and_file_name_is_refused_or_dropped(gw: Gateway) 
     ["²s", "1²s", "9" * 5000 + "s", "\u0661\u0662s", "0s", "25h", "24"],
 )
 def test_odd_completion_windows_are_a_400(gw: Gateway, window: str) -> None:
-    file_id = _upload(gw, (_chat("x") + "\n").encode()).json()["id"]
+    file_id = _upload(gw, (chat_line("x") + "\n").encode()).json()["id"]
     response = _create(gw, file_id, completion_window=window)
     assert response.status_code == 400, response.text
     assert "completion_window" in response.json()["error"]["message"]
@@ -108,7 +108,7 @@ def test_the_cli_escapes_what_the_server_sends_and_checks_ids(
     gw: Gateway, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path
 ) -> None:
     monkeypatch.setenv("GATEWAY_API_KEY", gw.key)
-    file_id = _upload(gw, (_chat("x\u009b2J\u202e") + "\n").encode()).json()["id"]
+    file_id = _upload(gw, (chat_line("x\u009b2J\u202e") + "\n").encode()).json()["id"]
     batch = _create(gw, file_id, metadata={"note": "\u009b31m red \u202e"}).json()
     assert main(["batch", "show", batch["id"], "--url", gw.url]) == 0
     out = capsys.readouterr().out
@@ -129,7 +129,7 @@ def test_per_key_quotas_on_stored_bytes_and_queued_lines(
         batch_max_queued_lines_per_key=5,
         batch_worker=False,  # nothing runs: the queued lines stay queued
     )
-    lines = ("\n".join(_chat(f"q{i}") for i in range(3)) + "\n").encode()
+    lines = ("\n".join(chat_line(f"q{i}") for i in range(3)) + "\n").encode()
     first = _upload(gw, lines).json()["id"]
     assert _create(gw, first).json()["status"] == "in_progress"  # 3 queued
     second = _upload(gw, lines).json()["id"]
@@ -137,7 +137,7 @@ def test_per_key_quotas_on_stored_bytes_and_queued_lines(
     assert refused.status_code == 429, refused.text
     assert "3 batch lines waiting" in refused.json()["error"]["message"]
     assert refused.headers["retry-after"] == "60"
-    big = _upload(gw, b" " * 3700 + (_chat("x") + "\n").encode())
+    big = _upload(gw, b" " * 3700 + (chat_line("x") + "\n").encode())
     assert big.status_code == 400
     assert "over its 4096" in big.json()["error"]["message"]
     _, other = gw.create_key("other")

@@ -20,14 +20,14 @@ import httpx
 import pytest
 
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
-from tests.batch.test_batch_sdk import _chat
-from tests.conftest import Emulator
+from tests.support.batch import chat_line
+from tests.support.stack import Emulator
 
 MIB = 1024 * 1024
 #: What one step may add to the process's peak RSS.
 BOUND = 50 * MIB
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 
 def _status(pid: int, field: str) -> int:
@@ -130,7 +130,7 @@ def test_checking_a_file_of_blank_lines_takes_bounded_memory(served) -> None:
     assert gateway.process is not None
     pid = gateway.process.pid
     # Blank lines, then lines across the 1 MiB pieces the file is read in, then blanks.
-    padded = [_chat(f"line-{n}").replace('"hi"', f'"{"h" * 900}"') for n in range(3000)]
+    padded = [chat_line(f"line-{n}").replace('"hi"', f'"{"h" * 900}"') for n in range(3000)]
     content = b"\n" * (60 * MIB) + ("\n".join(padded) + "\n").encode() + b" \r\n" * (10 * MIB)
     file_id = _upload(gateway.url, headers, content)
     before = _reset_peak(pid)

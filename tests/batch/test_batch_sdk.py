@@ -7,17 +7,23 @@ from __future__ import annotations
 
 import io
 import json
-import time
 from collections.abc import Callable, Iterator
 
 import openai
 import pytest
 
-from tests.conftest import Gateway, metric_value
-
-MODEL = "llama3.2"
-TEXT = "".join(f"tok{i} " for i in range(16))  # what the emulator generates by default
-FAST = {"batch_poll_seconds": 0.1, "batch_retry_base_seconds": 0.05, "batch_lease_seconds": 3}
+from tests.support.batch import (
+    FAST,
+    TEXT,
+    batch_line,
+    chat_line,
+    read_jsonl,
+    upload_lines,
+    wait_batch,
+)
+from tests.support.client import MODEL_ALIAS as MODEL
+from tests.support.metrics import metric_value
+from tests.support.stack import Gateway
 
 
 @pytest.fixture(params=["ollama", "openai"])
@@ -32,39 +38,10 @@ def client(gw: Gateway) -> Iterator[openai.OpenAI]:
         yield sdk
 
 
-def _line(custom_id: str, body: dict[str, object], url: str = "/v1/chat/completions") -> str:
-    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
-
-
-def _chat(custom_id: str, model: str = MODEL) -> str:
-    return _line(custom_id, {"model": model, "messages": [{"role": "user", "content": "hi"}]})
-
-
-def _upload(client: openai.OpenAI, lines: list[str]) -> str:
-    data = ("\n".join(lines) + "\n").encode()
-    return client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch").id
-
-
-def _wait(client: openai.OpenAI, batch_id: str, timeout: float = 30.0) -> openai.types.Batch:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in ("completed", "failed", "expired", "cancelled"):
-            return batch
-        time.sleep(0.1)
-    raise AssertionError(f"batch {batch_id} did not end: {batch.status}")
-
-
-def _jsonl(client: openai.OpenAI, file_id: str | None) -> list[dict[str, object]]:
-    if file_id is None:
-        return []
-    return [json.loads(x) for x in client.files.content(file_id).text.splitlines()]
-
-
 def test_a_batch_runs_to_completion_and_its_output_is_in_openai_shape(
     client: openai.OpenAI, gw: Gateway
 ) -> None:
-    file_id = _upload(client, [_chat(f"req-{i}") for i in range(12)])
+    file_id = upload_lines(client, [chat_line(f"req-{i}") for i in range(12)])
     assert client.files.retrieve(file_id).purpose == "batch"
     batch = client.batches.create(
         input_file_id=file_id,
@@ -73,7 +50,7 @@ def test_a_batch_runs_to_completion_and_its_output_is_in_openai_shape(
         metadata={"job": "nightly"},
     )
     assert batch.status == "in_progress"
-    done = _wait(client, batch.id)
+    done = wait_batch(client, batch.id)
     assert done.status == "completed", done
     assert done.request_counts is not None
     assert (done.request_counts.total, done.request_counts.completed) == (12, 12)
@@ -81,7 +58,7 @@ def test_a_batch_runs_to_completion_and_its_output_is_in_openai_shape(
     assert done.metadata == {"job": "nightly"}
     assert done.completed_at is not None
     assert done.in_progress_at is not None
-    output = _jsonl(client, done.output_file_id)
+    output = read_jsonl(client, done.output_file_id)
     assert sorted(o["custom_id"] for o in output) == sorted(f"req-{i}" for i in range(12))
     for item in output:
         response = item["response"]
@@ -99,14 +76,14 @@ def test_a_batch_runs_to_completion_and_its_output_is_in_openai_shape(
 
 def test_validation_fails_the_batch_with_line_numbers(client: openai.OpenAI) -> None:
     lines = [
-        _chat("a"),
+        chat_line("a"),
         "{not json",
         json.dumps({"method": "POST", "url": "/v1/chat/completions", "body": {}}),
-        _chat("a"),
-        _line("b", {"model": MODEL, "prompt": "x"}, url="/v1/completions"),
-        _line("c", {"model": MODEL, "messages": [], "stream": True}),
+        chat_line("a"),
+        batch_line("b", {"model": MODEL, "prompt": "x"}, url="/v1/completions"),
+        batch_line("c", {"model": MODEL, "messages": [], "stream": True}),
     ]
-    file_id = _upload(client, lines)
+    file_id = upload_lines(client, lines)
     batch = client.batches.create(
         input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
     )
@@ -122,7 +99,7 @@ def test_validation_fails_the_batch_with_line_numbers(client: openai.OpenAI) -> 
 
 
 def test_another_key_sees_404_for_files_and_batches(client: openai.OpenAI, gw: Gateway) -> None:
-    file_id = _upload(client, [_chat("x")])
+    file_id = upload_lines(client, [chat_line("x")])
     batch = client.batches.create(
         input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
     )
@@ -142,7 +119,7 @@ def test_another_key_sees_404_for_files_and_batches(client: openai.OpenAI, gw: G
             )
         assert other.files.list().data == []
         assert other.batches.list().data == []
-    _wait(client, batch.id)
+    wait_batch(client, batch.id)
     client.files.delete(file_id)
     with pytest.raises(openai.NotFoundError):
         client.files.retrieve(file_id)
@@ -151,7 +128,7 @@ def test_another_key_sees_404_for_files_and_batches(client: openai.OpenAI, gw: G
 def test_a_disallowed_model_fails_validation(gw: Gateway) -> None:
     _, key = gw.create_key("narrow", models=["other-model"])
     with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0) as narrow:
-        file_id = _upload(narrow, [_chat("x")])
+        file_id = upload_lines(narrow, [chat_line("x")])
         batch = narrow.batches.create(
             input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
         )
@@ -165,7 +142,7 @@ def test_a_disallowed_model_fails_validation(gw: Gateway) -> None:
 def test_lists_page_newest_first_and_a_foreign_or_deleted_cursor_is_refused(
     client: openai.OpenAI, gw: Gateway
 ) -> None:
-    files = [_upload(client, [_chat(f"p{i}")]) for i in range(3)]
+    files = [upload_lines(client, [chat_line(f"p{i}")]) for i in range(3)]
     batches = [
         client.batches.create(
             input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
@@ -185,14 +162,14 @@ def test_lists_page_newest_first_and_a_foreign_or_deleted_cursor_is_refused(
     assert [f.id for f in client.files.list(purpose="batch", limit=2, after=files[1])] == files[:1]
     _, other_key = gw.create_key("other")
     with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=other_key, max_retries=0) as other:
-        _upload(other, [_chat("o")])
+        upload_lines(other, [chat_line("o")])
         # Someone else's object as a cursor gets the answer a deleted one gets: 400.
         with pytest.raises(openai.BadRequestError, match="after: no such file"):
             other.files.list(after=files[2])
         with pytest.raises(openai.BadRequestError, match="after: no such batch"):
             other.batches.list(after=batches[2])
     for batch_id in batches:
-        _wait(client, batch_id)
+        wait_batch(client, batch_id)
     gone = client.files.create(file=("x.jsonl", io.BytesIO(b"{}\n")), purpose="batch").id
     client.files.delete(gone)
     # Not the first page again (a paging client would loop): a clear 400.
@@ -205,14 +182,14 @@ def test_a_byte_order_mark_and_a_line_separator_in_a_string_are_read_as_json_lin
 ) -> None:
     """Windows editors start files with a BOM; U+2028 is legal unescaped inside JSON strings."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": "one\u2028two\u0085three"}]}
-    lines = [_line("a", body).replace("\\u2028", "\u2028").replace("\\u0085", "\u0085")]
+    lines = [batch_line("a", body).replace("\\u2028", "\u2028").replace("\\u0085", "\u0085")]
     assert "\u2028" in lines[0]
-    data = ("\ufeff" + "\r\n".join([*lines, _chat("b")]) + "\r\n").encode()
+    data = ("\ufeff" + "\r\n".join([*lines, chat_line("b")]) + "\r\n").encode()
     file_id = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch").id
     batch = client.batches.create(
         input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
     )
     assert batch.status == "in_progress", batch.errors
-    done = _wait(client, batch.id)
+    done = wait_batch(client, batch.id)
     assert done.request_counts is not None
     assert (done.request_counts.total, done.request_counts.completed) == (2, 2)

@@ -21,10 +21,13 @@ import openai
 import pytest
 
 from gateway.testing.emulator.embed import normalize, raw_vector
-from tests.conftest import Emulator, Gateway, metric_value
+from tests.support.client import MODEL_ALIAS as MODEL
+from tests.support.metrics import metric_value
+from tests.support.stack import Emulator, Gateway
+
+pytestmark = pytest.mark.clients
 
 DIALECTS = ["ollama", "openai"]
-MODEL = "llama3.2"
 MESSAGES: Any = [{"role": "user", "content": "hi"}]  # Any: the SDKs type messages as TypedDicts
 DIMENSIONS = 8  # the emulator's default vector length
 

@@ -16,10 +16,13 @@ import ollama
 import openai
 import pytest
 
-from tests.conftest import Emulator, Gateway, metric_value
+from tests.support.client import MODEL_ALIAS as MODEL
+from tests.support.metrics import metric_value
+from tests.support.stack import Emulator, Gateway
+
+pytestmark = pytest.mark.clients
 
 DIALECTS = ["ollama", "openai"]
-MODEL = "llama3.2"
 TEXT = "".join(f"tok{i} " for i in range(16))  # what the emulator generates by default
 MESSAGES = [{"role": "user", "content": "hi"}]
 

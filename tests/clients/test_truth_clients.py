@@ -15,13 +15,15 @@ import ollama
 import openai
 import pytest
 
-from tests.conftest import Emulator, Gateway, metric_value
-from tests.helpers import assert_ttft
+from tests.support.client import MODEL, assert_ttft
+from tests.support.metrics import metric_value
+from tests.support.stack import Emulator, Gateway
+
+pytestmark = pytest.mark.clients
 
 TTFT = 0.3  # seconds before the emulator's first chunk
 INTER_TOKEN = 0.02  # seconds between chunks: 50 tokens/s
 TOKENS = 20
-MODEL = "llama3.2:latest"
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 

@@ -24,8 +24,8 @@ from gateway.testing.stack import (
     gateway_process,
     model_server,
 )
-from tests.conftest import metric_value
 from tests.e2e import require_model_server
+from tests.support.metrics import metric_value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

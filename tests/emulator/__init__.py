@@ -1,0 +1,1 @@
+"""Tests of `gateway/testing/emulator/`: the Ollama emulator the other tests stand on."""

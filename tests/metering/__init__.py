@@ -1,0 +1,1 @@
+"""Tests of `gateway/metering/`: metrics against the truth, `/metrics` scrapes, usage accounting."""

@@ -1,0 +1,1 @@
+"""Tests of `gateway/relay/`: the relay, retries, deadlines, large answers, the soak."""

@@ -1,0 +1,4 @@
+"""Tests of `gateway/serve/`.
+
+The `gateway serve` process: door, coalesced writes, shutdown, workers.
+"""

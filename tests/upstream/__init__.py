@@ -1,0 +1,1 @@
+"""Tests of `gateway/upstream/`: pool, routing, breaker, transport, dialects and their decoders."""
