@@ -51,7 +51,7 @@ _LIBRARIES = (
 """Library of a frame, by a fragment of its file path; first match wins, else "other"."""
 
 
-_ENTRY_POINTS = {"/gateway/__main__.py", "/gateway/cli.py", "/gateway/server.py"}
+_ENTRY_POINTS = {"/gateway/__main__.py", "/gateway/cli.py", "/gateway/serve/server.py"}
 
 
 def py_spy_binary() -> str | None:

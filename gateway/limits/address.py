@@ -55,7 +55,7 @@ from gateway.metering.metrics import Metrics
 from gateway.policies import AuthFailurePolicy
 from gateway.wire.address import client_address
 
-logger = logging.getLogger("gateway.limits")
+logger = logging.getLogger("gateway.ratelimit")
 
 Budget = Literal["api", "admin"]
 """Which credentials failed: `api` (API keys) or `admin` (admin tokens)."""

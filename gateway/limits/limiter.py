@@ -62,7 +62,7 @@ from gateway.limits.inflight import SWEEP_INTERVAL, InFlight, LeasedInFlight, Lo
 from gateway.metering.metrics import Metrics
 from gateway.policies import LimitPolicy
 
-logger = logging.getLogger("gateway.limits")
+logger = logging.getLogger("gateway.ratelimit")
 
 #: Seconds two reads of one TPM window's end may differ by (Redis TTLs are whole seconds).
 _WINDOW_SLACK = 5.0

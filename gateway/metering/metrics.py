@@ -235,7 +235,7 @@ class Metrics:
         )
 
     def _limit_metrics(self) -> None:
-        """Rate limiting and the upstream gate (see gateway/limits)."""
+        """Rate limiting (gateway/limits) and the upstream gate (gateway/upstream/slots.py)."""
         r = self.registry
         self.rate_limited = Counter(
             "gateway_rate_limited",

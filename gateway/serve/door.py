@@ -53,7 +53,7 @@ from gateway.serve.logs import escape_text
 from gateway.serve.tallies import AddressShares, DoorReport, Network, shared_address
 
 # The name from before the door had a module of its own: log lines and filters stay the same.
-logger = logging.getLogger("gateway.serve.coalesce")
+logger = logging.getLogger("gateway.coalesce")
 
 #: Seconds a refused connection is still read (and the bytes dropped) after the answer.
 LINGER = 2.0

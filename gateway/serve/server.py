@@ -23,7 +23,7 @@ from gateway.serve.door import DoorLimits
 from gateway.serve.logs import configure_logging
 from gateway.settings import Settings, unknown_variables
 
-logger = logging.getLogger("gateway.serve.server")
+logger = logging.getLogger("gateway.server")
 
 #: File descriptors kept for everything but client connections: the listener, the event loop,
 #: the key store, Redis, log files (the upstream pools are counted from the settings).

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from gateway.limits.address import address_bucket
 
 # The name from before the door had a module of its own: log lines and filters stay the same.
-logger = logging.getLogger("gateway.serve.coalesce")
+logger = logging.getLogger("gateway.coalesce")
 
 #: Seconds between two log lines summing up refused connections and requests.
 REPORT_INTERVAL = 10.0

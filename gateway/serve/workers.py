@@ -43,7 +43,7 @@ from uvicorn.supervisors.multiprocess import Multiprocess, Process
 from gateway.serve.server import build_server, configure_process_logging, start_up
 from gateway.settings import Settings
 
-logger = logging.getLogger("gateway.serve.workers")
+logger = logging.getLogger("gateway.workers")
 
 #: Seconds after a signal during which a worker takes another one as the same signal: Ctrl-C
 #: reaches it directly and again from the supervisor, at most half a second later.

@@ -75,7 +75,7 @@ def test_cors_is_off_by_default(gateway: Gateway, emulator: Emulator):
 def test_a_preflight_from_a_listed_origin_needs_no_key(
     cors_gateway: Gateway, caplog: pytest.LogCaptureFixture
 ):
-    caplog.set_level(logging.INFO, logger="gateway.api.middleware.access")
+    caplog.set_level(logging.INFO, logger="gateway.access")
     headers = "authorization,content-type,x-api-key,x-request-id"
     answer = _preflight(cors_gateway.url, "/v1/generate", APP, headers)
     assert answer.status_code == 200
@@ -94,11 +94,7 @@ def test_a_preflight_from_a_listed_origin_needs_no_key(
     lines: list[dict] = []
     while not lines and time.monotonic() < deadline:
         time.sleep(0.02)
-        lines = [
-            json.loads(r.getMessage())
-            for r in caplog.records
-            if r.name == "gateway.api.middleware.access"
-        ]
+        lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "gateway.access"]
     [line] = lines
     assert line["request_id"] == request_id
     assert (line["method"], line["status"], line["route"]) == ("OPTIONS", 200, "other")

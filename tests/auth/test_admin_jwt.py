@@ -492,7 +492,7 @@ async def test_keycloak_tokens_from_a_jwks_file_grant_scopes_by_realm_role(
             {"resource_access": {"llm-gateway": {"roles": ["Gateway.Admin"]}}},
         ),
         ("roles", {"roles": "Gateway.Admin"}),  # a string, split on spaces
-        ("roles", {"roles": ["gateway.api.admin"]}),  # values match exactly, case included
+        ("roles", {"roles": ["gateway.admin"]}),  # values match exactly, case included
         ("roles", {"roles": [["Gateway.Admin"]]}),  # not strings: ignored
         ("realm_access.roles.0", {}),  # a path through a list reaches nothing
     ],
@@ -509,7 +509,7 @@ async def test_the_scope_claim_is_a_dotted_path_to_a_list_or_a_string(
     verifier = AdminTokenVerifier.from_settings(settings)
     assert verifier is not None
     token = idp.token(_kid(idp, "RSA"), [], **claims)
-    if claims and claims.get("roles") not in (["gateway.api.admin"], [["Gateway.Admin"]]):
+    if claims and claims.get("roles") not in (["gateway.admin"], [["Gateway.Admin"]]):
         assert (await verifier.verify(token)).scopes == {"admin", "read"}
     else:
         assert (await _refused(verifier, token)).status == 403

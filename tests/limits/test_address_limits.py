@@ -84,7 +84,7 @@ def _assert_limited(response: httpx.Response, path: str) -> None:
 def test_failures_from_one_address_get_429_while_another_and_every_valid_key_are_served(
     make_gateway, clients, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="gateway.limits")
+    caplog.set_level(logging.WARNING, logger="gateway.ratelimit")
     gateway = make_gateway(auth_failures_per_minute=6)
     # Keys of several clients behind the flooding address, two with limits of their own.
     keys = [gateway.key] + [gateway.create_key(f"nat-{n}", rpm=3)[1] for n in range(2)]

@@ -166,7 +166,7 @@ def test_access_log_has_one_json_line_without_secrets_or_prompt(
     gateway: Gateway, emulator: Emulator, caplog: pytest.LogCaptureFixture
 ):
     _configure(emulator, ttft=0.01, inter_token=0.001)
-    caplog.set_level(logging.INFO, logger="gateway.api.middleware.access")
+    caplog.set_level(logging.INFO, logger="gateway.access")
     prompt = "my secret prompt text"
     response = httpx.post(
         f"{gateway.url}/v1/generate",
@@ -177,7 +177,7 @@ def test_access_log_has_one_json_line_without_secrets_or_prompt(
     deadline = time.monotonic() + 2
     while not caplog.records and time.monotonic() < deadline:
         time.sleep(0.02)
-    [record] = [r for r in caplog.records if r.name == "gateway.api.middleware.access"]
+    [record] = [r for r in caplog.records if r.name == "gateway.access"]
     line = json.loads(record.getMessage())
     assert line["request_id"] == "req-123"
     assert line["key_id"] == gateway.key_id
@@ -299,7 +299,7 @@ def test_refusals_are_counted_under_their_own_route(gateway: Gateway, route: str
 def test_unknown_paths_are_counted_and_logged_as_other(
     gateway: Gateway, caplog: pytest.LogCaptureFixture
 ):
-    caplog.set_level(logging.INFO, logger="gateway.api.middleware.access")
+    caplog.set_level(logging.INFO, logger="gateway.access")
     paths = ["/v1/xyz", "/v1/chat/x", "/v1/modelsx/llama3", "/api/nope"]
     for path in paths:
         assert httpx.get(f"{gateway.url}{path}", headers=gateway.headers()).status_code == 404
@@ -309,11 +309,7 @@ def test_unknown_paths_are_counted_and_logged_as_other(
     lines: list[dict] = []
     while len(lines) < len(paths) + 1 and time.monotonic() < deadline:
         time.sleep(0.02)
-        lines = [
-            json.loads(r.getMessage())
-            for r in caplog.records
-            if r.name == "gateway.api.middleware.access"
-        ]
+        lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "gateway.access"]
     routes = [line["route"] for line in lines]
     assert routes == ["other"] * len(paths) + ["/v1/chat"]
     text = gateway.metrics_text()

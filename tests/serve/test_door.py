@@ -82,9 +82,9 @@ def test_an_upstream_echo_of_a_hostile_model_name_writes_one_log_line(
     for line in log.splitlines():  # ... and no line of it starts a fake entry
         assert not line.startswith('{"request_id":"forged"')
     access = [
-        json.loads(line.split(" gateway.api.middleware.access ", 1)[1])
+        json.loads(line.split(" gateway.access ", 1)[1])
         for line in log.splitlines()
-        if " gateway.api.middleware.access " in line
+        if " gateway.access " in line
     ]
     assert [entry["status"] for entry in access if entry["route"] == "/v1/generate"] == [404]
     assert all(entry["client"] == "127.0.0.1" for entry in access)

@@ -228,7 +228,7 @@ def _access_line(caplog: pytest.LogCaptureFixture, request_id: str) -> dict[str,
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         for record in list(caplog.records):
-            if record.name == "gateway.api.middleware.access":
+            if record.name == "gateway.access":
                 line = json.loads(record.getMessage())
                 if line["request_id"] == request_id:
                     return line
@@ -245,7 +245,7 @@ def test_a_request_fails_over_past_an_open_circuit_when_the_last_closed_upstream
     on to B within itself (panic mode for its own failover) instead of answering 502, and the
     access log shows the order it tried them in. Three ways to die: the process is gone
     (refused), every answer is a 502, the upstream is silent."""
-    caplog.set_level(logging.INFO, logger="gateway.api.middleware.access")
+    caplog.set_level(logging.INFO, logger="gateway.access")
     a_app = create_emulator_app(EmulatorConfig())
     a_server = LoopbackServer(a_app)
     a_server.start()

@@ -29,7 +29,7 @@ from gateway.keys.apikey import KEY_PREFIX
 from gateway.keys.audit import Actor
 from gateway.wire.address import client_address
 
-logger = logging.getLogger("gateway.api.admin")
+logger = logging.getLogger("gateway.admin")
 
 _CHALLENGE = 'Bearer realm="llm-gateway-admin"'
 #: RFC 6750 section 3.1: a token was sent and refused.

@@ -34,7 +34,7 @@ from gateway.routing import route_label
 from gateway.upstream.headers import upstream_request_id
 from gateway.wire.address import Network, client_address
 
-logger = logging.getLogger("gateway.api.middleware.access")
+logger = logging.getLogger("gateway.access")
 
 _VALID_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 #: Scraped and probed every few seconds: their lines would drown the requests' own.
