@@ -32,6 +32,10 @@ Bodies follow the client's surface: Ollama's `{"error": "..."}` on `/api/*`, `/v
 included, so the OpenAI SDKs raise their typed exceptions, and on the admin API (`/admin/`).
 A failure after the first streamed byte cannot change the status any more; the relay turns it
 into one final error chunk in the client's format instead (reference section 4.3).
+
+Over ~300 lines for one reason: each class of the hierarchy above carries its status and
+its blame (`Blame`, `REQUEST_BLAMING_500`; `parse_retry_after` for the upstream's Retry-After),
+and `error_response` renders them all in one place, so a status and its body never drift apart.
 """
 
 from __future__ import annotations

@@ -16,6 +16,10 @@ extensions the gateway does not understand). Error messages never contain the to
 
 `AdminIdentity`, `AdminAuthError` and `Scope` live in `gateway.auth.identity` (no jose there) and
 are re-exported here, so callers need only this module.
+
+Over ~300 lines for one reason: `AdminTokenVerifier` runs both kinds of token through one
+ordered chain of checks (`_parse`, `_signing_key`, `_decode`, `_claims_error`,
+`_mapped_scopes`), and this is the only module that imports python-jose, so `mint_token` is here.
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ Each command opens the key store at `Settings.database_url`, brings its schema u
 (`gateway.db.migrate`; refused when it is newer, or behind with auto upgrade off), does one
 thing and closes the store. A new key is printed once, to stdout, and nowhere else; listings
 never show secrets (the store has none to show). Errors go to stderr with exit code 1.
+
+Over ~300 lines for one reason: the five `gateway keys` commands (`_create`, `_list`,
+`_update`, `_revoke`, `_rotate`) and their argparse definitions (`add_parser`, about 120 lines
+of options) sit together, so each option is next to the handler that reads it.
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ mode: `PROMETHEUS_MULTIPROC_DIR` is set before any worker imports it, every proc
 values to files there, and `/metrics` reads them all back (`MultiProcessCollector`), so any
 worker answers with the totals of all. Counters and histograms add up; each gauge says how its
 workers' values combine (`multiprocess_mode`, documented in docs/metrics.md).
+
+Over ~300 lines for one reason: `Metrics` declares every metric on one registry
+(`__init__`, `_batch_metrics`, `_limit_metrics`), so each app binds one `CollectorRegistry`
+and `exposition` serves them all, in one process or many; the declarations are most of it.
 """
 
 from __future__ import annotations

@@ -22,6 +22,10 @@ An answer over `MAX_LINE_BYTES` is the request's fault when the request asked fo
 (embeddings of at least `MAX_LINE_BYTES // MAX_VECTOR_BYTES` inputs): the client gets 413
 (`AnswerTooLargeError`), and the upstream is neither blamed nor tried again. Otherwise no
 well-behaved upstream sends it, and it is the upstream's fault.
+
+Over ~300 lines for one reason: `Exchange` is one upstream stream's life (`open` with its
+`_attempt` retries, `batches` under the first-byte and idle deadlines, `_classify` of each
+failure, `aclose`), and every step reads the same deadlines, response and failure.
 """
 
 from __future__ import annotations

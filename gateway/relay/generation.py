@@ -5,6 +5,10 @@
 slot, open the exchange with failover), the stream or `collect`, and `finish` or `withdraw`,
 which give back the slot and the key's limits exactly once. It is handed the services it uses
 (`Services`), not the `Relay`, so that no module of the relay imports back up into the pipeline.
+
+Over ~300 lines for one reason: `Generation` is one lifecycle (`connect` with failover,
+`collect`, `finish` or `withdraw`) whose steps share the upstream, its slot (`_release`) and
+the key's limits, given back exactly once (`done`); split, that exactly-once would span files.
 """
 
 from __future__ import annotations

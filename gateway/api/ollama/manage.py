@@ -29,6 +29,11 @@ A blob body streams through, never held in memory and not bound by `GATEWAY_MAX_
 (models are gigabytes; Ollama checks the digest). The aiohttp transport reads a request body
 whole before sending it (`gateway.upstream.transport`), so with it an upload goes through a
 short-lived httpx client of its own to the same upstream.
+
+Over ~300 lines for one reason: `Manager` applies the rules above to one set of routes
+(`admitted` with `_check_fields` for allow-lists, `targets`, `progress`, `each`, `blob` with
+`_upload`); the route functions are one-line fronts, and split, the rules would be apart from
+the relays they guard.
 """
 
 from __future__ import annotations

@@ -10,6 +10,11 @@ docs/benchmarking.md.
 
 The key is never an argument (a command line is visible to every user of the machine and lands
 in shell history): it comes from `GATEWAY_BENCH_API_KEY` or `--key-file`.
+
+Over ~300 lines: holds the command line (`_add_run` with about 140 lines of options,
+`add_parser`, `_plan`, `_run`, `main`) and the target's API detection (`detect_api`, `_head_of`,
+`_has_version`, `MAX_VERSION_ANSWER`); the detection could move to
+`gateway.clients.bench.preflight`, beside `check_target`.
 """
 
 from __future__ import annotations

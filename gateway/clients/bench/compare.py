@@ -28,6 +28,10 @@ in NEW, or no row was compared at all (every row "missing", as when NEW measured
 run that measured nothing must not pass the gate. The rows are still computed, for the curious.
 Otherwise the verdict is "regression" when any row is "worse", else "pass". What NEW measured
 beyond BASE (another model, more levels) is only noted.
+
+Over ~300 lines for one reason: the noise rule (`judge`), the pairing of models and levels
+(`_pair_models`, `_compare_model`) and the verdict (`Comparison`) are one gate, and
+`render_comparison` and `main_compare` only print it and turn it into the exit code.
 """
 
 # ruff: noqa: T201 (main_compare prints the comparison by design)

@@ -17,6 +17,11 @@ request's tokens by its end: a warm-up of at least one request per worker, in wh
 the server's parallel slots when they are known, leaves no such request, and counted requests
 in whole batches keep the last batch full; otherwise the edge error is at most one batch of
 answers over the window (duration mode has the mirror error at its end, so none on average).
+
+Over ~300 lines for one reason: the closed loop (`run_concurrency`) and the open loop
+(`run_rate`) are the two ways to drive one load level; they share the request feed (`_Requests`),
+the mid-run refusal check (`_refused`) and the warm-up window rule above, which split apart
+would be written twice.
 """
 
 from __future__ import annotations

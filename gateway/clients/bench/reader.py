@@ -8,6 +8,10 @@ Counter precedence: Ollama's final chunk; on `/v1` OpenAI `usage` for counts and
 `timings` for durations (and for counts when there is no `usage`); the client's own chunk count
 only when the server reports nothing. It never reads a socket or a clock, so every byte split
 of an answer can be tested directly.
+
+Over ~300 lines for one reason: `AnswerReader` is one sans-IO parser for both dialects;
+the line splitting (`feed`, `_line`), the dispatch of each chunk (`_ndjson`, `_dispatch`) and
+the counter precedence in `record` read the same state of one answer.
 """
 
 from __future__ import annotations

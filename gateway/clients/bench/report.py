@@ -7,6 +7,11 @@ reader sees how much to trust it); then the knee, the SLO limit, the suggested g
 why raising the load stopped, the cold load, the model's size and quality, and the notes. A run
 of several models starts with the matrix, one line per model. Missing values are "-" (empty in
 CSV, which spreadsheets read as no number); server text is escaped (`gateway.clients.bench.tables`).
+
+Over ~300 lines for one reason: every format of one saved run (`render_table` and
+`render_markdown` over `point_table` and `facts`, `render_csv`, `render_json`, `render_matrix`)
+reads it through the same helpers (`_repeat_sum`, `_gb`, `_quality`), so the formats cannot
+disagree on what a run says; `RENDERERS` picks one and `main_report` is a thin front.
 """
 
 # ruff: noqa: T201 (main_report prints the report by design)

@@ -5,6 +5,12 @@ came through, into an `UpstreamCall`, and the upstream's answer back into neutra
 a `StreamDecoder`. Decoders do no I/O: the relay reads the body and feeds them the bytes it got
 (as h11 and wsproto do), so each read costs one function call, not a stack of async generators
 (docs/performance.md). The relay only ever sees `Chunk`s.
+
+Over ~300 lines: holds the dialect contract (`Dialect`, `StreamDecoder`, `UpstreamCall`,
+`ModelInfo`, `StreamBrokenError`, `AnswerTooLongError`) and the framing and JSON helpers the
+dialects share (`LineSplitter`, `BodyDecoder`, `decode_object`, `ollama_stats`, `encode_json`,
+`encode_body`, `encode_json_stepwise`, `JsonList`); the helpers could move to
+`gateway.upstream.dialects.framing`.
 """
 
 from __future__ import annotations
