@@ -253,7 +253,7 @@ class Generation:
         At most `MAX_LINE_BYTES` of upstream answer are collected: how long an answer is
         follows from the request (its output bound, its logprobs), and a streamed answer has
         no such limit. A large answer is written in a worker thread, in steps that leave the
-        event loop free (`gateway.upstream.dialects.base.encode_json_stepwise`).
+        event loop free (`gateway.upstream.dialects.framing.encode_json_stepwise`).
 
         Raises:
             AnswerTooLargeError: the answer passed `MAX_LINE_BYTES` (413, the request's fault;

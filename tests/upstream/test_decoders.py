@@ -13,12 +13,8 @@ import json
 import pytest
 
 from gateway.neutral import Chunk
-from gateway.upstream.dialects.base import (
-    MAX_LINE_BYTES,
-    LineSplitter,
-    StreamBrokenError,
-    StreamDecoder,
-)
+from gateway.upstream.dialects.base import MAX_LINE_BYTES, StreamBrokenError, StreamDecoder
+from gateway.upstream.dialects.framing import LineSplitter
 from gateway.upstream.dialects.ollama import NdjsonDecoder
 from gateway.upstream.dialects.openai import SseDecoder
 

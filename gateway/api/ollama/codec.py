@@ -15,7 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.neutral import Chunk, GenerationRequest, ToolCall
-from gateway.upstream.dialects.base import JsonList, encode_json, encode_json_stepwise, rfc3339_now
+from gateway.upstream.dialects.framing import (
+    JsonList,
+    encode_json,
+    encode_json_stepwise,
+    rfc3339_now,
+)
 from gateway.wire.json import parse_arguments
 
 NDJSON = b"application/x-ndjson"

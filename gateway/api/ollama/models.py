@@ -46,7 +46,8 @@ from gateway.errors import (
 )
 from gateway.metering.metrics import OTHER_MODEL
 from gateway.settings import Settings
-from gateway.upstream.dialects.base import THREADED_JSON, ModelInfo
+from gateway.upstream.dialects.base import ModelInfo
+from gateway.upstream.dialects.framing import THREADED_JSON
 from gateway.upstream.pool import Upstream, UpstreamPool
 from gateway.wire.body import read_body
 from gateway.wire.json import parse_listing, parse_object, parse_request_body

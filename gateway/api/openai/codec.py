@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from gateway.neutral import Chunk, GenerationRequest, ToolCall
-from gateway.upstream.dialects.base import JsonList, encode_json, encode_json_stepwise
+from gateway.upstream.dialects.framing import JsonList, encode_json, encode_json_stepwise
 
 SSE = b"text/event-stream; charset=utf-8"
 _DONE = b"data: [DONE]\n\n"

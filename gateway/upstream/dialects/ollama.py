@@ -18,12 +18,10 @@ from typing import Any
 import httpx
 
 from gateway.neutral import Chunk, GenerationRequest, ToolCall
-from gateway.upstream.dialects.base import (
+from gateway.upstream.dialects.base import ModelInfo, StreamBrokenError, UpstreamCall
+from gateway.upstream.dialects.framing import (
     BodyDecoder,
     LineSplitter,
-    ModelInfo,
-    StreamBrokenError,
-    UpstreamCall,
     decode_object,
     encode_body,
     encode_json,

@@ -33,11 +33,13 @@ from gateway.neutral import Chunk, GenerationRequest, Stats, TokenClock, ToolCal
 from gateway.upstream.dialects.base import (
     MAX_LINE_BYTES,
     AnswerTooLongError,
-    BodyDecoder,
-    LineSplitter,
     ModelInfo,
     StreamBrokenError,
     UpstreamCall,
+)
+from gateway.upstream.dialects.framing import (
+    BodyDecoder,
+    LineSplitter,
     decode_object,
     encode_body,
     trusted_count,
