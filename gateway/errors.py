@@ -41,7 +41,6 @@ and `error_response` renders them all in one place, so a status and its body nev
 from __future__ import annotations
 
 import json
-import logging
 import re
 import time
 from collections.abc import Mapping
@@ -51,8 +50,6 @@ from typing import Any, Literal
 from fastapi.responses import Response
 
 from gateway.neutral import Outcome
-
-logger = logging.getLogger("gateway.errors")
 
 #: The `/v1/` routes that take Ollama's bodies, and so answer errors in Ollama's shape.
 OLLAMA_V1_PATHS = frozenset({"/v1/generate", "/v1/chat"})

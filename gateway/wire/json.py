@@ -52,7 +52,7 @@ C = TypeVar("C")
 #: goes to a worker thread (1 MiB of embeddings parses in a few milliseconds; a thread hop costs
 #: ~100 us, and the Python number hooks of the dialects' `THREADED_JSON` a tenth more per
 #: number). Here, below both the request bodies (`parse_request_body`) and the upstream
-#: dialects (`gateway.upstream.dialects.base`), which share the bound and the threads.
+#: dialects (`gateway.upstream.dialects.framing`), which share the bound and the threads.
 INLINE_PARSE_BYTES = 1024 * 1024
 
 #: Most request bodies parsed, or upstream requests written, in worker threads at once: a flood
