@@ -34,6 +34,11 @@ async def _value_after(seconds: float, value: int) -> int:
     return value
 
 
+async def _value_now(value: int) -> int:
+    """`value`, without ever yielding to the loop (so no timer can fire meanwhile)."""
+    return value
+
+
 async def test_many_timely_waits_share_one_timer():
     deadline = IdleDeadline()
     loop = CountingLoop(asyncio.get_running_loop())
@@ -119,8 +124,9 @@ def test_uvloop_sub_millisecond_deadlines() -> None:
         deadline = IdleDeadline()
         seen = []
         # A wait that ends before its sub-millisecond timer fires leaves that timer armed; the
-        # next wait compares its own deadline with the armed one.
-        assert await deadline.wait(_value_after(0, 7), 0.0002) == 7
+        # next wait compares its own deadline with the armed one. The first wait never yields,
+        # so a busy machine cannot let the 0.2 ms timer fire before it ends.
+        assert await deadline.wait(_value_now(7), 0.0002) == 7
         for seconds in (0.0005, 0.0, 0.05):
             try:
                 await deadline.wait(asyncio.sleep(1), seconds)

@@ -33,7 +33,7 @@ def parse_chat(raw: bytes, settings: Settings) -> GenerationRequest:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise UnprocessableError("each message must be an object with a role")
         check_spelling(message, "message")
-    return _generation(body, "chat", len(raw))
+    return openai_generation(body, "chat", len(raw))
 
 
 def parse_completion(raw: bytes, settings: Settings) -> GenerationRequest:
@@ -49,7 +49,7 @@ def parse_completion(raw: bytes, settings: Settings) -> GenerationRequest:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise UnprocessableError("prompt must be a string (token arrays are not supported)")
-    return _generation(body, "generate", len(raw))
+    return openai_generation(body, "generate", len(raw))
 
 
 def parse_embeddings(raw: bytes, settings: Settings) -> GenerationRequest:
@@ -91,8 +91,13 @@ def parse_embeddings(raw: bytes, settings: Settings) -> GenerationRequest:
 OUTPUT_BOUNDS = ("max_tokens", "max_completion_tokens", "n_predict")
 
 
-def _generation(body: dict[str, Any], operation: Any, body_bytes: int) -> GenerationRequest:
+def openai_generation(
+    body: dict[str, Any], operation: Any, body_bytes: int
+) -> GenerationRequest:
     """The neutral request of a chat or completion body, its common fields checked.
+
+    Also what the surfaces that translate their bodies into a chat body use
+    (`gateway.api.responses`, `gateway.api.anthropic`): `body` is then theirs, translated.
 
     Its prompt size is every field but the few that are not prompt text (tools, tool calls,
     `response_format` and names count: `gateway.limits.estimate.prompt_bytes`).
