@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from tests.support.batch import FAST, batch_line, read_jsonl, upload_lines, wait_batch
 from tests.support.client import MODEL_ALIAS as MODEL
 from tests.support.metrics import metric_value
 from tests.support.stack import Emulator, Gateway
@@ -337,3 +338,38 @@ def test_refusals_are_the_sdks_typed_errors(gw: Gateway) -> None:
         client.responses.create(model=MODEL, input=[])
     with pytest.raises(openai.BadRequestError, match="previous_response_id"):
         client.responses.create(model=MODEL, input="hi", previous_response_id="resp_1")
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_batch_of_responses_lines(make_gateway: Callable[..., Gateway], dialect: str) -> None:
+    gw = make_gateway(upstream_dialect=dialect, **FAST)
+    client = _openai(gw)
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": 5}
+    lines = [batch_line(f"r-{i}", body, "/v1/responses") for i in range(3)]
+    lines.append(batch_line("bad", {"model": MODEL, "input": []}, "/v1/responses"))
+    refused = client.batches.create(
+        input_file_id=upload_lines(client, lines),
+        endpoint="/v1/responses",  # type: ignore[arg-type]
+        completion_window="24h",
+    )
+    failed = wait_batch(client, refused.id)
+    assert failed.status == "failed"
+    assert failed.errors is not None
+    assert [(e.line, e.code) for e in failed.errors.data or []] == [(4, "invalid_request")]
+    batch = client.batches.create(
+        input_file_id=upload_lines(client, lines[:3]),
+        endpoint="/v1/responses",  # type: ignore[arg-type]
+        completion_window="24h",
+    )
+    done = wait_batch(client, batch.id)
+    assert done.status == "completed", done
+    output = read_jsonl(client, done.output_file_id)
+    assert sorted(str(o["custom_id"]) for o in output) == ["r-0", "r-1", "r-2"]
+    for item in output:
+        response: Any = item["response"]
+        assert response["status_code"] == 200
+        answer = response["body"]
+        assert answer["object"] == "response"
+        assert answer["status"] == "incomplete"  # max_output_tokens reached
+        assert answer["output"][0]["content"][0]["text"] == "tok0 tok1 tok2 tok3 tok4 "
+        assert answer["usage"]["output_tokens"] == 5
