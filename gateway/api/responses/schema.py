@@ -48,27 +48,6 @@ from gateway.wire.json import parse_object
 #: underscores: OpenAI-compatible servers accept `[a-zA-Z0-9_-]` in function names.
 NAMESPACE_SEPARATOR = "__"
 
-#: Tool types that run on OpenAI's side; no upstream here can run them, so they are left out.
-HOSTED_TOOLS = frozenset(
-    {
-        "web_search",
-        "web_search_preview",
-        "web_search_2025_08_26",
-        "web_search_preview_2025_03_11",
-        "file_search",
-        "code_interpreter",
-        "computer",
-        "computer_use",
-        "computer_use_preview",
-        "image_generation",
-        "mcp",
-        "local_shell",
-        "shell",
-        "apply_patch",
-        "tool_search",
-    }
-)
-
 #: Fields the gateway cannot honour; a 400 says so rather than answering something else.
 REFUSED = {
     "conversation": "conversation objects are not supported by the gateway",
@@ -409,7 +388,8 @@ def _tools(tools: object) -> tuple[list[dict[str, Any]], dict[str, ToolName]]:
                 if not isinstance(member, dict) or member.get("type") not in ("function", "custom"):
                     continue  # only functions can be flattened
                 _add(result, names, _function(member, at, space), at)
-        # Hosted tools (HOSTED_TOOLS) and unknown types: left out, never an error.
+        # Hosted tools (web_search, file_search, mcp, ...) and unknown types: left out, never
+        # an error (the upstream cannot run them).
     return result, names
 
 
