@@ -70,6 +70,9 @@ class ResponsesCodec:
         self._thinking: list[str] = []
         self._calls: list[ToolCall] = []
         self._last: Chunk | None = None
+        #: The `response` object once the answer completed (or stopped at its bound): what a
+        #: stored response keeps. None while it runs, and after a failure.
+        self.final: dict[str, Any] | None = None
 
     # --- streamed -------------------------------------------------------------------------
 
@@ -205,7 +208,7 @@ class ResponsesCodec:
         incomplete = chunk.done_reason == "length"
         events = self._close("incomplete" if incomplete else "completed")
         status = "incomplete" if incomplete else "completed"
-        final = self._response(status, self._output, chunk)
+        final = self.final = self._response(status, self._output, chunk)
         kind = "response.incomplete" if incomplete else "response.completed"
         events.append(self._event(kind, {"response": final}))
         return events
@@ -263,7 +266,8 @@ class ResponsesCodec:
             output.append(_message("msg_" + secrets.token_hex(16), text, status))
         output.extend(_call_item(call, self._plan.tools.get(call.name)) for call in self._calls)
         status = "incomplete" if incomplete else "completed"
-        return encode_json(self._response(status, output, last))
+        self.final = self._response(status, output, last)
+        return encode_json(self.final)
 
     # --- the response object --------------------------------------------------------------
 
@@ -289,7 +293,7 @@ class ResponsesCodec:
             **self._plan.echo,
             "model": self._model,
             "output": list(output),
-            "previous_response_id": None,
+            "previous_response_id": self._plan.previous_response_id,
             "store": self._plan.store,
             "usage": None,
         }

@@ -82,12 +82,15 @@ class Plan:
         tools: Each flat function name sent upstream and what it stands for.
         echo: The request fields the `response` object repeats (`instructions`, `tools`,
             `tool_choice`, `temperature`, `metadata`, ...), as the client sent them.
-        store: Always False: responses are not kept (stateless surface).
+        store: The response is kept (`gateway.api.responses.store`); False unless the
+            gateway stores responses and the client did not send `store: false`.
+        previous_response_id: The stored response this one continues, echoed in the answer.
     """
 
     tools: dict[str, ToolName] = field(default_factory=dict)
     echo: dict[str, Any] = field(default_factory=dict)
     store: bool = False
+    previous_response_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +121,8 @@ def parse_responses(raw: bytes, settings: Settings) -> ResponsesRequest:
     body = parse_object(raw, max_depth=settings.max_json_depth, max_values=settings.max_json_values)
     if body.get("previous_response_id") is not None:
         raise BadRequestError(
-            "previous_response_id: stored responses are not enabled on this gateway; "
-            "send the whole conversation in input"
+            "previous_response_id: stored responses are off on this gateway (and never "
+            "available in a batch); send the whole conversation in input"
         )
     for name, reason in REFUSED.items():
         if body.get(name) not in (None, False):
