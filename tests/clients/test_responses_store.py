@@ -216,3 +216,29 @@ def test_with_the_store_off_nothing_is_kept(make_gateway: Callable[..., Gateway]
         client.responses.create(model=MODEL, input="x", previous_response_id=response.id)
     assert _rows(gw) == 0
     assert json.loads(response.model_dump_json())["store"] is False
+
+
+@pytest.mark.postgres
+def test_stored_responses_on_postgresql(
+    postgres_url: str, make_gateway: Callable[..., Gateway], emulator: Emulator
+) -> None:
+    # postgres_url first: its schema is dropped after the gateway stopped.
+    gw = make_gateway(
+        responses_store=True, responses_max_bytes_per_key=6000, database_url=postgres_url
+    )
+    client = _openai(gw)
+    first = client.responses.create(model=MODEL, input="one")
+    second = client.responses.create(model=MODEL, input="two", previous_response_id=first.id)
+    assert _sent(emulator) == [("user", "one"), ("assistant", TEXT), ("user", "two")]
+    items = client.responses.input_items.list(second.id, order="asc", after=None)
+    later = client.responses.input_items.list(second.id, order="asc", after=items.data[0].id)
+    assert [i.id for i in later.data] == [i.id for i in items.data][1:]
+    _, other_key = gw.create_key("other")
+    with pytest.raises(openai.NotFoundError):
+        _openai(gw, other_key).responses.retrieve(second.id)
+    ids = [client.responses.create(model=MODEL, input=f"turn {i}").id for i in range(8)]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)  # the oldest went first
+    client.responses.delete(ids[-1])
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(ids[-1])
