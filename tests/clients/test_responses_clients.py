@@ -338,6 +338,12 @@ def test_refusals_are_the_sdks_typed_errors(gw: Gateway) -> None:
         client.responses.create(model=MODEL, input=[])
     with pytest.raises(openai.BadRequestError, match="previous_response_id"):
         client.responses.create(model=MODEL, input="hi", previous_response_id="resp_1")
+    _, slow = gw.create_key("slow", rpm=1)
+    _openai(gw, slow).responses.create(model=MODEL, input="hi")
+    with pytest.raises(openai.RateLimitError) as limited:
+        _openai(gw, slow).responses.create(model=MODEL, input="hi")
+    assert int(limited.value.response.headers["retry-after"]) >= 1
+    assert limited.value.code == "rate_limit_exceeded"
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
