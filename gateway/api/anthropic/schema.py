@@ -113,9 +113,10 @@ def to_chat_body(body: dict[str, Any], *, counting: bool = False) -> dict[str, A
             raise BadRequestError(f"{name}: must be a number")
         chat[name] = value
     tools = _tools(body.get("tools"))
+    choice = _tool_choice(body.get("tool_choice"))  # checked even when no tool is left
     if tools:
         chat["tools"] = tools
-        chat.update(_tool_choice(body.get("tool_choice")))
+        chat.update(choice)
     effort = _effort(body.get("thinking"), body.get("output_config"))
     if effort is not None:
         chat["reasoning_effort"] = effort
