@@ -18,7 +18,8 @@ def events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
     parsed = []
     for block in raw.decode().split("\n\n")[:-1]:
         name, data = block.split("\n")
-        assert name.startswith("event: ") and data.startswith("data: ")
+        assert name.startswith("event: ")
+        assert data.startswith("data: ")
         body = json.loads(data.removeprefix("data: "))
         assert body["type"] == name.removeprefix("event: ")
         parsed.append((name.removeprefix("event: "), body))
