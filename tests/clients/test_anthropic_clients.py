@@ -225,6 +225,9 @@ def test_a_claude_code_shaped_body_is_accepted(gw: Gateway, emulator: Emulator) 
     assert roles == ["system", "user", "system"]
     names = [tool["function"]["name"] for tool in sent["tools"]]
     assert names == ["get_weather", "Later"]  # the server tool is left out
+    # Adaptive thinking is the model's default: a forced `think` fails models that cannot think.
+    assert "think" not in sent
+    assert "reasoning_effort" not in sent
 
 
 def test_refusals_raise_the_sdks_typed_errors_with_anthropics_body(gw: Gateway) -> None:

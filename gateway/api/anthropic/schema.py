@@ -27,9 +27,6 @@ from gateway.wire.json import parse_object
 #: `thinking.budget_tokens` up to each bound is that `reasoning_effort`; above the last, `high`.
 _EFFORT_BY_BUDGET = ((4096, "low"), (16384, "medium"))
 
-#: `output_config.effort` (Claude Code's, with `thinking: {"type": "adaptive"}`) as an effort.
-_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "high"}
-
 #: Roles a `messages` entry may have: Claude Code also sends `system` messages inside the list.
 _ROLES = frozenset({"user", "assistant", "system"})
 
@@ -117,7 +114,7 @@ def to_chat_body(body: dict[str, Any], *, counting: bool = False) -> dict[str, A
     if tools:
         chat["tools"] = tools
         chat.update(choice)
-    effort = _effort(body.get("thinking"), body.get("output_config"))
+    effort = _effort(body.get("thinking"))
     if effort is not None:
         chat["reasoning_effort"] = effort
     return chat
@@ -290,7 +287,7 @@ def _tool_choice(choice: object) -> dict[str, Any]:
     return result
 
 
-def _effort(thinking: object, output_config: object) -> str | None:
+def _effort(thinking: object) -> str | None:
     """`thinking` as `reasoning_effort` (the Ollama translator makes it `think`), or None."""
     if thinking is None:
         return None
@@ -305,8 +302,11 @@ def _effort(thinking: object, output_config: object) -> str | None:
             raise BadRequestError("thinking.budget_tokens: must be an integer")
         return next((e for bound, e in _EFFORT_BY_BUDGET if budget <= bound), "high")
     if kind == "adaptive":
-        effort = output_config.get("effort") if isinstance(output_config, dict) else None
-        return _EFFORTS.get(effort, "medium") if isinstance(effort, str) else "medium"
+        # The model decides: its default. Claude Code sends this on every turn, whatever the
+        # model; forcing `think` would make Ollama refuse every turn of a model that cannot
+        # think (400 "does not support thinking", reference section 2.1), and Ollama's thinking
+        # models think by default anyway.
+        return None
     raise BadRequestError("thinking.type: must be enabled, adaptive or disabled")
 
 

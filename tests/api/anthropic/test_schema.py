@@ -145,8 +145,8 @@ def test_client_tools_are_functions_and_server_tools_are_left_out() -> None:
         ({"type": "enabled", "budget_tokens": 1024}, None, "low"),
         ({"type": "enabled", "budget_tokens": 10000}, None, "medium"),
         ({"type": "enabled", "budget_tokens": 32000}, None, "high"),
-        ({"type": "adaptive"}, None, "medium"),
-        ({"type": "adaptive", "display": "omitted"}, {"effort": "high"}, "high"),
+        ({"type": "adaptive"}, None, None),  # the model's default
+        ({"type": "adaptive", "display": "omitted"}, {"effort": "high"}, None),
         ({"type": "disabled"}, None, "none"),
         (None, None, None),
     ],
