@@ -178,7 +178,7 @@ def _assistant(blocks: list[dict[str, Any]], where: str) -> dict[str, Any]:
             calls.append({"id": _string(block, "id", at), "type": "function", "function": function})
         # redacted_thinking (encrypted for Anthropic's models only), server tool blocks: dropped
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
-    if thinking:
+    if "".join(thinking):  # Claude Code's `display: "omitted"` thinking comes back empty
         message["reasoning_content"] = "".join(thinking)
     if calls:
         message["tool_calls"] = calls

@@ -98,6 +98,12 @@ def test_tool_use_and_tool_results_become_tool_calls_and_tool_messages() -> None
     ]
 
 
+def test_empty_thinking_from_earlier_turns_is_left_out() -> None:
+    blocks = [{"type": "thinking", "thinking": "", "signature": "s"}, {"type": "text", "text": "a"}]
+    turns = [*BASE["messages"], {"role": "assistant", "content": blocks}]
+    assert chat(messages=turns)["messages"][1] == {"role": "assistant", "content": "a"}
+
+
 def test_images_by_base64_and_by_url_are_image_url_parts() -> None:
     content = [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "QUJD"}},
