@@ -13,14 +13,13 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from typing import Any
 
+import anthropic
 import httpx
 import pytest
 
 from tests.support.client import MODEL_ALIAS as MODEL
 from tests.support.metrics import metric_value
 from tests.support.stack import Emulator, Gateway
-
-anthropic = pytest.importorskip("anthropic")
 
 pytestmark = pytest.mark.clients
 
