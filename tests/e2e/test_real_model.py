@@ -230,6 +230,38 @@ def test_the_openai_sdk_streams_from_the_real_model(stack):
         client.models.list()
 
 
+def test_the_openai_sdk_responses_api_with_the_real_model(stack):
+    """`client.responses.create` through the gateway to llama.cpp, which has no Responses API:
+    translated onto its chat completions, streamed back as Responses events token by token."""
+    import openai
+
+    gateway, key = stack
+    question = [{"role": "user", "content": "Name three colors."}]
+    with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0) as client:
+        events = list(
+            client.responses.create(
+                model=MODEL_ALIAS, input=question, max_output_tokens=24, temperature=0, stream=True
+            )
+        )
+        deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+        assert len([d for d in deltas if d]) >= 5  # token by token, not one blob
+        final = events[-1]
+        assert final.type in ("response.completed", "response.incomplete")
+        assert final.response.output_text == "".join(deltas)
+        usage = final.response.usage
+        assert usage is not None
+        assert 0 < usage.output_tokens <= 24
+        assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+        answer = client.responses.create(
+            model=MODEL_ALIAS, input="Say hello.", max_output_tokens=8, temperature=0
+        )
+        assert answer.status in ("completed", "incomplete")
+        assert answer.usage is not None
+        _assert_counted(answer.output_text, answer.usage.output_tokens or None, 8)
+    metrics = httpx.get(f"{gateway.url}/metrics").text
+    assert metric_value(metrics, "gateway_requests_total", route="/v1/responses") == 2
+
+
 def test_the_ollama_client_streams_from_the_real_model(stack):
     """The ollama client at Ollama's own paths (OLLAMA_HOST=gateway), in front of llama.cpp."""
     import ollama
