@@ -8,13 +8,21 @@ look up as many bodies as it could send, and learnt 400s and 404s instead of its
 
 from __future__ import annotations
 
+import asyncio
+import json
+import socket
+import time
 from collections.abc import Callable
 
 import httpx
 import pytest
+from sqlalchemy import func, select
 
+from gateway.db.engine import open_engine
+from gateway.db.tables import ResponseRow
 from tests.support.client import MODEL
-from tests.support.stack import Gateway
+from tests.support.metrics import metric_value
+from tests.support.stack import Emulator, Gateway
 
 
 @pytest.mark.parametrize("dialect", ["ollama", "openai"])
@@ -62,3 +70,58 @@ def test_a_stored_conversation_still_continues_and_errors_keep_their_status(
         junk = client.post("/v1/responses", content=b"{not json")
         assert junk.status_code == 400, junk.text
         assert "error" in junk.json()
+
+
+def _in_flight(gw: Gateway) -> float:
+    """Generations and upstream requests still open (both gauges are always exported)."""
+    text = gw.metrics_text()
+    assert "gateway_requests_in_flight" in text
+    assert "gateway_upstream_in_flight" in text
+    return metric_value(text, "gateway_requests_in_flight") + metric_value(
+        text, "gateway_upstream_in_flight"
+    )
+
+
+@pytest.mark.parametrize("dialect", ["ollama", "openai"])
+def test_a_client_leaving_while_its_body_or_answer_is_read_frees_its_slot(
+    make_gateway: Callable[..., Gateway], emulator: Emulator, dialect: str
+) -> None:
+    """The store's body read and its answer's save are phases of their own: leaving in either."""
+    gw = make_gateway(upstream_dialect=dialect, responses_store=True)
+    _, key = gw.create_key("one-at-a-time", max_concurrent=1)
+    host, port = gw.url.removeprefix("http://").split(":")
+    body = json.dumps({"model": MODEL, "input": "hi", "stream": True}).encode()
+    # Leaves halfway through its body.
+    with socket.create_connection((host, int(port))) as sock:
+        head = (
+            f"POST /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        sock.sendall(head.encode() + body[: len(body) // 2])
+    # Leaves after the first events of a slow answer.
+    emulator.config.inter_token = 0.2
+    with (
+        httpx.Client(base_url=gw.url, headers=gw.headers(key), timeout=10) as client,
+        client.stream("POST", "/v1/responses", content=body) as answer,
+    ):
+        assert answer.status_code == 200
+        next(answer.iter_bytes())
+    emulator.config.inter_token = 0.0
+    for _ in range(100):  # the gateway notices the leave on its own schedule
+        if _in_flight(gw) == 0:
+            break
+        time.sleep(0.05)
+    assert _in_flight(gw) == 0
+    with httpx.Client(base_url=gw.url, headers=gw.headers(key), timeout=10) as client:
+        again = client.post("/v1/responses", json={"model": MODEL, "input": "hi"})
+    assert again.status_code == 200, again.text
+    assert asyncio.run(_rows(gw)) == 1  # only the answer that completed is kept
+
+
+async def _rows(gw: Gateway) -> int:
+    engine = open_engine(gw.database_url)
+    try:
+        async with engine.connect() as connection:
+            return int(await connection.scalar(select(func.count()).select_from(ResponseRow)))
+    finally:
+        await engine.dispose()
