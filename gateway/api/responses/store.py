@@ -137,11 +137,15 @@ class ResponseStore:
         return True
 
     async def delete(self, key_id: str, response_id: str) -> bool:
-        """Delete the key's response `response_id`; False when there was none to delete."""
+        """Delete the key's response `response_id`; False when there was none to delete.
+
+        An expired one is deleted too but answers False: it is "not found" for every read
+        (`load`), so DELETE must not be the one call that says it still existed.
+        """
+        mine = (ResponseRow.id == response_id, ResponseRow.key_id == key_id)
         async with self._engine.begin() as connection:
             result = await connection.execute(
-                delete(ResponseRow).where(
-                    ResponseRow.id == response_id, ResponseRow.key_id == key_id
-                )
+                delete(ResponseRow).where(*mine, ResponseRow.expires_at > datetime.now(UTC))
             )
+            await connection.execute(delete(ResponseRow).where(*mine))
         return bool(result.rowcount)
