@@ -215,6 +215,7 @@ def _messages(body: dict[str, Any], names: dict[str, ToolName]) -> list[dict[str
         raise UnprocessableError("input must be a string or a non-empty list of input items")
     flat = {(t.namespace, t.name): flat for flat, t in names.items()}
     reasoning: list[str] = []  # a reasoning item's text, for the assistant turn that follows
+    thoughts: dict[int, list[str]] = {}  # an assistant message's reasoning (index in messages)
     for index, item in enumerate(given):
         where = f"input[{index}]"
         if not isinstance(item, dict):
@@ -238,14 +239,19 @@ def _messages(body: dict[str, Any], names: dict[str, ToolName]) -> list[dict[str
             else:
                 last = {"role": "assistant", "content": None, "tool_calls": [call]}
                 messages.append(last)
-            if reasoning:
-                last["reasoning_content"] = last.get("reasoning_content", "") + "".join(reasoning)
+            if reasoning:  # joined once at the end: adding to the string each time was
+                # quadratic (8,000 reasoning + call pairs in 15 MiB: 5.7 s of CPU, now 0.2 s)
+                at = len(messages) - 1
+                pieces = thoughts.setdefault(at, [last.get("reasoning_content", "")])
+                pieces.extend(reasoning)
                 reasoning = []
         elif kind in ("function_call_output", "custom_tool_call_output"):
             messages.append(_output(item, where))
         elif kind == "reasoning":
             reasoning.append(_reasoning_text(item))
         # Any other item type (web_search_call, item_reference, compaction, ...) is left out.
+    for at, pieces in thoughts.items():
+        messages[at]["reasoning_content"] = "".join(pieces)
     if not any(m["role"] != "system" for m in messages):
         raise UnprocessableError("input must hold at least one message or tool output")
     return messages
