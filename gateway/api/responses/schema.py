@@ -48,6 +48,12 @@ from gateway.wire.json import parse_object
 #: underscores: OpenAI-compatible servers accept `[a-zA-Z0-9_-]` in function names.
 NAMESPACE_SEPARATOR = "__"
 
+#: The longest `namespace` tool name: every member's flat name repeats it, so a long one made
+#: the chat body (and the upstream's) members x its length (a 1 MB name and 300 members: 287
+#: MB from a 1 MB body). Real ones are short (OpenAI's function names are at most 64
+#: characters; Codex sends `multi_agent_v1`).
+MAX_NAMESPACE_CHARS = 128
+
 #: Fields the gateway cannot honour; a 400 says so rather than answering something else.
 REFUSED = {
     "conversation": "conversation objects are not supported by the gateway",
@@ -392,6 +398,10 @@ def _tools(tools: object) -> tuple[list[dict[str, Any]], dict[str, ToolName]]:
             space, members = tool.get("name"), tool.get("tools")
             if not isinstance(space, str) or not space or not isinstance(members, list):
                 raise UnprocessableError(f"{where} (namespace) must have a name and tools")
+            if len(space) > MAX_NAMESPACE_CHARS:
+                raise UnprocessableError(
+                    f"{where}.name (namespace) must be at most {MAX_NAMESPACE_CHARS} characters"
+                )
             for number, member in enumerate(members):
                 at = f"{where}.tools[{number}]"
                 if not isinstance(member, dict) or member.get("type") not in ("function", "custom"):

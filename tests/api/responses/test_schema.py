@@ -7,7 +7,12 @@ from typing import Any
 
 import pytest
 
-from gateway.api.responses.schema import ResponsesRequest, ToolName, parse_responses
+from gateway.api.responses.schema import (
+    MAX_NAMESPACE_CHARS,
+    ResponsesRequest,
+    ToolName,
+    parse_responses,
+)
 from gateway.errors import BadRequestError, UnprocessableError
 from gateway.settings import Settings
 
@@ -260,3 +265,18 @@ def test_reasoning_before_each_of_many_calls_is_joined_once_in_order() -> None:
     assert len(turn["tool_calls"]) == count
     assert turn["reasoning_content"] == "first " + "".join(f"r{i} " for i in range(count))
     assert messages[2] == {"role": "tool", "tool_call_id": "c0", "content": "done"}
+
+
+def test_a_long_namespace_name_is_refused_not_copied_into_every_member() -> None:
+    """Each member's flat name repeats the namespace: 1 MB name x 300 members was 287 MB.
+
+    A 1 MB body became a 286 MB upstream body (and 33 GB at the body limits): the namespace
+    name is bounded (`MAX_NAMESPACE_CHARS`), far above any real one (OpenAI's function names
+    are at most 64 characters; Codex's `multi_agent_v1`).
+    """
+    members = [{"type": "function", "name": f"f{i}"} for i in range(300)]
+    with pytest.raises(UnprocessableError, match=r"tools\[0\]\.name"):
+        _parse(input="hi", tools=[{"type": "namespace", "name": "n" * 1_000_000, "tools": members}])
+    longest = "n" * MAX_NAMESPACE_CHARS
+    request = _parse(input="hi", tools=[{"type": "namespace", "name": longest, "tools": members}])
+    assert request.body["tools"][0]["function"]["name"] == f"{longest}__f0"
