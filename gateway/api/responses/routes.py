@@ -21,6 +21,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
+import anyio
 from fastapi import APIRouter, Depends, Query, Request, Response
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.routing import Route
@@ -47,7 +48,12 @@ from gateway.relay.surface import Codec
 from gateway.settings import Settings
 from gateway.upstream.dialects.framing import encode_json
 from gateway.wire.body import read_body
-from gateway.wire.json import parse_object, parse_request_body
+from gateway.wire.json import (
+    INLINE_PARSE_BYTES,
+    json_thread_limiter,
+    parse_object,
+    parse_request_body,
+)
 
 logger = logging.getLogger("gateway.responses")
 
@@ -182,7 +188,13 @@ class _Continued:
         self.endpoint.store = keep
         self.endpoint.previous_response_id = previous
         self.endpoint.items = body.get("input") or []
-        return {"type": "http.request", "body": encode_json(body), "more_body": False}
+        if earlier or len(raw) > INLINE_PARSE_BYTES:  # a body's worth: off the event loop
+            merged = await anyio.to_thread.run_sync(
+                encode_json, body, limiter=json_thread_limiter()
+            )
+        else:
+            merged = encode_json(body)
+        return {"type": "http.request", "body": merged, "more_body": False}
 
 
 class _KeptBeforeEnd(Response):
