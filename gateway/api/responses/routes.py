@@ -41,7 +41,7 @@ from gateway.deps import (
     get_relay,
     get_settings,
 )
-from gateway.errors import NotFoundError, UnprocessableError
+from gateway.errors import NotFoundError, PayloadTooLargeError, UnprocessableError
 from gateway.keys.store import KeyStore
 from gateway.neutral import GenerationRequest
 from gateway.relay.surface import Codec
@@ -156,6 +156,8 @@ class _Continued:
 
         Raises:
             NotFoundError, UnprocessableError: as `create_response`.
+            PayloadTooLargeError: the body grown by the stored conversation is over
+                `GATEWAY_MAX_BODY_BYTES` (413, naming `previous_response_id`).
             GatewayError: the body's size or syntax (`read_body`, `parse_object`).
         """
         if self.expanded:
@@ -194,6 +196,12 @@ class _Continued:
             )
         else:
             merged = encode_json(body)
+        limit = self.settings.max_body_bytes
+        if earlier and len(merged) > limit:  # the relay's read would say only "body too large"
+            raise PayloadTooLargeError(
+                f"the conversation of previous_response_id with this input is larger than "
+                f"{limit} bytes (GATEWAY_MAX_BODY_BYTES): start a new conversation"
+            )
         return {"type": "http.request", "body": merged, "more_body": False}
 
 

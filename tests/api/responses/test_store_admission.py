@@ -125,3 +125,28 @@ async def _rows(gw: Gateway) -> int:
             return int(await connection.scalar(select(func.count()).select_from(ResponseRow)))
     finally:
         await engine.dispose()
+
+
+@pytest.mark.parametrize("dialect", ["ollama", "openai"])
+def test_a_conversation_by_previous_response_id_stops_at_the_body_limit(
+    make_gateway: Callable[..., Gateway], dialect: str
+) -> None:
+    """Each turn carries every earlier one: past `GATEWAY_MAX_BODY_BYTES` it is a 413 that says so.
+
+    The client's own body stays small, so the message names the stored conversation (it
+    said only "request body is larger than N bytes" before).
+    """
+    gw = make_gateway(upstream_dialect=dialect, responses_store=True, max_body_bytes=8192)
+    previous = None
+    statuses = []
+    with httpx.Client(base_url=gw.url, headers=gw.headers(), timeout=10) as client:
+        for _ in range(10):
+            body = {"model": MODEL, "input": "x" * 1500, "previous_response_id": previous}
+            answer = client.post("/v1/responses", json=body)
+            statuses.append(answer.status_code)
+            if answer.status_code != 200:
+                break
+            previous = answer.json()["id"]
+    assert statuses[0] == 200
+    assert statuses[-1] == 413, statuses
+    assert "previous_response_id" in answer.json()["error"]["message"]
