@@ -74,7 +74,10 @@ class MessagesCodec:
                 self._called = True
                 events.extend(self._close())
                 events.extend(self._open_block("tool_use", _tool_use(call, {})))
-                partial = {"type": "input_json_delta", "partial_json": call.arguments or "{}"}
+                # Always an object's JSON, as the non-streamed answer has it: the SDKs parse
+                # `partial_json` and raise on broken arguments an OpenAI-compatible upstream
+                # streamed (anthropic 2.17: "Unable to parse tool parameter JSON").
+                partial = {"type": "input_json_delta", "partial_json": _input_json(call.arguments)}
                 events.append(self._block_delta(partial))
             if chunk.done:
                 events.extend(self._close())
@@ -200,6 +203,14 @@ def _arguments(text: str) -> dict[str, Any]:
     except ValueError:  # invalid, too deep or too many values
         return {"_raw": text}
     return value if isinstance(value, dict) else {"_raw": text}
+
+
+def _input_json(text: str) -> str:
+    """`text` when it is a JSON object; else the object `_arguments` makes of it, as JSON."""
+    given = _arguments(text)
+    if text.strip() and given.get("_raw") is not text:
+        return text
+    return encode_json(given).decode()
 
 
 def _event(kind: str, data: dict[str, Any]) -> bytes:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from gateway.api.anthropic.codec import MessagesCodec
 from gateway.neutral import Chunk, GenerationRequest, Stats, ToolCall
 
@@ -142,3 +144,27 @@ def test_a_long_answer_not_streamed_is_joined_in_order_once() -> None:
         {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}},
         {"type": "text", "text": "after"},
     ]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "sent"),
+    [
+        ('{"cmd": "ls"}', {"cmd": "ls"}),
+        ("", {}),
+        ('{"cmd": "ls"', {"_raw": '{"cmd": "ls"'}),  # cut short by the model
+        ('["ls"]', {"_raw": '["ls"]'}),
+        ("ls -la", {"_raw": "ls -la"}),  # the SDK's accumulator raised on this one
+    ],
+)
+def test_a_streamed_tool_call_input_is_always_a_json_object(arguments: str, sent: Any) -> None:
+    """The SDKs parse `partial_json` and raise on invalid JSON (anthropic 2.17's accumulator:
+    "Unable to parse tool parameter JSON"): a call an OpenAI-compatible upstream streamed
+    with broken arguments is sent as the non-streamed answer has it, `{"_raw": text}`."""
+    codec = MessagesCodec(REQUEST)
+    call = ToolCall(id="toolu_1", name="run", arguments=arguments)
+    deltas = [
+        body["delta"]
+        for name, body in events(codec.encode([Chunk(tool_calls=[call]), DONE]))
+        if name == "content_block_delta"
+    ]
+    assert json.loads("".join(d["partial_json"] for d in deltas)) == sent
