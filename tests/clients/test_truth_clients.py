@@ -1,7 +1,8 @@
 """What a real client measures is what the gateway exports, on every surface and dialect.
 
-The emulator waits a known TTFT, then sends tokens at a known rate; the `ollama` client (NDJSON)
-and the `openai` SDK (SSE) time the first generated text and the rate of the rest themselves.
+The emulator waits a known TTFT, then sends tokens at a known rate; the `ollama` client (NDJSON),
+the `openai` SDK (SSE: chat completions and Responses) and the `anthropic` SDK (Messages) time
+the first generated text and the rate of the rest themselves.
 The gateway's TTFT histogram must agree with the client's clock, and its decode rate with both
 (F-16, F-17 of ../shared/reference/field-failures.md, on the new surfaces).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
+import anthropic
 import ollama
 import openai
 import pytest
@@ -54,10 +56,18 @@ def _responses_stream(gw: Gateway) -> Iterator[str]:
             yield event.delta if event.type == "response.output_text.delta" else ""
 
 
+def _messages_stream(gw: Gateway) -> Iterator[str]:
+    with anthropic.Anthropic(base_url=gw.url, api_key=gw.key, max_retries=0) as client:
+        yield START
+        with client.messages.stream(model=MODEL, messages=MESSAGES, max_tokens=100) as stream:  # type: ignore[arg-type]
+            yield from stream.text_stream
+
+
 SURFACES: dict[str, Callable[[Gateway], Iterator[str]]] = {
     "/api/chat": _ollama_stream,
     "/v1/chat/completions": _openai_stream,
     "/v1/responses": _responses_stream,
+    "/v1/messages": _messages_stream,
 }
 
 

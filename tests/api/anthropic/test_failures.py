@@ -5,7 +5,7 @@ the client protocol `gateway serve` runs, the emulator's faults; its fixtures vi
 with Anthropic's framing and error shapes: the text arrives whole and valid UTF-8 when the
 upstream's answer is cut at every byte; errors before the first byte are a real status in
 Anthropic's shape, with `Retry-After` kept; a failure after it is status 200 then one `error`
-event, never replayed.
+event, never replayed; a client leaving at any phase frees the upstream request and its slot.
 """
 
 from __future__ import annotations
@@ -19,9 +19,13 @@ import pytest
 from tests.api.test_surface_failures import (
     DEADLINE,
     EMULATED_PREFIX,
+    ONE_SLOT,
     STATUSES,
     TOKENS,
     UPSTREAM_ERROR,
+    RawClient,
+    _freed,
+    eventually,
     one_generation,
 )
 from tests.support.client import MODEL
@@ -146,3 +150,31 @@ def test_a_failure_after_the_first_byte_is_one_error_event_and_no_replay(
     assert metric_value(metrics, "gateway_upstream_retries_total") == 0
     # Not streamed, the same failure is a real status: nothing was sent yet.
     assert error_of(_post(gw, stream=False), 502)["type"] == "api_error"
+
+
+@dialects
+@pytest.mark.parametrize(
+    ("phase", "stream"),
+    [("before_first_byte", True), ("gathering", False), ("mid_stream", True)],
+)
+def test_a_client_leaving_frees_the_upstream_request_and_its_slot(
+    front, emulator: Emulator, dialect, phase: str, stream: bool
+):
+    gw = front(emulator.url, **ONE_SLOT)
+    if phase == "before_first_byte":
+        emulator.config.fault = "hang_before"
+    else:
+        emulator.config.tokens, emulator.config.inter_token = 400, 0.05  # a 20 s answer
+    body = {"model": MODEL, "max_tokens": 1000, "stream": stream}
+    body["messages"] = [{"role": "user", "content": "hi"}]
+    with RawClient(gw, ROUTE, body) as client:
+        record = one_generation(emulator)
+        if phase == "mid_stream":
+            client.first_frame(openai=True)  # `event:` + `data:` lines end like SSE `data:`
+        elif phase == "gathering":
+            eventually(lambda: record.tokens_sent >= 2, "tokens are being gathered")
+    assert record.wait_ended(DEADLINE)
+    assert record.outcome == "client_disconnect"
+    _freed(gw, ROUTE)
+    emulator.config.fault, emulator.config.tokens = None, 3
+    assert _post(gw, stream=False).status_code == 200
