@@ -13,7 +13,7 @@ Nothing here does I/O or imports another gateway module: every layer may import 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 #: What a request asks the model to do. `generate` is a prompt (Ollama `/api/generate`,
@@ -105,7 +105,8 @@ class GenerationRequest:
             (section 7).
         operation: `generate`, `chat` or `embed`.
         body: The client's checked JSON object; `model` is a non-empty string.
-        model: The model the request names (what the key's allow-list was checked against).
+        model: The model the request names (what the key's allow-list was checked against):
+            after admission, an alias's target (`GATEWAY_MODEL_ALIASES`).
         stream: The client wants the answer streamed (NDJSON or SSE) rather than one object.
         include_usage: OpenAI streams only: `stream_options.include_usage` was set.
         legacy: Ollama's legacy `/api/embeddings` (`{"prompt"}` in, `{"embedding"}` out).
@@ -130,6 +131,14 @@ class GenerationRequest:
     prompt_bytes: int = 0
     prompt_tokens: int = 0
     body_bytes: int = 0
+
+    def for_model(self, model: str) -> GenerationRequest:
+        """This request for `model` instead (an alias's target, `GATEWAY_MODEL_ALIASES`).
+
+        `model` and the body's `model` are both rewritten (the body is copied, one level), so
+        the upstream, the allow-list and everything measured after see the same name.
+        """
+        return replace(self, model=model, body={**self.body, "model": model})
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,8 +270,9 @@ class RequestSummary:
         time_per_output_token_s: Seconds per output token after the first; None if unknown.
         prefill_tokens_per_s: Prompt tokens per second of prefill, when the upstream reports it.
         key_id: The API key's public id (the `<id>` of `gw_<id>_<secret>`); None when unknown.
-        requested_model: The model the client named, as the key's allow-list checked it (not
-            the bounded label); None when unknown.
+        requested_model: The model as the key's allow-list checked it (not the bounded label):
+            the model that ran, so an alias's target (`GATEWAY_MODEL_ALIASES`), never the
+            alias itself; None when unknown.
     """
 
     route: str

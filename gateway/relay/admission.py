@@ -2,7 +2,10 @@
 
 key's RPM and in-flight (`KeyLimiter.admit`, before the body is read: a flood of slow or junk
 bodies spends the key's own limits, issue 11) -> read the body (`GATEWAY_MAX_BODY_BYTES`) or
-take the one given -> parse it -> the models it names -> the key's model allow-list (403) ->
+take the one given -> parse it (a generation's model alias replaced by its target,
+`GATEWAY_MODEL_ALIASES`: the body sent upstream, the allow-list, the TPM history, routing, the
+metrics' label, usage and the access log's `model` all see the model that runs; the alias the
+client sent is not recorded) -> the models it names -> the key's model allow-list (403) ->
 the upstream request's headers (the forwarded few and the request id) -> the expected tokens
 reserved in the key's TPM -> on any failure (or cancellation) after `admit`, the key's limits
 given back at once -> the request's `RequestMeter`.
@@ -213,12 +216,20 @@ async def admit_generation(
         GatewayError: every refusal, as `admit` raises it.
     """
     settings = services.settings
+    aliases = settings.aliases
+
+    def parse(raw: bytes, settings: Settings) -> GenerationRequest:
+        # An alias becomes its target before anything reads the model (module docstring).
+        request = endpoint.parse(raw, settings)
+        target = aliases.target(request.model)
+        return request if target is None else request.for_model(target)
+
     ticket = await admit(
         services.limiter,
         settings,
         principal,
         body,
-        endpoint.parse,
+        parse,
         _named_model,
         context=context,
         tokens=lambda request: estimate_tokens(request, settings.tpm_reserve_tokens),

@@ -91,9 +91,7 @@ def parse_embeddings(raw: bytes, settings: Settings) -> GenerationRequest:
 OUTPUT_BOUNDS = ("max_tokens", "max_completion_tokens", "n_predict")
 
 
-def openai_generation(
-    body: dict[str, Any], operation: Any, body_bytes: int
-) -> GenerationRequest:
+def openai_generation(body: dict[str, Any], operation: Any, body_bytes: int) -> GenerationRequest:
     """The neutral request of a chat or completion body, its common fields checked.
 
     Also what the surfaces that translate their bodies into a chat body use
