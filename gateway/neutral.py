@@ -140,6 +140,21 @@ class GenerationRequest:
         """
         return replace(self, model=model, body={**self.body, "model": model})
 
+    def with_output_bound(self, tokens: int) -> GenerationRequest:
+        """This request with its answer bounded to `tokens` (what the key's TPM granted).
+
+        `max_output_tokens` is what every dialect sends for an OpenAI-shaped body (under every
+        bound name the client used, and `max_tokens` or `num_predict`); an Ollama body is
+        forwarded as it is, so its `options.num_predict` is rewritten too (the body and its
+        options copied, one level each).
+        """
+        body = self.body
+        if self.surface == "ollama":
+            options = body.get("options")
+            options = {**options} if isinstance(options, dict) else {}
+            body = {**body, "options": {**options, "num_predict": tokens}}
+        return replace(self, body=body, max_output_tokens=tokens)
+
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:

@@ -380,8 +380,9 @@ class Settings(BaseSettings):
     tpm_reserve_tokens: int = Field(
         256,
         ge=0,
-        description="Output tokens a request without a positive `options.num_predict` reserves "
-        "against its key's TPM while it runs (settled with the real count when it ends).",
+        description="Output tokens a request reserves against its key's TPM while it runs "
+        "before the key has a completed answer on the model (then the most of its last 20), at "
+        "most the request's own bound; settled with the real count when it ends.",
     )
     model_aliases: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=dict,

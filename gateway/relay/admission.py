@@ -7,8 +7,10 @@ take the one given -> parse it (a generation's model alias replaced by its targe
 metrics' label, usage and the access log's `model` all see the model that runs; the alias the
 client sent is not recorded) -> the models it names -> the key's model allow-list (403) ->
 the upstream request's headers (the forwarded few and the request id) -> the expected tokens
-reserved in the key's TPM -> on any failure (or cancellation) after `admit`, the key's limits
-given back at once -> the request's `RequestMeter`.
+reserved in the key's TPM (and the output bound sent upstream lowered, or set, to what that
+reservation and the key's headroom grant: `KeyLimiter.reserve`) -> on any failure (or
+cancellation) after `admit`, the key's limits given back at once -> the request's
+`RequestMeter`.
 
 Three callers, whose deliberate differences are parameters here, not copies:
 - interactive generations (`gateway.relay.pipeline`): `admit_generation` with the request;
@@ -66,6 +68,8 @@ class Admitted(Generic[T]):
         model: The first model the body names, or None.
         headers: The upstream request's headers: the forwarded few and the request id.
         expected: The tokens reserved in the key's TPM; None when none were (management).
+        bound: The output bound the upstream must be sent instead of the body's own
+            (`KeyLimiter.reserve`); None: the body as it is.
     """
 
     admission: Admission
@@ -74,6 +78,7 @@ class Admitted(Generic[T]):
     model: str | None
     headers: dict[str, str]
     expected: TokenEstimate | None
+    bound: int | None = None
 
 
 def upstream_headers(body: bytes | Request, context: RequestContext) -> dict[str, str]:
@@ -136,15 +141,15 @@ async def admit(
         if not note_refused_model:
             context.model = first
         headers = upstream_headers(body, context)
-        expected = None
+        expected = bound = None
         if tokens is not None:
             expected = tokens(parsed)
-            await limiter.reserve(admission, expected)
+            bound = await limiter.reserve(admission, expected, first)
     except BaseException:  # refused (or cancelled) after admission: no leaked slot
         with anyio.CancelScope(shield=True):  # a cancelled scope would skip the release
             await limiter.release(admission, 0)
         raise
-    return Admitted(admission, parsed, raw, first, headers, expected)
+    return Admitted(admission, parsed, raw, first, headers, expected, bound)
 
 
 @asynccontextmanager
@@ -235,6 +240,8 @@ async def admit_generation(
         tokens=lambda request: estimate_tokens(request, settings.tpm_reserve_tokens),
     )
     request = ticket.body
+    if ticket.bound is not None:  # what the TPM granted is what the upstream is told
+        request = request.with_output_bound(ticket.bound)
     expected = ticket.expected
     meter = RequestMeter(
         metrics=services.metrics,
