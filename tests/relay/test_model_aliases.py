@@ -7,12 +7,18 @@ the exact aliases a key may use.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import time
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from gateway.keys.store import KeyStore
+from gateway.metering.report import read_usage
 from tests.support.batch import FAST, chat_line, upload_lines, wait_batch
 from tests.support.metrics import metric_value
 from tests.support.stack import Emulator, Gateway
@@ -133,3 +139,30 @@ def test_an_alias_is_found_by_name_exact_or_pattern(gw: Gateway) -> None:
 
 def _get(gw: Gateway, path: str, key: str | None = None) -> httpx.Response:
     return httpx.get(f"{gw.url}{path}", headers=gw.headers(key), timeout=30)
+
+
+def test_usage_and_the_access_log_record_the_model_that_ran(
+    make_gateway, emulator: Emulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The client's alias is recorded nowhere: usage rows and the log's `model` name the target
+    (docs/keys.md#model-aliases), so what a key is charged for is what its allow-list checked."""
+    gw = make_gateway(model_aliases=ALIASES, usage_flush_seconds=0.2)
+    emulator.config.ttft = emulator.config.inter_token = 0.001
+    with caplog.at_level(logging.INFO, logger="gateway.access"):
+        body = {"model": "claude-haiku-4-5", "messages": MESSAGES}
+        assert _post(gw, "/v1/chat/completions", body).status_code == 200
+
+    async def models() -> list[str]:
+        store = KeyStore.from_url(gw.database_url)
+        try:
+            return [row.model for row in (await read_usage(store.engine, key_id=gw.key_id)).rows]
+        finally:
+            await store.close()
+
+    deadline = time.monotonic() + 30
+    while not (rows := asyncio.run(models())):
+        assert time.monotonic() < deadline, "usage never recorded the request"
+        time.sleep(0.1)
+    assert rows == [TARGET]
+    logged = [json.loads(r.getMessage()) for r in caplog.records if r.name == "gateway.access"]
+    assert [line["model"] for line in logged if line["route"] == "/v1/chat/completions"] == [TARGET]
