@@ -6,22 +6,33 @@ Unit tests of `KeyLimiter.reserve` and `release` on the in-memory storage, and o
 
 from __future__ import annotations
 
+import uuid
+
+import anyio
 import pytest
 
 from gateway.auth.principal import Principal
 from gateway.errors import OverTokenLimitError, RateLimitedError
 from gateway.limits.estimate import TokenEstimate
 from gateway.limits.history import AnswerHistory
-from gateway.limits.limiter import Admission, KeyLimiter, build_storage
+from gateway.limits.limiter import Admission, KeyLimiter, build_storage, close_storage
 from gateway.metering.metrics import Metrics
 from gateway.policies import LimitPolicy
 from gateway.settings import Settings
+from tests.limits.test_ratelimit import _redis_up
+from tests.support.servers import REDIS_URL
 
 MODEL = "qwen3-coder:30b"
 
 
-def _limiter() -> KeyLimiter:
-    policy = LimitPolicy.of(Settings(upstream_url="http://127.0.0.1:1"))
+def _limiter(url: str = "memory://") -> KeyLimiter:
+    settings = Settings(
+        upstream_url="http://127.0.0.1:1",
+        rate_limit_storage=url,
+        rate_limit_key_prefix=f"test-{uuid.uuid4().hex}",
+        rate_limit_timeout=5.0,
+    )
+    policy = LimitPolicy.of(settings)
     return KeyLimiter(build_storage(policy), policy, Metrics())
 
 
@@ -120,3 +131,47 @@ async def test_a_key_without_tpm_changes_nothing() -> None:
     limiter = _limiter()
     admission, bound = await _reserve(limiter, Principal("k1", "agent", None), _estimate(5, 32_000))
     assert (admission.reserved, bound) == (0, None)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "storage",
+    [
+        "memory://",
+        pytest.param(
+            REDIS_URL,
+            marks=pytest.mark.skipif(not _redis_up(), reason="Redis is not running"),
+        ),
+    ],
+)
+async def test_concurrent_takers_never_share_more_headroom_than_the_tpm(storage: str) -> None:
+    """30 reservations at once (one increment each, the excess given back): the headroom they
+    got adds up to the key's TPM at most, and all of it comes back when they end."""
+    limiter = _limiter(storage)
+    try:
+        await _share_the_headroom(limiter)
+    finally:
+        await limiter.aclose()
+        await close_storage(limiter._storage)
+
+
+async def _share_the_headroom(limiter: KeyLimiter) -> None:
+    key = Principal("k1", "agent", None, tpm=1_000)
+    warm, _ = await _reserve(limiter, key, _estimate(10, 32_000))
+    await limiter.release(warm, 0, answered=5)
+    held: list[Admission] = []
+
+    async def one() -> None:
+        admission, _ = await _reserve(limiter, key, _estimate(10, 32_000))
+        held.append(admission)
+
+    async with anyio.create_task_group() as group:
+        for _ in range(30):
+            group.start_soon(one)
+    assert len(held) == 30  # 30 x 15 = 450 of the window
+    granted = sum(admission.headroom for admission in held)
+    assert granted == 1_000  # the first wants 990 - 5 = 985, the next gets the 15 left
+    for admission in held:
+        await limiter.release(admission, 0)
+    again, bound = await _reserve(limiter, key, _estimate(10, 32_000))
+    assert (again.headroom, bound) == (985, 990)  # 32,000 lowered to the TPM less the prompt
