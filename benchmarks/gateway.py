@@ -2,30 +2,29 @@
 """`python -m benchmarks.gateway`: what the gateway costs, side by side with direct and nginx.
 
 Starts the Ollama emulator (`benchmarks.servers`), a `gateway serve` in front of it (auth with a
-real
-key, metrics, limits: as shipped) and, when installed, nginx as the floor; then, for each
+real key, metrics, limits: as shipped) and, when installed, nginx as the floor; then, for each
 concurrency level and target, runs the load generator (`benchmarks.load`, its own process) and
 records TTFT, added TTFT over the row's baseline, chunks/s, requests/s and the proxy's CPU per
 request (`benchmarks.measure`). Then the gateway's RSS per open idle stream, optionally a py-spy
 profile (`benchmarks.hotspots`) and the real-model sweep (`benchmarks.real_model`). Prints the
-tables and
-the issue-6 targets, writes JSON, flags regressions against `--compare`, draws a PNG
+tables and the issue-6 targets, writes JSON, flags regressions against `--compare`, draws a PNG
 (`benchmarks.report`, `benchmarks.plot`). Every process it starts is stopped when it ends, also on
 Ctrl-C.
 
-Three client surfaces, each a gateway row against a direct row of its own (`--surfaces`):
+Five client surfaces, each a gateway row against a direct row (`--surfaces`):
 `generate` is `gateway` (`/v1/generate`) against `direct` (the emulator's `/api/generate`),
 with the optional `gw-httpx`, `gw-otel` (tracing on, exported to `benchmarks.otlp_sink`), `floor`
-and `nginx` rows; `chat` is `gw-chat` (`/api/chat`)
-against `direct-chat`; `sse` is `gw-sse` (OpenAI's `/v1/chat/completions`, which the gateway
-translates to `/api/chat` upstream and encodes as SSE itself) against `direct-sse` (the
-emulator's own `/v1/chat/completions`). One gateway process serves all three. Idle memory and
-the profile use `/v1/generate`.
+and `nginx` rows; `chat` is `gw-chat` (`/api/chat`) against `direct-chat`; `sse` is `gw-sse`
+(OpenAI's `/v1/chat/completions`, which the gateway translates to `/api/chat` upstream and
+encodes as SSE itself) against `direct-sse` (the emulator's own `/v1/chat/completions`);
+`responses` is `gw-responses` (`/v1/responses`) and `messages` is `gw-messages`
+(`/v1/messages`), both against `direct-chat`: the upstream request the gateway translates them
+into (`api_targets`). One gateway process serves all of them. Idle memory and the profile use
+`/v1/generate`.
 
-Run time: about 13 s per target and level. The default sweep (1, 16, 64, 256 streams, the
-three surfaces: seven targets with nginx, idle memory) takes about 6.5 minutes,
-`--concurrency 1,16,64` about 5, `--surfaces generate` (the rows of the earlier runs) about 3
-and 2.3.
+Run time: about 13 s per target and level. The default sweep (1, 16, 64, 256 streams, the five
+surfaces: nine targets with nginx, idle memory) takes about 8.5 minutes, `--concurrency
+1,16,64` about 6.5, `--surfaces generate` (the rows of the earlier runs) about 3 and 2.3.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -67,8 +67,110 @@ CHAT_BODY = {
 }
 """The body of `/api/chat` (Ollama) and `/v1/chat/completions` (OpenAI) alike."""
 
-SURFACES = ("generate", "chat", "sse")
+RESPONSES_BODY = {"model": "bench", "input": "Why is the sky blue?", "stream": True}
+"""`/v1/responses`: the same prompt as `CHAT_BODY`, as OpenAI's Responses API takes it."""
+
+MESSAGES_BODY = {
+    "model": "bench",
+    "max_tokens": 1024,
+    "messages": [{"role": "user", "content": "Why is the sky blue?"}],
+    "stream": True,
+}
+"""`/v1/messages`: `CHAT_BODY` with the `max_tokens` Anthropic requires, far above the
+emulator's answer (64 tokens by default), so the answer ends as `direct-chat`'s does."""
+
+SURFACES = ("generate", "chat", "sse", "responses", "messages")
 """The client surfaces `--surfaces` picks from (module docstring)."""
+
+
+@dataclass(frozen=True)
+class Proxy:
+    """A started gateway the rows go through.
+
+    Attributes:
+        url: Its base URL.
+        key: The API key made for it.
+        pids: Its processes (the CPU counted as the proxy's).
+        surfaces: The surfaces its source tree serves (`tree_surfaces`).
+    """
+
+    url: str
+    key: str
+    pids: tuple[int, ...]
+    surfaces: frozenset[str] = frozenset(SURFACES)
+
+
+def tree_surfaces(tree: Path) -> frozenset[str]:
+    """The surfaces a source tree's gateway serves (`SURFACES`, all or some).
+
+    A tree from before issue 26 (a `--baseline-tree` of an older commit) has no
+    `gateway/api/responses` or `gateway/api/anthropic` package, so no `/v1/responses` or
+    `/v1/messages`.
+    """
+    packages = {"responses": "responses", "messages": "anthropic"}
+    return frozenset(
+        surface
+        for surface in SURFACES
+        if surface not in packages or (tree / "gateway" / "api" / packages[surface]).is_dir()
+    )
+
+
+_API_ROWS: tuple[tuple[str, str, dict[str, Any], str | None, str], ...] = (
+    ("chat", "/api/chat", CHAT_BODY, None, "direct-chat"),
+    ("responses", "/v1/responses", RESPONSES_BODY, "responses", "direct-chat"),
+    ("messages", "/v1/messages", MESSAGES_BODY, "messages", "direct-chat"),
+    ("sse", "/v1/chat/completions", CHAT_BODY, "chat", "direct-sse"),
+)
+"""Per surface of `api_targets`: path, body, SSE event set (None: NDJSON), baseline row."""
+
+
+def api_targets(
+    surfaces: Sequence[str], upstream_url: str, gateway: Proxy, base: Proxy | None
+) -> tuple[list[Target], list[str]]:
+    """The rows of the `chat`, `responses`, `messages` and `sse` surfaces, and notes.
+
+    Each surface is a gateway row (`gw-chat`, `gw-responses`, `gw-messages`, `gw-sse`), a
+    `base-*` twin through `base` when given (left out with a note when its tree does not
+    serve the surface), and the direct row they are measured against. `/v1/responses` and
+    `/v1/messages` have no direct row of their own: neither the emulator (either face) nor
+    Ollama's `/api/*` serves them as the gateway does, so their baseline is `direct-chat`, the
+    emulator's `/api/chat` with the same prompt and answer length, which is what the gateway
+    sends upstream for them (an Ollama upstream). Their added TTFT and CPU are the
+    translation's cost as well as the relay's.
+    """
+    targets: list[Target] = []
+    notes: list[str] = []
+    if {"chat", "responses", "messages"} & set(surfaces):
+        targets.append(Target("direct-chat", upstream_url, "/api/chat", CHAT_BODY, baseline=None))
+    for surface, path, body, events, baseline in _API_ROWS:
+        if surface not in surfaces:
+            continue
+        if surface == "sse":
+            # The gateway translates to /api/chat upstream and writes the SSE itself; direct
+            # is the emulator's own /v1 face. Both send the role on the first content delta,
+            # then a `delta: {}` finish event and `[DONE]` (not counted): 65 chunks per answer
+            # of 64 tokens, like the NDJSON rows' 64 lines and `done` line.
+            targets.append(Target("direct-sse", upstream_url, path, body, sse=True, baseline=None))
+        proxies = [("gw", gateway)] + ([("base", base)] if base is not None else [])
+        for prefix, proxy in proxies:
+            name = f"{prefix}-{surface}"
+            if surface not in proxy.surfaces:
+                notes.append(f"{name} row skipped: the --baseline-tree does not serve {path}")
+                continue
+            targets.append(
+                Target(
+                    name,
+                    proxy.url,
+                    path,
+                    body,
+                    key=proxy.key,
+                    sse=events is not None,
+                    events=events or "chat",
+                    pids=proxy.pids,
+                    baseline=baseline,
+                )
+            )
+    return targets, notes
 
 
 def _surfaces(text: str) -> list[str]:
@@ -110,9 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--surfaces",
         type=_surfaces,
         default=list(SURFACES),
-        help="client surfaces to measure (default: generate,chat,sse): generate = rows direct, "
+        help="client surfaces to measure (default: all): generate = rows direct, "
         "gateway (and nginx, floor, gw-httpx); chat = direct-chat, gw-chat (/api/chat); "
-        "sse = direct-sse, gw-sse (/v1/chat/completions)",
+        "sse = direct-sse, gw-sse (/v1/chat/completions); responses = gw-responses "
+        "(/v1/responses), messages = gw-messages (/v1/messages), both against direct-chat",
     )
     add("--no-nginx", action="store_true", help="skip the nginx row")
     add(
@@ -120,8 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="DIR",
         help="also a gateway run from another source tree (e.g. `git worktree add DIR COMMIT`): "
-        "rows base, base-chat, base-sse beside gateway, gw-chat, gw-sse in the same run, so a "
-        "change is measured against its parent on the same machine at the same moment",
+        "rows base, base-chat, base-sse, base-responses, base-messages (those the tree serves) "
+        "beside gateway, gw-chat, ... in the same run, so a change is measured against its "
+        "parent on the same machine at the same moment",
     )
     add(
         "--floor-row",
@@ -212,7 +316,7 @@ def run_sweep(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         pid = gateway.process.pid
         generate = Target("gateway", gateway.url, "/v1/generate", BODY, key=key, pids=(pid,))
         targets: list[Target] = []
-        base: tuple[str, str, tuple[int, ...]] | None = None
+        base: Proxy | None = None
         if args.baseline_tree is not None:
             base = _baseline_gateway(args, workdir, emulator.url, stack)
         if "generate" in args.surfaces:
@@ -222,66 +326,13 @@ def run_sweep(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             ]
             if base is not None:
                 targets.append(
-                    Target("base", base[0], "/v1/generate", BODY, key=base[1], pids=base[2])
+                    Target("base", base.url, "/v1/generate", BODY, key=base.key, pids=base.pids)
                 )
             targets += _generate_variants(args, workdir, emulator.url, stack, notes)
-        if "chat" in args.surfaces:
-            targets += [
-                Target("direct-chat", emulator.url, "/api/chat", CHAT_BODY, baseline=None),
-                Target(
-                    "gw-chat",
-                    gateway.url,
-                    "/api/chat",
-                    CHAT_BODY,
-                    key=key,
-                    pids=(pid,),
-                    baseline="direct-chat",
-                ),
-            ]
-            if base is not None:
-                targets.append(
-                    Target(
-                        "base-chat",
-                        base[0],
-                        "/api/chat",
-                        CHAT_BODY,
-                        key=base[1],
-                        pids=base[2],
-                        baseline="direct-chat",
-                    )
-                )
-        if "sse" in args.surfaces:
-            # The gateway translates to /api/chat upstream and writes the SSE itself; direct
-            # is the emulator's own /v1 face. Both send the role on the first content delta,
-            # then a `delta: {}` finish event and `[DONE]` (not counted): 65 chunks per answer
-            # of 64 tokens, like the NDJSON rows' 64 lines and `done` line.
-            chat_sse = "/v1/chat/completions"
-            targets += [
-                Target("direct-sse", emulator.url, chat_sse, CHAT_BODY, sse=True, baseline=None),
-                Target(
-                    "gw-sse",
-                    gateway.url,
-                    chat_sse,
-                    CHAT_BODY,
-                    key=key,
-                    sse=True,
-                    pids=(pid,),
-                    baseline="direct-sse",
-                ),
-            ]
-            if base is not None:
-                targets.append(
-                    Target(
-                        "base-sse",
-                        base[0],
-                        chat_sse,
-                        CHAT_BODY,
-                        key=base[1],
-                        sse=True,
-                        pids=base[2],
-                        baseline="direct-sse",
-                    )
-                )
+        gateway_proxy = Proxy(gateway.url, key, (pid,))
+        api, skipped = api_targets(args.surfaces, emulator.url, gateway_proxy, base)
+        targets += api
+        notes += skipped
         for target in targets:  # connections, caches and lazy imports before measuring
             measure(target, 4, LoadPlan(warmup=0.0, requests=16, client=args.load_client), None)
         rows = []
@@ -305,8 +356,8 @@ def run_sweep(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 def _baseline_gateway(
     args: argparse.Namespace, workdir: Path, upstream_url: str, stack: ExitStack
-) -> tuple[str, str, tuple[int, ...]]:
-    """A gateway run from `--baseline-tree`, started on `stack`: its URL, key and pids.
+) -> Proxy:
+    """A gateway run from `--baseline-tree`, started on `stack`.
 
     The tree's `gateway` package is put first on the path (`PYTHONPATH`) and the working
     directory is kept off it (`PYTHONSAFEPATH`, Python 3.11), so `python -m gateway` runs the
@@ -321,7 +372,7 @@ def _baseline_gateway(
     )
     stack.enter_context(gateway)
     assert gateway.process is not None  # noqa: S101 - started
-    return gateway.url, key, (gateway.process.pid,)
+    return Proxy(gateway.url, key, (gateway.process.pid,), tree_surfaces(tree))
 
 
 def _generate_variants(

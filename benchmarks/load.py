@@ -12,7 +12,9 @@ so CPU per chunk compares the clients
 (docs/performance.md). httpx costs about four times the raw client's CPU per chunk.
 
 Each stream measures TTFT (request sent -> first line carrying non-empty text) and counts the
-lines (chunks) it receives. In `--duration` mode the streams start spread over `--warmup`
+lines (chunks) it receives; for the named SSE events of `/v1/responses` and `/v1/messages`
+(`--events`) a chunk is an event carrying a piece of the answer, or the last event
+(`benchmarks.stream.event_role`). In `--duration` mode the streams start spread over `--warmup`
 seconds, then a window of `--duration` seconds is measured: chunks received in it, requests
 finished in it, the TTFT of requests started in it; at the end of the window no new request
 starts and those in flight finish. In `--requests` mode the whole run is the window.
@@ -38,7 +40,7 @@ from urllib.parse import urlsplit
 import httpx
 import uvloop
 
-from benchmarks.stream import Reader, Spec
+from benchmarks.stream import EVENTS, Reader, Spec
 from gateway.clients.bench.wire import Connection, connect
 
 _EXAMPLES = 5  # error texts kept for the report
@@ -271,7 +273,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--path", default="/api/generate")
     parser.add_argument("--body", required=True, help="JSON request body")
     parser.add_argument("--key", help="API key, sent as Authorization: Bearer")
-    parser.add_argument("--sse", action="store_true", help="OpenAI server-sent events answer")
+    parser.add_argument("--sse", action="store_true", help="server-sent events answer")
+    parser.add_argument(
+        "--events",
+        choices=EVENTS,
+        default="chat",
+        help="with --sse, the event set: chat (OpenAI chat/completions, ended by [DONE]), "
+        "responses (/v1/responses) or messages (/v1/messages)",
+    )
     parser.add_argument("--parse-all", action="store_true", help="count tokens, decode rates")
     parser.add_argument(
         "--client", choices=["raw", "httpx", "httpx-aiohttp", "aiohttp"], default="raw"
@@ -301,6 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         headers,
         sse=args.sse,
         parse_all=args.parse_all,
+        events=args.events,
     )
     report = uvloop.run(run(args, spec))
     sys.stdout.write(json.dumps(report) + "\n")

@@ -53,7 +53,7 @@ def _load_argv(target: Target, streams: int, plan: LoadPlan, extra: Sequence[str
     if target.key:
         argv += ["--key", target.key]
     if target.sse:
-        argv.append("--sse")
+        argv += ["--sse", "--events", target.events]
     if plan.parse_all:
         argv.append("--parse-all")
     argv += ["--client", plan.client]

@@ -19,6 +19,8 @@ _STYLE = {
     "gw-chat": "tab:red",
     "direct-sse": "tab:olive",
     "gw-sse": "tab:cyan",
+    "gw-responses": "tab:pink",
+    "gw-messages": "black",
 }
 
 

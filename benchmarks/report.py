@@ -129,8 +129,9 @@ def find_regressions(
     return found
 
 
-GATEWAY_ROWS = ("gateway", "gw-chat", "gw-sse")
-"""The rows the targets apply to: one per client surface (`/v1/generate`, `/api/chat`, SSE)."""
+GATEWAY_ROWS = ("gateway", "gw-chat", "gw-sse", "gw-responses", "gw-messages")
+"""The rows the targets apply to: one per client surface (`/v1/generate`, `/api/chat`,
+`/v1/chat/completions`, `/v1/responses`, `/v1/messages`)."""
 
 
 def check_targets(run: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
@@ -273,7 +274,8 @@ def print_real_model(rows: list[dict[str, Any]]) -> None:
 def print_run(run: dict[str, Any], regressions: list[Regression]) -> None:
     """Everything: sweep, idle memory, real model, targets, regressions, notes."""
     print()
-    print("Emulator sweep (ms; chunks = NDJSON lines or SSE data events but [DONE];")
+    print("Emulator sweep (ms; chunks = NDJSON lines or SSE data events but [DONE], for")
+    print("/v1/responses and /v1/messages the events carrying a delta and the last event;")
     print("cpu ms/req = proxy CPU per request; proxy/up/load % = share of one core used by the")
     print("proxy, the emulator, the load generator; vs dir and +p50.. against the row's baseline)")
     others = {

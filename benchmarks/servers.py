@@ -26,10 +26,12 @@ class Target:
     Attributes:
         name: The table's row name: `direct`, `gateway`, `nginx`, `direct-chat`, `gw-sse`, ...
         url: Base URL.
-        path: Request path (`/api/generate`, `/v1/generate`, `/api/chat`, `/v1/completions`).
+        path: Request path (`/api/generate`, `/v1/generate`, `/api/chat`, `/v1/responses`, ...).
         body: The JSON request body.
         key: API key to send, if any.
-        sse: The answer is OpenAI server-sent events.
+        sse: The answer is server-sent events.
+        events: With `sse`, the event set (`benchmarks.stream.EVENTS`): `chat`, `responses`,
+            `messages`.
         pids: Processes whose CPU is the proxy's cost (empty for direct).
         baseline: The row this one's added TTFT and share of chunks/s are taken against, at the
             same concurrency (`benchmarks.report.add_relative`); None for a baseline row itself.
@@ -41,6 +43,7 @@ class Target:
     body: dict[str, object]
     key: str | None = None
     sse: bool = False
+    events: str = "chat"
     pids: tuple[int, ...] = ()
     baseline: str | None = "direct"
 

@@ -13,6 +13,8 @@ from fastapi import FastAPI
 
 from gateway import __version__
 from gateway.api.admin.routes import router as admin_router
+from gateway.api.anthropic.routes import generation_routes as anthropic_routes
+from gateway.api.anthropic.routes import router as anthropic_router
 from gateway.api.batch.routes import router as batch_router
 from gateway.api.handlers import register_error_handlers
 from gateway.api.health import router as health_router
@@ -22,6 +24,8 @@ from gateway.api.ollama import manage, models
 from gateway.api.ollama.routes import generation_routes as ollama_routes
 from gateway.api.openai.routes import generation_routes as openai_routes
 from gateway.api.openai.routes import router as openai_router
+from gateway.api.responses.routes import generation_routes as responses_routes
+from gateway.api.responses.routes import router as responses_router
 from gateway.deps import GatewayState
 from gateway.lifecycle import Lifecycle
 from gateway.lifespan import open_services
@@ -84,8 +88,10 @@ def create_app(
         redirect_slashes=False,  # a redirect would be built from the client's Host header
     )
     register_error_handlers(app, metrics, metrics_per_key=settings.metrics_per_key)
-    app.router.routes.extend([*ollama_routes, *openai_routes])
+    app.router.routes.extend([*ollama_routes, *openai_routes, *responses_routes, *anthropic_routes])
     app.include_router(openai_router)
+    app.include_router(responses_router)
+    app.include_router(anthropic_router)
     app.include_router(batch_router)
     for router in (models.public_router, models.router, manage.router):
         app.include_router(router)

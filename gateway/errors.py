@@ -29,7 +29,9 @@ retries act on that (docs/operations.md, "Whose fault is a failure").
 Bodies follow the client's surface: Ollama's `{"error": "..."}` on `/api/*`, `/v1/generate`,
 `/v1/chat` and everything outside `/v1/` and `/admin/` (reference section 4.1), and OpenAI's
 `{"error": {"message", "type", "param", "code"}}` on every other `/v1/` path, unknown ones
-included, so the OpenAI SDKs raise their typed exceptions, and on the admin API (`/admin/`).
+included, so the OpenAI SDKs raise their typed exceptions, and on the admin API (`/admin/`);
+Anthropic's `{"type": "error", "error": {"type", "message"}}` on `/v1/messages` and every path
+below it (`speaks_anthropic`), so the `anthropic` SDKs and Claude Code read theirs.
 A failure after the first streamed byte cannot change the status any more; the relay turns it
 into one final error chunk in the client's format instead (reference section 4.3).
 
@@ -353,19 +355,58 @@ def openai_error_body(message: str, status_code: int) -> bytes:
     return json.dumps({"error": error}).encode()
 
 
+#: Anthropic's error `type` by status (Messages API reference, "Errors"); others: `api_error`.
+_ANTHROPIC_ERRORS: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "invalid_request_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    431: "request_too_large",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def speaks_anthropic(path: str) -> bool:
+    """Whether a request path answers errors in Anthropic's shape: `/v1/messages` and below."""
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+def anthropic_error_body(message: str, status_code: int) -> bytes:
+    """Serialize Anthropic's error `{"type": "error", "error": {"type", "message"}}`.
+
+    The `anthropic` SDKs choose their exception by the status (`AuthenticationError` for 401,
+    `RateLimitError` for 429, ...); users read `error.type` from the body.
+    """
+    kind = _ANTHROPIC_ERRORS.get(status_code, "api_error")
+    return json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()
+
+
+def error_body(path: str, status_code: int, message: str) -> bytes:
+    """The error body for `path` in its clients' dialect: Anthropic's, OpenAI's or Ollama's."""
+    if speaks_anthropic(path):
+        return anthropic_error_body(message, status_code)
+    if speaks_openai(path):
+        return openai_error_body(message, status_code)
+    return ollama_error_body(message)
+
+
 def error_response(
     path: str, status_code: int, message: str, headers: Mapping[str, str] | None = None
 ) -> Response:
-    """Build the error response for `path` in its clients' dialect.
+    """Build the error response for `path` in its clients' dialect (`error_body`).
 
     Args:
-        path: Request path; decides the shape (`speaks_openai`).
+        path: Request path; decides the shape (`speaks_anthropic`, `speaks_openai`).
         status_code: HTTP status.
         message: Client-safe message.
         headers: Extra headers such as `WWW-Authenticate` or `Retry-After`.
     """
-    if speaks_openai(path):
-        body = openai_error_body(message, status_code)
-    else:
-        body = ollama_error_body(message)
+    body = error_body(path, status_code, message)
     return Response(body, status_code, headers=headers, media_type="application/json")

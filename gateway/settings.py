@@ -365,6 +365,21 @@ class Settings(BaseSettings):
         description="Directory for file contents; empty keeps them in the database.",
     )
 
+    # --- stored responses (gateway.api.responses.store; docs/api.md) ---------------------------
+    responses_store: bool = Field(
+        False,
+        description="Keep Responses API answers and their input in the database for "
+        "previous_response_id and GET/DELETE /v1/responses/{id}; off: nothing is stored.",
+    )
+    responses_retention_seconds: int = Field(
+        2_592_000, ge=60, description="Seconds a stored response is kept (default 30 days)."
+    )
+    responses_max_bytes_per_key: int = Field(
+        67_108_864,
+        ge=1024,
+        description="Bytes of stored responses one key may hold; its oldest go first.",
+    )
+
     # --- limits --------------------------------------------------------------------------------
     default_rpm: int = Field(
         0, ge=0, description="Requests per minute for keys without their own limit; 0: none."

@@ -291,7 +291,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     submit.add_argument(
         "--endpoint",
         required=True,
-        choices=("/v1/chat/completions", "/v1/completions", "/v1/embeddings"),
+        choices=("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"),
     )
     submit.add_argument("--window", default="24h", help="completion window (default: 24h)")
     submit.add_argument(

@@ -7,6 +7,8 @@
 - `gateway_files` (`FileRow`), `gateway_batches` (`BatchRow`), `gateway_batch_lines`
   (`BatchLineRow`) and `gateway_batch_events` (`BatchEventRow`): the OpenAI Batch API's files,
   batches, each input line's state and result, and each batch's own log (`gateway.batch`).
+- `gateway_responses` (`ResponseRow`): stored Responses API answers and their input, when
+  `GATEWAY_RESPONSES_STORE` is on (`gateway.api.responses.store`).
 
 Times are UTC: `UTCDateTime` converts on the way in and makes every value read back
 timezone-aware, because SQLite keeps no zone and returns naive datetimes. The migrations in
@@ -285,3 +287,28 @@ class BatchEventRow(Base):
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     __table_args__ = (Index("ix_gateway_batch_events_batch", "batch_id", "id"),)
+
+
+class ResponseRow(Base):
+    """One stored answer of the Responses API (`GATEWAY_RESPONSES_STORE`), owned by its key.
+
+    `items` is the JSON text of the whole input the response answered (earlier turns included,
+    each item with an `id`), `response` the JSON text of the `response` object; `size` their
+    bytes, which the per-key cap counts. Rows past `expires_at` are never read and are deleted
+    when the next response is stored.
+    """
+
+    __tablename__ = "gateway_responses"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key_id: Mapped[str] = mapped_column(String(32), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), nullable=False)
+    size: Mapped[int] = mapped_column("bytes", BigInteger, nullable=False)
+    items: Mapped[str] = mapped_column(Text, nullable=False)
+    response: Mapped[str] = mapped_column(Text, nullable=False)
+
+    __table_args__ = (
+        Index("ix_gateway_responses_key_id", "key_id", "created_at"),
+        Index("ix_gateway_responses_expires_at", "expires_at"),
+    )

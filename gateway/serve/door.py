@@ -32,10 +32,11 @@ new clients are reset. So, per connection:
 
 Once the head is in, nothing here bounds the response: a generation streams as long as the
 relay's own deadlines allow. Refusals are error bodies in the dialect of the path the request
-line named (`gateway.errors.speaks_openai`: OpenAI's error object on the OpenAI API, Ollama's
-`{"error": ...}` elsewhere and before any path arrived), with `Connection: close`; where the
-client may still be sending, the gateway reads and discards for up to `LINGER` seconds after its
-answer (nginx's lingering close), so the answer is not lost to a TCP reset.
+line named (`gateway.errors.error_body`: Anthropic's on `/v1/messages`, OpenAI's error object
+on the OpenAI API, Ollama's `{"error": ...}` elsewhere and before any path arrived), with
+`Connection: close`; where the client may still be sending, the gateway reads and discards for
+up to `LINGER` seconds after its answer (nginx's lingering close), so the answer is not lost to
+a TCP reset.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from typing import Any, ClassVar, Self, cast
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from gateway.errors import ollama_error_body, openai_error_body, speaks_openai
+from gateway.errors import error_body
 from gateway.serve.logs import escape_text
 from gateway.serve.tallies import AddressShares, DoorReport, Network, shared_address
 
@@ -97,8 +98,7 @@ def _answer(
             dialect of the body. Empty (no request line yet): Ollama's.
     """
     path = target.split(b"?", 1)[0].decode("latin-1")
-    openai = speaks_openai(path)
-    body = openai_error_body(message, status) if openai else ollama_error_body(message)
+    body = error_body(path, status, message)
     lines = [STATUS_LINE[status]]
     for name, value in [
         *headers,

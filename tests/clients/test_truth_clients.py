@@ -47,9 +47,17 @@ def _openai_stream(gw: Gateway) -> Iterator[str]:
             yield (event.choices[0].delta.content or "") if event.choices else ""
 
 
+def _responses_stream(gw: Gateway) -> Iterator[str]:
+    with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=gw.key, max_retries=0) as client:
+        yield START
+        for event in client.responses.create(model=MODEL, input="hi", stream=True):
+            yield event.delta if event.type == "response.output_text.delta" else ""
+
+
 SURFACES: dict[str, Callable[[Gateway], Iterator[str]]] = {
     "/api/chat": _ollama_stream,
     "/v1/chat/completions": _openai_stream,
+    "/v1/responses": _responses_stream,
 }
 
 

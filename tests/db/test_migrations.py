@@ -45,7 +45,7 @@ from gateway.keys import apikey
 from gateway.settings import Settings
 from tests.support.servers import PG_URL, Database, in_ci
 
-HEAD = "0004"
+HEAD = "0005"
 CREATED = datetime(2020, 1, 1, tzinfo=UTC)
 
 # What `git show ba74001:gateway/keys/schema.py`'s metadata emitted (`CreateTable`), per dialect:
@@ -301,7 +301,7 @@ async def test_a_database_at_an_unknown_revision_is_refused_untouched(
     state = await database_state(engine)
     assert (state.current, state.head, state.status) == ("0099", HEAD, "newer")
     for auto_upgrade in (True, False):
-        with pytest.raises(DatabaseNewerError, match=r"revision 0099.*newest is 0004") as caught:
+        with pytest.raises(DatabaseNewerError, match=r"revision 0099.*newest is 0005") as caught:
             await prepare_database(engine, auto_upgrade=auto_upgrade)
         assert (caught.value.current, caught.value.head) == ("0099", HEAD)
     assert (await database_state(engine)).current == "0099"
@@ -456,7 +456,7 @@ def test_db_commands_upgrade_and_report_with_the_password_masked(
 ) -> None:
     assert main(["db", "current"]) == 1
     out, err = capsys.readouterr()
-    assert "no revision (empty), head 0004: behind" in out
+    assert "no revision (empty), head 0005: behind" in out
     assert "gateway db upgrade" in err
 
     assert main(["db", "upgrade"]) == 0
@@ -478,13 +478,13 @@ def test_a_newer_database_is_refused_by_the_commands_and_the_app(
 
     assert main(["db", "current"]) == 1
     out, err = capsys.readouterr()
-    assert "revision 0099, head 0004: newer" in out
+    assert "revision 0099, head 0005: newer" in out
     assert "newer gateway" in err
     assert main(["db", "upgrade"]) == 1
     assert main(["keys", "list"]) == 1
     err = capsys.readouterr().err
     assert "revision 0099" in err
-    assert "newest is 0004" in err
+    assert "newest is 0005" in err
     assert "not-to-be-shown" not in err
     with pytest.raises(DatabaseNewerError, match="revision 0099"):
         asyncio.run(_start_app(database_url))
@@ -522,6 +522,6 @@ def test_gateway_serve_refuses_a_newer_database(tmp_path: Path) -> None:
     )
     assert served.returncode == 1
     assert "revision 0099" in served.stderr
-    assert "newest is 0004" in served.stderr
+    assert "newest is 0005" in served.stderr
     # One clear line, not uvicorn's start-up traceback around it.
     assert "Traceback" not in served.stderr

@@ -230,6 +230,76 @@ def test_the_openai_sdk_streams_from_the_real_model(stack):
         client.models.list()
 
 
+def test_the_openai_sdk_responses_api_with_the_real_model(stack):
+    """`client.responses.create` through the gateway to llama.cpp, which has no Responses API:
+    translated onto its chat completions, streamed back as Responses events token by token."""
+    import openai
+
+    gateway, key = stack
+    question = [{"role": "user", "content": "Name three colors."}]
+    with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0) as client:
+        events = list(
+            client.responses.create(
+                model=MODEL_ALIAS, input=question, max_output_tokens=24, temperature=0, stream=True
+            )
+        )
+        deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+        assert len([d for d in deltas if d]) >= 5  # token by token, not one blob
+        final = events[-1]
+        assert final.type in ("response.completed", "response.incomplete")
+        assert final.response.output_text == "".join(deltas)
+        usage = final.response.usage
+        assert usage is not None
+        assert 0 < usage.output_tokens <= 24
+        assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+        answer = client.responses.create(
+            model=MODEL_ALIAS, input="Say hello.", max_output_tokens=8, temperature=0
+        )
+        assert answer.status in ("completed", "incomplete")
+        assert answer.usage is not None
+        _assert_counted(answer.output_text, answer.usage.output_tokens or None, 8)
+    metrics = httpx.get(f"{gateway.url}/metrics").text
+    assert metric_value(metrics, "gateway_requests_total", route="/v1/responses") == 2
+
+
+def test_the_anthropic_sdk_messages_api_with_the_real_model(stack):
+    """`client.messages.stream` through the gateway to llama.cpp, translated onto its chat
+    completions and streamed back as Anthropic events token by token; then one message."""
+    import anthropic
+
+    gateway, key = stack
+    # This SDK's methods no longer take `temperature`; the API does (greedy, as the other tests).
+    question = [{"role": "user", "content": "Name three colors."}]
+    with anthropic.Anthropic(base_url=gateway.url, api_key=key, max_retries=0) as client:
+        with client.messages.stream(
+            model=MODEL_ALIAS, messages=question, max_tokens=24, extra_body={"temperature": 0}
+        ) as stream:
+            deltas = list(stream.text_stream)
+            message = stream.get_final_message()
+        assert len([d for d in deltas if d]) >= 5  # token by token, not one blob
+        assert message.stop_reason in ("end_turn", "max_tokens")
+        assert [block.type for block in message.content] == ["text"]
+        assert message.content[0].text == "".join(deltas)  # type: ignore[union-attr]
+        assert 0 < message.usage.output_tokens <= 24
+        answer = client.messages.create(
+            model=MODEL_ALIAS,
+            messages=[{"role": "user", "content": "Say hello."}],
+            max_tokens=8,
+            extra_body={"temperature": 0},
+        )
+        text = "".join(b.text for b in answer.content if b.type == "text")
+        _assert_counted(text, answer.usage.output_tokens or None, 8)
+        with pytest.raises(anthropic.AuthenticationError):
+            anthropic.Anthropic(
+                base_url=gateway.url, api_key="gw_000000000000_bad", max_retries=0
+            ).messages.create(model=MODEL_ALIAS, messages=question, max_tokens=8)
+    metrics = httpx.get(f"{gateway.url}/metrics").text
+    assert (
+        metric_value(metrics, "gateway_requests_total", route="/v1/messages", outcome="completed")
+        == 2
+    )
+
+
 def test_the_ollama_client_streams_from_the_real_model(stack):
     """The ollama client at Ollama's own paths (OLLAMA_HOST=gateway), in front of llama.cpp."""
     import ollama

@@ -72,6 +72,24 @@ async def test_native_chat_without_streaming_aggregates_the_tool_call(client, st
     assert response.json()["done_reason"] == "stop"
 
 
+@pytest.mark.parametrize("path", ["/api/chat", "/v1/chat/completions"])
+async def test_the_named_tool_is_called_and_its_result_answered_with_text(client, state, path):
+    """An agent's loop on both faces: a call to the tool it names, then text once the
+    conversation ends with that tool's result."""
+    state.config.tool_call = True
+    state.config.tool_name = "second"
+    body = {**CHAT, "tools": TOOLS, "stream": False}
+    first = (await client.post(path, json=body)).json()
+    message = first["message"] if path == "/api/chat" else first["choices"][0]["message"]
+    assert [call["function"]["name"] for call in message["tool_calls"]] == ["second"]
+    result = {"role": "tool", "content": "done", "tool_call_id": "call_1"}
+    body["messages"] = [*CHAT["messages"], message, result]
+    second = (await client.post(path, json=body)).json()
+    message = second["message"] if path == "/api/chat" else second["choices"][0]["message"]
+    assert not message.get("tool_calls")
+    assert message["content"].startswith("tok0 ")
+
+
 async def test_tools_get_text_unless_the_knob_is_on(client, state):
     lines = ndjson((await client.post("/api/chat", json={**CHAT, "tools": TOOLS})).text)
     assert lines[0]["message"] == {"role": "assistant", "content": "tok0 "}

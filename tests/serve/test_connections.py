@@ -375,7 +375,8 @@ def test_an_address_share_is_a_quarter_of_the_cap_unless_set():
 @pytest.mark.processes
 def test_door_refusals_answer_in_the_dialect_of_the_path(emulator: Emulator, tmp_path: Path):
     """431 and both 408s name the path in the request line: the OpenAI API gets OpenAI's error
-    object (its SDKs read `error.message`), Ollama's paths `{"error": "..."}`."""
+    object (its SDKs read `error.message`), `/v1/messages` Anthropic's, Ollama's paths
+    `{"error": "..."}`."""
 
     def error(answer: bytes) -> object:
         return json.loads(answer.partition(b"\r\n\r\n")[2])["error"]
@@ -385,11 +386,12 @@ def test_door_refusals_answer_in_the_dialect_of_the_path(emulator: Emulator, tmp
         tmp_path, emulator, max_header_bytes="8192", header_timeout="0.5", body_timeout="0.5"
     ) as gateway:
         key = str(create_key(gateway.extra_env, "k")["key"]).encode()
-        for path, openai_shape in [
-            (b"/v1/chat/completions", True),
-            (b"/v1/chat/completions?x=1", True),
-            (b"/api/chat", False),
-            (b"/v1/chat", False),
+        for path, shape in [
+            (b"/v1/chat/completions", "openai"),
+            (b"/v1/chat/completions?x=1", "openai"),
+            (b"/v1/messages?beta=true", "anthropic"),
+            (b"/api/chat", "ollama"),
+            (b"/v1/chat", "ollama"),
         ]:
             with _connect(gateway) as sock:  # too large
                 sock.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: g\r\n" + big)
@@ -411,10 +413,15 @@ def test_door_refusals_answer_in_the_dialect_of_the_path(emulator: Emulator, tmp
                 (head_late, 408, "request head"),
                 (body_late, 408, "body stopped"),
             ]:
-                if openai_shape:
+                if shape == "openai":
                     assert isinstance(value, dict), (path, status, value)
                     assert words in value["message"]
                     assert value["type"] == "invalid_request_error"
+                elif shape == "anthropic":  # {"type": "error", "error": {"type", "message"}}
+                    assert isinstance(value, dict), (path, status, value)
+                    assert words in value["message"]
+                    kind = "request_too_large" if status == 431 else "invalid_request_error"
+                    assert value["type"] == kind
                 else:
                     assert isinstance(value, str), (path, status, value)
                     assert words in value

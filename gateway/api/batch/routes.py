@@ -21,6 +21,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from gateway.api.auth import PrincipalDep, require_principal
 from gateway.api.openai.routes import Completions, Embeddings
+from gateway.api.responses.routes import Responses
 from gateway.auth.principal import Principal
 from gateway.batch.batches import BatchStore, parse_window
 from gateway.batch.files import FileGoneError, FileStore
@@ -42,6 +43,7 @@ ENDPOINTS: dict[str, Endpoint] = {
     "/v1/chat/completions": Completions("/v1/chat/completions", chat=True),
     "/v1/completions": Completions("/v1/completions", chat=False),
     "/v1/embeddings": Embeddings(),
+    "/v1/responses": Responses(),
 }
 
 logger = logging.getLogger("gateway.batch")

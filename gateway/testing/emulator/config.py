@@ -75,7 +75,10 @@ class EmulatorConfig:
         context_length: The loaded context (`/api/ps`); an embedding input of more words
             is truncated, or refused with `truncate: false` (§6.6).
         tool_call: Answer a chat request that offers `tools` (both faces) with a call to the
-            first tool instead of text (§3.2, §7.1).
+            first tool (or `tool_name`) instead of text (§3.2, §7.1); a conversation that ends
+            with a tool's result is answered with text.
+        tool_name: The tool to call when it is offered (an agent offers many); None, or a
+            name not offered, calls the first.
         tool_arguments: The call's arguments; None derives them from the tool's `parameters`
             schema (each property gets a fixed value of its type).
         registry: The models `/api/pull` (and `/api/create` from a missing model) can fetch;
@@ -115,6 +118,7 @@ class EmulatorConfig:
     embedding_dimensions: int = 8
     context_length: int = 4096
     tool_call: bool = False
+    tool_name: str | None = None
     tool_arguments: dict[str, Any] | None = None
     registry: list[str] | None = None
     parallel: int = 0

@@ -93,24 +93,42 @@ def json_document(requested: object, tokens: int) -> str | None:
     return json.dumps(value if isinstance(value, dict) else {"answer": value})
 
 
-def choose_tool_call(tools: object, config: EmulatorConfig, seed: str) -> ToolCall | None:
-    """The call to the first offered tool when the `tool_call` knob is on, else None.
+def choose_tool_call(
+    tools: object, config: EmulatorConfig, seed: str, messages: object = None
+) -> ToolCall | None:
+    """The call to an offered tool when the `tool_call` knob is on, else None.
+
+    The tool is the one named `config.tool_name` when it is offered, else the first. A
+    conversation whose last message is a tool's result is answered with text, as a model
+    answers once it has what it asked for: an agent's loop (call, result, answer) ends.
 
     Args:
         tools: The request's `tools` list (`{"type": "function", "function": {...}}` items).
-        config: The request's config snapshot (`tool_call`, `tool_arguments`).
+        config: The request's config snapshot (`tool_call`, `tool_name`, `tool_arguments`).
         seed: Makes the call id deterministic per request.
+        messages: The request's `messages`, when it has them (both faces name a tool result's
+            role `tool`, §3.1).
     """
     if not config.tool_call or not isinstance(tools, list):
         return None
-    for tool in tools:
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if isinstance(function, dict) and isinstance(function.get("name"), str):
-            arguments = config.tool_arguments
-            if arguments is None:
-                sampled = sample_value(function.get("parameters") or {"type": "object"})
-                arguments = sampled if isinstance(sampled, dict) else {}
-            return ToolCall(id=call_id(seed), name=function["name"], arguments=dict(arguments))
+    if isinstance(messages, list) and messages:
+        last = messages[-1]
+        if isinstance(last, dict) and last.get("role") == "tool":
+            return None
+    functions = [
+        tool["function"]
+        for tool in tools
+        if isinstance(tool, dict)
+        and isinstance(tool.get("function"), dict)
+        and isinstance(tool["function"].get("name"), str)
+    ]
+    named = [f for f in functions if f["name"] == config.tool_name]
+    for function in named or functions[:1]:
+        arguments = config.tool_arguments
+        if arguments is None:
+            sampled = sample_value(function.get("parameters") or {"type": "object"})
+            arguments = sampled if isinstance(sampled, dict) else {}
+        return ToolCall(id=call_id(seed), name=function["name"], arguments=dict(arguments))
     return None
 
 

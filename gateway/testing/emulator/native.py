@@ -157,7 +157,8 @@ async def _native(request: Request, *, chat: bool) -> ASGIApp:
     if not body.get("messages" if chat else "prompt"):
         loaded = dialect.loaded("unload" if unload else "load")
     tools = body.get("tools") if chat else None  # /api/generate has no tools (§2.1)
-    call = choose_tool_call(tools, config, f"{state.next_id()}") if tools else None
+    seed = f"{state.next_id()}"
+    call = choose_tool_call(tools, config, seed, body.get("messages")) if tools else None
     return answer(
         dialect,
         config,

@@ -281,7 +281,8 @@ async def _openai(request: Request, *, chat: bool) -> ASGIApp:
         document = json_document(parsed.format, config.tokens)
     except ValueError as exc:
         return json_response(500, error_object(500, str(exc)))
-    call = choose_tool_call(parsed.tools, config, f"{number}")
+    messages = record.body.get("messages") if isinstance(record.body, dict) else None
+    call = choose_tool_call(parsed.tools, config, f"{number}", messages)
     return answer(
         dialect,
         config,

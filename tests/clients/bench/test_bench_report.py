@@ -13,12 +13,22 @@ from typing import Any
 
 import pytest
 
-from benchmarks.gateway import SURFACES, _baseline_gateway, _surfaces, build_parser
+from benchmarks.gateway import (
+    SURFACES,
+    Proxy,
+    _baseline_gateway,
+    _surfaces,
+    api_targets,
+    build_parser,
+    tree_surfaces,
+)
 from benchmarks.measure import summarise
 from benchmarks.report import add_relative, baseline_of, check_targets, find_regressions
 from benchmarks.servers import Target
 from benchmarks.stream import Reader, Spec
+from gateway.api.anthropic.codec import MessagesCodec
 from gateway.api.openai.codec import CompletionCodec
+from gateway.api.responses.codec import ResponsesCodec
 from gateway.neutral import Chunk, GenerationRequest
 from gateway.testing.emulator.dialect import Piece, Summary
 from gateway.testing.emulator.openai import ChatCompletionDialect
@@ -188,9 +198,11 @@ def test_new_rows_are_not_regressions_against_a_run_without_them() -> None:
     assert find_regressions({"rows": new}, {"rows": old}, 0.1) == []
 
 
-def test_surfaces_default_to_all_three_and_keep_their_order() -> None:
+def test_surfaces_default_to_all_five_and_keep_their_order() -> None:
     assert build_parser().parse_args([]).surfaces == list(SURFACES)
+    assert set(SURFACES) == {"generate", "chat", "sse", "responses", "messages"}
     assert _surfaces("sse, generate") == ["generate", "sse"]
+    assert _surfaces("messages,responses") == ["responses", "messages"]
     with pytest.raises(argparse.ArgumentTypeError):
         _surfaces("generate,embed")
     with pytest.raises(argparse.ArgumentTypeError):
@@ -207,10 +219,90 @@ def test_a_baseline_tree_without_a_gateway_package_is_refused_before_anything_st
     assert not (tmp_path / "work").exists()  # no key store made, no process started
 
 
-def _count(body: bytes, *, sse: bool) -> Reader:
-    spec = Spec("127.0.0.1", 1, "/", b"{}", {}, sse=sse, parse_all=True)
+GATEWAY = Proxy("http://gw", "gw-key", (11,))
+
+
+def _rows(targets: list[Target]) -> dict[str, tuple[str, str | None, str | None]]:
+    """Row name -> (path, baseline, SSE event set or None for NDJSON)."""
+    return {t.name: (t.path, t.baseline, t.events if t.sse else None) for t in targets}
+
+
+def test_the_agent_surfaces_are_measured_against_the_chat_request_they_become() -> None:
+    targets, notes = api_targets(list(SURFACES), "http://emu", GATEWAY, None)
+    assert _rows(targets) == {
+        "direct-chat": ("/api/chat", None, None),
+        "gw-chat": ("/api/chat", "direct-chat", None),
+        "gw-responses": ("/v1/responses", "direct-chat", "responses"),
+        "gw-messages": ("/v1/messages", "direct-chat", "messages"),
+        "direct-sse": ("/v1/chat/completions", None, "chat"),
+        "gw-sse": ("/v1/chat/completions", "direct-sse", "chat"),
+    }
+    assert notes == []
+    by = {t.name: t for t in targets}
+    assert by["direct-chat"].url == "http://emu"
+    assert by["direct-chat"].key is None
+    assert by["direct-chat"].pids == ()
+    for name in ("gw-chat", "gw-responses", "gw-messages", "gw-sse"):
+        assert (by[name].url, by[name].key, by[name].pids) == ("http://gw", "gw-key", (11,))
+    # The same prompt on every row of direct-chat's family: only the API's shape differs.
+    prompt = by["direct-chat"].body["messages"]
+    assert by["gw-messages"].body["messages"] == prompt
+    assert [{"role": "user", "content": by["gw-responses"].body["input"]}] == prompt
+
+
+def test_direct_chat_runs_once_for_any_surface_that_needs_it() -> None:
+    for surfaces in (["responses"], ["messages"], ["chat", "responses", "messages"]):
+        targets, _ = api_targets(surfaces, "http://emu", GATEWAY, None)
+        names = [t.name for t in targets]
+        assert names.count("direct-chat") == 1
+        assert names[0] == "direct-chat"  # measured before the rows compared with it
+        assert "gw-chat" not in names or "chat" in surfaces
+    assert api_targets(["sse"], "http://emu", GATEWAY, None)[0][0].name == "direct-sse"
+    assert api_targets(["generate"], "http://emu", GATEWAY, None) == ([], [])
+
+
+def test_a_baseline_tree_gets_the_rows_of_the_surfaces_it_serves(tmp_path: Path) -> None:
+    (tmp_path / "gateway" / "api" / "ollama").mkdir(parents=True)
+    assert tree_surfaces(tmp_path) == {"generate", "chat", "sse"}  # before issue 26
+    base = Proxy("http://base", "base-key", (12,), tree_surfaces(tmp_path))
+    targets, notes = api_targets(list(SURFACES), "http://emu", GATEWAY, base)
+    rows = _rows(targets)
+    assert rows["base-chat"] == ("/api/chat", "direct-chat", None)
+    assert rows["base-sse"] == ("/v1/chat/completions", "direct-sse", "chat")
+    assert "base-responses" not in rows
+    assert "base-messages" not in rows
+    assert notes == [
+        "base-responses row skipped: the --baseline-tree does not serve /v1/responses",
+        "base-messages row skipped: the --baseline-tree does not serve /v1/messages",
+    ]
+    (tmp_path / "gateway" / "api" / "responses").mkdir()
+    (tmp_path / "gateway" / "api" / "anthropic").mkdir()
+    assert tree_surfaces(tmp_path) == set(SURFACES)
+    base = Proxy("http://base", "base-key", (12,), tree_surfaces(tmp_path))
+    rows = _rows(api_targets(list(SURFACES), "http://emu", GATEWAY, base)[0])
+    assert rows["base-responses"] == ("/v1/responses", "direct-chat", "responses")
+    assert rows["base-messages"] == ("/v1/messages", "direct-chat", "messages")
+
+
+def test_the_targets_are_checked_for_the_agent_rows_against_direct_chat() -> None:
+    rows = _sweep("gw-responses", "direct-chat", added=0.5, share=0.99, cpu=3.0)
+    messages = _sweep("gw-messages", "direct-chat", added=2.0, share=0.9, cpu=6.0)
+    rows += [row for row in messages if row["target"] == "gw-messages"]  # one direct-chat
+    add_relative(rows)
+    checks = {goal: met for goal, _, met in check_targets({"rows": rows})}
+    assert checks["gw-responses: chunks/s @64 >= 95 % of direct-chat"] is True
+    assert checks["gw-responses: CPU @16 <= 5 ms/request"] is True
+    assert checks["gw-messages: added TTFT @16: p50 <= 1 ms, p99 <= 5 ms"] is False
+    assert checks["gw-messages: chunks/s @64 >= 95 % of direct-chat"] is False
+
+
+def _count(body: bytes, *, sse: bool, events: str = "chat", step: int | None = None) -> Reader:
+    """Read `body` as the load generator does: whole, or in pieces of `step` bytes."""
+    spec = Spec("127.0.0.1", 1, "/", b"{}", {}, sse=sse, parse_all=True, events=events)
     reader = Reader(spec, lambda _: True)
-    reader.feed(body)
+    size = step or len(body)
+    for at in range(0, len(body), size):
+        reader.feed(body[at : at + size])
     return reader
 
 
@@ -252,3 +344,58 @@ def test_an_sse_answer_counts_as_many_chunks_as_its_ndjson_twin() -> None:
     ndjson = _count(b"\n".join(lines) + b"\n", sse=False)
     assert ndjson.window_chunks == _count(_gateway_sse(), sse=True).window_chunks
     assert ndjson.done
+
+
+def _agent_stream(events: str, *, error: str | None = None) -> bytes:
+    """What the gateway writes for `/v1/responses` or `/v1/messages` from Ollama chunks."""
+    request = GenerationRequest("openai", "chat", {"model": "bench"}, "bench")
+    codec = ResponsesCodec(request) if events == "responses" else MessagesCodec(request)
+    chunks = [Chunk(text=text) for text in TOKENS]
+    chunks.append(Chunk(error=error) if error else Chunk(done=True, done_reason="stop"))
+    return b"".join(codec.encode([chunk]) for chunk in chunks)
+
+
+@pytest.mark.parametrize("events", ["responses", "messages"])
+def test_an_agent_stream_counts_as_many_chunks_as_the_direct_chat_answer(events: str) -> None:
+    lines = [
+        b'{"message":{"role":"assistant","content":"%s"},"done":false}' % t.encode() for t in TOKENS
+    ]
+    lines.append(b'{"message":{"role":"assistant","content":""},"done":true}')
+    ndjson = _count(b"\n".join(lines) + b"\n", sse=False)
+    body = _agent_stream(events)
+    framing = body.count(b"\nevent: ") + 1  # every event the API sends, counted or not
+    assert framing > len(TOKENS) + 2  # created/in_progress/... or message_start/ping/...
+    for step in (None, 1, 7):  # whole, and split at every byte and across events
+        reader = _count(body, sse=True, events=events, step=step)
+        # A chunk is an answer delta (one per token) or the last event: the NDJSON lines'
+        # count, so chunks/s compares with direct-chat's.
+        assert reader.window_chunks == ndjson.window_chunks == len(TOKENS) + 1
+        assert reader.tokens == ndjson.tokens == len(TOKENS)
+        assert reader.done
+        assert reader.first is not None
+
+
+@pytest.mark.parametrize("events", ["responses", "messages"])
+def test_an_error_event_fails_the_request(events: str) -> None:
+    with pytest.raises(ValueError, match="error event"):
+        _count(_agent_stream(events, error="upstream went away"), sse=True, events=events)
+
+
+@pytest.mark.parametrize("events", ["responses", "messages"])
+def test_a_stream_cut_before_its_last_event_is_not_done(events: str) -> None:
+    body = _agent_stream(events)
+    cut = body[: body.rindex(b"event: ")]
+    reader = _count(cut, sse=True, events=events)
+    assert reader.tokens == len(TOKENS)
+    assert not reader.done  # the load generator counts it as "ended early"
+
+
+def test_named_events_without_an_event_line_are_read_by_their_type() -> None:
+    body = b"".join(
+        line + b"\n"
+        for line in _agent_stream("messages").split(b"\n")
+        if not line.startswith(b"event:")
+    )
+    reader = _count(body, sse=True, events="messages")
+    assert reader.window_chunks == len(TOKENS) + 1
+    assert reader.done
