@@ -192,6 +192,17 @@ def _named_model(request: GenerationRequest) -> list[str]:
     return [request.model]
 
 
+def aliased(request: GenerationRequest, settings: Settings) -> GenerationRequest:
+    """`request` for its model alias's target (`GATEWAY_MODEL_ALIASES`), else as it is.
+
+    What every parser of a generation body passes its request through before the allow-list
+    (`admit_generation`, and a route that admits one without running it, such as
+    `/v1/messages/count_tokens`), so that no route checks the alias instead of the target.
+    """
+    target = settings.aliases.target(request.model)
+    return request if target is None else request.for_model(target)
+
+
 async def admit_generation(
     services: Services,
     principal: Principal,
@@ -221,13 +232,10 @@ async def admit_generation(
         GatewayError: every refusal, as `admit` raises it.
     """
     settings = services.settings
-    aliases = settings.aliases
 
     def parse(raw: bytes, settings: Settings) -> GenerationRequest:
         # An alias becomes its target before anything reads the model (module docstring).
-        request = endpoint.parse(raw, settings)
-        target = aliases.target(request.model)
-        return request if target is None else request.for_model(target)
+        return aliased(endpoint.parse(raw, settings), settings)
 
     ticket = await admit(
         services.limiter,

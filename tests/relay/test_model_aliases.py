@@ -36,6 +36,8 @@ ROUTES: list[tuple[str, dict[str, Any]]] = [
     ("/v1/chat/completions", {"messages": MESSAGES}),
     ("/v1/completions", {"prompt": "hi"}),
     ("/v1/embeddings", {"input": "hi"}),
+    ("/v1/messages", {"messages": MESSAGES, "max_tokens": 100}),
+    ("/v1/responses", {"input": "hi"}),
 ]
 
 
@@ -166,3 +168,16 @@ def test_usage_and_the_access_log_record_the_model_that_ran(
     assert rows == [TARGET]
     logged = [json.loads(r.getMessage()) for r in caplog.records if r.name == "gateway.access"]
     assert [line["model"] for line in logged if line["route"] == "/v1/chat/completions"] == [TARGET]
+
+
+def test_count_tokens_checks_the_allow_list_on_the_target(gw: Gateway) -> None:
+    """Claude Code counts tokens under its own model names too."""
+    body = {"model": "claude-sonnet-4-5", "messages": MESSAGES}
+    _, target_only = gw.create_key("target", models=[TARGET])
+    _, alias_only = gw.create_key("alias", models=["claude-sonnet-4-5"])
+    counted = _post(gw, "/v1/messages/count_tokens", body, target_only)
+    assert counted.status_code == 200, counted.text
+    assert counted.json()["input_tokens"] > 0
+    refused = _post(gw, "/v1/messages/count_tokens", body, alias_only)
+    assert refused.status_code == 403
+    assert TARGET in refused.text
