@@ -182,6 +182,8 @@ def test_expired_responses_are_gone_and_then_deleted(gw: Gateway) -> None:
         client.responses.retrieve(old.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model=MODEL, input="x", previous_response_id=old.id)
+    with pytest.raises(openai.NotFoundError):  # expired is gone for DELETE too (docs/api.md)
+        client.responses.delete(old.id)
     new = client.responses.create(model=MODEL, input="hi")
     assert _rows(gw) == 1  # storing the new one deleted the expired one
     assert client.responses.retrieve(new.id).id == new.id

@@ -144,7 +144,12 @@ def _system(system: object, where: str) -> list[dict[str, Any]]:
 
 def _turn(turn: object, where: str) -> list[dict[str, Any]]:
     """One `messages` entry as the chat messages that say the same."""
-    if not isinstance(turn, dict) or turn.get("role") not in _ROLES:
+    # A string first: a list or an object as the role is not hashable (it was a 500).
+    if (
+        not isinstance(turn, dict)
+        or not isinstance(turn.get("role"), str)
+        or turn["role"] not in _ROLES
+    ):
         raise BadRequestError(f"{where}: must be an object with role user, assistant or system")
     content = turn.get("content")
     if turn["role"] == "system":

@@ -6,9 +6,10 @@ route's keys, allow-lists, limits, retries, failover, metrics (route label `/v1/
 usage, tracing and access log.
 
 With `GATEWAY_RESPONSES_STORE` on, the route also keeps responses (`gateway.api.responses.store`):
-it reads the body first, puts the stored conversation of `previous_response_id` before the new
-`input` (the relay then reads that body), and stores the `response` object before the client
-receives its last bytes, so a next turn sent on its receipt always finds it, on any replica.
+the relay reads the body (after the key's RPM and in-flight check) through `_Continued`, which
+puts the stored conversation of `previous_response_id` before the new `input`; the route stores
+the `response` object before the client receives its last bytes, so a next turn sent on its
+receipt always finds it, on any replica.
 `GET /v1/responses/{id}`, `GET /v1/responses/{id}/input_items` and `DELETE /v1/responses/{id}`
 read and delete the key's own stored responses; another key's are 404.
 """
@@ -20,6 +21,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
+import anyio
 from fastapi import APIRouter, Depends, Query, Request, Response
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.routing import Route
@@ -39,14 +41,19 @@ from gateway.deps import (
     get_relay,
     get_settings,
 )
-from gateway.errors import NotFoundError, UnprocessableError
+from gateway.errors import NotFoundError, PayloadTooLargeError, UnprocessableError
 from gateway.keys.store import KeyStore
 from gateway.neutral import GenerationRequest
 from gateway.relay.surface import Codec
 from gateway.settings import Settings
 from gateway.upstream.dialects.framing import encode_json
 from gateway.wire.body import read_body
-from gateway.wire.json import parse_object
+from gateway.wire.json import (
+    INLINE_PARSE_BYTES,
+    json_thread_limiter,
+    parse_object,
+    parse_request_body,
+)
 
 logger = logging.getLogger("gateway.responses")
 
@@ -70,8 +77,10 @@ class Responses:
 class _Kept:
     """One request's endpoint when its response is to be stored: it keeps its codec."""
 
-    store: bool
-    previous_response_id: str | None
+    #: These three are set when the body is read (`_Continued.receive`), before `parse`.
+    store: bool = False
+    previous_response_id: str | None = None
+    items: list[Any] = field(default_factory=list)
     route: str = "/v1/responses"
     made: ResponsesCodec | None = field(default=None)
 
@@ -98,6 +107,10 @@ def _store(settings: Settings, keys: KeyStore) -> ResponseStore:
 async def create_response(request: Request) -> Response:
     """`POST /v1/responses`: relayed; with the store on, continued and kept (module docstring).
 
+    With the store on, the relay reads the body through `_Continued`: the key's RPM and
+    in-flight limits come first, as for every generation (`gateway.relay.admission`), and only
+    then is the body read, parsed and its `previous_response_id` looked up.
+
     Raises:
         NotFoundError: `previous_response_id` names no unexpired response of this key.
         UnprocessableError: `previous_response_id` not a string.
@@ -109,33 +122,87 @@ async def create_response(request: Request) -> Response:
     if not settings.responses_store:
         return await relay.handle(request, principal, STATELESS)
     store = _store(settings, await get_keys(request))
-    raw = await read_body(request, settings.max_body_bytes)
-    body = parse_object(raw, max_depth=settings.max_json_depth, max_values=settings.max_json_values)
-    previous = body.pop("previous_response_id", None)
-    earlier: list[Any] = []
-    if previous is not None:
-        if not isinstance(previous, str):
-            raise UnprocessableError("previous_response_id must be a string")
-        stored = await store.load(principal.key_id, previous)
-        if stored is None:
-            raise NotFoundError(f"Previous response with id '{previous}' not found.")
-        earlier = stored.conversation()
-    given = body.get("input")
-    if isinstance(given, str):
-        given = [
-            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": given}]}
-        ]
-    keep = body.get("store") is not False
-    if isinstance(given, list):
-        given = with_ids(given) if keep else given
-        body["input"] = [*earlier, *given]
-    # The relay reads this body (Starlette's request keeps it for its next read).
-    request._body = encode_json(body)
-    endpoint = _Kept(store=keep, previous_response_id=previous)
-    response = await relay.handle(request, principal, endpoint)
-    if not keep:
+    endpoint = _Kept()
+    continued = _Continued(request, settings, store, principal, endpoint)
+    response = await relay.handle(Request(request.scope, continued.receive), principal, endpoint)
+    if not endpoint.store:
         return response
-    return _KeptBeforeEnd(response, endpoint, store, principal, body.get("input") or [])
+    return _KeptBeforeEnd(response, endpoint, store, principal, endpoint.items)
+
+
+def _object(raw: bytes, settings: Settings) -> dict[str, Any]:
+    return parse_object(raw, max_depth=settings.max_json_depth, max_values=settings.max_json_values)
+
+
+@dataclass(slots=True)
+class _Continued:
+    """The client's body as the relay reads it: the stored conversation put before its input.
+
+    The relay reads the body (`receive`'s first message) only once the key is admitted; so
+    the read, the parse and the database lookup count against the key's limits. Before, they
+    ran ahead of the RPM check: a key over its limit still had every body it sent read,
+    parsed on the event loop and looked up (found by an attacking review).
+    """
+
+    request: Request
+    settings: Settings
+    store: ResponseStore
+    principal: Principal
+    endpoint: _Kept
+    expanded: bool = False
+
+    async def receive(self) -> Message:
+        """The expanded body, as one message; then the client's own messages (a disconnect).
+
+        Raises:
+            NotFoundError, UnprocessableError: as `create_response`.
+            PayloadTooLargeError: the body grown by the stored conversation is over
+                `GATEWAY_MAX_BODY_BYTES` (413, naming `previous_response_id`).
+            GatewayError: the body's size or syntax (`read_body`, `parse_object`).
+        """
+        if self.expanded:
+            return await self.request.receive()
+        self.expanded = True
+        raw = await read_body(self.request, self.settings.max_body_bytes)
+        body = await parse_request_body(_object, raw, self.settings)
+        previous = body.pop("previous_response_id", None)
+        earlier: list[Any] = []
+        if previous is not None:
+            if not isinstance(previous, str):
+                raise UnprocessableError("previous_response_id must be a string")
+            stored = await self.store.load(self.principal.key_id, previous)
+            if stored is None:
+                raise NotFoundError(f"Previous response with id '{previous}' not found.")
+            earlier = stored.conversation()
+        given = body.get("input")
+        if isinstance(given, str):
+            given = [
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": given}],
+                }
+            ]
+        keep = body.get("store") is not False
+        if isinstance(given, list):
+            given = with_ids(given) if keep else given
+            body["input"] = [*earlier, *given]
+        self.endpoint.store = keep
+        self.endpoint.previous_response_id = previous
+        self.endpoint.items = body.get("input") or []
+        if earlier or len(raw) > INLINE_PARSE_BYTES:  # a body's worth: off the event loop
+            merged = await anyio.to_thread.run_sync(
+                encode_json, body, limiter=json_thread_limiter()
+            )
+        else:
+            merged = encode_json(body)
+        limit = self.settings.max_body_bytes
+        if earlier and len(merged) > limit:  # the relay's read would say only "body too large"
+            raise PayloadTooLargeError(
+                f"the conversation of previous_response_id with this input is larger than "
+                f"{limit} bytes (GATEWAY_MAX_BODY_BYTES): start a new conversation"
+            )
+        return {"type": "http.request", "body": merged, "more_body": False}
 
 
 class _KeptBeforeEnd(Response):

@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import anyio
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.db.tables import ResponseRow
 from gateway.upstream.dialects.framing import encode_json
+from gateway.wire.json import INLINE_PARSE_BYTES, json_thread_limiter
 
 #: Item id prefixes by item type, for input items that came without an id.
 _PREFIXES = {
@@ -67,6 +69,14 @@ def with_ids(items: list[Any]) -> list[Any]:
     return result
 
 
+def _decode(items: str, response: str) -> Stored:
+    return Stored(json.loads(items), json.loads(response))
+
+
+def _encode(items: list[dict[str, Any]], response: dict[str, Any]) -> tuple[bytes, bytes]:
+    return encode_json(items), encode_json(response)
+
+
 class ResponseStore:
     """Reads and writes stored responses, one key's at a time."""
 
@@ -78,7 +88,9 @@ class ResponseStore:
 
     async def load(self, key_id: str, response_id: str) -> Stored | None:
         """The key's unexpired response `response_id`, or None (absent, expired, another key's)."""
-        query = select(ResponseRow.items, ResponseRow.response).where(
+        query = select(
+            ResponseRow.items, ResponseRow.response, ResponseRow.size.label("size")
+        ).where(
             ResponseRow.id == response_id,
             ResponseRow.key_id == key_id,
             ResponseRow.expires_at > datetime.now(UTC),
@@ -87,7 +99,11 @@ class ResponseStore:
             row = (await connection.execute(query)).first()
         if row is None:
             return None
-        return Stored(json.loads(row.items), json.loads(row.response))
+        if row.size <= INLINE_PARSE_BYTES:
+            return _decode(row.items, row.response)
+        return await anyio.to_thread.run_sync(
+            _decode, row.items, row.response, limiter=json_thread_limiter()
+        )
 
     async def save(
         self, key_id: str, response: dict[str, Any], items: list[dict[str, Any]]
@@ -97,7 +113,10 @@ class ResponseStore:
         Deletes every expired response first, then this key's oldest while it holds more than
         the cap. Returns False (nothing kept) when this one alone is larger than the cap.
         """
-        encoded_items, encoded_response = encode_json(items), encode_json(response)
+        # Off the event loop: a stored conversation may be a body's worth (16 MiB: 0.1 s).
+        encoded_items, encoded_response = await anyio.to_thread.run_sync(
+            _encode, items, response, limiter=json_thread_limiter()
+        )
         size = len(encoded_items) + len(encoded_response)
         if size > self._max_bytes:
             return False
@@ -137,11 +156,15 @@ class ResponseStore:
         return True
 
     async def delete(self, key_id: str, response_id: str) -> bool:
-        """Delete the key's response `response_id`; False when there was none to delete."""
+        """Delete the key's response `response_id`; False when there was none to delete.
+
+        An expired one is deleted too but answers False: it is "not found" for every read
+        (`load`), so DELETE must not be the one call that says it still existed.
+        """
+        mine = (ResponseRow.id == response_id, ResponseRow.key_id == key_id)
         async with self._engine.begin() as connection:
             result = await connection.execute(
-                delete(ResponseRow).where(
-                    ResponseRow.id == response_id, ResponseRow.key_id == key_id
-                )
+                delete(ResponseRow).where(*mine, ResponseRow.expires_at > datetime.now(UTC))
             )
+            await connection.execute(delete(ResponseRow).where(*mine))
         return bool(result.rowcount)

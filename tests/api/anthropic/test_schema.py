@@ -190,6 +190,8 @@ def test_sampling_and_stops_are_carried_and_what_has_no_meaning_is_dropped() -> 
         ({"max_tokens": 0}, "max_tokens"),
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "bot", "content": "x"}]}, "messages.0"),
+        ({"messages": [{"role": ["user"], "content": "x"}]}, "messages.0"),  # was a 500
+        ({"messages": [{"role": {"a": 1}, "content": "x"}]}, "messages.0"),
         (
             {"messages": [{"role": "user", "content": [{"text": "no type"}]}]},
             "messages.0.content.0",
