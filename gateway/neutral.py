@@ -13,7 +13,7 @@ Nothing here does I/O or imports another gateway module: every layer may import 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 #: What a request asks the model to do. `generate` is a prompt (Ollama `/api/generate`,
@@ -105,7 +105,8 @@ class GenerationRequest:
             (section 7).
         operation: `generate`, `chat` or `embed`.
         body: The client's checked JSON object; `model` is a non-empty string.
-        model: The model the request names (what the key's allow-list was checked against).
+        model: The model the request names (what the key's allow-list was checked against):
+            after admission, an alias's target (`GATEWAY_MODEL_ALIASES`).
         stream: The client wants the answer streamed (NDJSON or SSE) rather than one object.
         include_usage: OpenAI streams only: `stream_options.include_usage` was set.
         legacy: Ollama's legacy `/api/embeddings` (`{"prompt"}` in, `{"embedding"}` out).
@@ -130,6 +131,29 @@ class GenerationRequest:
     prompt_bytes: int = 0
     prompt_tokens: int = 0
     body_bytes: int = 0
+
+    def for_model(self, model: str) -> GenerationRequest:
+        """This request for `model` instead (an alias's target, `GATEWAY_MODEL_ALIASES`).
+
+        `model` and the body's `model` are both rewritten (the body is copied, one level), so
+        the upstream, the allow-list and everything measured after see the same name.
+        """
+        return replace(self, model=model, body={**self.body, "model": model})
+
+    def with_output_bound(self, tokens: int) -> GenerationRequest:
+        """This request with its answer bounded to `tokens` (what the key's TPM granted).
+
+        `max_output_tokens` is what every dialect sends for an OpenAI-shaped body (under every
+        bound name the client used, and `max_tokens` or `num_predict`); an Ollama body is
+        forwarded as it is, so its `options.num_predict` is rewritten too (the body and its
+        options copied, one level each).
+        """
+        body = self.body
+        if self.surface == "ollama":
+            options = body.get("options")
+            options = {**options} if isinstance(options, dict) else {}
+            body = {**body, "options": {**options, "num_predict": tokens}}
+        return replace(self, body=body, max_output_tokens=tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,8 +285,9 @@ class RequestSummary:
         time_per_output_token_s: Seconds per output token after the first; None if unknown.
         prefill_tokens_per_s: Prompt tokens per second of prefill, when the upstream reports it.
         key_id: The API key's public id (the `<id>` of `gw_<id>_<secret>`); None when unknown.
-        requested_model: The model the client named, as the key's allow-list checked it (not
-            the bounded label); None when unknown.
+        requested_model: The model as the key's allow-list checked it (not the bounded label):
+            the model that ran, so an alias's target (`GATEWAY_MODEL_ALIASES`), never the
+            alias itself; None when unknown.
     """
 
     route: str

@@ -25,6 +25,8 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, Field, HttpUrl, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from gateway.model_names import ModelAliases, model_aliases
+
 Dialect = Literal["ollama", "openai"]
 
 #: A serialized origin as browsers send it (RFC 6454 section 6.2): `scheme://host[:port]`, lower
@@ -393,8 +395,16 @@ class Settings(BaseSettings):
     tpm_reserve_tokens: int = Field(
         256,
         ge=0,
-        description="Output tokens a request without a positive `options.num_predict` reserves "
-        "against its key's TPM while it runs (settled with the real count when it ends).",
+        description="Output tokens a request reserves against its key's TPM while it runs "
+        "before the key has a completed answer on the model (then the most of its last 20), at "
+        "most the request's own bound; settled with the real count when it ends.",
+    )
+    model_aliases: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="JSON object of model names clients ask for -> the model that runs, e.g. "
+        '`{"claude-*": "qwen3-coder:30b"}`; `*` matches any characters. An exact name wins, '
+        "then the longest pattern, then the first listed. Applied before the allow-list on every "
+        "generation route: the allow-list, limits, usage and metrics see the target.",
     )
     rate_limit_storage: str = Field(
         "memory://",
@@ -543,6 +553,35 @@ class Settings(BaseSettings):
         if value.strip().startswith("["):
             return json.loads(value)  # ValueError -> ValidationError
         return [entry.strip() for entry in value.split(",") if entry.strip()]
+
+    @field_validator("model_aliases", mode="before")
+    @classmethod
+    def _parse_model_aliases(cls, value: object) -> object:
+        """Read a JSON object of names (a clear message naming the variable for anything else)."""
+        if isinstance(value, str):
+            if not value.strip():
+                return {}
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise ValueError(
+                    f"GATEWAY_MODEL_ALIASES is not valid JSON ({exc}): write an object such as "
+                    '{"claude-*": "qwen3-coder:30b"}'
+                ) from None
+        if not isinstance(value, dict) or not all(
+            isinstance(name, str) and isinstance(target, str) for name, target in value.items()
+        ):
+            raise ValueError(
+                "GATEWAY_MODEL_ALIASES must be a JSON object of model names to model names"
+            )
+        return value
+
+    @field_validator("model_aliases")
+    @classmethod
+    def _check_model_aliases(cls, value: dict[str, str]) -> dict[str, str]:
+        """Empty names and targets, patterns as targets and chains are refused at start."""
+        model_aliases(value)  # ValueError -> ValidationError, naming the variable
+        return value
 
     @field_validator("admin_jwt_secret")
     @classmethod
@@ -711,6 +750,11 @@ class Settings(BaseSettings):
         if isinstance(workers, int) and workers < 1:
             raise ValueError("GATEWAY_WORKERS must be 1 or more, or auto")
         return workers
+
+    @property
+    def aliases(self) -> ModelAliases:
+        """`GATEWAY_MODEL_ALIASES` as a resolver (built once per distinct value)."""
+        return model_aliases(self.model_aliases)
 
     @property
     def trusted_proxy_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:

@@ -295,6 +295,9 @@ def _check_line(
         return fail("invalid_request", exc.message)
     if "\x00" in request.model:
         return fail("invalid_request", "model must not contain NUL")
-    if not principal.allows_model(request.model):
-        return fail("model_not_allowed", f"this API key may not use model '{request.model}'")
-    return None, InputLine(line_no, custom_id, request.model, encoded)
+    # An alias is checked, and its line grouped, as the model that runs; the line's bytes keep
+    # the alias, resolved again when it runs (`gateway.relay.admission`).
+    model = settings.aliases.resolve(request.model)
+    if not principal.allows_model(model):
+        return fail("model_not_allowed", f"this API key may not use model '{model}'")
+    return None, InputLine(line_no, custom_id, model, encoded)

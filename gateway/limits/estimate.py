@@ -6,8 +6,10 @@ needs no tokenizer:
 
 * Output: the client's own bound when it set one (`options.num_predict` on the Ollama surface,
   `max_tokens`/`max_completion_tokens` on the OpenAI one: the answer cannot be longer, every
-  dialect sends it on). Absent, -1 (no limit), -2 (fill the context) or anything else:
-  `GATEWAY_TPM_RESERVE_TOKENS`, a guess. Embeddings generate nothing: 0.
+  dialect sends it on); absent, -1 (no limit), -2 (fill the context) or anything else: none.
+  What is reserved is what the key's recent answers on the model needed
+  (`gateway.limits.history`), before any: `GATEWAY_TPM_RESERVE_TOKENS`; at most the bound
+  (`KeyLimiter.reserve`). Embeddings generate nothing: 0.
 * Prompt: UTF-8 bytes of the prompt / 4 (about one token per 4 bytes of English text;
   under for CJK, over for code), plus the length of a generate `context` (already tokens).
   The prompt of a generation is every field of its body but the few that are not prompt text
@@ -35,14 +37,21 @@ class TokenEstimate:
     """What a request may use, in tokens.
 
     Attributes:
-        output: Most output tokens expected: the client's bound, or the configured default.
-        asked: `output` is the client's own bound, not the default (a guess).
+        output: Output tokens to expect before the key has answers on the model to go by
+            (`gateway.limits.history`): the configured default, at most the client's bound
+            (0 for an embedding).
+        bound: The client's own bound on output tokens, or None when it set none.
         prompt: Estimated prompt tokens.
     """
 
     output: int
-    asked: bool
+    bound: int | None
     prompt: int
+
+    @property
+    def asked(self) -> bool:
+        """The client set its own bound."""
+        return self.bound is not None
 
     @property
     def total(self) -> int:
@@ -61,10 +70,9 @@ def estimate_tokens(request: GenerationRequest, default_output: int) -> TokenEst
         The estimate; never negative.
     """
     limit = request.max_output_tokens
-    asked = limit is not None
-    output = limit if limit is not None else default_output
+    output = default_output if limit is None else min(limit, default_output)
     prompt = request.prompt_tokens + math.ceil(request.prompt_bytes / BYTES_PER_TOKEN)
-    return TokenEstimate(output, asked, prompt)
+    return TokenEstimate(output, limit, prompt)
 
 
 def text_bytes(value: object) -> int:

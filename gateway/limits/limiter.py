@@ -13,19 +13,29 @@ Redis (`GATEWAY_RATE_LIMIT_STORAGE=redis://...`, shared by every replica).
   in Redis one lease per request that its process renews, so the requests of a process that
   died stop counting one lease later, and what a storage stall left counted is voided as soon
   as the storage answers again (`gateway.limits.inflight`).
-* TPM: fixed one-minute windows. Once the body is parsed, the request reserves what it may use
-  (`reserve`; `gateway.limits.estimate`: its `num_predict`, else
-  `GATEWAY_TPM_RESERVE_TOKENS`, plus its prompt's bytes / 4) and is refused when the window
-  has not that much left (429), or for good when its prompt alone, or its own `num_predict`,
-  exceeds the key's whole TPM (413: no window could ever hold it). When it ends, `release`
-  settles the reservation with what it really used (`RequestMeter.charged_tokens`: output
-  tokens, plus the prompt at least at its estimate once the upstream took it, a client that
-  hung up included): the difference is refunded, or the excess charged. Parallel requests
+* TPM: fixed one-minute windows. Once the body is parsed, the request reserves what it will
+  most likely use (`reserve`): its prompt's estimate (bytes / 4, `gateway.limits.estimate`)
+  plus, for its answer, what the key's last answers on that model needed
+  (`gateway.limits.history`; before any, `GATEWAY_TPM_RESERVE_TOKENS`), at most its own
+  bound (`num_predict`, `max_tokens`). It is refused when the window has not that much left
+  (429), or for good when its prompt alone exceeds the key's whole TPM (413: no window could
+  ever hold it). A declared bound above what was reserved is not refused: the answer may grow
+  past its reservation by headroom taken from a second counter of the key (`tpm-headroom`,
+  also TPM per window, given back when the request ends), and the bound the upstream is
+  sent is lowered to what was reserved plus the headroom granted (never above the client's
+  own bound, nor above the window's TPM less the prompt); a request with no bound is sent
+  that one. So what the gateway checked is what the upstream is told, and an answer never
+  outgrows it. When it ends, `release` settles the reservation with what it really used
+  (`RequestMeter.charged_tokens`: output tokens, plus the prompt at least at its estimate once
+  the upstream took it, a client that hung up included): the difference is refunded, or the
+  excess charged, and a completed answer's output joins the key's history. Parallel requests
   therefore share the window instead of all passing the same "tokens left" check (issue 11,
-  class 5); only a request that uses more than it reserved (no `num_predict`, an answer longer
-  than the default) can overshoot, by its own excess. The reservation and the refund are
+  class 5). Worst case: the requests admitted in one window spend at most twice the TPM, the
+  reservations (at most TPM) plus the headroom (at most TPM); a request still running when its
+  window ends charges its excess to the next one. The reservation and the refund are
   `limits`' own counter operations (`FixedWindowRateLimiter.hit(cost=n)`, `Storage.incr` with
-  a negative amount on the same key), atomic in Redis, so every replica sees them at once.
+  a negative amount on the same key), atomic in Redis, so every replica sees them at once (the
+  answer history is per process).
 
 When the storage fails or is slower than `GATEWAY_RATE_LIMIT_TIMEOUT`, the configured policy
 applies (`GATEWAY_RATE_LIMIT_FAIL_OPEN`): admit (open) or answer 503 (closed); each such event
@@ -58,6 +68,7 @@ from gateway.errors import (
     ServiceUnavailableError,
 )
 from gateway.limits.estimate import TokenEstimate
+from gateway.limits.history import AnswerHistory
 from gateway.limits.inflight import SWEEP_INTERVAL, InFlight, LeasedInFlight, LocalInFlight
 from gateway.metering.metrics import Metrics
 from gateway.policies import LimitPolicy
@@ -143,6 +154,10 @@ class Admission:
         reserved: Tokens reserved against TPM and not yet settled.
         window_ends: When the TPM window holding `reserved` ends (epoch seconds).
         ticket: The in-flight count's ticket (`InFlight.acquire`) while the request holds one.
+        model: The model whose answer history the reservation read, and the answer joins.
+        headroom: Tokens of the key's headroom counter the request holds (given back at the
+            end), by which its answer may outgrow its reservation.
+        headroom_ends: When the headroom counter's window holding `headroom` ends.
         released: `KeyLimiter.release` ran; later calls do nothing.
     """
 
@@ -152,6 +167,9 @@ class Admission:
     ticket: str | None = None
     reserved: int = 0
     window_ends: float = 0.0
+    model: str | None = None
+    headroom: int = 0
+    headroom_ends: float = 0.0
     released: bool = False
 
 
@@ -169,6 +187,7 @@ class KeyLimiter:
         metrics: For `gateway_rate_limited_total{kind}` and storage errors.
         in_flight: The in-flight counts; by default in this process with the memory storage,
             else leases in the Redis of `GATEWAY_RATE_LIMIT_STORAGE`.
+        history: What each key's recent answers needed, per model (this process's).
     """
 
     def __init__(
@@ -177,8 +196,10 @@ class KeyLimiter:
         policy: LimitPolicy,
         metrics: Metrics,
         in_flight: InFlight | None = None,
+        history: AnswerHistory | None = None,
     ) -> None:
         self._storage = storage
+        self.history = AnswerHistory() if history is None else history
         self._policy = policy
         self._metrics = metrics
         self._moving = MovingWindowRateLimiter(storage)
@@ -300,55 +321,72 @@ class KeyLimiter:
                 what = f"at most {limits.max_concurrent} in flight"
                 raise self._refuse("concurrency", what, admission.headers, time.time() + 1)
 
-    async def reserve(self, admission: Admission, estimate: TokenEstimate) -> None:
-        """Reserve the request's expected tokens in its key's TPM window.
+    async def reserve(
+        self, admission: Admission, estimate: TokenEstimate, model: str | None = None
+    ) -> int | None:
+        """Reserve the request's expected tokens in its key's TPM window (module docstring).
 
-        A request that can never fit a window is refused before anything is counted: its
-        estimated prompt alone exceeds the key's TPM, or its own output bound (`num_predict`,
-        `max_tokens`) does. Admitting it would let one request overshoot by any amount, once
-        per window (a 2,000,000-token prompt a minute on a 1,000-token key). Otherwise the
-        reservation is `estimate.total` capped at the key's TPM: a guessed output (no bound)
-        must not make a servable request unservable. `X-RateLimit-Tokens-Remaining` is what the
-        window had left before this reservation.
+        The reservation is the prompt's estimate plus the answer this key's last answers on
+        `model` needed (`AnswerHistory.expected`; before any, `estimate.output`), at most the
+        client's bound, and at most the key's TPM in all. A request whose estimated prompt alone
+        exceeds the key's TPM can never fit a window and is refused before anything is counted
+        (admitting it would let one request overshoot by any amount, once per window). A bound
+        above the reservation takes headroom from the key's second counter, up to the bound and
+        to the TPM less the prompt; the bound to send upstream is the reservation's output plus
+        the headroom granted. `X-RateLimit-Tokens-Remaining` is what the window had left before
+        this reservation.
+
+        Args:
+            admission: The request's admission (`admit`); its reservation and headroom are
+                noted on it for `release`.
+            estimate: The request's estimate (`gateway.limits.estimate`).
+            model: The model that runs (an alias's target): whose answer history counts.
+
+        Returns:
+            The output bound the upstream must be sent, when it differs from the client's own
+            (lowered, or set where the client set none); None: send the request as it is (no
+            TPM, an embedding, the storage failed open, or the client's bound was granted).
 
         Raises:
-            OverTokenLimitError: the prompt or the output bound exceeds the key's TPM (413; the
-                message says which and what to change).
+            OverTokenLimitError: the prompt exceeds the key's TPM (413; the message says so).
             RateLimitedError: the window has less left than the reservation (429).
             ServiceUnavailableError: the storage failed and the policy is fail-closed (503).
         """
         tpm = admission.limits.tpm
         if not tpm:
-            return
-        if estimate.prompt > tpm or (estimate.asked and estimate.output > tpm):
+            return None
+        if estimate.prompt > tpm:
             raise self._never(tpm, estimate)
+        output = 0
+        if estimate.bound != 0:  # 0: an embedding generates nothing
+            admission.model = model
+            seen = None if model is None else self.history.expected(admission.key_id, model)
+            output = max(estimate.output if seen is None else seen, 1)
+            if estimate.bound is not None:
+                output = min(output, estimate.bound)
         try:
             with self._deadline():
-                await self._reserve(admission, estimate)
+                return await self._reserve(admission, estimate, output)
         except GatewayError:
             raise
         except Exception as exc:  # fail open: no reservation, the whole use is charged later
             self._storage_failed(exc)
+        return None
 
     def _never(self, tpm: int, estimate: TokenEstimate) -> OverTokenLimitError:
         """Count and build the refusal of a request no TPM window of its key can hold."""
         self._metrics.rate_limited.labels("tpm").inc()
-        if estimate.prompt > tpm:
-            needs = f"its prompt is about {estimate.prompt} tokens: shorten the prompt"
-        else:
-            needs = (
-                f"it asks for up to {estimate.output} output tokens "
-                "(options.num_predict or max_tokens): lower it"
-            )
         return OverTokenLimitError(
             f"request exceeds this key's limit of {tpm} tokens per minute and can never be "
-            f"admitted; {needs}"
+            f"admitted; its prompt is about {estimate.prompt} tokens: shorten the prompt"
         )
 
-    async def _reserve(self, admission: Admission, estimate: TokenEstimate) -> None:
+    async def _reserve(
+        self, admission: Admission, estimate: TokenEstimate, output: int
+    ) -> int | None:
         tpm = admission.limits.tpm
         item = RateLimitItemPerMinute(tpm)
-        cost = max(min(estimate.total, tpm), 1)  # at least one token must be left, as before
+        cost = max(min(estimate.prompt + output, tpm), 1)  # at least one token must be left
         refusal = ""
         if not await self._fixed.hit(item, "tpm", admission.key_id, cost=cost):
             # `hit` counted the cost even though it failed: take it back at once, or this
@@ -367,9 +405,46 @@ class KeyLimiter:
         if refusal:
             what = f"{tpm} tokens per minute"
             raise self._refuse("tpm", what, admission.headers, stats.reset_time, refusal)
+        if not output:
+            return None
+        reserved = max(cost - estimate.prompt, 0)  # the answer's part of the reservation
+        ceiling = max(tpm - estimate.prompt, 1)  # what one window holds beside the prompt
+        if estimate.bound is not None:
+            ceiling = min(ceiling, estimate.bound)
+        granted = await self._take_headroom(admission, ceiling - reserved)
+        bound = max(reserved + granted, 1)
+        return None if bound == estimate.bound else bound
 
-    async def release(self, admission: Admission, tokens: int) -> None:
+    async def _take_headroom(self, admission: Admission, wanted: int) -> int:
+        """Take up to `wanted` tokens of the key's headroom counter; return what was taken.
+
+        One increment, then what went past the TPM is given back: each caller sees the count
+        with every earlier increment in it, so concurrent takers never get more than the TPM
+        together, in memory or in Redis.
+        """
+        if wanted <= 0:
+            return 0
+        tpm = admission.limits.tpm
+        item = RateLimitItemPerMinute(tpm)
+        key = item.key_for("tpm-headroom", admission.key_id)
+        total = await self._storage.incr(key, item.get_expiry(), amount=wanted)
+        over = min(max(total - tpm, 0), wanted)
+        if over:
+            with anyio.CancelScope(shield=True):
+                await self._storage.incr(key, item.get_expiry(), amount=-over)
+        admission.headroom = wanted - over
+        if admission.headroom:
+            admission.headroom_ends = await self._storage.get_expiry(key)
+        return admission.headroom
+
+    async def release(self, admission: Admission, tokens: int, answered: int | None = None) -> None:
         """Settle the TPM reservation with `tokens` (prompt + output) and give back the slot.
+
+        Args:
+            admission: The request's admission.
+            tokens: What it used (`RequestMeter.charged_tokens`).
+            answered: A completed answer's output tokens, for the key's answer history on the
+                model it reserved for; None: it did not complete (nothing learnt).
 
         Only the first call counts (a request's tokens are charged once). Never raises: a storage
         failure here is logged and counted, not shown to a client.
@@ -377,7 +452,9 @@ class KeyLimiter:
         if admission.released:
             return
         admission.released = True
-        settles = admission.limits.tpm and (tokens or admission.reserved)
+        if answered is not None and admission.model is not None:
+            self.history.record(admission.key_id, admission.model, answered)
+        settles = admission.limits.tpm and (tokens or admission.reserved or admission.headroom)
         if not settles and admission.ticket is None:
             return
         try:
@@ -394,6 +471,8 @@ class KeyLimiter:
         if admission.limits.tpm:
             reserved, admission.reserved = admission.reserved, 0
             await self._settle(admission, tokens - reserved)
+            headroom, admission.headroom = admission.headroom, 0
+            await self._give_back_headroom(admission, headroom)
         if admission.ticket is not None:
             ticket, admission.ticket = admission.ticket, None
             await self._in_flight.release(admission.key_id, ticket)
@@ -413,6 +492,19 @@ class KeyLimiter:
         if not extra or not _same_window(await self._storage.get_expiry(key), admission):
             return
         left = await self._storage.incr(key, item.get_expiry(), amount=extra)
+        if left < 0:  # the window ended between the two calls: give the new one no credit
+            await self._storage.incr(key, item.get_expiry(), amount=-left)
+
+    async def _give_back_headroom(self, admission: Admission, headroom: int) -> None:
+        """Give the request's headroom back to the key's counter, if its window still runs."""
+        if not headroom:
+            return
+        item = RateLimitItemPerMinute(admission.limits.tpm)
+        key = item.key_for("tpm-headroom", admission.key_id)
+        ends = await self._storage.get_expiry(key)
+        if not (ends > time.time() and abs(ends - admission.headroom_ends) < _WINDOW_SLACK):
+            return
+        left = await self._storage.incr(key, item.get_expiry(), amount=-headroom)
         if left < 0:  # the window ended between the two calls: give the new one no credit
             await self._storage.incr(key, item.get_expiry(), amount=-left)
 

@@ -49,7 +49,7 @@ class RequestMeter:
         upstream: The upstream tried last (`host:port`), or None.
         tried: Every upstream tried before the first byte, in order (`Generation.connect`).
         key_id: The API key's id, carried into the summary (usage accounting).
-        requested_model: The model the client named, carried into the summary.
+        requested_model: The model the allow-list checked (an alias's target), into the summary.
         prompt_estimate: The request's estimated prompt tokens (`gateway.limits.estimate`):
             charged when the upstream had the prompt but its own count never came.
         summary: The request's summary once `finish` ran.

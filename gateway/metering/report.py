@@ -59,7 +59,7 @@ class UsageRecord:
         day: The UTC date the requests arrived on.
         key_id: The key's id.
         key_name: Its name now; None if the key is no longer in the store.
-        model: The model the client asked for, canonical (`gateway.metering.usage`), or `-`
+        model: The model the client asked for (an alias's target), canonical, or `-`
             for requests refused before their body named one.
         totals: The day's sums.
     """

@@ -2,10 +2,15 @@
 
 key's RPM and in-flight (`KeyLimiter.admit`, before the body is read: a flood of slow or junk
 bodies spends the key's own limits, issue 11) -> read the body (`GATEWAY_MAX_BODY_BYTES`) or
-take the one given -> parse it -> the models it names -> the key's model allow-list (403) ->
+take the one given -> parse it (a generation's model alias replaced by its target,
+`GATEWAY_MODEL_ALIASES`: the body sent upstream, the allow-list, the TPM history, routing, the
+metrics' label, usage and the access log's `model` all see the model that runs; the alias the
+client sent is not recorded) -> the models it names -> the key's model allow-list (403) ->
 the upstream request's headers (the forwarded few and the request id) -> the expected tokens
-reserved in the key's TPM -> on any failure (or cancellation) after `admit`, the key's limits
-given back at once -> the request's `RequestMeter`.
+reserved in the key's TPM (and the output bound sent upstream lowered, or set, to what that
+reservation and the key's headroom grant: `KeyLimiter.reserve`) -> on any failure (or
+cancellation) after `admit`, the key's limits given back at once -> the request's
+`RequestMeter`.
 
 Three callers, whose deliberate differences are parameters here, not copies:
 - interactive generations (`gateway.relay.pipeline`): `admit_generation` with the request;
@@ -63,6 +68,8 @@ class Admitted(Generic[T]):
         model: The first model the body names, or None.
         headers: The upstream request's headers: the forwarded few and the request id.
         expected: The tokens reserved in the key's TPM; None when none were (management).
+        bound: The output bound the upstream must be sent instead of the body's own
+            (`KeyLimiter.reserve`); None: the body as it is.
     """
 
     admission: Admission
@@ -71,6 +78,7 @@ class Admitted(Generic[T]):
     model: str | None
     headers: dict[str, str]
     expected: TokenEstimate | None
+    bound: int | None = None
 
 
 def upstream_headers(body: bytes | Request, context: RequestContext) -> dict[str, str]:
@@ -133,15 +141,15 @@ async def admit(
         if not note_refused_model:
             context.model = first
         headers = upstream_headers(body, context)
-        expected = None
+        expected = bound = None
         if tokens is not None:
             expected = tokens(parsed)
-            await limiter.reserve(admission, expected)
+            bound = await limiter.reserve(admission, expected, first)
     except BaseException:  # refused (or cancelled) after admission: no leaked slot
         with anyio.CancelScope(shield=True):  # a cancelled scope would skip the release
             await limiter.release(admission, 0)
         raise
-    return Admitted(admission, parsed, raw, first, headers, expected)
+    return Admitted(admission, parsed, raw, first, headers, expected, bound)
 
 
 @asynccontextmanager
@@ -184,6 +192,17 @@ def _named_model(request: GenerationRequest) -> list[str]:
     return [request.model]
 
 
+def aliased(request: GenerationRequest, settings: Settings) -> GenerationRequest:
+    """`request` for its model alias's target (`GATEWAY_MODEL_ALIASES`), else as it is.
+
+    What every parser of a generation body passes its request through before the allow-list
+    (`admit_generation`, and a route that admits one without running it, such as
+    `/v1/messages/count_tokens`), so that no route checks the alias instead of the target.
+    """
+    target = settings.aliases.target(request.model)
+    return request if target is None else request.for_model(target)
+
+
 async def admit_generation(
     services: Services,
     principal: Principal,
@@ -213,17 +232,24 @@ async def admit_generation(
         GatewayError: every refusal, as `admit` raises it.
     """
     settings = services.settings
+
+    def parse(raw: bytes, settings: Settings) -> GenerationRequest:
+        # An alias becomes its target before anything reads the model (module docstring).
+        return aliased(endpoint.parse(raw, settings), settings)
+
     ticket = await admit(
         services.limiter,
         settings,
         principal,
         body,
-        endpoint.parse,
+        parse,
         _named_model,
         context=context,
         tokens=lambda request: estimate_tokens(request, settings.tpm_reserve_tokens),
     )
     request = ticket.body
+    if ticket.bound is not None:  # what the TPM granted is what the upstream is told
+        request = request.with_output_bound(ticket.bound)
     expected = ticket.expected
     meter = RequestMeter(
         metrics=services.metrics,

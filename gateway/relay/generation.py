@@ -349,7 +349,10 @@ class Generation:
                     )
                     self.span = None
             finally:  # whatever failed above, the key's in-flight count and TPM are settled
-                await self.services.limiter.release(self.admission, self.meter.charged_tokens)
+                answered = self.meter.output_tokens if outcome == "completed" else None
+                await self.services.limiter.release(
+                    self.admission, self.meter.charged_tokens, answered
+                )
 
 
 def _fails_over(error: GatewayError) -> bool:

@@ -125,7 +125,9 @@ def test_key_own_limit_overrides_the_default(make_gateway, emulator: Emulator):
 
 
 def test_tpm_charges_what_a_stream_used_and_refuses_the_next(make_gateway, emulator: Emulator):
-    """F-24: tpm 100; a 150-token answer is served, ~162 tokens charged, the next is refused."""
+    """F-24: tpm 100; an answer the model would make 150 tokens long is served, bounded by
+    what one window holds (100 less the 1-token prompt: the gateway sends `num_predict` 99
+    where the client set none), ~111 tokens charged, the next is refused."""
     gw = make_gateway(default_tpm=100)
     emulator.config.ttft = emulator.config.inter_token = 0.001
     emulator.config.tokens = 150
@@ -136,6 +138,7 @@ def test_tpm_charges_what_a_stream_used_and_refuses_the_next(make_gateway, emula
     assert first.status_code == 200
     assert first.headers["x-ratelimit-tokens-limit"] == "100"
     assert first.headers["x-ratelimit-tokens-remaining"] == "100"
+    assert [r.body["options"]["num_predict"] for r in _generations(emulator)] == [99]
     refused = _post(gw)
     assert refused.status_code == 429
     assert refused.headers["x-ratelimit-tokens-remaining"] == "0"

@@ -8,6 +8,7 @@ and a refusal after that gives the in-flight slot back.
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 import uuid
@@ -18,6 +19,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from gateway.api.openai.schema import parse_chat
 from gateway.auth.principal import Principal
 from gateway.errors import RateLimitedError
 from gateway.limits.estimate import TokenEstimate
@@ -141,20 +143,88 @@ def test_a_reservation_holds_while_running_and_is_refunded_when_it_ends(
     assert _generate(gw, 1).headers["x-ratelimit-tokens-remaining"] == "88"
 
 
-def test_a_num_predict_above_the_whole_tpm_is_refused_with_a_clear_message(
-    make_gateway, emulator: Emulator
+@pytest.mark.parametrize("dialect", ["ollama", "openai"])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/generate", {"prompt": PROMPT, "options": {"num_predict": 500}}),
+        ("/api/chat", {"messages": [{"role": "user", "content": PROMPT}]}),  # no bound at all
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 32000},
+        ),
+    ],
+    ids=["num_predict", "no-bound", "max_tokens"],
+)
+def test_a_bound_above_the_whole_tpm_is_served_with_the_bound_a_window_holds(
+    make_gateway, emulator: Emulator, dialect: str, path: str, body: dict[str, Any]
 ):
-    """It could never fit a window, so it is refused (413, not a 429 to retry) (docs/keys.md)."""
-    gw = make_gateway(default_tpm=50)
-    refused = _generate(gw, num_predict=500)
-    assert refused.status_code == 413
-    assert "can never be admitted" in refused.json()["error"]
-    assert "num_predict" in refused.json()["error"]
-    assert "retry-after" not in refused.headers
-    assert _generations(emulator) == []
-    # Without num_predict the default reserve (256) is capped at the key's TPM: it is served.
+    """Before: a bound above the key's TPM was a 413 for good, so Claude Code (`max_tokens:
+    32000` on every turn) could never use a key under 32,000 TPM. Now it is served, and the
+    upstream is told the bound the gateway checked: at most the TPM less the prompt (a request
+    with no bound is given that one too), so no answer outgrows the window (docs/keys.md)."""
+    gw = make_gateway(default_tpm=50, upstream_dialect=dialect)
     emulator.config.ttft = emulator.config.inter_token = 0.001
-    assert _generate(gw).status_code == 200
+    for _ in range(2):  # the second one with the key's answer history
+        served = httpx.post(
+            f"{gw.url}{path}",
+            json={"model": MODEL, "stream": False, **body},
+            headers=gw.headers(),
+            timeout=60,
+        )
+        assert served.status_code == 200, served.text
+    sent = [r.body for r in emulator.state.records if r.method == "POST"]
+    assert len(sent) == 2
+    for upstream_body in sent:
+        bound = (
+            upstream_body["options"]["num_predict"]
+            if dialect == "ollama"
+            else upstream_body["max_tokens"]
+        )
+        assert 40 <= bound < 50, upstream_body  # 50 less the prompt's few tokens
+
+
+@pytest.mark.parametrize("dialect", ["ollama", "openai"])
+def test_fifty_agents_declaring_32000_share_the_window_and_spend_at_most_twice_the_tpm(
+    make_gateway, emulator: Emulator, dialect: str
+):
+    """TPM 600, `max_tokens: 32000` (Claude Code's, on every turn). The key's answers were 10
+    tokens long; then the model turns verbose (200 tokens an answer) and 50 such requests come
+    at once. Each reserves its prompt + 10, so several are admitted together (before: all 413
+    for good); what they may generate past their reservation is the key's headroom, 600 in
+    all, so the tokens the upstream really served stay within twice the TPM (with the client's
+    bound sent as is, the ~36 admitted would have made 200 tokens each)."""
+    tpm = 600
+    gw = make_gateway(default_tpm=tpm, upstream_dialect=dialect)
+    config = emulator.config
+    config.ttft = config.inter_token = 0.001
+    config.tokens, config.prompt_eval_count = 10, 1
+    body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 32000}
+    prompt = _estimate_request(parse_chat(json.dumps(body).encode(), Settings()), 256).prompt
+
+    def send(_: int = 0) -> httpx.Response:
+        return httpx.post(
+            f"{gw.url}/v1/chat/completions", json=body, headers=gw.headers(), timeout=120
+        )
+
+    assert send().status_code == 200  # the key's history: 10-token answers
+    config.tokens, config.inter_token = 200, 0.01  # ~2 s an answer: the burst overlaps
+    with ThreadPoolExecutor(50) as pool:
+        responses = list(pool.map(send, range(50)))
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) <= {200, 429}, statuses
+    assert statuses.count(200) >= 3, statuses
+    refused = next(r for r in responses if r.status_code == 429)
+    assert "tokens per minute" in refused.json()["error"]["message"]
+    served = [r for r in emulator.state.records if r.method == "POST"]
+    assert len(served) == 1 + statuses.count(200)
+    spent = sum(r.tokens_sent + prompt for r in served)  # what the window was charged
+    assert spent <= 2 * tpm, spent
+    assert any(
+        r.json()["choices"][0]["finish_reason"] == "length"
+        for r in responses
+        if r.status_code == 200
+    )  # some answers were bounded by what the key's window could still grant
 
 
 def _abandon_body(gw: Gateway) -> None:
@@ -179,7 +249,9 @@ def test_rpm_is_spent_before_the_body_and_refusals_after_it_leak_no_slot(
     _, fenced = gw.create_key("fenced", models=["qwen2.5:7b"], rpm=5, max_concurrent=1)
     junk = httpx.post(f"{gw.url}/v1/generate", content=b"{nope", headers=gw.headers())
     assert junk.status_code == 400
-    assert _generate(gw, num_predict=5000).status_code == 413  # TPM, after the RPM hit
+    too_long = {"model": MODEL, "prompt": "x" * 8000}  # ~2,000 tokens: never fits 1,000 TPM
+    tpm_refusal = httpx.post(f"{gw.url}/api/generate", json=too_long, headers=gw.headers())
+    assert tpm_refusal.status_code == 413  # TPM, after the RPM hit
     _abandon_body(gw)
     deadline = time.monotonic() + 10
     while not metric_value(
@@ -238,19 +310,19 @@ async def test_a_refund_never_credits_a_window_that_did_not_hold_the_reservation
     limiter = KeyLimiter(storage, LimitPolicy.of(settings), Metrics())
     principal = Principal("k1", "app", None, tpm=100)
     first = await limiter.admit(principal)
-    await limiter.reserve(first, estimate_tokens({"options": {"num_predict": 40}}, 0))
+    await limiter.reserve(first, estimate_tokens({"options": {"num_predict": 40}}, 256))
     # As if a minute had passed: the first reservation's window ended, a new one begins.
     await storage.clear("LIMITER/tpm/k1/100/1/minute")
     first.window_ends -= 60
     second = await limiter.admit(principal)
-    await limiter.reserve(second, estimate_tokens({"options": {"num_predict": 70}}, 0))
+    await limiter.reserve(second, estimate_tokens({"options": {"num_predict": 70}}, 256))
     await limiter.release(first, 5)  # used 5 of 40: the 35 were the old window's
     third = await limiter.admit(principal)
     with pytest.raises(RateLimitedError, match="needs about 31"):
-        await limiter.reserve(third, estimate_tokens({"options": {"num_predict": 31}}, 0))
+        await limiter.reserve(third, estimate_tokens({"options": {"num_predict": 31}}, 256))
     await limiter.release(second, 70)
     await limiter.release(second, 70)  # a second release settles nothing
-    await limiter.reserve(third, estimate_tokens({"options": {"num_predict": 30}}, 0))
+    await limiter.reserve(third, estimate_tokens({"options": {"num_predict": 30}}, 256))
 
 
 # --- the prompt counts: bounded by the key's TPM, charged when the client hangs up (issue 29) --

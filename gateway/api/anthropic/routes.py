@@ -35,7 +35,7 @@ from gateway.deps import RelayDep
 from gateway.errors import BadRequestError, UnprocessableError
 from gateway.limits.estimate import estimate_tokens
 from gateway.neutral import GenerationRequest
-from gateway.relay.admission import admitted
+from gateway.relay.admission import admitted, aliased
 from gateway.relay.surface import Codec
 from gateway.settings import Settings
 
@@ -73,9 +73,10 @@ def parse_count(raw: bytes, settings: Settings) -> GenerationRequest:
     body = parse_body(raw, settings)
     chat = to_chat_body({**body, "stream": False}, counting=True)
     try:
-        return openai_generation(chat, "chat", len(raw))
+        request = openai_generation(chat, "chat", len(raw))
     except UnprocessableError as exc:
         raise BadRequestError(exc.message) from None
+    return aliased(request, settings)  # the allow-list checks the model that would run
 
 
 def _model(request: GenerationRequest) -> list[str]:

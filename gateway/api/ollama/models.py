@@ -217,7 +217,27 @@ async def tags(
 
     async with relay.limiter.admitted(principal):
         models = await _union(pool.upstreams, lister, "models")
-    return json_answer({"models": [m for m in models if principal.allows_model(str(_name(m)))]})
+    return json_answer({"models": _with_aliases(models, principal, settings)})
+
+
+def _with_aliases(
+    models: list[dict[str, Any]], principal: Principal, settings: Settings
+) -> list[dict[str, Any]]:
+    """The entries this key may use, with its exact aliases (`GATEWAY_MODEL_ALIASES`).
+
+    An alias is listed as a copy of its target's entry under its own name, when the key may
+    use the target and an upstream lists it; a pattern alias has no name to list. An entry
+    whose name an alias takes is left out: asking for it runs the target.
+    """
+    aliases = settings.aliases
+    allowed = [m for m in models if principal.allows_model(str(_name(m)))]
+    listed = [m for m in allowed if aliases.target(str(_name(m))) is None]
+    for alias, target in aliases.exact.items():
+        wanted = tagged(target.lower())
+        entry = next((m for m in allowed if tagged(str(_name(m)).lower()) == wanted), None)
+        if entry is not None:
+            listed.append({**entry, "name": alias, "model": alias})
+    return listed
 
 
 @router.get("/ps")
@@ -258,9 +278,14 @@ async def _show(
     request: Request, principal: Principal, pool: UpstreamPool, settings: Settings
 ) -> Response:
     raw = await read_body(request, settings.max_body_bytes)
-    model = requested_model(await parse_request_body(parse_body, raw, settings))
+    body = await parse_request_body(parse_body, raw, settings)
+    model = requested_model(body)
     if model is None:
         raise BadRequestError("model is required")
+    target = settings.aliases.target(model)
+    if target is not None:  # an alias shows its target's details (`GATEWAY_MODEL_ALIASES`)
+        body = {name: value for name, value in body.items() if name != "name"}
+        raw, model = json.dumps({**body, "model": target}).encode(), target
     request_context(request.scope).model = model
     if not principal.allows_model(model):
         raise NotFoundError(f"model '{tagged(model)}' not found")

@@ -10,7 +10,7 @@ on the request's path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -88,10 +88,21 @@ def _model(info: ModelInfo) -> dict[str, Any]:
 
 @router.get("/models")
 async def list_models(principal: PrincipalDep, pool: PoolDep, relay: RelayDep) -> dict[str, Any]:
-    """List the models this key may use (OpenAI list shape), from every upstream's catalogue."""
+    """List the models this key may use (OpenAI list shape), from every upstream's catalogue.
+
+    An exact alias (`GATEWAY_MODEL_ALIASES`) is listed, with its target's details, when the key
+    may use the target and an upstream offers it; a pattern alias cannot be listed (no name).
+    A catalogued model whose name an alias takes is left out: asking for it runs the target.
+    """
     async with relay.limiter.admitted(principal):
         models = await _catalogue(pool)
-    data = [_model(m) for m in models if principal.allows_model(m.id)]
+    aliases = relay.settings.aliases
+    allowed = [m for m in models if principal.allows_model(m.id)]
+    data = [_model(m) for m in allowed if aliases.target(m.id) is None]
+    for alias, target in aliases.exact.items():
+        info = next((m for m in allowed if _same(m.id, target)), None)
+        if info is not None:
+            data.append(_model(replace(info, id=alias)))
     return {"object": "list", "data": data}
 
 
@@ -99,17 +110,19 @@ async def list_models(principal: PrincipalDep, pool: PoolDep, relay: RelayDep) -
 async def get_model(
     model: str, principal: PrincipalDep, pool: PoolDep, relay: RelayDep
 ) -> dict[str, Any]:
-    """One model this key may use (section 7.3).
+    """One model this key may use (section 7.3); an alias (exact or pattern) as its target.
 
     Raises:
         NotFoundError: no upstream offers `model`, or the key may not use it (the same 404:
             a key does not learn which models exist beyond its own).
     """
+    target = relay.settings.aliases.target(model)  # an alias is found as its target is
     async with relay.limiter.admitted(principal):
-        models = await _catalogue(pool) if principal.allows_model(model) else []
+        wanted = model if target is None else target
+        models = await _catalogue(pool) if principal.allows_model(wanted) else []
     for info in models:
-        if info.id == model or _same(info.id, model):
-            return _model(info)
+        if info.id == wanted or _same(info.id, wanted):
+            return _model(info if target is None else replace(info, id=model))
     raise NotFoundError(f"The model '{model}' does not exist")
 
 
