@@ -86,6 +86,10 @@ class GatewayError(Exception):
         self.message = message
         self.headers = headers or {}
 
+    def status_for(self, path: str) -> int:
+        """The HTTP status a client at `path` gets: `status_code`, unless its API says otherwise."""
+        return self.status_code
+
 
 class BadRequestError(GatewayError):
     """The body is not valid JSON (400, as Ollama answers; reference section 1)."""
@@ -128,11 +132,20 @@ class PayloadTooLargeError(GatewayError):
 class OverTokenLimitError(PayloadTooLargeError):
     """The request needs more tokens than its key's whole TPM allows (413): it can never pass.
 
-    Its prompt alone, or the output it asks for, exceeds what one minute's window holds, so
-    waiting cannot help; a 429 would make clients and SDKs retry it for ever.
+    Its prompt alone exceeds what one minute's window holds, so waiting cannot help; a 429
+    would make clients and SDKs retry it for ever.
     """
 
     outcome: Outcome = "bad_request"
+
+    def status_for(self, path: str) -> int:
+        """400 on `/v1/messages`, 413 elsewhere.
+
+        Anthropic answers a prompt too long for the model with 400 `invalid_request_error`
+        ("prompt is too long"); Claude Code shows that message, but words every 413 as its
+        own "Request too large (max 32MB) ... images" text, hiding the gateway's reason.
+        """
+        return 400 if speaks_anthropic(path) else self.status_code
 
 
 class UnprocessableError(GatewayError):

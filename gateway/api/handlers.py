@@ -54,8 +54,9 @@ def _rejection_handlers(
 
     async def gateway_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, GatewayError)  # noqa: S101 - registered for GatewayError only
-        count(request, exc.status_code, exc.outcome)
-        return error_response(request.url.path, exc.status_code, exc.message, exc.headers)
+        status = exc.status_for(request.url.path)
+        count(request, status, exc.outcome)
+        return error_response(request.url.path, status, exc.message, exc.headers)
 
     async def http_exception(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)  # noqa: S101

@@ -272,6 +272,29 @@ def test_a_rate_limit_raises_rate_limit_error_with_retry_after(gw: Gateway) -> N
         _client(gw, key).messages.count_tokens(model=MODEL, messages=MESSAGES)
 
 
+def test_a_prompt_over_the_keys_whole_tpm_is_a_400_that_says_so(gw: Gateway) -> None:
+    """Anthropic's "prompt is too long" is a 400 `invalid_request_error`; a 413 would be shown
+    by Claude Code as its own "Request too large (max 32MB) ... images" text instead."""
+    _, key = gw.create_key("small", tpm=100)
+    long: Any = [{"role": "user", "content": "word " * 400}]  # about 500 tokens
+    with pytest.raises(anthropic.BadRequestError) as raised:
+        _client(gw, key).messages.create(model=MODEL, max_tokens=5, messages=long)
+    assert raised.value.status_code == 400
+    error = raised.value.body["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "100 tokens per minute" in error["message"]
+    # The same prompt on the OpenAI surface keeps its 413.
+    body = {"model": MODEL, "max_tokens": 5, "messages": long}
+    headers = {"Authorization": f"Bearer {key}"}
+    answer = httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers=headers)
+    assert answer.status_code == 413
+    metrics = gw.metrics_text()
+    assert (
+        metric_value(metrics, "gateway_requests_total", route="/v1/messages", outcome="bad_request")
+        == 1
+    )
+
+
 def test_count_tokens_is_a_marked_estimate_outside_the_tpm(gw: Gateway) -> None:
     _, key = gw.create_key("tiny", tpm=10)
     client = _client(gw, key)
