@@ -1,7 +1,8 @@
 """Usage accounting over real `gateway serve` processes in front of the emulator.
 
-Clients count what they received (`eval_count`/`prompt_eval_count`, OpenAI `usage`, or the
-text chunks of a stream that ended early); after the gateway stopped, the `gateway_usage` table
+Clients count what they received (`eval_count`/`prompt_eval_count`, OpenAI `usage`, the
+anthropic and openai SDKs' `usage` on the agent surfaces, or the text chunks of a stream that
+ended early); after the gateway stopped, the `gateway_usage` table
 must hold exactly those numbers, per key and model.
 """
 
@@ -305,3 +306,67 @@ def test_two_gateways_on_one_postgresql_add_up_exactly(
     assert _recorded(report) == expected
     assert report.totals.requests == 3 * 2 * 2 * 2 * 4 * 2
     assert all(not row.totals.errors for row in report.rows)
+
+
+def _agent_surface_jobs(url: str, keys: dict[str, str]) -> list[Job]:
+    """Each key, each model, `/v1/messages` and `/v1/responses`, streamed and not, through the
+    real SDKs; each job returns the usage its client was given."""
+    import anthropic
+    import openai
+
+    def messages(key_id: str, model: str, stream: bool) -> tuple[str, str, Seen]:
+        with anthropic.Anthropic(base_url=url, api_key=keys[key_id], max_retries=0) as client:
+            asked: Any = {
+                "model": model,
+                "max_tokens": 50,
+                "messages": [{"role": "user", "content": "hi"}],
+            }
+            if stream:
+                with client.messages.stream(**asked) as events:
+                    message = events.get_final_message()
+            else:
+                message = client.messages.create(**asked)
+        usage = message.usage
+        seen = Seen(usage.input_tokens, usage.output_tokens, first_token=True)
+        return key_id, canonical_model(model), seen
+
+    def responses(key_id: str, model: str, stream: bool) -> tuple[str, str, Seen]:
+        with openai.OpenAI(base_url=f"{url}/v1", api_key=keys[key_id], max_retries=0) as client:
+            if stream:
+                events = list(client.responses.create(model=model, input="hi", stream=True))
+                answer = events[-1].response  # type: ignore[union-attr]
+            else:
+                answer = client.responses.create(model=model, input="hi")
+        assert answer.usage is not None
+        usage = answer.usage
+        seen = Seen(usage.input_tokens, usage.output_tokens, first_token=True)
+        return key_id, canonical_model(model), seen
+
+    return [
+        lambda f=f, k=k, m=m, s=s: f(k, m, s)  # type: ignore[misc]
+        for f in (messages, responses)
+        for k in keys
+        for m in MODELS
+        for s in (True, False)
+    ]
+
+
+@pytest.mark.clients
+def test_usage_is_exact_on_the_agent_surfaces(emulator: Emulator, tmp_path: Path) -> None:
+    """The anthropic and openai SDKs' `usage` on `/v1/messages` and `/v1/responses` (the
+    upstream's counts) is what the usage table holds per key and model, in both dialects."""
+    emulator.config.tokens, emulator.config.inter_token = 7, 0.002
+    expected: Expected = {}
+    for dialect in ("ollama", "openai"):
+        env = {"GATEWAY_UPSTREAM_URL": emulator.url, "GATEWAY_UPSTREAM_DIALECT": dialect, **ENV}
+        (tmp_path / dialect).mkdir()
+        with gateway_process(tmp_path / dialect, env) as gateway:
+            made = [create_key(gateway.extra_env, name) for name in ("alice", "bob")]
+            keys = {str(k["id"]): str(k["key"]) for k in made}
+            expected = {}
+            seen = _run(_agent_surface_jobs(gateway.url, keys), expected)
+            assert all(s.output == 7 and s.input > 0 for s in seen)
+            _stop(gateway)
+        report = _usage(gateway.env["GATEWAY_DATABASE_URL"])
+        assert _recorded(report) == expected
+        assert report.totals.requests == 2 * 2 * 2 * 2
