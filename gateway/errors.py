@@ -86,7 +86,7 @@ class GatewayError(Exception):
         self.message = message
         self.headers = headers or {}
 
-    def status_for(self, path: str) -> int:
+    def status_for(self, path: str) -> int:  # noqa: ARG002 - subclasses decide by the path
         """The HTTP status a client at `path` gets: `status_code`, unless its API says otherwise."""
         return self.status_code
 
