@@ -10,28 +10,18 @@ at any phase frees the upstream request and its slot.
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from resource import RLIM_INFINITY
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
-from gateway.app import create_app
-from gateway.serve.coalesce import CoalescingHttpToolsProtocol
-from gateway.serve.server import door_limits
-from gateway.settings import Settings
-from gateway.testing.server import LoopbackServer
 from tests.api.test_surface_failures import (
     DEADLINE,
     ONE_SLOT,
     TOKENS,
     UPSTREAM_ERROR,
-    NativeStandIn,
-    OpenAIStandIn,
     RawClient,
     Script,
     _freed,
@@ -40,7 +30,7 @@ from tests.api.test_surface_failures import (
 )
 from tests.support.client import MODEL
 from tests.support.metrics import metric_value
-from tests.support.stack import Emulator, Gateway, store_key
+from tests.support.stack import Emulator, Gateway
 
 pytestmark = pytest.mark.slow
 
@@ -50,44 +40,6 @@ PATH = "/v1/responses"
 @pytest.fixture(params=["ollama", "openai"])
 def dialect(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-@pytest.fixture
-def front(tmp_path: Path, dialect: str) -> Iterator[Callable[..., Gateway]]:
-    """Gateways on `gateway serve`'s client protocol in front of an upstream URL."""
-    servers: list[LoopbackServer] = []
-
-    def make(upstream_url: str, **overrides: Any) -> Gateway:
-        database_url = f"sqlite+aiosqlite:///{tmp_path}/keys-{len(servers)}.db"
-        settings = Settings(
-            upstream_url=upstream_url,
-            upstream_dialect=dialect,
-            database_url=database_url,
-            first_byte_timeout=10.0,
-            idle_timeout=10.0,
-            **overrides,
-        )
-        key_id, key = asyncio.run(store_key(database_url, "test-key"))
-        protocol = CoalescingHttpToolsProtocol.with_limits(door_limits(settings, RLIM_INFINITY))
-        server = LoopbackServer(create_app(settings), http=protocol)
-        server.start()
-        servers.append(server)
-        return Gateway(server.url, key, key_id, settings, database_url)
-
-    yield make
-    for server in servers:
-        server.stop()
-
-
-@pytest.fixture
-def scripted(
-    dialect: str, front: Callable[..., Gateway]
-) -> Iterator[Callable[..., tuple[Script, Gateway]]]:
-    """A gateway in front of the scripted stand-in speaking `dialect`."""
-    script = Script()
-    upstream = NativeStandIn(script) if dialect == "ollama" else OpenAIStandIn(script)
-    with LoopbackServer(upstream.app) as server:
-        yield lambda **settings: (script, front(server.url, **settings))
 
 
 def _post(gw: Gateway, *, stream: bool = True) -> httpx.Response:
