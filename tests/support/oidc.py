@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -142,6 +143,7 @@ class OidcProvider:
         with httpx.Client(timeout=10, follow_redirects=False) as browser:
             form = browser.get(endpoint, params=query)
             assert form.status_code == 200, form.text
+            assert sub not in USERS or f'aria-label="Authorize as {sub}"' in form.text
             chosen = browser.post(endpoint, params=query, data={"sub": sub})
         assert chosen.status_code == 302, chosen.text
         location = chosen.headers["location"]
@@ -168,11 +170,10 @@ def start_oidc_provider(log_path: Path) -> Iterator[OidcProvider]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [str(python), str(APP), "--port", str(port)]
+    for sub, claims in USERS.items():  # buttons on the provider's form, for a real browser
+        argv += ["--user-claims", json.dumps({"sub": sub, **claims})]
     ready = f"{url}/.well-known/openid-configuration"
     with ManagedProcess(
         "test OpenID provider", argv, url, ready, log_path=log_path, start_timeout=60
     ) as process:
-        provider = OidcProvider(url, process)
-        for sub, claims in USERS.items():
-            provider.set_user(sub, claims)
-        yield provider
+        yield OidcProvider(url, process)

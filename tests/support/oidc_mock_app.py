@@ -1,9 +1,10 @@
 """The test OpenID provider's process: oidc-provider-mock, plus the PKCE check it lacks.
 
-Run by `tests.support.oidc` as `.venv/oidc/bin/python tests/support/oidc_mock_app.py --port N`
-(Python 3.12+ with requirements/oidc-mock.txt installed: scripts/oidc-mock); the suite never
-imports it. oidc-provider-mock 0.4 registers authlib's `OpenIDCode` extension but not
-`CodeChallenge`, so it ignores `code_verifier`: a wrong one got tokens when tried. `PkceCheck`
+Run by `tests.support.oidc` with `.venv/oidc/bin/python` (Python 3.12+ with
+requirements/oidc-mock.txt installed: scripts/oidc-mock) as
+`oidc_mock_app.py --port N [--user-claims JSON ...]`; the suite never imports it.
+oidc-provider-mock 0.4 registers authlib's `OpenIDCode` extension but not `CodeChallenge`, so
+it ignores `code_verifier`: a wrong one got tokens when tried. `PkceCheck`
 wraps its WSGI app to do what a real provider does (RFC 7636 section 4.6): it remembers the
 `code_challenge` of each authorization the provider grants, by the code it issues, and answers a
 token request for that code whose `code_verifier` does not match with 400 `invalid_grant`
@@ -11,7 +12,8 @@ token request for that code whose `code_verifier` does not match with 400 `inval
 
 Everything else is the provider's own: discovery at `/.well-known/openid-configuration`, issuer
 `http://127.0.0.1:<port>`, RS256 ID tokens with the user's claims (`PUT /users/<sub>` sets them),
-the authorization form (`POST` with `sub`), nonces required (`require_nonce`).
+the authorization form (`POST` with `sub`; each `--user-claims` user is a button on it,
+labelled `Authorize as <sub>`), nonces required (`require_nonce`).
 """
 
 from __future__ import annotations
@@ -97,10 +99,20 @@ def main() -> None:
     """Serve the provider on 127.0.0.1 at `--port` until stopped."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
-    port = parser.parse_args().port
+    parser.add_argument(
+        "--user-claims",
+        action="append",
+        default=[],
+        help='a predefined user as JSON, {"sub": ..., <claims>} (a button on the form each)',
+    )
+    arguments = parser.parse_args()
+    users = []
+    for text in arguments.user_claims:
+        claims = json.loads(text)
+        users.append(oidc_provider_mock.User(sub=claims.pop("sub"), claims=claims))
     os.environ["AUTHLIB_INSECURE_TRANSPORT"] = "1"  # plain http on loopback, as its own CLI does
-    app = PkceCheck(oidc_provider_mock.app(require_nonce=True))
-    uvicorn.run(app, interface="wsgi", host="127.0.0.1", port=port, log_level="warning")
+    app = PkceCheck(oidc_provider_mock.app(require_nonce=True, user_claims=users))
+    uvicorn.run(app, interface="wsgi", host="127.0.0.1", port=arguments.port, log_level="warning")
 
 
 if __name__ == "__main__":
