@@ -209,6 +209,20 @@ class KeyStore(KeyChanges):
                 raise KeyNotFoundError(key_id)
             return to_record(row)
 
+    async def names(self, key_ids: Sequence[str]) -> dict[str, str]:
+        """Return the names of the keys `key_ids` (one primary-key lookup; unknown ids left out).
+
+        Args:
+            key_ids: The ids to name; the caller bounds how many (the admin API's live view
+                names at most 100 keys in flight).
+        """
+        if not key_ids:
+            return {}
+        query = select(ApiKeyRow.id, ApiKeyRow.name).where(ApiKeyRow.id.in_(list(key_ids)))
+        async with self._sessions() as session:
+            rows = await session.execute(query)
+            return {key_id: name for key_id, name in rows}  # noqa: C416 - rows, not pairs
+
     async def list_audit(
         self,
         *,
