@@ -153,7 +153,7 @@ class LiveBoard:
 
     def in_flight(self) -> InFlight:
         """Count the requests in flight now, per key and per model."""
-        running = list(self.running)  # a copy: no await below, but keep the count consistent
+        running = self.running  # read in one go: nothing here awaits, so nothing changes it
         return InFlight(
             total=len(running),
             by_key=Counter(r.key_id for r in running if r.key_id is not None),

@@ -12,6 +12,7 @@ import logging
 
 import httpx
 from fastapi import APIRouter
+from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.api.admin.auth import IdentityDep, ReaderDep
 from gateway.api.admin.body import BoundedBodyRoute
@@ -60,5 +61,9 @@ async def live(metrics: MetricsDep, pool: PoolDep, store: KeysDep, _: ReaderDep)
     board = metrics.live
     in_flight, recent = board.in_flight(), board.recent()  # both before the await below
     shown = [key_id for key_id, _count in busiest(in_flight.by_key, MAX_LIVE_KEYS)]
-    names = await store.names(shown)
+    try:
+        names = await store.names(shown)
+    except (SQLAlchemyError, OSError) as exc:  # the names are a courtesy: show the ids
+        logger.warning("live view: key names unavailable (%s)", type(exc).__name__)
+        names = {}
     return live_view(in_flight, names, pool.upstreams, recent)

@@ -64,7 +64,7 @@ class ModelList(BaseModel):
 
 
 class KeyCount(BaseModel):
-    """Requests in flight of one key; `name` None when the key is gone from the store."""
+    """Requests in flight of one key; `name` None when the key store could not name it."""
 
     key_id: str
     name: str | None

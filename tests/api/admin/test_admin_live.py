@@ -17,6 +17,7 @@ import httpx
 import pytest
 from jose import jwt
 
+from gateway.api.admin.views import public_url
 from gateway.auth.jwt import AUDIENCE, ISSUER, mint_token
 from tests.support.stack import Emulator, Gateway
 
@@ -207,3 +208,8 @@ def test_the_views_are_in_the_openapi_document(admin_gateway: Gateway) -> None:
     assert {"in_flight", "queue", "upstreams", "recent", "replica"} <= set(
         schemas["LiveView"]["properties"]
     )
+
+
+def test_upstream_urls_are_shown_without_credentials() -> None:
+    assert public_url("http://user:pw@gpu1:11434/v1?key=abc#top") == "http://gpu1:11434/v1"
+    assert public_url("http://[::1]:11434") == "http://[::1]:11434"
