@@ -417,4 +417,15 @@ class AdminTokenVerifier:
             scopes=scopes,
             issuer=iss if isinstance(iss, str) else None,
             token_id=_clean(jti) if isinstance(jti, str) else None,
+            expires_at=_expiry(claims.get("exp")),
         )
+
+
+def _expiry(exp: object) -> datetime | None:
+    """The `exp` claim (NumericDate, RFC 7519 section 2) as a UTC time; None if unusable."""
+    if isinstance(exp, bool) or not isinstance(exp, int | float):
+        return None
+    try:
+        return datetime.fromtimestamp(exp, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None

@@ -472,7 +472,10 @@ async def test_keycloak_tokens_from_a_jwks_file_grant_scopes_by_realm_role(
         scopes=frozenset({"admin", "read"}),
         issuer=idp.issuer,
         token_id=admin.token_id,
+        expires_at=admin.expires_at,
     )
+    assert admin.expires_at is not None
+    assert admin.expires_at > datetime.now(UTC)  # the token's `exp`, an aware UTC time
     assert (await verifier.verify(idp.token(kid, [READ_ROLE]))).scopes == {"read"}
     error = await _refused(verifier, idp.token(kid, ["developer"]))
     assert (error.status, error.message) == (403, "token grants no admin scope")
