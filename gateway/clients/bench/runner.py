@@ -243,7 +243,15 @@ def point_line(model: str, point: dict[str, Any]) -> str:
     parts = [f"{model}: {unit} {point['level']:g}"]
     parts.append("TTFT p50 " + ("-" if ttft is None else f"{ttft * 1000:.0f} ms"))
     parts.append("output " + ("-" if rate is None else f"{rate:.1f} tok/s"))
+    output = summary.get("output_tokens_per_second", {})
+    if rate and output.get("ci_method") == "t over repeats":
+        half = (output["ci_high"] - output["ci_low"]) / 2
+        parts[-1] += f" +-{half / rate:.1%}"
     parts.append("errors " + ("-" if errors is None else f"{errors:.0%}"))
+    if len(point.get("repeats", ())) > 1:
+        parts.append(f"{len(point['repeats'])} repeats")
+    if point.get("convergence") is not None:
+        parts.append("converged" if point["convergence"]["converged"] else "not converged")
     if point.get("slo_met") is not None:
         parts.append("SLO met" if point["slo_met"] else "SLO missed")
     return "  ".join(parts)

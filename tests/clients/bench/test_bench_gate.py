@@ -35,6 +35,7 @@ from gateway.clients.bench.intervals import (
     welch,
 )
 from gateway.clients.bench.records import RequestRecord
+from gateway.clients.bench.report import render_table
 from gateway.clients.bench.shapes import Measurement, ShapeOptions, run_fixed
 from gateway.testing.stack import ManagedProcess, free_port
 from tests.clients.bench.bench_docs import run_doc
@@ -406,3 +407,10 @@ def test_a_target_killed_mid_run_stops_the_run_with_the_partial_document_saved(
     assert entry["stopped"]["level"] == 2
     # The partial document is no baseline: compare refuses it.
     assert main(["compare", str(out), str(out)]) == 2
+
+
+def test_the_report_prints_each_points_intervals() -> None:
+    out = render_table(run_doc())
+    assert "95% intervals at 1 (t over 3 repeats): TTFT p50 " in out
+    once = render_table(run_doc(repeat=1))
+    assert "95% intervals at 4 (within the run): TTFT p50 " in once
