@@ -517,9 +517,11 @@ def gate_warnings(
             half = (row.change_high - row.change_low) / 2  # type: ignore[operator]
             n = min(len(row.base.values), len(row.new.values))  # type: ignore[union-attr]
             need = math.ceil(n * (half / threshold) ** 2) if threshold > 0 else None
-            where = f"{row.model} {level(row.level)}".strip()
+            where = row.model if row.level is None else f"{row.model} at {level(row.level)}"
             more = "" if need is None else f", about {need} repeats"
-            shown.append(f"{where} {row.metric.label} +-{half:.1%}{more}")
+            if need is not None and need > 100:
+                more = ", over 100 repeats: too noisy to gate at this threshold"
+            shown.append(f"{where}: {row.metric.label} +-{half:.1%}{more}")
         warnings.append(
             f"{len(wide)} value(s) cannot tell a {threshold:.1%} change from noise at"
             f" {confidence * 100:g}% confidence (their interval of the change is wider):"
@@ -692,17 +694,16 @@ def render_comparison(comparison: Comparison) -> str:
         lines.append("verdict: refused")
         return "\n".join(lines) + "\n"
     tested = sum(1 for row in comparison.rows if row.test == "welch")
+    once = sum(1 for row in comparison.rows if row.test == "range")
     confidence = f"{comparison.confidence * 100:g}%"
+    parts = [f"{worse} of {len(comparison.rows)} values worse by more than"]
+    parts[0] += f" {comparison.threshold:.1%}"
     if tested:
-        how = f"and significant at {confidence} confidence (Welch's t-test over the repeats)"
-        if tested < sum(1 for row in comparison.rows if row.test is not None):
-            how += "; values measured once: beyond the repeats' range"
-    else:
-        how = "and beyond the repeats' range (no test: fewer than 2 repeats)"
-    lines.append(
-        f"verdict: {comparison.verdict} ({worse} of {len(comparison.rows)} values worse by more"
-        f" than {comparison.threshold:.1%} {how})"
-    )
+        parts.append(f"{tested} tested with Welch's t-test over the repeats")
+    if once:
+        parts.append(f"{once} without repeats on a side: the threshold alone decides")
+    verdict = comparison.verdict + (f" at {confidence} confidence" if tested else "")
+    lines.append(f"verdict: {verdict} ({'; '.join(parts)})")
     return "\n".join(lines) + "\n"
 
 
