@@ -5,14 +5,19 @@ when requests have failed without an answer from the server (connection refused 
 timeout, a gateway's 502 or 504 for its upstream) `failures` times in a row, with no success,
 for `after` seconds, it raises `TargetLost`. Failures a live server chose (a 429 or 503 with
 `Retry-After`, a 4xx, a broken answer with status 200) never count: those are load or bugs, and
-the error-rate limit (`--max-error-rate`) reports them. The driver attaches the cut-short
-measurement, `shapes.measure_point` the partial point, and the runner saves the run as partial
-(docs/benchmarking.md "Exit status").
+the error-rate limit (`--max-error-rate`) reports them. A run that ends (its duration or count
+reached) in such a streak, too short for `after`, is checked once more (`DownWatch.at_end`): one
+request to the target's root, and a target that no longer accepts connections is gone too. The
+driver attaches the cut-short measurement, `shapes.measure_point` the partial point, and the
+runner saves the run as partial (docs/benchmarking.md "Exit status").
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+
+import httpx
 
 from gateway.clients.bench.records import RequestRecord
 from gateway.clients.bench.stats import escape_error
@@ -81,3 +86,27 @@ class DownWatch:
                 f"the target stopped answering: {self.down} requests in a row failed without an"
                 f" answer over {silent:.0f} s (last: {escape_error(self.example, 120)})"
             )
+
+    async def at_end(self, url: str, measurement: Any, wait: float = 5.0) -> None:
+        """At the end of a run: when it ended in a streak of failures, is the target still there?
+
+        One GET of the target's root (any HTTP answer, even a 404, is a live server); nothing is
+        sent when the run did not end in `failures` failures without an answer.
+
+        Raises:
+            TargetLost: the streak, and the target refuses connections (or does not answer
+                within `wait` seconds); its `measurement` is `measurement`.
+        """
+        if self.down < self.failures:
+            return
+        try:
+            async with asyncio.timeout(wait), httpx.AsyncClient(timeout=wait) as client:
+                await client.get(url.rstrip("/") + "/")
+        except (httpx.TransportError, TimeoutError) as exc:
+            lost = TargetLost(
+                f"the target stopped answering: the run ended with {self.down} requests in a row"
+                f" failed without an answer (last: {escape_error(self.example, 120)}) and the"
+                f" target no longer answers ({type(exc).__name__})"
+            )
+            lost.measurement = measurement
+            raise lost from None

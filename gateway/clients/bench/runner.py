@@ -187,7 +187,7 @@ def _measure(plan: Plan, model: str, say: Say) -> Measure:
         if plan.shape == "concurrency":
             # One warm-up per slot: every slot's first answer (cache, graph) stays out.
             warmup = int(level) if plan.warmup is None else plan.warmup
-            return await driver.run_concurrency(
+            done = await driver.run_concurrency(
                 plan.target,
                 plan.workload,
                 model,
@@ -198,19 +198,23 @@ def _measure(plan: Plan, model: str, say: Say) -> Measure:
                 progress=tick,
                 watch=watch,
             )
-        return await driver.run_rate(
-            plan.target,
-            plan.workload,
-            model,
-            level,
-            duration=plan.duration,
-            requests=plan.requests,
-            seed=plan.rate_seed,
-            max_in_flight=plan.max_in_flight,
-            warmup=1 if plan.warmup is None else plan.warmup,
-            progress=tick,
-            watch=watch,
-        )
+        else:
+            done = await driver.run_rate(
+                plan.target,
+                plan.workload,
+                model,
+                level,
+                duration=plan.duration,
+                requests=plan.requests,
+                seed=plan.rate_seed,
+                max_in_flight=plan.max_in_flight,
+                warmup=1 if plan.warmup is None else plan.warmup,
+                progress=tick,
+                watch=watch,
+            )
+        # A run that ended in failures without an answer: is the target still there?
+        await watch.at_end(plan.target.url, done)
+        return done
 
     return measure
 

@@ -368,8 +368,15 @@ def test_a_run_failing_more_requests_than_allowed_exits_3(
 
 
 @pytest.mark.processes
+@pytest.mark.parametrize(
+    "down_after",
+    [
+        pytest.param("2", id="within-the-level"),  # 2 s of refusals inside a 4 s level
+        pytest.param("600", id="at-the-level-end"),  # only the probe at the level's end sees it
+    ],
+)
 def test_a_target_killed_mid_run_stops_the_run_with_the_partial_document_saved(
-    tmp_path: Path,
+    tmp_path: Path, down_after: str
 ) -> None:
     out = tmp_path / "run.json"
     with _emulator(
@@ -378,7 +385,7 @@ def test_a_target_killed_mid_run_stops_the_run_with_the_partial_document_saved(
         assert emulator.process is not None
         argv = [sys.executable, "-m", "gateway", "bench", "run", "--target", emulator.url]
         argv += ["--model", "llama3.2", "--no-gpu", "--concurrency", "1,2,4,8"]
-        argv += ["--duration", "4", "--down-after", "2", "--out", str(out)]
+        argv += ["--duration", "4", "--down-after", down_after, "--out", str(out)]
         with subprocess.Popen(  # noqa: S603 - our own interpreter and arguments
             argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
         ) as bench:
