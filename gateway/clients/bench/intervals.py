@@ -25,6 +25,7 @@ fractional degrees of freedom are rounded down, which widens the interval (conse
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Sequence
@@ -191,7 +192,13 @@ def quantile_interval(
     _check_confidence(confidence)
     if not 0 < q < 1:
         raise ValueError(f"a quantile needs 0 < q < 1, got {q}")
-    n = len(ordered)
+    ranks = _ranks(len(ordered), q, confidence)
+    return None if ranks is None else (ordered[ranks[0] - 1], ordered[ranks[1] - 1])
+
+
+@functools.lru_cache(maxsize=256)
+def _ranks(n: int, q: float, confidence: float) -> tuple[int, int] | None:
+    """The 1-based ranks of `quantile_interval`; cached, as every metric of a run shares `n`."""
     if n < 2:
         return None
     alpha = 1 - confidence
@@ -200,7 +207,7 @@ def quantile_interval(
     high_rank = min((r for r in range(1, n + 1) if cdf[r - 1] >= 1 - alpha / 2), default=None)
     if low_rank is None or high_rank is None:
         return None
-    return ordered[low_rank - 1], ordered[high_rank - 1]
+    return low_rank, high_rank
 
 
 @dataclass(frozen=True, slots=True)

@@ -421,3 +421,20 @@ def test_the_report_prints_each_points_intervals() -> None:
     assert "95% intervals at 1 (t over 3 repeats): TTFT p50 " in out
     once = render_table(run_doc(repeat=1))
     assert "95% intervals at 4 (within the run): TTFT p50 " in once
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-repeats", "5"], "--max-repeats applies only with --until-ci"),
+        (["--until-ci", "2%", "--repeat", "12"], "max_repeats (10) must be at least 2"),
+    ],
+)
+def test_adaptive_repeat_options_that_cannot_work_are_usage_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    # Refused before anything is sent: the target is a port nothing listens on.
+    target = f"http://127.0.0.1:{free_port()}"
+    code = main(["run", "--target", target, "--api", "ollama", "--model", "m", *argv])
+    assert code == 2
+    assert message in capsys.readouterr().err
