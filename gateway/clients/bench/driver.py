@@ -55,9 +55,9 @@ __all__ = [
 ]
 
 Progress = Callable[[int, int], None]
+"""Called with (counted requests finished, counted requests planned; 0 in duration mode)."""
 Watch = Callable[[RequestRecord], None]
 """Sees every answered request; raises `health.TargetLost` to stop the run (`health.DownWatch`)."""
-"""Called with (counted requests finished, counted requests planned; 0 in duration mode)."""
 
 CAP_REACHED = "in-flight cap reached"
 #: The open loop: failures in a row (without `Retry-After`) after which arrivals are held back.
