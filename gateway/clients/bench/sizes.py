@@ -77,7 +77,7 @@ def parse_size(text: str) -> tuple[str | None, SizeHint]:
     found = _AMOUNT.match(value)
     if found:
         number, unit = found.groups()
-        size = int(float(number) * _UNITS[(unit or "").lower()])
+        size = round(float(number) * _UNITS[(unit or "").lower()])  # 4.1 * 1e9 is 4099999999.99
         return (model or None), SizeHint(size, "--size")
     path = Path(value.strip()).expanduser()
     if path.is_file():
