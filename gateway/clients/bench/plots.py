@@ -284,6 +284,7 @@ def _latency(
         # Queueing moves TTFT by orders of magnitude; a linear axis would hide the low levels.
         if drawn and min(drawn) > 0 and max(drawn) / min(drawn) > 20:
             axes.set_yscale("log")
+            _plain_numbers(axes)
         else:
             axes.set_ylim(bottom=0, top=max(drawn, default=1.0) * 1.15 or 1.0)
         _mark_knee(axes, knee)
@@ -295,6 +296,14 @@ def _latency(
     top.set_title(f"{_label(model)}: latency")
     figure.tight_layout()
     return figure
+
+
+def _plain_numbers(axes: Any) -> None:
+    """Label a log axis 200, 1000, 5000 instead of 2 x 10^2 (and no minor labels)."""
+    ticker = importlib.import_module("matplotlib.ticker")
+    axes.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axes.yaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _pos: f"{value:g}"))
+    axes.yaxis.set_minor_formatter(ticker.NullFormatter())
 
 
 def _matrix(figure: Any, entries: Sequence[Mapping[str, Any]]) -> Any:
@@ -337,6 +346,8 @@ def _matrix(figure: Any, entries: Sequence[Mapping[str, Any]]) -> Any:
         axes.invert_yaxis()  # the first model on top, as in the table
         top = 100.0 if title.startswith("quality") else max(heights, default=0.0) or 1.0
         axes.set_xlim(0, top * 1.3)
+        if title.startswith("quality"):
+            axes.set_xticks([0, 25, 50, 75, 100])
         for row, (value, height) in enumerate(zip(values, heights, strict=True)):
             if value is None:
                 text = "none" if title.startswith("knee") else "not measured"
