@@ -323,3 +323,19 @@ def test_report_writes_the_html_from_a_saved_run(tmp_path: Path) -> None:
     page = tmp_path / "out.html"
     assert main(["report", str(run), "--html", str(page)]) == 0
     assert "TTFT p50 (ms)" in _parse(page.read_text(encoding="utf-8")).cells
+
+
+def test_compare_judges_quality_only_on_the_same_questions_asked_the_same_way() -> None:
+    from gateway.clients.bench.compare import compare
+
+    def quality(doc: dict[str, Any]) -> str:
+        (row,) = [r for r in compare(base, doc).rows if r.metric.key == "quality"]
+        return row.verdict
+
+    base = run_doc([model_entry("m", quality=11 / 12)])
+    worse = run_doc([model_entry("m", quality=6 / 12)])
+    assert quality(worse) == "worse"
+    worse["models"][0]["quality"]["endpoint"] = "completions"
+    assert quality(worse) == "missing"  # asked through another endpoint: not comparable
+    worse["models"][0]["quality"] |= {"endpoint": "chat", "set": "file:qa.jsonl@0123456789ab"}
+    assert quality(worse) == "missing"  # other questions
