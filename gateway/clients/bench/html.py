@@ -42,7 +42,9 @@ _CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1200px;
        padding: 0 1em; color: #1b1f24; }
 h1 { font-size: 1.6em; } h2 { margin-top: 2em; border-bottom: 1px solid #d0d7de; }
-table { border-collapse: collapse; margin: 0.8em 0; font-variant-numeric: tabular-nums; }
+table { border-collapse: collapse; margin: 0.8em 0; font-variant-numeric: tabular-nums;
+        font-size: 13px; }
+.scroll { overflow-x: auto; }
 th, td { border: 1px solid #d0d7de; padding: 0.25em 0.6em; }
 th { background: #f6f8fa; font-weight: 600; }
 td.r, th.r { text-align: right; } td.l, th.l { text-align: left; }
@@ -71,7 +73,8 @@ def _table(columns: Sequence[Column], rows: Sequence[Sequence[str]]) -> str:
         + "</tr>"
         for row in rows
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    table = f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f'<div class="scroll">{table}</div>'
 
 
 def _image(name: str, data: bytes, alt: str) -> str:

@@ -374,6 +374,7 @@ def _matrix_load(figure: Any, entries: Sequence[Mapping[str, Any]]) -> Any:
     left = figure.add_subplot(1, 2, 1)
     right = figure.add_subplot(1, 2, 2)
     levels: list[float] = []
+    ttfts: list[float] = []
     for index, entry in enumerate(entries):
         ordered = points(entry)
         if not ordered:
@@ -384,12 +385,17 @@ def _matrix_load(figure: Any, entries: Sequence[Mapping[str, Any]]) -> Any:
         left.plot(xs, ys, marker="o", color=color, label=label)
         xs, ys = _series(ordered, "ttft_seconds.p50", 1000.0)
         right.plot(xs, ys, marker="o", color=color, label=label)
+        ttfts += ys
     first = next(points(e) for e in entries if points(e))
     for axes, title in ((left, "output tokens/s"), (right, "TTFT p50 (ms)")):
         _load_axis(axes, levels)
         axes.set_xlabel(_xlabel(first))
         axes.set_title(title, fontsize=10)
-        axes.set_ylim(bottom=0)
+        if axes is right and ttfts and min(ttfts) > 0 and max(ttfts) / min(ttfts) > 20:
+            axes.set_yscale("log")  # queueing multiplies TTFT: keep the low levels readable
+            _plain_numbers(axes)
+        else:
+            axes.set_ylim(bottom=0)
         axes.grid(True, alpha=0.3)
         axes.legend(fontsize=8)
     figure.tight_layout()
