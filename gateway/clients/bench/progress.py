@@ -20,7 +20,7 @@ class LevelProgress:
 
     Args:
         model: The model (escaped when shown: it came from the command line or the server).
-        label: The level as the reader knows it (`concurrency 4`, `2 req/s`).
+        label: The level as the reader knows it (`concurrency 4`, `rate 2 req/s`).
         duration: The level's planned seconds (duration mode), else None.
         say: Where each line goes (a text starting with a carriage return, updated in place).
         clock: Seconds, monotonic (tests pass their own).
@@ -52,16 +52,16 @@ class LevelProgress:
             failed: Counted requests that failed.
 
         Returns:
-            E.g. `m: concurrency 4  88 requests  3.1 req/s  0 failed  28 s of 30 s`.
+            E.g. `m: concurrency 4  88 requests, 3.1/s  0 failed  28 s of 30 s`.
         """
         elapsed = max(self._clock() - self._start, 0.0)
         counted = f"{done}/{total} requests" if total > 0 else f"{done} requests"
-        rate = f"{done / elapsed:.1f} req/s" if elapsed > 0 else "- req/s"
+        rate = f"{done / elapsed:.1f}/s" if elapsed > 0 else "-/s"
         errors = f"{failed} failed" + (f" ({failed / done:.0%})" if failed and done else "")
         clock = f"{elapsed:.0f} s" + (
             f" of {self._duration:g} s" if self._duration is not None else ""
         )
-        return f"  {self._model}: {self._label}  {counted}  {rate}  {errors}  {clock}"
+        return f"  {self._model}: {self._label}  {counted}, {rate}  {errors}  {clock}"
 
     def __call__(self, done: int, total: int, failed: int) -> None:
         """The driver's `Progress`: update the line in place."""
@@ -69,5 +69,5 @@ class LevelProgress:
 
 
 def level_label(shape: str, level: float) -> str:
-    """A level as the reader knows it: `concurrency 4` or `2 req/s`."""
-    return f"concurrency {level:g}" if shape == "concurrency" else f"{level:g} req/s"
+    """A level as the reader knows it: `concurrency 4` or `rate 2 req/s`."""
+    return f"concurrency {level:g}" if shape == "concurrency" else f"rate {level:g} req/s"

@@ -54,14 +54,14 @@ def test_progress_shows_the_total_only_when_known() -> None:
     )
     clock.now += 10
     known(40, 120, 2)
-    assert said[-1] == "\r  m: concurrency 4  40/120 requests  4.0 req/s  2 failed (5%)  10 s"
+    assert said[-1] == "\r  m: concurrency 4  40/120 requests, 4.0/s  2 failed (5%)  10 s"
 
     unknown = LevelProgress(
         "m", level_label("rate", 2.5), duration=30, say=said.append, clock=clock
     )
     clock.now += 4
     unknown(88, 0, 0)
-    assert said[-1] == "\r  m: 2.5 req/s  88 requests  22.0 req/s  0 failed  4 s of 30 s"
+    assert said[-1] == "\r  m: rate 2.5 req/s  88 requests, 22.0/s  0 failed  4 s of 30 s"
     assert "/0" not in said[-1]
 
 
@@ -71,7 +71,7 @@ def test_progress_at_its_first_instant_and_with_a_hostile_model_name() -> None:
         "evil\x1b[2Jname", "concurrency 1", duration=None, say=said.append, clock=_Clock()
     )
     progress(0, 0, 0)
-    assert "- req/s" in said[-1]  # no division by a zero elapsed time
+    assert "0 requests, -/s" in said[-1]  # no division by a zero elapsed time
     assert "\x1b" not in said[-1]
 
 
@@ -339,3 +339,23 @@ def test_compare_judges_quality_only_on_the_same_questions_asked_the_same_way() 
     assert quality(worse) == "missing"  # asked through another endpoint: not comparable
     worse["models"][0]["quality"] |= {"endpoint": "chat", "set": "file:qa.jsonl@0123456789ab"}
     assert quality(worse) == "missing"  # other questions
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--size", "m=4.1 parsecs", "neither an amount"),
+        ("--size", "m=/nonexistent/model.gguf", "neither an amount"),
+        ("--quality-file", "/nonexistent/qa.jsonl", "cannot read"),
+    ],
+)
+def test_a_bad_size_or_question_file_is_a_usage_error_before_anything_is_sent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, value: str, said: str
+) -> None:
+    # Port 1 refuses: were anything sent, the exit would be 1 (unreachable), not 2.
+    code = main([
+        "run", "--target", "http://127.0.0.1:1", "--api", "openai", "--model", "m",
+        option, value, "--no-save", "--no-gpu",
+    ])  # fmt: skip
+    assert code == 2
+    assert said in capsys.readouterr().err
