@@ -23,13 +23,16 @@ from starlette.routing import Route
 from gateway.clients.bench.cli import main
 from gateway.clients.bench.html import render_html, write_report
 from gateway.clients.bench.progress import LevelProgress, level_label
+from gateway.clients.bench.protocol import Target
 from gateway.clients.bench.quality import (
     QUESTION_SET,
     QuestionFileError,
     load_questions,
     probe_quality,
 )
+from gateway.clients.bench.runner import Plan, run_benchmark
 from gateway.clients.bench.sizes import SizeHint, model_size, parse_size
+from gateway.clients.bench.workload import Sampling, load_workload
 from gateway.testing.server import LoopbackServer
 from tests.clients.bench.bench_docs import model_entry, run_doc
 
@@ -359,3 +362,32 @@ def test_a_bad_size_or_question_file_is_a_usage_error_before_anything_is_sent(
     ])  # fmt: skip
     assert code == 2
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.anyio
+async def test_the_runner_reports_progress_per_level_with_what_it_knows(emulator: Any) -> None:
+    for name, value in FAST.items():
+        setattr(emulator.config, name, value)
+    workload = load_workload("builtin", Sampling(max_tokens=8))
+    common = {"models": (emulator.config.models[0],), "workload": workload, "gpu": False}
+    said: list[str] = []
+    counted = Plan(
+        target=Target(emulator.url, "openai"), mode="sweep", shape="concurrency",
+        levels=(1, 2), duration=None, requests=3, **common,
+    )  # fmt: skip
+    await run_benchmark(counted, say=said.append)
+    live = [line for line in said if line.startswith("\r") and not line.endswith("\n")]
+    model = emulator.config.models[0]
+    for done, line in enumerate(live[-3:], start=1):
+        assert line.startswith(f"\r  {model}: concurrency 2  {done}/3 requests, ")
+    assert all("0 failed" in line for line in live)
+    timed = Plan(
+        target=Target(emulator.url, "openai"), mode="fixed", shape="concurrency",
+        levels=(1,), duration=0.3, requests=None, **common,
+    )  # fmt: skip
+    said.clear()
+    await run_benchmark(timed, say=said.append)
+    live = [line for line in said if line.startswith("\r") and not line.endswith("\n")]
+    assert live
+    assert all("/" not in line.split(": ", 1)[1].split(" requests")[0] for line in live)
+    assert all(line.endswith(" of 0.3 s") for line in live)
