@@ -416,7 +416,7 @@ def _plan(args: argparse.Namespace, target: Target) -> Plan:
         options=options,
         cold_load=args.cold_load,
         quality=args.quality or args.quality_file is not None,
-        sizes=_sizes(args.size),
+        sizes=_sizes(args.size, models),
         probe=_probe(args),
         gpu=not args.no_gpu,
         sample_interval=args.sample_interval,
@@ -428,11 +428,18 @@ def _plan(args: argparse.Namespace, target: Target) -> Plan:
     )
 
 
-def _sizes(given: Sequence[str]) -> dict[str, SizeHint]:
-    """`--size` values by model (`""`: every model). Raises ValueError (a usage error)."""
+def _sizes(given: Sequence[str], models: Sequence[str]) -> dict[str, SizeHint]:
+    """`--size` values by model (`""`: every model).
+
+    Raises:
+        ValueError: a value `parse_size` refuses, or one naming a model not measured (a typo
+            would leave the size out silently); a usage error.
+    """
     found: dict[str, SizeHint] = {}
     for text in given:
         model, hint = parse_size(text)
+        if model is not None and model not in models:
+            raise ValueError(f"--size names {model!r}, which is not among --models")
         found[model or ""] = hint
     return found
 

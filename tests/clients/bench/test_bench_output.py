@@ -350,6 +350,7 @@ def test_compare_judges_quality_only_on_the_same_questions_asked_the_same_way() 
         ("--size", "m=4.1 parsecs", "neither an amount"),
         ("--size", "m=/nonexistent/model.gguf", "neither an amount"),
         ("--quality-file", "/nonexistent/qa.jsonl", "cannot read"),
+        ("--size", "other=4GB", "not among --models"),
     ],
 )
 def test_a_bad_size_or_question_file_is_a_usage_error_before_anything_is_sent(
