@@ -2,8 +2,9 @@
 
 Where each number comes from (the model entry's `size.source` names it):
 
-- Ollama: `GET /api/tags` `size` (the bytes on disk) and `GET /api/ps` `size`, `size_vram`
-  (resident and on the GPU, while the model is loaded).
+- Ollama: `GET /api/tags` `size` (the bytes on disk), `GET /api/ps` `size`, `size_vram`
+  (resident and on the GPU, while the model is loaded), `POST /api/show`
+  `model_info["general.parameter_count"]`.
 - llama.cpp's `llama-server`: `GET /v1/models`, whose entries carry `meta` with `size` (the
   weights' bytes) and `n_params` (llama.cpp tools/server: `model_meta()`); else `GET /props`
   `model_path`, read as a local file when the target is on this machine (a loopback address).
@@ -17,7 +18,9 @@ hand may not); a user's value it overrides is noted. Every read is bounded in ti
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,7 +30,13 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
-from gateway.clients.bench.resources import disk_size, get_json, loaded_memory
+from gateway.clients.bench.resources import (
+    MAX_ANSWER,
+    SAMPLE_DEADLINE,
+    disk_size,
+    get_json,
+    loaded_memory,
+)
 
 _UNITS = {
     "": 1,
@@ -108,6 +117,30 @@ def _whole(value: object) -> int | None:
         return None
 
 
+async def _ollama_parameters(client: httpx.AsyncClient, model: str) -> int | None:
+    """Ollama's `POST /api/show` `model_info["general.parameter_count"]`, or None.
+
+    Bounded as `resources.get_json` (`SAMPLE_DEADLINE`, `MAX_ANSWER`): the answer carries the
+    template and the licence, and a server may send more.
+    """
+    try:
+        async with (
+            asyncio.timeout(SAMPLE_DEADLINE),
+            client.stream("POST", "/api/show", json={"model": model}) as response,
+        ):
+            response.raise_for_status()
+            body = bytearray()
+            async for piece in response.aiter_bytes():
+                body += piece
+                if len(body) > MAX_ANSWER:
+                    return None
+        shown = json.loads(body)
+    except (TimeoutError, httpx.HTTPError, ValueError, RecursionError):
+        return None
+    info = shown.get("model_info") if isinstance(shown, Mapping) else None
+    return _whole(info.get("general.parameter_count")) if isinstance(info, Mapping) else None
+
+
 async def _openai_meta(client: httpx.AsyncClient, model: str) -> dict[str, Any]:
     """llama.cpp's `/v1/models` `meta` of this model (`size`, `n_params`), or `{}`."""
     try:
@@ -173,6 +206,7 @@ async def model_size(
         size["disk_bytes"] = await disk_size(client, model) or None
         if size["disk_bytes"] is not None:
             size["source"] = "ollama /api/tags"
+        size["parameters"] = await _ollama_parameters(client, model)
         memory = await loaded_memory(client, model)
         if memory is not None:
             size["loaded_bytes"] = memory["size_bytes"]

@@ -392,3 +392,19 @@ async def test_the_runner_reports_progress_per_level_with_what_it_knows(emulator
     assert live
     assert all("/" not in line.split(": ", 1)[1].split(" requests")[0] for line in live)
     assert all(line.endswith(" of 0.3 s") for line in live)
+
+
+@pytest.mark.anyio
+async def test_sizes_from_ollama_tags_ps_and_show(emulator: Any) -> None:
+    model = emulator.config.models[0]
+    async with httpx.AsyncClient(base_url=emulator.url, timeout=5.0) as client:
+        await client.post("/api/generate", json={"model": model, "prompt": "hi", "stream": False})
+        size = await model_size(client, "ollama", model, url=emulator.url)
+        tags = (await client.get("/api/tags")).json()["models"]
+        show = (await client.post("/api/show", json={"model": model})).json()
+    listed = next(m for m in tags if m["name"] == model)
+    assert size["disk_bytes"] == listed["size"]
+    assert size["source"] == "ollama /api/tags"
+    assert size["parameters"] == show["model_info"]["general.parameter_count"]
+    assert size["parameters"] > 0
+    assert size["loaded_bytes"] is not None  # /api/ps, the model answered just now
