@@ -7,20 +7,33 @@ import { byId, count, formValues, fromLocalInput, h, replace, say, time } from '
 const PAGE = 50;
 const state = { cursors: [null], index: 0, next: null, asked: 0 };
 
+const ISO_TIME = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$/;
+
+/** A changed value: a time in the browser's zone (UTC on hover), else as text or JSON. */
 function show(value) {
   if (value === null || value === undefined) return 'none';
+  if (typeof value === 'string' && ISO_TIME.test(value)) return time(value, { seconds: true });
   return typeof value === 'string' ? value : JSON.stringify(value);
 }
 
-/** "rpm: 5 → 10" lines for an entry's changes (a created key lists what it was made with). */
+/**
+ * "rpm: 5 → 10" lines for an entry's changes. A create records every field (before: none);
+ * only those it set are listed. A rotation's secret is never recorded, only that it changed.
+ */
 function changesCell(changes) {
   if (!changes) return h('td', { class: 'muted' }, '—');
-  const lines = Object.entries(changes).map(([field, change]) => {
-    if (change && typeof change === 'object' && 'before' in change && 'after' in change) {
-      return h('li', {}, h('span', { class: 'change-field' }, field), `: ${show(change.before)} → ${show(change.after)}`);
+  const lines = [];
+  for (const [field, change] of Object.entries(changes)) {
+    const label = h('span', { class: 'change-field' }, field);
+    if (!(change && typeof change === 'object' && 'before' in change && 'after' in change)) {
+      lines.push(h('li', {}, label, ': ', show(change)));
+    } else if (field === 'secret') {
+      lines.push(h('li', {}, label, ': replaced'));
+    } else if (JSON.stringify(change.before) !== JSON.stringify(change.after)) {
+      lines.push(h('li', {}, label, ': ', show(change.before), ' → ', show(change.after)));
     }
-    return h('li', {}, h('span', { class: 'change-field' }, field), `: ${show(change)}`);
-  });
+  }
+  if (!lines.length) return h('td', { class: 'muted' }, 'no change');
   return h('td', { class: 'changes' }, h('ul', { class: 'plain' }, lines));
 }
 

@@ -58,15 +58,15 @@ export function barChart({ title, labels, values, format, unit = '' }) {
 
   // At most about six day labels, always the first and the last.
   const every = Math.max(1, Math.ceil(labels.length / 6));
+  const last = labels.length - 1;
   const xLabels = labels.map((label, index) => {
-    if (index % every !== 0 && index !== labels.length - 1) return null;
-    if (index !== labels.length - 1 && labels.length - 1 - index < every / 2 && index !== 0) return null;
-    return svg('text', {
-      class: 'day',
-      x: LEFT + index * band + band / 2,
-      y: HEIGHT - 6,
-      'text-anchor': 'middle',
-    }, label.slice(5)); // MM-DD: the year is in the form above
+    const edge = index === 0 || index === last;
+    if (!edge && (index % every !== 0 || last - index < every / 2)) return null;
+    // The first label starts at its bar and the last ends at its bar: none is cut off.
+    const anchor = index === 0 && last > 0 ? 'start' : index === last && last > 0 ? 'end' : 'middle';
+    const x = { start: LEFT + index * band, end: LEFT + (index + 1) * band }[anchor]
+      ?? LEFT + index * band + band / 2;
+    return svg('text', { class: 'day', x, y: HEIGHT - 6, 'text-anchor': anchor }, label.slice(5)); // MM-DD
   });
 
   const chart = svg('svg', {
