@@ -13,7 +13,7 @@ function table(caption, headers, rows, empty) {
   if (!rows.length) return h('p', { class: 'muted' }, empty);
   return h('div', { class: 'table-wrap', tabindex: 0, role: 'region', 'aria-label': caption },
     h('table', {},
-      h('caption', {}, caption),
+      h('caption', { class: 'sr-only' }, caption), // the heading above says it on screen
       h('thead', {}, h('tr', {}, headers.map(([label, cls]) => h('th', { scope: 'col', class: cls }, label)))),
       h('tbody', {}, rows)));
 }
@@ -52,7 +52,7 @@ function render(live) {
       tile(`Last ${count(recent.window_seconds)} s`, `${count(recent.requests)} requests`,
         `${count(recent.errors)} errors`),
       tile('TTFT', seconds(recent.ttft_mean_s), `median ${seconds(recent.ttft_p50_s)}`),
-      tile('Decode', `${number(recent.decode_tokens_per_s)} tokens/s`)),
+      tile('Decode', recent.decode_tokens_per_s == null ? '—' : `${number(recent.decode_tokens_per_s)} tokens/s`)),
     h('h2', {}, 'Upstreams'),
     table('Upstreams', [['Upstream'], ['Circuit'], ['In flight', 'num'], ['Models'], ['Loaded now']],
       upstreams.map((upstream) => h('tr', {},
