@@ -216,5 +216,6 @@ class AdminPage:
         if os.environ.get("GATEWAY_SCREENSHOTS") != "1":
             return
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        self.run("window.scrollTo(0, 0)")  # each screen from its top (a dialog stays centred)
         shot = self.driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png"})
         (SCREENSHOTS / f"admin-{name}.png").write_bytes(base64.b64decode(shot["data"]))

@@ -27,9 +27,10 @@ export function niceCeiling(value) {
  * A bar chart in a <figure>.
  *
  * @param {object} spec title (string), labels (x labels: UTC days 'YYYY-MM-DD'), values
- *   (numbers or null), format (number -> text), unit (for the titles: 'requests')
+ *   (numbers or null), format (number -> text), unit (for the titles: 'requests'), whole
+ *   (counts: no tick between whole numbers)
  */
-export function barChart({ title, labels, values, format, unit = '' }) {
+export function barChart({ title, labels, values, format, unit = '', whole = false }) {
   serial += 1;
   const captionId = `chart-${serial}`;
   const max = niceCeiling(Math.max(0, ...values.map((value) => value ?? 0)));
@@ -38,7 +39,8 @@ export function barChart({ title, labels, values, format, unit = '' }) {
   const band = plotWidth / Math.max(labels.length, 1);
   const y = (value) => TOP + plotHeight - (value / max) * plotHeight;
 
-  const grid = [0, max / 2, max].map((tick) =>
+  const ticks = whole && !Number.isInteger(max / 2) ? [0, max] : [0, max / 2, max];
+  const grid = ticks.map((tick) =>
     svg('g', { class: 'tick' },
       svg('line', { x1: LEFT, x2: WIDTH - RIGHT, y1: y(tick), y2: y(tick) }),
       svg('text', { x: LEFT - 4, y: y(tick) + 4, 'text-anchor': 'end' }, format(tick))));
@@ -61,7 +63,7 @@ export function barChart({ title, labels, values, format, unit = '' }) {
   const last = labels.length - 1;
   const xLabels = labels.map((label, index) => {
     const edge = index === 0 || index === last;
-    if (!edge && (index % every !== 0 || last - index < every / 2)) return null;
+    if (!edge && (index % every !== 0 || last - index < every)) return null;
     // The first label starts at its bar and the last ends at its bar: none is cut off.
     const anchor = index === 0 && last > 0 ? 'start' : index === last && last > 0 ? 'end' : 'middle';
     const x = { start: LEFT + index * band, end: LEFT + (index + 1) * band }[anchor]

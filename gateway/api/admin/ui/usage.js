@@ -79,7 +79,8 @@ function render(answer) {
     tile('Input tokens', count(totals.input_tokens)),
     tile('Output tokens', count(totals.output_tokens)),
     tile('Mean TTFT', seconds(totals.mean_ttft_s)));
-  const chart = (title, values, format, unit) => barChart({ title, labels: days, values, format, unit });
+  const chart = (title, values, format, unit) =>
+    barChart({ title, labels: days, values, format, unit, whole: format === count });
   replace(byId('usage-charts'),
     chart('Requests per day', sums.map((s) => s.requests), count, 'requests'),
     chart('Input tokens per day', sums.map((s) => s.input_tokens), count, 'tokens'),

@@ -365,13 +365,13 @@ def test_the_page_reads_well_at_375_and_1440_pixels(page: AdminPage, stack: Stac
                     page.wait(lambda: page.css("#usage-charts svg"), "the charts")
                 assert page.no_horizontal_scroll(), (width, name)
             page.tab("keys")
+            page.wait(lambda: page.css("#keys-table tbody tr"), "the keys")
+            if width == NARROW[0]:
+                page.screenshot("keys-375-dark" if dark else "keys-375")
             page.click("key-new")
             page.wait(lambda: page.shown("create-name"), "the new-key form")
             assert page.no_horizontal_scroll(), (width, "new key")
-            suffix = "-dark" if dark else ""
-            if width == NARROW[0]:
-                page.screenshot(f"keys-375{suffix}")
-            elif dark:
+            if width == WIDE[0] and dark:
                 page.screenshot("keys-dark")
             page.click("key-create-cancel")
     background = page.run("return getComputedStyle(document.documentElement).backgroundColor")
