@@ -165,30 +165,34 @@ function actions(key) {
     type: 'button', class: cls, 'aria-label': `${verb} key ${key.name}`,
     dataset: { action: verb.toLowerCase() }, onclick: () => handler(key),
   }, label);
-  return h('td', { class: 'write actions' },
+  return h('td', { class: 'write actions' }, h('div', {},
     button('Edit', 'Edit', openEdit),
     button('Rotate', 'Rotate', openRotate),
-    button('Revoke', 'Revoke', openRevoke, 'danger'));
+    button('Revoke', 'Revoke', openRevoke, 'danger')));
 }
 
 function row(key) {
   const grace = key.rotation_grace_until && Date.parse(key.rotation_grace_until) > Date.now();
+  // data-label: the column's name, shown beside each value where the table stacks (a phone).
+  const cell = (label, props, ...content) => h('td', { ...props, 'data-label': label }, h('div', {}, ...content));
+  const controls = actions(key);
+  controls?.setAttribute('data-label', 'Actions');
   return h('tr', { dataset: { keyId: key.id } },
-    h('th', { scope: 'row', class: 'name' }, key.name),
-    h('td', {}, h('code', {}, key.id)),
-    h('td', {},
+    h('th', { scope: 'row', class: 'name', 'data-label': 'Name' }, h('div', {}, key.name)),
+    cell('Id', {}, h('code', {}, key.id)),
+    cell('Status', {},
       h('span', { class: `badge status-${key.status}` }, key.status),
       grace ? h('div', { class: 'muted small' }, 'old secret until ', time(key.rotation_grace_until)) : null),
-    h('td', { class: 'models' }, key.models === null
+    cell('Models', { class: 'models' }, key.models === null
       ? h('span', { class: 'muted' }, 'every model')
       : key.models.join(', ')),
-    h('td', { class: 'limits' },
+    cell('Limits', { class: 'limits' },
       LIMITS.map(([field, , short]) => h('div', {}, `${short}: ${limitText(key[field])}`)),
       key.manage_models ? h('div', {}, 'manages models') : null),
-    h('td', {}, time(key.expires_at)),
-    h('td', {}, time(key.last_used_at)),
-    h('td', {}, time(key.created_at)),
-    actions(key));
+    cell('Expires', {}, time(key.expires_at)),
+    cell('Last used', {}, time(key.last_used_at)),
+    cell('Created', {}, time(key.created_at)),
+    controls);
 }
 
 /** Load the current page of keys with the current filters. */

@@ -88,10 +88,34 @@ def driver(stack: Stack) -> Iterator[Any]:
         yield browser
 
 
+FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Note whether a test's body failed, for `page` to leave what the browser showed."""
+    report = yield
+    if report.when == "call":
+        item.stash[FAILED] = report.failed
+    return report
+
+
 @pytest.fixture
-def page(driver: Any, stack: Stack) -> AdminPage:
-    """The admin page, freshly loaded at desktop width in the light scheme, nobody signed in."""
+def page(
+    driver: Any, stack: Stack, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[AdminPage]:
+    """The admin page, freshly loaded at desktop width in the light scheme, nobody signed in.
+
+    When the test fails, the screen is saved in the test's temporary directory and the
+    browser's console printed (pytest shows both with the failure).
+    """
     admin_page = AdminPage(driver, stack.url)
     admin_page.viewport(*WIDE)
     admin_page.open()
-    return admin_page
+    yield admin_page
+    if request.node.stash.get(FAILED, False):
+        shot = tmp_path / "failure.png"
+        driver.save_screenshot(str(shot))
+        print(f"the browser's screen: {shot}; its URL {driver.current_url}")  # noqa: T201
+        for entry in admin_page.console():
+            print("console:", entry.get("level"), entry.get("message"))  # noqa: T201
