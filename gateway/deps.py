@@ -12,6 +12,7 @@ from fastapi import Depends, Request
 
 from gateway.auth.authenticator import KeyAuthenticator
 from gateway.auth.jwt import AdminTokenVerifier
+from gateway.auth.oidc import OidcClient
 from gateway.batch.batches import BatchStore
 from gateway.batch.files import FileStore
 from gateway.batch.runner import BatchRunner
@@ -36,6 +37,7 @@ class GatewayState(TypedDict):
     lifecycle: Lifecycle
     keys: KeyStore
     admin_verifier: AdminTokenVerifier | None
+    admin_oidc: OidcClient | None
     files: FileStore
     batches: BatchStore
     batch_runner: BatchRunner | None

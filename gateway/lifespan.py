@@ -2,10 +2,10 @@
 
 Order of opening: the key store (bringing the database to this code's schema), the limit
 storage, tracing, one client per upstream (`open_pool`), the usage sink, the admin token
-verifier, the key limiter, the relay, the batch tables and runner; then the background tasks
-(upstream monitors, the limiter's loop, the batch runner). Closing runs backwards: the runner
-hands its lines back first, the usage sink writes what is pending before the key store closes,
-and the limit storage closes last.
+verifier and the web page's single sign-on client, the key limiter, the relay, the batch tables
+and runner; then the background tasks (upstream monitors, the limiter's loop, the batch
+runner). Closing runs backwards: the runner hands its lines back first, the usage sink writes
+what is pending before the key store closes, and the limit storage closes last.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import httpx
 from gateway.api.batch.routes import ENDPOINTS as BATCH_ENDPOINTS
 from gateway.auth.authenticator import KeyAuthenticator
 from gateway.auth.jwt import AdminTokenVerifier
+from gateway.auth.oidc import OidcClient
 from gateway.batch.batches import BatchStore
 from gateway.batch.files import FileStore
 from gateway.batch.finalize import Finalizer
@@ -94,6 +95,9 @@ async def open_services(
         admin_verifier = AdminTokenVerifier.from_settings(settings)
         if admin_verifier is not None:
             stack.push_async_callback(admin_verifier.aclose)
+        admin_oidc = OidcClient.from_settings(settings)  # the web page's single sign-on
+        if admin_oidc is not None:
+            stack.push_async_callback(admin_oidc.aclose)
         limiter = KeyLimiter(limit_storage, limits, metrics)
         stack.push_async_callback(limiter.aclose)
         relay = Relay(
@@ -140,6 +144,7 @@ async def open_services(
                 lifecycle=lifecycle,
                 keys=store,
                 admin_verifier=admin_verifier,
+                admin_oidc=admin_oidc,
                 files=files,
                 batches=batches,
                 batch_runner=runner,

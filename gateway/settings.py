@@ -541,6 +541,31 @@ class Settings(BaseSettings):
     admin_jwt_leeway_seconds: float = Field(
         30.0, ge=0, le=300, description="Clock skew allowed on a token's exp, nbf and iat."
     )
+    # --- admin web page sign-in with the identity provider (gateway.auth.oidc; docs/admin.md) --
+    admin_oidc_client_id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=255,
+        description="Client id registered at the identity provider for the admin web page: "
+        "offers single sign-on there (authorization code flow with PKCE). Needs the JWKS "
+        "settings and GATEWAY_ADMIN_JWT_ISSUER.",
+    )
+    admin_oidc_client_secret: SecretStr | None = Field(
+        None,
+        description="Client secret, for a confidential client (sent with client_secret_basic); "
+        "unset for a public client.",
+    )
+    admin_oidc_scopes: str = Field(
+        "openid profile email",
+        description="Scopes the page asks the identity provider for (space-separated; must "
+        "hold `openid`).",
+    )
+    admin_oidc_token: Literal["id_token", "access_token"] = Field(
+        "id_token",
+        description="Which token of the sign-in opens the admin API: `id_token` (its `aud` is "
+        "the client id, which the verifier then also accepts) or `access_token` (a JWT for "
+        "GATEWAY_ADMIN_JWT_AUDIENCE).",
+    )
 
     @field_validator(
         "admin_jwt_algorithms", "admin_jwt_admin_values", "admin_jwt_read_values", mode="before"
@@ -647,6 +672,51 @@ class Settings(BaseSettings):
             raise ValueError(
                 "a JWKS needs GATEWAY_ADMIN_JWT_ADMIN_VALUES or GATEWAY_ADMIN_JWT_READ_VALUES "
                 "(the groups or roles that grant a scope)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_admin_oidc(self) -> Settings:
+        """Sign-in on the page needs the provider's keys and issuer, and asks for `openid`.
+
+        The issuer is where the gateway fetches the provider's discovery document
+        (`<issuer>/.well-known/openid-configuration`, OpenID Connect Discovery 1.0 section 4),
+        so it must be a URL held to the JWKS URL's rule: https, http only on loopback.
+        """
+        client_id, secret = self.admin_oidc_client_id, self.admin_oidc_client_secret
+        if client_id is None:
+            if secret is not None:
+                raise ValueError(
+                    "GATEWAY_ADMIN_OIDC_CLIENT_SECRET is set without GATEWAY_ADMIN_OIDC_CLIENT_ID"
+                )
+            return self
+        if not client_id.isprintable() or client_id != client_id.strip():
+            raise ValueError(
+                "GATEWAY_ADMIN_OIDC_CLIENT_ID holds surrounding spaces or control characters"
+            )
+        if self.admin_jwks_url is None and self.admin_jwks_file is None:
+            raise ValueError(
+                "GATEWAY_ADMIN_OIDC_CLIENT_ID needs GATEWAY_ADMIN_JWKS_URL (or _FILE) and "
+                "GATEWAY_ADMIN_JWT_ISSUER: the gateway verifies the provider's tokens with them"
+            )
+        issuer = urlsplit(self.admin_jwt_issuer or "")
+        loopback = issuer.hostname in {"localhost", "127.0.0.1", "::1"}
+        if not issuer.hostname or not (
+            issuer.scheme == "https" or (issuer.scheme == "http" and loopback)
+        ):
+            raise ValueError(
+                "with GATEWAY_ADMIN_OIDC_CLIENT_ID, GATEWAY_ADMIN_JWT_ISSUER must be the "
+                "provider's https URL (http only on loopback): its discovery document is "
+                "fetched from <issuer>/.well-known/openid-configuration"
+            )
+        scopes = self.admin_oidc_scopes.split()
+        if "openid" not in scopes or not all(
+            scope.isascii() and scope.isprintable() and '"' not in scope and "\\" not in scope
+            for scope in scopes
+        ):
+            raise ValueError(
+                "GATEWAY_ADMIN_OIDC_SCOPES must be space-separated scopes that include openid "
+                "(OpenID Connect Core 1.0 section 3.1.2.1), e.g. 'openid profile email'"
             )
         return self
 

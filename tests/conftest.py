@@ -21,6 +21,7 @@ from gateway.settings import Settings
 from gateway.testing.emulator.app import EmulatorConfig, create_emulator_app
 from gateway.testing.server import LoopbackServer
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
+from tests.support.oidc import OidcProvider, start_oidc_provider
 from tests.support.servers import PG_URL, REDIS_URL, Database, in_ci, postgres_database
 from tests.support.stack import Emulator, Gateway, store_key
 
@@ -156,6 +157,20 @@ def make_gateway(tmp_path: Path, emulator: Emulator) -> Iterator[Callable[..., G
 def gateway(make_gateway: Callable[..., Gateway]) -> Gateway:
     """A gateway with default settings in front of the emulator (Ollama dialect)."""
     return make_gateway()
+
+
+# --- the test OpenID provider (single sign-on on the admin page) -----------------------------
+
+
+@pytest.fixture(scope="session")
+def oidc_provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OidcProvider]:
+    """oidc-provider-mock on a loopback port, with `tests.support.oidc.USERS`, for the session.
+
+    Skips (fails under CI) without `.venv/oidc` (scripts/oidc-mock). Mark the tests that use
+    it `processes`: it is a process of its own.
+    """
+    with start_oidc_provider(tmp_path_factory.mktemp("oidc") / "provider.log") as provider:
+        yield provider
 
 
 # --- the key store on both backends ----------------------------------------------------

@@ -101,3 +101,65 @@ def test_incomplete_or_unsafe_jwks_settings_stop_start_up(
 ) -> None:
     with pytest.raises(ValidationError, match=message):
         Settings(_env_file=None, **(JWKS | change))
+
+
+# --- single sign-on on the admin page (GATEWAY_ADMIN_OIDC_*) ----------------------------------
+
+
+def test_a_complete_oidc_configuration_is_accepted() -> None:
+    settings = Settings(
+        _env_file=None,
+        **JWKS,
+        admin_oidc_client_id="llm-gateway-admin-page",
+        admin_oidc_client_secret="provider-made",
+        admin_oidc_scopes="openid profile email groups",
+        admin_oidc_token="access_token",
+    )  # type: ignore[call-arg]
+
+    assert settings.admin_oidc_client_id == "llm-gateway-admin-page"
+    assert settings.admin_oidc_token == "access_token"
+
+
+def test_oidc_defaults_offer_no_sign_in() -> None:
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+
+    assert settings.admin_oidc_client_id is None
+    assert (settings.admin_oidc_scopes, settings.admin_oidc_token) == (
+        "openid profile email",
+        "id_token",
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"admin_oidc_client_id": "page"}, "needs GATEWAY_ADMIN_JWKS_URL .or _FILE. and"),
+        (
+            {**JWKS, "admin_jwt_issuer": "http://sso.example.com/realms/acme"},
+            "GATEWAY_ADMIN_JWT_ISSUER must be the provider's https URL",
+        ),
+        ({**JWKS, "admin_jwt_issuer": "acme"}, "must be the provider's https URL"),
+        ({**JWKS, "admin_oidc_scopes": "profile email"}, "must be space-separated scopes that"),
+        ({**JWKS, "admin_oidc_scopes": 'openid "x"'}, "include openid"),
+        ({**JWKS, "admin_oidc_client_id": " page"}, "holds surrounding spaces or control"),
+        ({**JWKS, "admin_oidc_client_id": "page\n"}, "holds surrounding spaces or control"),
+        (
+            {**JWKS, "admin_oidc_client_id": None, "admin_oidc_client_secret": "x"},
+            "GATEWAY_ADMIN_OIDC_CLIENT_SECRET is set without GATEWAY_ADMIN_OIDC_CLIENT_ID",
+        ),
+        ({**JWKS, "admin_oidc_token": "refresh_token"}, "id_token"),
+    ],
+)
+def test_incomplete_or_unsafe_oidc_settings_stop_start_up(
+    values: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValidationError, match=message):
+        Settings(_env_file=None, **({"admin_oidc_client_id": "page"} | values))  # type: ignore[call-arg]
+
+
+def test_a_loopback_issuer_may_be_plain_http() -> None:
+    issuer = "http://127.0.0.1:9400"
+    values = JWKS | {"admin_jwks_url": f"{issuer}/jwks", "admin_jwt_issuer": issuer}
+    settings = Settings(_env_file=None, **values, admin_oidc_client_id="page")  # type: ignore[call-arg]
+
+    assert settings.admin_jwt_issuer == issuer

@@ -7,6 +7,7 @@ re-exports them), the admin API consumes them. No JWT library here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal, get_args
 
 Scope = Literal["admin", "read"]
@@ -24,12 +25,14 @@ class AdminIdentity:
         scopes: `{"read"}`, or `{"admin", "read"}` (admin includes everything read allows).
         issuer: The token's `iss` (`ISSUER` for the gateway's own tokens).
         token_id: The token's `jti`, if any.
+        expires_at: When the token expires (its `exp`, UTC); None if not known.
     """
 
     subject: str
     scopes: frozenset[Scope]
     issuer: str | None
     token_id: str | None
+    expires_at: datetime | None = None
 
     def require(self, scope: Scope) -> None:
         """Raise unless the token grants `scope`.

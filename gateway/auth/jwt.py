@@ -6,7 +6,11 @@ file. Two kinds of token are accepted, and the token's header picks exactly one 
   makes them: `iss` and `aud` fixed by the gateway (`ISSUER`, `AUDIENCE`), a `scope` claim of
   `admin` or `read`, at most `MAX_TTL` long;
 - `RS*`/`ES*` from an identity provider, verified against its JWKS (`gateway.auth.jwks`) with the
-  configured issuer and audience, the scopes mapped from a claim holding groups or roles.
+  configured issuer and audience, the scopes mapped from a claim holding groups or roles. With
+  single sign-on on the web page in `id_token` mode (`GATEWAY_ADMIN_OIDC_TOKEN`), the audience
+  may also be the page's client id: the provider's ID tokens for the page carry it (OpenID
+  Connect Core 1.0 section 2, `aud`), as the Kubernetes API server accepts ID tokens whose
+  `aud` is its `--oidc-client-id`.
 
 Every check that can be made on the raw text comes first (size, shape, header), then the header's
 `alg` is matched against the allow-list of the key type (never the token's choice), then jose
@@ -46,7 +50,7 @@ from gateway.wire.json import parse_json
 
 __all__ = [
     *("AUDIENCE", "ISSUER", "MAX_TTL", "SCOPES", "AdminAuthError", "AdminIdentity"),
-    *("AdminTokenVerifier", "Scope", "mint_token"),
+    *("AdminTokenVerifier", "Scope", "mint_token", "unverified_claims"),
 ]
 
 ISSUER = "llm-gateway"
@@ -156,6 +160,22 @@ def _parse(token: str) -> dict[str, Any]:
     return header
 
 
+def unverified_claims(token: str) -> dict[str, Any]:
+    """A token's claims, parsed within the same bounds as `verify`, its signature NOT checked.
+
+    For claims a caller needs of a token that is verified elsewhere, or that it received
+    straight from the provider's token endpoint over TLS (OpenID Connect Core 1.0 section
+    3.1.3.7, item 6): an ID token's `nonce`, a verified token's `exp`.
+
+    Raises:
+        AdminAuthError: 401 (`token too large`, `malformed token`, `token lacks exp`, ...) for
+            what `verify` would refuse before looking at a key.
+    """
+    _parse(token)
+    claims: dict[str, Any] = _segment(token.split(".")[1])
+    return claims
+
+
 def _fits(key: Mapping[str, Any], alg: str) -> bool:
     """Whether a JWKS key may verify `alg`: matching key type, curve, and `alg` if it names one."""
     if key.get("kty") != _KEY_TYPES.get(alg[:2]) or key.get("alg", alg) != alg:
@@ -177,6 +197,9 @@ class AdminTokenVerifier:
         read_values: Claim values that grant `read`.
         leeway: Seconds of clock skew allowed on `exp`, `nbf` and `iat`.
         http: A client the verifier created and closes in `aclose`.
+        client_id: The web page's OpenID Connect client id in `id_token` mode: JWKS tokens
+            whose `aud` holds it are accepted too (the page's ID tokens); None: only
+            `audience`.
     """
 
     def __init__(
@@ -192,6 +215,7 @@ class AdminTokenVerifier:
         read_values: Collection[str] = (),
         leeway: float = 30.0,
         http: httpx.AsyncClient | None = None,
+        client_id: str | None = None,
     ) -> None:
         self._hmac: Key | None = None if secret is None else jwk.construct(secret, "HS256")
         self._jwks = jwks
@@ -203,6 +227,7 @@ class AdminTokenVerifier:
         self._read_values = frozenset(read_values)
         self._leeway = leeway
         self._owned_http = http
+        self._client_id = client_id
 
     @classmethod
     def from_settings(
@@ -249,6 +274,7 @@ class AdminTokenVerifier:
             )
         if secret is None and jwks is None:
             return None
+        id_tokens_off = settings.admin_oidc_token == "access_token"  # noqa: S105 - a mode name
         return cls(
             secret=None if secret is None else secret.get_secret_value(),
             jwks=jwks,
@@ -260,6 +286,7 @@ class AdminTokenVerifier:
             read_values=settings.admin_jwt_read_values,
             leeway=settings.admin_jwt_leeway_seconds,
             http=owned,
+            client_id=None if id_tokens_off else settings.admin_oidc_client_id,
         )
 
     async def aclose(self) -> None:
@@ -286,9 +313,23 @@ class AdminTokenVerifier:
             return self._identity(claims, SCOPES.intersection(values))
         if alg in self._algorithms and self._jwks is not None:
             key = await self._signing_key(self._jwks, header, alg)
-            claims = self._decode(token, key, alg, self._issuer, self._audience)
+            claims = self._decode(token, key, alg, self._issuer, self._expected_audience(token))
             return self._identity(claims, self._mapped_scopes(claims))
         raise AdminAuthError(401, "algorithm not allowed")
+
+    def _expected_audience(self, token: str) -> str | None:
+        """The audience jose must find in `token`: the configured one, or the page's client id.
+
+        The client id only for a token whose `aud` holds it and not the configured audience (an
+        ID token for the page); jose then checks it after the signature, like any audience.
+        """
+        if self._client_id is None:
+            return self._audience
+        audiences = unverified_claims(token).get("aud")
+        audiences = [audiences] if isinstance(audiences, str) else audiences
+        if not isinstance(audiences, list) or self._audience in audiences:
+            return self._audience
+        return self._client_id if self._client_id in audiences else self._audience
 
     async def _signing_key(self, jwks: JwksCache, header: Mapping[str, Any], alg: str) -> Key:
         kid = header.get("kid")
@@ -376,4 +417,15 @@ class AdminTokenVerifier:
             scopes=scopes,
             issuer=iss if isinstance(iss, str) else None,
             token_id=_clean(jti) if isinstance(jti, str) else None,
+            expires_at=_expiry(claims.get("exp")),
         )
+
+
+def _expiry(exp: object) -> datetime | None:
+    """The `exp` claim (NumericDate, RFC 7519 section 2) as a UTC time; None if unusable."""
+    if isinstance(exp, bool) or not isinstance(exp, int | float):
+        return None
+    try:
+        return datetime.fromtimestamp(exp, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None

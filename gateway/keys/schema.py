@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+from sqlalchemy import ColumnElement, Text, cast, func, or_
+
 from gateway.db.tables import ApiKeyRow, UTCDateTime, as_utc
 from gateway.model_names import canonical_model
 
@@ -22,6 +24,7 @@ __all__ = [
     "KeyStatus",
     "UTCDateTime",
     "as_utc",
+    "may_use",
     "to_record",
 ]
 
@@ -99,3 +102,41 @@ def to_record(row: ApiKeyRow) -> KeyRecord:
         manage_models=bool(row.manage_models),
         rotation_grace_until=row.previous_secret_expires_at,
     )
+
+
+def may_use(model: str) -> ColumnElement[bool] | None:
+    r"""A SQL condition that every key allowed `model` meets (`KeyRecord.allows_model`).
+
+    So the database skips the keys whose allow-list cannot hold the model instead of handing
+    every row to Python; the caller still applies `allows_model` to the rows it gets. It never
+    leaves out a key that may use the model. Allow-lists are JSON text written by `json.dumps`
+    (`["a", "b"]`, every non-ASCII character escaped as `\uXXXX`), and a key may use the
+    model when some name, trimmed and lower-cased, is its canonical name `W` or, for
+    `W = x:latest`, `x`. So a key passes when it has no list, when its list holds `"W"` or
+    `"x"` in any case, and, whatever its names, when one of them starts or ends with a space
+    (`strip` would trim it) or holds an escaped character (a quote, or a non-ASCII letter:
+    Python lower-cases some to ASCII ones, the Kelvin sign to `k`, which SQL's `lower` does
+    not).
+
+    Returns:
+        The condition, or None when the canonical name is not printable ASCII without `"` and
+        `\` (no SQL filter then: Python checks every key).
+    """
+    wanted = canonical_model(model)
+    if not wanted or not all(" " <= c <= "~" and c not in '"\\' for c in wanted):
+        return None
+    text = cast(ApiKeyRow.models, Text)
+    names = {wanted, wanted.removesuffix(":latest")}
+    return or_(
+        ApiKeyRow.models.is_(None),
+        *(func.lower(text).like(f'%"{_like(name)}"%', escape="\\") for name in sorted(names)),
+        text.like('%" %'),  # a name that starts with a space
+        text.like('% ",%'),  # one that ends with a space, before another name
+        text.like('% "]%'),  # the last one ending with a space
+        text.like("%\\\\%", escape="\\"),  # a backslash: an escaped character (`\\u00e9`, `\\"`)
+    )
+
+
+def _like(text: str) -> str:
+    """`text` as a literal in a LIKE pattern whose escape character is a backslash."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

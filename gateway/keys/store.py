@@ -23,7 +23,7 @@ from gateway.db.migrate import DatabaseState, prepare_database
 from gateway.keys.apikey import hash_secret, parse_key, secret_matches
 from gateway.keys.audit import INTERNAL, Actor, AuditEntry, list_entries
 from gateway.keys.changes import KeyChanges
-from gateway.keys.schema import ApiKeyRow, KeyRecord, KeyStatus, as_utc, to_record
+from gateway.keys.schema import ApiKeyRow, KeyRecord, KeyStatus, as_utc, may_use, to_record
 from gateway.keys.validation import (
     UNSET,
     InvalidKeyError,
@@ -176,6 +176,8 @@ class KeyStore(KeyChanges):
         if name:
             escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
             query = query.where(ApiKeyRow.name.ilike(f"%{escaped}%", escape="\\"))
+        if model is not None and (prefilter := may_use(model)) is not None:
+            query = query.where(prefilter)  # most keys that may not use it stay in the database
         if after is not None:
             created_at, key_id = as_utc(after[0]), after[1]
             query = query.where(
@@ -186,8 +188,8 @@ class KeyStore(KeyChanges):
             )
         records: list[KeyRecord] = []
         async with self._sessions() as session:
-            # The allow-list is a JSON column, so the model filter runs here, on the stream of
-            # rows, and stops reading once the page is full.
+            # The allow-list is a JSON column, so the exact model filter runs here, on the
+            # stream of rows (`may_use` is coarse), and stops reading once the page is full.
             async for row in await session.stream_scalars(query.execution_options(yield_per=200)):
                 record = to_record(row)
                 if model is not None and not record.allows_model(model):
@@ -208,6 +210,20 @@ class KeyStore(KeyChanges):
             if row is None:
                 raise KeyNotFoundError(key_id)
             return to_record(row)
+
+    async def names(self, key_ids: Sequence[str]) -> dict[str, str]:
+        """Return the names of the keys `key_ids` (one primary-key lookup; unknown ids left out).
+
+        Args:
+            key_ids: The ids to name; the caller bounds how many (the admin API's live view
+                names at most 100 keys in flight).
+        """
+        if not key_ids:
+            return {}
+        query = select(ApiKeyRow.id, ApiKeyRow.name).where(ApiKeyRow.id.in_(list(key_ids)))
+        async with self._sessions() as session:
+            rows = await session.execute(query)
+            return {key_id: name for key_id, name in rows}  # noqa: C416 - rows, not pairs
 
     async def list_audit(
         self,

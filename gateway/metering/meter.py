@@ -33,7 +33,7 @@ from gateway.metering.metrics import Metrics, RequestSeries
 from gateway.neutral import Chunk, Outcome, RequestSummary, Stats, TokenClock
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity: `LiveBoard.running` holds it
 class RequestMeter:
     """Observations of one request; `finish` turns them into its `RequestSummary`, once.
 
@@ -79,6 +79,7 @@ class RequestMeter:
     def __post_init__(self) -> None:
         self.series = self.metrics.series(self.route, self.model, self.key)
         self.series.in_flight.inc()
+        self.metrics.live.running.add(self)
 
     def observe(self, chunk: Chunk) -> None:
         """Account for one chunk just before it goes to the client."""
@@ -187,4 +188,14 @@ class RequestMeter:
             requested_model=self.requested_model,
         )
         self.metrics.record(self.series, summary)
+        self.metrics.live.finished(self, summary)
         return summary
+
+    def drop(self) -> None:
+        """Forget a request that never became one (a batch line put back untried); once.
+
+        It leaves the in-flight gauge and the live view, and is recorded nowhere else.
+        """
+        if self.summary is None and self in self.metrics.live.running:
+            self.series.in_flight.dec()
+            self.metrics.live.dropped(self)

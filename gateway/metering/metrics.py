@@ -34,6 +34,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.metering.live import LiveBoard
 from gateway.neutral import RequestSummary
 
 #: Time to first token, seconds: 10 ms (warm, short prompt) to 60 s (cold load, long prefill).
@@ -92,6 +93,8 @@ class Metrics:
         upstream_slots_in_use: Gauge `gateway_upstream_slots_in_use{upstream}`.
         upstream_connections_in_use: Gauge `gateway_upstream_connections_in_use{upstream}`,
             pooled connections held by open upstream responses (aiohttp transport only).
+        live: This process's requests in flight and latest answers, for the admin API's live
+            view (`gateway.metering.live`; not exported to Prometheus).
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -106,6 +109,7 @@ class Metrics:
         self._rendering: _Render | None = None  # the render running now (`exposition`)
         self._queued: _Render | None = None  # the next one, not started yet: later callers join it
         self._series: dict[tuple[str, str, str], RequestSeries] = {}
+        self.live = LiveBoard()
         r = self.registry
         self.requests = Counter(
             "gateway_requests",

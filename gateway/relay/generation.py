@@ -314,6 +314,7 @@ class Generation:
         if self.span is not None:  # not the key's request: the attempt is left unmeasured
             self.span.end()
             self.span = None
+        self.meter.drop()  # nor is it in flight any more (the gauge, the live view)
         with anyio.CancelScope(shield=True):
             try:
                 await self._release(None)

@@ -31,6 +31,11 @@ class ModelCatalog:
         self._fetched = False
         self._lock = anyio.Lock()
 
+    @property
+    def cached(self) -> list[ModelInfo]:
+        """The list as last fetched (empty before the first fetch); no I/O."""
+        return self._models
+
     async def refresh(self) -> list[ModelInfo]:
         """Fetch the model list; on failure keep serving the last one fetched.
 

@@ -3,12 +3,15 @@
 Every `GATEWAY_UPSTREAM_POLL_INTERVAL` seconds the monitor sends the dialect's readiness probe
 (`gateway_upstream_up`), refreshes the model catalog, and for the Ollama dialect reads
 `GET /api/ps` (reference section 6.4): each loaded model's `size` (total bytes) and `size_vram`
-(bytes resident on the GPU; `size_vram < size` means partial CPU offload).
+(bytes resident on the GPU; `size_vram < size` means partial CPU offload) and `expires_at`
+(when it unloads unless used again), kept for the admin API's live view (`loaded`).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -20,6 +23,23 @@ from gateway.upstream.dialects.base import Dialect
 from gateway.wire.json import parse_listing
 
 logger = logging.getLogger("gateway.upstream")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    """One model Ollama has in memory (`/api/ps`, reference section 6.4).
+
+    Attributes:
+        model: Its name as the upstream lists it.
+        size: Bytes it takes in all.
+        size_vram: Of those, bytes resident on the GPU.
+        expires_at: When it unloads unless used again (UTC); None when not said or unreadable.
+    """
+
+    model: str
+    size: int
+    size_vram: int
+    expires_at: datetime | None
 
 
 class UpstreamMonitor:
@@ -57,6 +77,9 @@ class UpstreamMonitor:
         self._timeout = httpx.Timeout(timeout)
         self._budget = timeout
         self.up: bool | None = None  # None until the first probe
+        #: The models loaded as the last `/api/ps` said; None: unknown (another dialect, no
+        #: answer yet, the upstream down or `/api/ps` failing).
+        self.loaded: list[LoadedModel] | None = None
 
     async def run(self) -> None:
         """Poll until cancelled (the app's lifespan cancels it on shutdown).
@@ -94,6 +117,7 @@ class UpstreamMonitor:
             logger.warning("upstream %s is down: %s", self.name, detail)
             self._metrics.forget_model_memory()
             self._metrics.upstream_models_loaded.labels(self.name).set(0)
+            self.loaded = None
             return False
         try:
             await self._catalog.refresh()
@@ -111,11 +135,13 @@ class UpstreamMonitor:
             models: list[dict[str, Any]] = parse_listing(response.content).get("models") or []
         except (httpx.HTTPError, ValueError, AttributeError, TimeoutError):
             logger.warning("upstream %s: /api/ps unavailable", self.name)
+            self.loaded = None
             return
         memory = self._metrics.upstream_model_memory
         loaded = self._metrics.upstream_models_loaded
         self._metrics.forget_model_memory()  # unloaded models must not linger with their value
         count = 0
+        seen: list[LoadedModel] = []
         for entry in models:
             if not isinstance(entry, dict):
                 continue
@@ -126,7 +152,10 @@ class UpstreamMonitor:
             count += 1
             memory.labels(self.name, model, "total").set(size)
             memory.labels(self.name, model, "vram").set(size_vram or 0.0)
+            expires = entry.get("expires_at")
+            seen.append(LoadedModel(model, int(size), int(size_vram or 0), _moment(expires)))
         loaded.labels(self.name).set(count)
+        self.loaded = seen
 
 
 def _bytes(value: object) -> float | None:
@@ -134,3 +163,18 @@ def _bytes(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         return None
     return float(value)
+
+
+def _moment(value: object) -> datetime | None:
+    """An RFC 3339 time from JSON (Ollama writes local time, nanoseconds), in UTC, else None.
+
+    `datetime.fromisoformat` takes any number of fractional digits from Python 3.11 on (the
+    Python docs, `datetime.fromisoformat`); a time without a zone is not one we can place.
+    """
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+        return moment.astimezone(UTC) if moment.tzinfo is not None else None
+    except (ValueError, OverflowError):
+        return None

@@ -51,6 +51,16 @@ class UpstreamSlots:
         # Batch lines holding a slot (or running on an ungated upstream): their cancel scopes.
         self._background: list[anyio.CancelScope] = []
 
+    @property
+    def capacity(self) -> int:
+        """Requests in flight at once; 0: no gate."""
+        return self._capacity
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a slot now."""
+        return self._waiting
+
     def background_room(self, reserve: int, ungated_limit: int) -> bool:
         """Whether a batch line could start now (`try_acquire_background`'s rule)."""
         if self._semaphore is None:

@@ -472,7 +472,10 @@ async def test_keycloak_tokens_from_a_jwks_file_grant_scopes_by_realm_role(
         scopes=frozenset({"admin", "read"}),
         issuer=idp.issuer,
         token_id=admin.token_id,
+        expires_at=admin.expires_at,
     )
+    assert admin.expires_at is not None
+    assert admin.expires_at > datetime.now(UTC)  # the token's `exp`, an aware UTC time
     assert (await verifier.verify(idp.token(kid, [READ_ROLE]))).scopes == {"read"}
     error = await _refused(verifier, idp.token(kid, ["developer"]))
     assert (error.status, error.message) == (403, "token grants no admin scope")
@@ -835,3 +838,67 @@ def test_a_jwks_file_nested_too_deep_stops_start_up_with_a_clear_error(
     path.write_bytes(_hostile_jwks(idp, _kid(idp, "RSA"), "nested list"))
     with pytest.raises(JwksError, match="nested deeper than 16 levels"):
         AdminTokenVerifier.from_settings(_settings(idp, admin_jwks_file=path))
+
+
+# --- ID tokens of the admin page's single sign-on (GATEWAY_ADMIN_OIDC_*) ----------------------
+
+PAGE_CLIENT = "llm-gateway-admin-page"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("mode", "audience", "outcome"),
+    [
+        ("id_token", PAGE_CLIENT, "admin"),  # an ID token for the page (OIDC Core 1.0 section 2)
+        ("id_token", [PAGE_CLIENT, "other-app"], "admin"),
+        ("id_token", "other-app", "wrong audience"),
+        ("id_token", [], "wrong audience"),
+        ("access_token", PAGE_CLIENT, "wrong audience"),  # access_token mode: the audience only
+        ("access_token", "llm-gateway", "admin"),
+    ],
+)
+async def test_id_tokens_for_the_page_open_the_api_only_in_id_token_mode(
+    idp: IdentityProvider, jwks_file: Path, mode: str, audience: Any, outcome: str
+) -> None:
+    verifier = AdminTokenVerifier.from_settings(
+        _settings(
+            idp,
+            admin_jwks_file=jwks_file,
+            admin_oidc_client_id=PAGE_CLIENT,
+            admin_oidc_token=mode,
+        )
+    )
+    assert verifier is not None
+    token = idp.token(_kid(idp, "RSA"), [ADMIN_ROLE], aud=audience)
+
+    if outcome == "admin":
+        assert (await verifier.verify(token)).scopes == {"admin", "read"}
+    else:
+        assert (await _refused(verifier, token)).message == outcome
+
+
+@pytest.mark.anyio
+async def test_an_id_token_for_the_page_keeps_every_other_check(
+    idp: IdentityProvider, attacker: IdentityProvider, jwks_file: Path
+) -> None:
+    verifier = AdminTokenVerifier.from_settings(
+        _settings(
+            idp,
+            admin_jwt_secret=SECRET,
+            admin_jwks_file=jwks_file,
+            admin_oidc_client_id=PAGE_CLIENT,
+        )
+    )
+    assert verifier is not None
+    kid = _kid(idp, "RSA")
+    wrong_issuer = idp.token(kid, [ADMIN_ROLE], aud=PAGE_CLIENT, iss="https://evil.example")
+    expired = idp.token(kid, [ADMIN_ROLE], aud=PAGE_CLIENT, exp=int(time.time()) - 3600)
+    no_role = idp.token(kid, ["staff"], aud=PAGE_CLIENT)
+    foreign = attacker.token(next(iter(attacker.keys)), [ADMIN_ROLE], aud=PAGE_CLIENT)
+
+    assert (await _refused(verifier, wrong_issuer)).message == "wrong issuer"
+    assert (await _refused(verifier, expired)).message == "token expired"
+    assert (await _refused(verifier, no_role)).status == 403
+    assert (await _refused(verifier, foreign)).message == "unknown signing key"
+    hs256 = _hs(_gateway_claims(aud=PAGE_CLIENT))  # the client id is no audience of HS256 tokens
+    assert (await _refused(verifier, hs256)).message == "wrong audience"

@@ -161,7 +161,9 @@ def test_llama_cpp_python_is_locked_as_an_sdist_apart_from_the_hashed_install():
     _assert_pins_satisfy([Requirement(r) for r in _inputs(LOCKS / "llama-build.in")], LLAMA_BUILD)
 
 
-@pytest.mark.parametrize("lock", ["runtime", "build", "dev", "llama-cpp-python", "llama-build"])
+@pytest.mark.parametrize(
+    "lock", ["runtime", "build", "dev", "llama-cpp-python", "llama-build", "oidc-mock"]
+)
 def test_every_locked_release_has_a_sha256_and_one_version_per_marker(lock):
     pins = read_lock(LOCKS / f"{lock}.txt")  # fails on any line that is not a hashed pin
 

@@ -14,6 +14,7 @@ LOGGERS = [
     ("gateway.api.middleware.access", "gateway.access"),
     ("gateway.api.auth", "gateway.auth"),
     ("gateway.api.admin.auth", "gateway.admin"),
+    ("gateway.api.admin.oidc", "gateway.admin"),
     ("gateway.limits.limiter", "gateway.ratelimit"),
     ("gateway.limits.address", "gateway.ratelimit"),
     ("gateway.serve.server", "gateway.server"),

@@ -6,5 +6,6 @@ One module a concern, so a test imports what it uses from where it lives:
 - `client`: `MODEL`, and requests a test sends (generations, streamed or not) and checks on them;
 - `metrics`: reading Prometheus text and waiting on a gauge;
 - `lookalikes`: stand-in Ollama and OpenAI servers a test writes the answers of, SSE and NDJSON;
-- `sockets`: raw-socket reads, for tests that speak HTTP/1.1 by hand.
+- `sockets`: raw-socket reads, for tests that speak HTTP/1.1 by hand;
+- `oidc`: the test OpenID provider (its own process, `oidc_mock_app`) and a browser's sign-in.
 """

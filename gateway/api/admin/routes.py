@@ -20,6 +20,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 
 from gateway import __version__
+from gateway.api.admin import live
 from gateway.api.admin.auth import AdminDep, ReaderDep, get_verifier
 from gateway.api.admin.body import BoundedBodyRoute
 from gateway.api.admin.schemas import (
@@ -251,6 +252,9 @@ async def list_audit(
     return AuditPage(data=[Audit.of(entry) for entry in page], next_cursor=next_cursor)
 
 
+router.include_router(live.router)  # whoami, models, live: the same token check and document
+
+
 @router.get("/openapi.json", include_in_schema=False)
 async def openapi(_: ReaderDep) -> JSONResponse:
     """This API's OpenAPI document (admin tokens only: it maps the admin surface)."""
@@ -258,7 +262,7 @@ async def openapi(_: ReaderDep) -> JSONResponse:
         title="LLM gateway admin API",
         version=__version__,
         routes=router.routes,
-        description="Keys, usage and audit of an LLM gateway (docs/admin.md).",
+        description="Keys, usage, audit and the live view of an LLM gateway (docs/admin.md).",
     )
     document.setdefault("components", {})["securitySchemes"] = {
         "adminToken": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}
