@@ -64,7 +64,8 @@ async function check(token) {
 }
 
 function explain(error) {
-  if (error.status === 403 && /no admin scope/.test(error.message)) {
+  if (error.status === 403 && error.message === 'token grants no admin scope') {
+    // /admin/v1's terse refusal (oidc/token says more itself)
     return `${error.message}: this account is in neither the admin nor the read group.`;
   }
   if (error.status === 404) return 'The admin API is off on this gateway.';
