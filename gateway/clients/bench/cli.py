@@ -32,13 +32,15 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from gateway.clients.bench import compare, plots, report
+from gateway.clients.bench import compare, html, plots, report
 from gateway.clients.bench.driver import BenchError
 from gateway.clients.bench.health import DOWN_AFTER
 from gateway.clients.bench.intervals import parse_confidence
 from gateway.clients.bench.protocol import Api, Target
+from gateway.clients.bench.quality import QualityProbe, load_questions
 from gateway.clients.bench.runner import Mode, Plan, error_verdict, redact, run_benchmark
 from gateway.clients.bench.shapes import Shape, ShapeOptions
+from gateway.clients.bench.sizes import SizeHint, parse_size
 from gateway.clients.bench.slo import parse_slo
 from gateway.clients.bench.stats import escape_error
 from gateway.clients.bench.workload import Sampling, WorkloadError, load_workload
@@ -237,6 +239,29 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     more = run.add_argument_group("also measure")
     more.add_argument("--cold-load", action="store_true", help="the model's cold load first")
     more.add_argument("--quality", action="store_true", help="the quality probe (builtin-12)")
+    # bench-out (issue 30 item 3): the probe's endpoint and question set, the sizes.
+    more.add_argument(
+        "--quality-endpoint",
+        choices=("chat", "completions"),
+        default="chat",
+        help="ask the probe through the chat template (chat, default) or as plain text"
+        " (completions: /v1/completions, Ollama raw)",
+    )
+    more.add_argument(
+        "--quality-file",
+        type=Path,
+        metavar="QA.jsonl",
+        help="your own questions for the probe: JSONL of {question|prompt, answer|answers};"
+        " implies --quality",
+    )
+    more.add_argument(
+        "--size",
+        action="append",
+        default=[],
+        metavar="[MODEL=]SIZE|PATH",
+        help="a model's size where the server tells none: 4.1GB, or a model file's path;"
+        " repeat per model",
+    )
     more.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
     more.add_argument(
         "--sample-interval",
@@ -271,6 +296,12 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="the report on stdout",
     )
     out.add_argument("--plots", type=Path, help="write PNG plots into this directory")
+    out.add_argument(
+        "--html",
+        type=Path,
+        metavar="FILE",
+        help="write a self-contained HTML report (tables and plots, no network)",
+    )
     out.add_argument("--quiet", action="store_true", help="no progress on stderr")
     run.set_defaults(bench_handler=_run)
 
@@ -296,7 +327,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     cmp.set_defaults(bench_handler=compare.main_compare)
     rep = commands.add_parser("report", help="print a saved run as a table, Markdown, CSV, JSON")
     report.add_arguments(rep)
-    rep.set_defaults(bench_handler=report.main_report)
+    rep.set_defaults(bench_handler=html.main_report)
     # No prefixes: `--key gw_...` would be taken as `--key-file` and the key echoed back.
     bench.allow_abbrev = False
     for leaf in commands.choices.values():
@@ -438,7 +469,9 @@ def _plan(args: argparse.Namespace, target: Target) -> Plan:
         warmup=args.warmup,
         options=options,
         cold_load=args.cold_load,
-        quality=args.quality,
+        quality=args.quality or args.quality_file is not None,
+        sizes=_sizes(args.size, models),
+        probe=_probe(args),
         gpu=not args.no_gpu,
         sample_interval=args.sample_interval,
         max_in_flight=args.max_in_flight,
@@ -451,6 +484,30 @@ def _plan(args: argparse.Namespace, target: Target) -> Plan:
     )
 
 
+def _sizes(given: Sequence[str], models: Sequence[str]) -> dict[str, SizeHint]:
+    """`--size` values by model (`""`: every model).
+
+    Raises:
+        ValueError: a value `parse_size` refuses, or one naming a model not measured (a typo
+            would leave the size out silently); a usage error.
+    """
+    found: dict[str, SizeHint] = {}
+    for text in given:
+        model, hint = parse_size(text)
+        if model is not None and model not in models:
+            raise ValueError(f"--size names {model!r}, which is not among --models")
+        found[model or ""] = hint
+    return found
+
+
+def _probe(args: argparse.Namespace) -> QualityProbe:
+    """The quality probe's endpoint and questions. Raises QuestionFileError (a usage error)."""
+    if args.quality_file is None:
+        return QualityProbe(endpoint=args.quality_endpoint)
+    questions, name = load_questions(args.quality_file)
+    return QualityProbe(endpoint=args.quality_endpoint, questions=questions, question_set=name)
+
+
 def _say(quiet: bool) -> Any:
     if quiet:
         return None
@@ -459,6 +516,9 @@ def _say(quiet: bool) -> Any:
     def say(text: str) -> None:
         if text.startswith("\r") and not text.endswith("\n") and not tty:
             return  # an in-place update only makes sense on a terminal
+        if text.startswith("\r") and tty:
+            # Erase what a longer line before it left (ECMA-48 EL, "erase in line").
+            text = text.rstrip("\n") + "\x1b[K" + ("\n" if text.endswith("\n") else "")
         sys.stderr.write(text if text.startswith("\r") or text.endswith("\n") else text + "\n")
         sys.stderr.flush()
 
@@ -550,6 +610,14 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"gateway bench: {note}", file=sys.stderr)
         except (plots.PlotError, OSError) as exc:
             print(f"gateway bench: no plots: {exc}", file=sys.stderr)
+    if args.html is not None:
+        try:
+            for note in html.write_report(doc, args.html):
+                print(f"gateway bench: {note}", file=sys.stderr)
+            if say is not None:
+                say(f"html {args.html}")
+        except OSError as exc:
+            print(f"gateway bench: no HTML report: {exc.strerror or exc}", file=sys.stderr)
     completed = sum(
         (repeat.get("requests", 0) - repeat.get("errors", 0))
         for entry in doc["models"]

@@ -386,6 +386,14 @@ def model_span(entry: Mapping[str, Any], key: str) -> Span | None:
     return None if value is None else Span(value, value, value)
 
 
+def _probe(entry: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The quality probe's question set and endpoint (`chat` when a run predates the field)."""
+    quality = nested(entry, "quality")
+    if not isinstance(quality, Mapping):
+        return (None, None)
+    return (quality.get("set"), quality.get("endpoint") or "chat")
+
+
 def compare(
     base_doc: Mapping[str, Any],
     new_doc: Mapping[str, Any],
@@ -588,13 +596,10 @@ def _compare_model(
             )
             rows.append(_place(row, label, where[1]))
     for metric in MODEL_METRICS:
-        row = judge(
-            metric,
-            model_span(base_entry, metric.key),
-            model_span(new_entry, metric.key),
-            threshold,
-            confidence,
-        )
+        base_span, new_span = model_span(base_entry, metric.key), model_span(new_entry, metric.key)
+        if metric.key == "quality" and _probe(base_entry) != _probe(new_entry):
+            base_span = new_span = None  # scores on other questions, or asked otherwise: missing
+        row = judge(metric, base_span, new_span, threshold, confidence)
         rows.append(_place(row, label, None))
     return rows
 

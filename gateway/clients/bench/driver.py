@@ -54,8 +54,9 @@ __all__ = [
     "run_rate",
 ]
 
-Progress = Callable[[int, int], None]
-"""Called with (counted requests finished, counted requests planned; 0 in duration mode)."""
+Progress = Callable[[int, int, int], None]
+"""Called with (counted requests finished, counted requests planned or 0 in duration mode,
+counted requests failed): what `gateway.clients.bench.progress` shows while a level runs."""
 Watch = Callable[[RequestRecord], None]
 """Sees every answered request; raises `health.TargetLost` to stop the run (`health.DownWatch`)."""
 
@@ -163,7 +164,7 @@ async def run_concurrency(
     records: list[RequestRecord] = []
     clock = time.perf_counter
     begin = clock()
-    state = {"issued": 0, "warm_done": 0, "counted": 0}
+    state = {"issued": 0, "warm_done": 0, "counted": 0, "failed": 0}
     window: list[float | None] = [begin if warmup == 0 else None, None]
     if warmup == 0 and duration is not None:
         window[1] = begin + duration
@@ -192,8 +193,9 @@ async def run_concurrency(
                         window[1] = opened + duration
             else:
                 state["counted"] += 1
+                state["failed"] += not record.ok
                 if progress is not None:
-                    progress(state["counted"], requests or 0)
+                    progress(state["counted"], requests or 0, state["failed"])
             _refused(record)
             if watch is not None:
                 watch(record)
@@ -277,7 +279,7 @@ async def run_rate(
     records: list[RequestRecord] = []
     idle: list[Client] = []
     everyone: list[Client] = []
-    counted = [0]
+    counted = [0, 0]  # finished, failed
     clock = time.perf_counter
     begin = clock()
     window: list[float | None] = [begin if warmup == 0 else None, None]
@@ -313,8 +315,9 @@ async def run_rate(
         held_back(record, client.retry_after)
         if not warm:
             counted[0] += 1
+            counted[1] += not record.ok
             if progress is not None:
-                progress(counted[0], requests or 0)
+                progress(counted[0], requests or 0, counted[1])
 
     try:
         async with asyncio.TaskGroup() as group:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -41,9 +41,10 @@ from gateway.clients.bench.document import SCHEMA
 from gateway.clients.bench.fingerprint import collect_fingerprint
 from gateway.clients.bench.health import DOWN_AFTER, DownWatch, TargetLost
 from gateway.clients.bench.policy import recommend
+from gateway.clients.bench.progress import LevelProgress, level_label
 from gateway.clients.bench.protocol import Target
-from gateway.clients.bench.quality import probe_quality
-from gateway.clients.bench.resources import ResourceMonitor, disk_size, gpu_inventory, loaded_memory
+from gateway.clients.bench.quality import QualityProbe, probe_quality
+from gateway.clients.bench.resources import ResourceMonitor, gpu_inventory
 from gateway.clients.bench.shapes import (
     Measure,
     Measurement,
@@ -54,6 +55,7 @@ from gateway.clients.bench.shapes import (
     run_sweep,
     search_knee,
 )
+from gateway.clients.bench.sizes import SizeHint, model_size
 from gateway.clients.bench.workload import Workload
 from gateway.clients.keyfile import redact_key
 
@@ -91,6 +93,9 @@ class Plan:
             gone and the run stops (`health.DownWatch`, `--down-after`).
         max_error_rate: The failed share of all measured requests above which the run exits
             non-zero (`--max-error-rate`; `error_verdict`).
+        sizes: The user's `--size` per model (`""`: every model), used where the server
+            tells no size.
+        probe: How the quality probe asks (endpoint, question set) when `quality` is set.
 
     Raises:
         ValueError: a setting no run could use (no model, neither or both of duration and
@@ -118,6 +123,8 @@ class Plan:
     upstream_url: str | None = None
     down_after: float = DOWN_AFTER
     max_error_rate: float = 0.01
+    sizes: Mapping[str, SizeHint] = field(default_factory=dict)
+    probe: QualityProbe = field(default_factory=lambda: QualityProbe())
 
     def __post_init__(self) -> None:
         """Refuse plans no run could carry out (see the class's Raises)."""
@@ -179,10 +186,8 @@ class Plan:
 def _measure(plan: Plan, model: str, say: Say) -> Measure:
     """The `Measure` the shapes call: one run at one level, against this model."""
 
-    def tick(done: int, total: int) -> None:
-        say(f"\r  {model}: {done}/{total} requests")
-
     async def measure(level: float) -> Measurement:
+        tick = LevelProgress(model, level_label(plan.shape, level), duration=plan.duration, say=say)
         watch = DownWatch(plan.down_after, started=time.perf_counter())
         if plan.shape == "concurrency":
             # One warm-up per slot: every slot's first answer (cache, graph) stays out.
@@ -261,22 +266,20 @@ def point_line(model: str, point: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
-async def _size(plan: Plan, model: str) -> dict[str, int | None]:
-    """The model's size on disk and resident, read while it is loaded (Ollama API only)."""
-    size: dict[str, int | None] = {"disk_bytes": None, "loaded_bytes": None, "vram_bytes": None}
-    if plan.target.api != "ollama":
-        return size
+async def _size(plan: Plan, model: str, notes: list[str]) -> dict[str, Any]:
+    """The model's size: on disk, resident, on the GPU, parameters (`sizes.model_size`)."""
     headers = {"Authorization": f"Bearer {plan.target.key}"} if plan.target.key else {}
     async with httpx.AsyncClient(
         base_url=plan.target.url.rstrip("/"), headers=headers, timeout=10.0
     ) as client:
-        # 0 is no size: a gateway lists an OpenAI upstream's models with size 0 (unknown).
-        size["disk_bytes"] = await disk_size(client, model) or None
-        memory = await loaded_memory(client, model)
-    if memory is not None:
-        size["loaded_bytes"] = memory["size_bytes"]
-        size["vram_bytes"] = memory["size_vram_bytes"]
-    return size
+        return await model_size(
+            client,
+            plan.target.api,
+            model,
+            url=plan.target.url,
+            hint=plan.sizes.get(model, plan.sizes.get("")),
+            notes=notes,
+        )
 
 
 def _note_empty_answers(model: str, points: Sequence[dict[str, Any]], notes: list[str]) -> None:
@@ -343,7 +346,7 @@ async def run_model(plan: Plan, model: str, say: Say, notes: list[str]) -> dict[
         return _lost_entry(entry, measured, lost, timeline, kept)
     entry.update(result.as_dict())
     _note_empty_answers(model, result.points, notes)
-    entry["size"] = await _size(plan, model)
+    entry["size"] = await _size(plan, model, notes)
     # A note the run already carries (no GPU) is not repeated under each model.
     entry["resources"] = {
         "timeline": timeline,
@@ -369,6 +372,10 @@ async def run_model(plan: Plan, model: str, say: Say, notes: list[str]) -> dict[
             key=plan.target.key,
             seed=plan.workload.sampling.seed,
             notes=notes,
+            endpoint=plan.probe.endpoint,
+            questions=plan.probe.questions,
+            question_set=plan.probe.question_set,
+            max_tokens=plan.probe.max_tokens,
         )
     return entry
 
