@@ -34,9 +34,11 @@ import httpx
 
 from gateway.clients.bench import compare, html, plots, report
 from gateway.clients.bench.driver import BenchError
+from gateway.clients.bench.health import DOWN_AFTER
+from gateway.clients.bench.intervals import parse_confidence
 from gateway.clients.bench.protocol import Api, Target
 from gateway.clients.bench.quality import QualityProbe, load_questions
-from gateway.clients.bench.runner import Mode, Plan, redact, run_benchmark
+from gateway.clients.bench.runner import Mode, Plan, error_verdict, redact, run_benchmark
 from gateway.clients.bench.shapes import Shape, ShapeOptions
 from gateway.clients.bench.sizes import SizeHint, parse_size
 from gateway.clients.bench.slo import parse_slo
@@ -75,6 +77,18 @@ def _count(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
     return int(text)
+
+
+def _confidence(text: str) -> float:
+    try:
+        return parse_confidence(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+#: `gateway bench run`'s exit status when the run finished but failed more requests than
+#: `--max-error-rate` (docs/benchmarking.md "Exit status").
+EXIT_TOO_MANY_ERRORS = 3
 
 
 def _no_key(_text: str) -> str:
@@ -169,6 +183,41 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     load.add_argument(
         "--repeat", type=_count, default=1, help="runs per point: median and spread (default 1)"
+    )
+    # bench-stats: intervals, adaptive repeats, honest exits (docs/benchmarking.md "Statistics").
+    stats = run.add_argument_group("statistics and exits")
+    stats.add_argument(
+        "--confidence",
+        type=_confidence,
+        default=0.95,
+        help="confidence of every interval, e.g. 95%% or 0.95 (default 95%%)",
+    )
+    stats.add_argument(
+        "--until-ci",
+        type=compare.parse_threshold,
+        metavar="PCT",
+        help="repeat each point (at least twice, at least --repeat) until the interval of TTFT,"
+        " TPOT, ITL p50 and output tok/s is within +-PCT of its mean, e.g. 2%%",
+    )
+    stats.add_argument(
+        "--max-repeats",
+        type=_count,
+        default=10,
+        help="with --until-ci: the most runs per point (default 10)",
+    )
+    stats.add_argument(
+        "--max-error-rate",
+        type=compare.parse_threshold,
+        default=0.01,
+        help="exit 3 when more than this share of the measured requests failed (default 1%%)",
+    )
+    stats.add_argument(
+        "--down-after",
+        type=_positive,
+        default=DOWN_AFTER,
+        help="seconds of failures without an answer (refused, reset, 502, 504) after which the"
+        " target counts as gone: the run stops and saves what it measured"
+        f" (default {DOWN_AFTER:g})",
     )
     load.add_argument("--slo", help="e.g. 'ttft_p99<=2s,tpot_p50<=100ms' (judges points)")
     load.add_argument(
@@ -398,10 +447,15 @@ def _plan(args: argparse.Namespace, target: Target) -> Plan:
         mode = "fixed" if len(levels) == 1 else "sweep"
     if shape == "concurrency" and all(level == int(level) for level in levels):
         levels = tuple(int(level) for level in levels)  # "concurrency 4", not "4.0"
+    if args.until_ci is None and args.max_repeats != 10:
+        raise ValueError("--max-repeats applies only with --until-ci")
     options = ShapeOptions(
         repeat=args.repeat,
         slo=None if args.slo is None else parse_slo(args.slo),
         knee_gain=args.knee_gain,
+        confidence=args.confidence,
+        until_ci=args.until_ci,
+        max_repeats=args.max_repeats,
     )
     return Plan(
         target=target,
@@ -425,6 +479,8 @@ def _plan(args: argparse.Namespace, target: Target) -> Plan:
         target_queue_wait=args.queue_wait,
         replicas=args.replicas,
         upstream_url=args.upstream_url,
+        down_after=args.down_after,
+        max_error_rate=args.max_error_rate,
     )
 
 
@@ -498,7 +554,12 @@ def _save(doc: dict[str, Any], path: Path) -> Path:
 
 
 def _run(args: argparse.Namespace) -> int:
-    """`gateway bench run`: 0 when requests succeeded, 1 when none did or the target failed."""
+    """`gateway bench run`: the exit status of docs/benchmarking.md "Exit status".
+
+    0 done; 1 the target failed (unreachable, key refused, model missing, stopped answering
+    mid-run: the part measured is saved, marked partial), no request succeeded, or the document
+    could not be saved; 2 a usage error; 3 more failed requests than `--max-error-rate`.
+    """
     say = _say(args.quiet)
     key: str | None = None
     try:
@@ -563,10 +624,21 @@ def _run(args: argparse.Namespace) -> int:
         for point in entry["points"]
         for repeat in point["repeats"]
     )
+    if doc.get("partial"):
+        where = f"saved in {out} (marked partial)" if out is not None and saved else "not saved"
+        reason = redact(str(doc.get("partial_reason")), plan.target.key)
+        print(f"gateway bench: stopped: {reason}; the part measured is {where}", file=sys.stderr)
+        return 1
     if completed == 0:
         print("gateway bench: no request succeeded", file=sys.stderr)
         return 1
-    return 0 if saved else 1
+    if not saved:
+        return 1
+    too_many = error_verdict(doc, plan.max_error_rate)
+    if too_many is not None:
+        print(f"gateway bench: too many failed requests: {too_many}", file=sys.stderr)
+        return EXIT_TOO_MANY_ERRORS
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -34,6 +34,7 @@ from typing import Any
 
 from gateway.clients.bench import wire
 from gateway.clients.bench.exchange import Client, backoff
+from gateway.clients.bench.health import TargetLost
 from gateway.clients.bench.preflight import BenchError, check_target, cold_load
 from gateway.clients.bench.protocol import Target, build_request
 from gateway.clients.bench.records import RequestRecord
@@ -56,6 +57,8 @@ __all__ = [
 Progress = Callable[[int, int, int], None]
 """Called with (counted requests finished, counted requests planned or 0 in duration mode,
 counted requests failed): what `gateway.clients.bench.progress` shows while a level runs."""
+Watch = Callable[[RequestRecord], None]
+"""Sees every answered request; raises `health.TargetLost` to stop the run (`health.DownWatch`)."""
 
 CAP_REACHED = "in-flight cap reached"
 #: The open loop: failures in a row (without `Retry-After`) after which arrivals are held back.
@@ -128,6 +131,7 @@ async def run_concurrency(
     warmup: int = 0,
     keep_alive: str | int | None = None,
     progress: Progress | None = None,
+    watch: Watch | None = None,
 ) -> Measurement:
     """Closed loop: `concurrency` workers, each sending the next prompt when its answer ended.
 
@@ -143,12 +147,14 @@ async def run_concurrency(
             window starts when the last of them ended.
         keep_alive: Ollama's `keep_alive` on every request.
         progress: Called after each counted request.
+        watch: Sees every answered request and may stop the run (`health.DownWatch`).
 
     Returns:
         Every record (warm-up included, by start time) and the window.
 
     Raises:
         ValueError: not exactly one of `duration` and `requests`, or a bad count.
+        health.TargetLost: `watch` stopped the run; its `measurement` holds what was measured.
     """
     _check_amount(duration, requests, warmup)
     if concurrency < 1:
@@ -191,6 +197,8 @@ async def run_concurrency(
                 if progress is not None:
                     progress(state["counted"], requests or 0, state["failed"])
             _refused(record)
+            if watch is not None:
+                watch(record)
             pause = client.pause(record)
             if pause:
                 await asyncio.sleep(pause)
@@ -202,6 +210,8 @@ async def run_concurrency(
                 group.create_task(work(client))
     except* BenchError as refused:
         raise refused.exceptions[0] from None
+    except* TargetLost as lost:
+        raise _cut(lost.exceptions[0], records, window[0] or begin) from None
     finally:
         for client in clients:
             client.close()
@@ -241,6 +251,7 @@ async def run_rate(
     warmup: int = 0,
     keep_alive: str | int | None = None,
     progress: Progress | None = None,
+    watch: Watch | None = None,
 ) -> Measurement:
     """Open loop: requests arrive on a seeded Poisson schedule at `rate` per second.
 
@@ -254,8 +265,11 @@ async def run_rate(
     arrival's scheduled time and ends `duration` seconds later (arrivals stop there; answers in
     flight are awaited), or with the last counted answer (`requests`).
 
+    `watch` sees every answered request and may stop the run (`health.DownWatch`).
+
     Raises:
         ValueError: a bad rate, cap or count; not exactly one of `duration` and `requests`.
+        health.TargetLost: `watch` stopped the run; its `measurement` holds what was measured.
     """
     _check_amount(duration, requests, warmup)
     if max_in_flight < 1:
@@ -296,6 +310,8 @@ async def run_rate(
         finally:
             idle.append(client)
         _refused(record)
+        if watch is not None:
+            watch(record)
         held_back(record, client.retry_after)
         if not warm:
             counted[0] += 1
@@ -332,6 +348,8 @@ async def run_rate(
                 group.create_task(one(idle.pop(), request, prompt_id, warm))
     except* BenchError as refused:
         raise refused.exceptions[0] from None
+    except* TargetLost as lost:
+        raise _cut(lost.exceptions[0], records, window[0] or begin) from None
     finally:
         for client in everyone:
             client.close()
@@ -339,6 +357,13 @@ async def run_rate(
     counted_ends = [r.end for r in records if not r.warmup]
     end = window[1] if duration is not None else max(counted_ends, default=start)
     return _measurement(records, start, end if end is not None else start)
+
+
+def _cut(lost: BaseException, records: list[RequestRecord], start: float) -> BaseException:
+    """`lost` (a `TargetLost`) with the run measured until now attached."""
+    if isinstance(lost, TargetLost):
+        lost.measurement = _measurement(records, start, time.perf_counter())
+    return lost
 
 
 def _capped(

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gateway.clients.bench.confidence import interval_lines
 from gateway.clients.bench.document import (
     RunFileError,
     load_run,
@@ -139,6 +140,7 @@ def facts(entry: Mapping[str, Any]) -> list[str]:
     stopped = entry.get("stopped")
     if isinstance(stopped, Mapping):
         lines.append(f"stopped at {level(stopped.get('level'))}: {safe(stopped.get('reason'))}")
+    lines += interval_lines(entry)  # bench-stats: the intervals and --until-ci
     cold = entry.get("cold_load")
     if isinstance(cold, Mapping):
         load, ttft = cold.get("load_seconds"), cold.get("ttft_seconds")

@@ -164,7 +164,9 @@ def test_a_comparison_renders_its_rows_and_its_refusal() -> None:
     out = render_comparison(compare(base, slow))
     assert "verdict: regression" in out
     assert re.search(
-        r"TTFT p50 \(ms\)\s+\S+ \(\S+-\S+\)\s+\S+ \(\S+-\S+\)\s+\+\d+\.\d%\s+worse", out
+        r"TTFT p50 \(ms\)\s+\S+ \(\S+-\S+\)\s+\S+ \(\S+-\S+\)\s+\+\d+\.\d%\s+"
+        r"\+\d+\.\d% to \+\d+\.\d%\s+worse",
+        out,
     )
     assert "knee (level)" in out
     other = run_doc(digests={"llama3.2:1b": f"sha256:{HOSTILE}"})
