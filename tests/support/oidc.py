@@ -164,12 +164,22 @@ def require_oidc_python() -> Path:
 
 
 @contextmanager
-def start_oidc_provider(log_path: Path) -> Iterator[OidcProvider]:
-    """Start the test provider on a free loopback port with `USERS`; stop it on exit."""
+def start_oidc_provider(
+    log_path: Path, *, token_max_age: float | None = None
+) -> Iterator[OidcProvider]:
+    """Start the test provider on a free loopback port with `USERS`; stop it on exit.
+
+    Args:
+        log_path: Where the provider's output goes.
+        token_max_age: Seconds its ID and access tokens last (default: the provider's hour);
+            short for a test of what happens when a sign-in expires.
+    """
     python = require_oidc_python()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [str(python), str(APP), "--port", str(port)]
+    if token_max_age is not None:
+        argv += ["--token-max-age", str(token_max_age)]
     for sub, claims in USERS.items():  # buttons on the provider's form, for a real browser
         argv += ["--user-claims", json.dumps({"sub": sub, **claims})]
     ready = f"{url}/.well-known/openid-configuration"

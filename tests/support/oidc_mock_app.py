@@ -2,7 +2,8 @@
 
 Run by `tests.support.oidc` with `.venv/oidc/bin/python` (Python 3.12+ with
 requirements/oidc-mock.txt installed: scripts/oidc-mock) as
-`oidc_mock_app.py --port N [--user-claims JSON ...]`; the suite never imports it.
+`oidc_mock_app.py --port N [--token-max-age SECONDS] [--user-claims JSON ...]`; the suite
+never imports it.
 oidc-provider-mock 0.4 registers authlib's `OpenIDCode` extension but not `CodeChallenge`, so
 it ignores `code_verifier`: a wrong one got tokens when tried. `PkceCheck`
 wraps its WSGI app to do what a real provider does (RFC 7636 section 4.6): it remembers the
@@ -13,7 +14,8 @@ token request for that code whose `code_verifier` does not match with 400 `inval
 Everything else is the provider's own: discovery at `/.well-known/openid-configuration`, issuer
 `http://127.0.0.1:<port>`, RS256 ID tokens with the user's claims (`PUT /users/<sub>` sets them),
 the authorization form (`POST` with `sub`; each `--user-claims` user is a button on it,
-labelled `Authorize as <sub>`), nonces required (`require_nonce`).
+labelled `Authorize as <sub>`), nonces required (`require_nonce`), tokens that last an hour or
+`--token-max-age` seconds (its `access_token_max_age`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import os
 import secrets
 import threading
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -100,6 +103,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument(
+        "--token-max-age",
+        type=float,
+        default=3600.0,
+        help="seconds the ID and access tokens last (their exp; default an hour)",
+    )
+    parser.add_argument(
         "--user-claims",
         action="append",
         default=[],
@@ -111,7 +120,11 @@ def main() -> None:
         claims = json.loads(text)
         users.append(oidc_provider_mock.User(sub=claims.pop("sub"), claims=claims))
     os.environ["AUTHLIB_INSECURE_TRANSPORT"] = "1"  # plain http on loopback, as its own CLI does
-    app = PkceCheck(oidc_provider_mock.app(require_nonce=True, user_claims=users))
+    max_age = timedelta(seconds=arguments.token_max_age)
+    provider = oidc_provider_mock.app(
+        require_nonce=True, access_token_max_age=max_age, user_claims=users
+    )
+    app = PkceCheck(provider)
     uvicorn.run(app, interface="wsgi", host="127.0.0.1", port=arguments.port, log_level="warning")
 
 

@@ -10,7 +10,8 @@
   sideways scroll; an expired token mid-form keeps the form and finishes the action after
   signing in again; every control has an accessible name; sign-out forgets the token.
 
-With GATEWAY_SCREENSHOTS=1 the tests save each screen to docs/img/admin-*.png.
+With GATEWAY_SCREENSHOTS=1 the tests save each screen to docs/img/admin-*.png (the sign-in
+screen: test_admin_sso.py, which has the SSO button).
 """
 
 from __future__ import annotations
@@ -140,7 +141,6 @@ def _live_check(page: AdminPage, stack: Stack, secret: str) -> None:
 
 
 def test_a_new_admin_creates_uses_rotates_and_revokes_a_key(page: AdminPage, stack: Stack) -> None:
-    page.screenshot("sign-in")
     page.sign_in(stack.token())
     assert page.text("who-text").startswith("Signed in as alice@example.com (admin)")
 
