@@ -78,6 +78,7 @@ class Plan:
         sample_interval: Seconds between resource samples.
         max_in_flight: Rate shapes: the most requests in flight; arrivals past it fail.
         rate_seed: Rate shapes: the seed of the arrival schedule.
+        arrivals: Rate shapes: `poisson` or `constant` arrivals.
         target_queue_wait: The policy's queue wait target, seconds.
         replicas: Gateway processes the policy divides the limit over.
         upstream_url: When set, the policy names this upstream's `GATEWAY_UPSTREAMS` entry.
@@ -103,6 +104,7 @@ class Plan:
     sample_interval: float = 1.0
     max_in_flight: int = 256
     rate_seed: int = 1234
+    arrivals: driver.Arrivals = "poisson"
     target_queue_wait: float = 2.0
     replicas: int = 1
     upstream_url: str | None = None
@@ -152,6 +154,8 @@ class Plan:
             "knee_gain": self.options.knee_gain,
             "max_in_flight": self.max_in_flight if self.shape == "rate" else None,
             "rate_seed": self.rate_seed if self.shape == "rate" else None,
+            "arrivals": self.arrivals if self.shape == "rate" else None,
+            "surface": self.target.surface or None,
         }
 
 
@@ -186,6 +190,7 @@ def _measure(plan: Plan, model: str, say: Say) -> Measure:
             max_in_flight=plan.max_in_flight,
             warmup=1 if plan.warmup is None else plan.warmup,
             progress=tick,
+            arrivals=plan.arrivals,
         )
 
     return measure
@@ -220,6 +225,9 @@ def point_line(model: str, point: dict[str, Any]) -> str:
     parts.append("TTFT p50 " + ("-" if ttft is None else f"{ttft * 1000:.0f} ms"))
     parts.append("output " + ("-" if rate is None else f"{rate:.1f} tok/s"))
     parts.append("errors " + ("-" if errors is None else f"{errors:.0%}"))
+    achieved = med("achieved_rate")
+    if achieved is not None:
+        parts.append(f"sent {achieved:.2f} req/s")
     if point.get("slo_met") is not None:
         parts.append("SLO met" if point["slo_met"] else "SLO missed")
     return "  ".join(parts)

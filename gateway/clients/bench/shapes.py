@@ -29,7 +29,7 @@ from typing import Any, Literal
 from gateway.clients.bench.knee import find_knee, find_slo_limit, oversaturation, stalled
 from gateway.clients.bench.records import RequestRecord
 from gateway.clients.bench.slo import Slo
-from gateway.clients.bench.stats import point_summary, summarize
+from gateway.clients.bench.stats import across_repeats, point_summary, summarize
 
 Shape = Literal["concurrency", "rate"]
 Progress = Callable[[dict[str, Any]], None]
@@ -43,11 +43,16 @@ class Measurement:
         records: Every request of the run, warm-up included (flagged).
         window_start: `perf_counter` seconds the measured window began.
         window_end: `perf_counter` seconds it ended.
+        offered_rate: The open loop's requested rate (requests/s), None in a closed loop.
+        achieved_rate: The rate its counted arrivals really left at (`driver.achieved_rate`),
+            None in a closed loop.
     """
 
     records: Sequence[RequestRecord]
     window_start: float
     window_end: float
+    offered_rate: float | None = None
+    achieved_rate: float | None = None
 
 
 Measure = Callable[[float], Awaitable[Measurement]]
@@ -126,13 +131,24 @@ async def measure_point(
 
     Returns:
         `{"shape", "level", "repeats", "summary", "slo_met", "slo_violations"}` (`slo_met`
-        None without an SLO).
+        None without an SLO). An open loop's repeat also holds `arrival_rate` (`offered`,
+        `achieved` requests/s) and its summary `achieved_rate`; a multi-turn run's repeat holds
+        `turns` (`_turns`).
     """
     repeats = []
     for _ in range(options.repeat):
         run = await measure(level)
-        repeats.append(summarize(run.records, run.window_start, run.window_end, options.slo))
+        repeat = summarize(run.records, run.window_start, run.window_end, options.slo)
+        if run.offered_rate is not None:
+            repeat["arrival_rate"] = {"offered": run.offered_rate, "achieved": run.achieved_rate}
+        turns = _turns(run.records)
+        if turns:
+            repeat["turns"] = turns
+        repeats.append(repeat)
     summary = point_summary(repeats)
+    achieved = [r["arrival_rate"]["achieved"] for r in repeats if "arrival_rate" in r]
+    if achieved:
+        summary["achieved_rate"] = across_repeats(achieved)
     slo = options.slo
     point: dict[str, Any] = {
         "shape": shape,
@@ -145,6 +161,28 @@ async def measure_point(
     if options.progress is not None:
         options.progress(point)
     return point
+
+
+def _turns(records: Sequence[RequestRecord]) -> list[dict[str, Any]]:
+    """Per conversation turn (1, 2, ...): counted requests and their prompt words.
+
+    Mean, min and max words, so a run shows how the resent history grew; empty for a
+    single-turn run.
+    """
+    by_turn: dict[int, list[int]] = {}
+    for record in records:
+        if not record.warmup and record.turn is not None and record.prompt_words is not None:
+            by_turn.setdefault(record.turn, []).append(record.prompt_words)
+    return [
+        {
+            "turn": turn,
+            "requests": len(words),
+            "prompt_words_mean": sum(words) / len(words),
+            "prompt_words_min": min(words),
+            "prompt_words_max": max(words),
+        }
+        for turn, words in sorted(by_turn.items())
+    ]
 
 
 def _finish(points: Iterable[dict[str, Any]], options: ShapeOptions) -> ShapeResult:
