@@ -1,10 +1,11 @@
 """Drives a target at one load level and returns what it measured (`shapes.Measurement`).
 
 Owns the closed loop (`run_concurrency`: N workers, each sending its next prompt when its last
-answer ended), the open loop (`run_rate`: Poisson arrivals from a seeded generator, capped in
-flight). Each worker is a `gateway.clients.bench.exchange.Client`: one keep-alive connection,
-reopened
-after an error or a close, each answer read into a `RequestRecord`. The checks before a run
+answer ended, or playing multi-turn conversations turn after turn with their growing history),
+the open loop (`run_rate`: Poisson arrivals from a seeded generator, or a constant rate, capped
+in flight, with the rate really achieved). Each worker is a
+`gateway.clients.bench.exchange.Client`: one keep-alive connection, reopened after an error or a
+close, each answer read into a `RequestRecord`. The checks before a run
 (`check_target`, `cold_load`, `BenchError`) live in `gateway.clients.bench.preflight` and are
 re-exported here, so the runner imports the whole engine from one place.
 

@@ -5,8 +5,10 @@ Owns `Prompt`, `Sampling`, `Workload` (with a digest, so two runs can tell wheth
 the same thing), the built-in suite `BUILTIN` (short and long prompts in English and Chinese:
 short prompts measure decode, long ones prefill; Chinese tokenizes very differently from
 English) and `load_workload`, which reads a suite name or a JSONL file. One `Sampling` holds for
-the whole run: a per-prompt `max_tokens` would make runs with different prompt orders
-incomparable, so a JSONL line may not carry one.
+the whole run, so a JSONL line may not carry a `max_tokens`; a prompt's own output limit
+(`Prompt.max_tokens`) comes only from `gateway.clients.bench.dataset` (a data set's
+`output_tokens_count` / `output_length`, or one drawn from a seeded distribution), fixed per
+prompt and part of the digest. `Turn` and `Conversation` hold multi-turn workloads.
 """
 
 from __future__ import annotations
