@@ -138,7 +138,7 @@ class _Dialogue:
         return requests.encode(prompt, self.turn)
 
     def answered(self, text: str) -> None:
-        """Append the answer the server gave (empty after a failure: the turn still counts)."""
+        """Append the answer the server gave to the last turn."""
         self.history.append({"role": "assistant", "content": text})
 
 
@@ -190,7 +190,8 @@ async def run_concurrency(
     A multi-turn workload (`workload.conversations`): each worker takes the next conversation
     (round-robin) and sends its turns one after the other, each with the whole history so far
     (the system message, every earlier user message and the answer the server gave, the new
-    user message); a finished conversation is followed by the next one. Every turn is one
+    user message); a finished conversation is followed by the next one, and so is a failed
+    turn (there is no answer to resend). Every turn is one
     request (of `requests` and `warmup`); its record notes the turn and the prompt's words.
 
     Args:
@@ -258,7 +259,10 @@ async def run_concurrency(
                 turn=request.turn,
             )
             if dialogue is not None:
-                dialogue.answered(client.last_text)
+                if record.ok:
+                    dialogue.answered(client.last_text)
+                else:  # no answer to resend: the conversation ends, the next one starts
+                    dialogue = None
             records.append(record)
             if warm:
                 state["warm_done"] += 1

@@ -18,6 +18,7 @@ within 2% of the requested rate.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import itertools
 import json
@@ -33,13 +34,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.clients.bench.cli import main
 from gateway.clients.bench.dataset import SYNTHETIC, DatasetOptions, build_workload, word_count
 from gateway.clients.bench.driver import achieved_rate, arrival_offsets, run_concurrency, run_rate
 from gateway.clients.bench.lengths import parse_lengths
-from gateway.clients.bench.protocol import Target
+from gateway.clients.bench.protocol import AnswerReader, Target, build_request
 from gateway.clients.bench.shapes import Measurement, ShapeOptions, run_fixed
 from gateway.clients.bench.stats import summarize
-from gateway.clients.bench.workload import Sampling, Workload
+from gateway.clients.bench.workload import Prompt, Sampling, Workload
 from gateway.testing.emulator.app import EmulatorConfig
 from tests.support.client import MODEL
 from tests.support.stack import Emulator, Gateway
@@ -372,3 +374,181 @@ def test_a_surface_is_an_openai_chat_surface():
 
 def test_word_count_counts_whitespace_separated_words():
     assert word_count(" a  b\nc ") == 3
+
+
+async def test_a_failed_turn_ends_its_conversation(emulator: Emulator):
+    emulator.state.config = EmulatorConfig(
+        ttft=0.002, inter_token=0.001, tokens=2, fault="status_before", fault_status=500
+    )
+    options = DatasetOptions(conversations=2, turns=3, prompt_words=parse_lengths("3"))
+    workload = build_workload(SYNTHETIC, SAMPLING, options)
+    run = await run_concurrency(Target(emulator.url, "ollama"), workload, MODEL, 1, requests=2)
+    assert [(r.ok, r.turn, r.prompt_id) for r in run.records] == [
+        (False, 1, "conv-1-1"),
+        (False, 1, "conv-2-1"),
+    ]
+
+
+# --- the command line ----------------------------------------------------------------------------
+
+
+def test_the_command_line_runs_each_new_mode(emulator: Emulator, tmp_path: Path, capsys):
+    emulator.state.config = EmulatorConfig(ttft=0.002, inter_token=0.001, tokens=1000)
+    base = ["run", "--target", emulator.url, "--model", MODEL, "--no-gpu"]
+    data = tmp_path / "data.csv"
+    data.write_text("prompt,output_tokens_count\nhello there,7\nhow are you,9\n", encoding="utf-8")
+    out = tmp_path / "run.json"
+    assert main([*base, "--workload", str(data), "--requests", "4", "--out", str(out)]) == 0
+    repeat = json.loads(out.read_text())["models"][0]["points"][0]["repeats"][0]
+    assert repeat["metrics"]["output_tokens"]["mean"] == 8.0
+    code = main([
+        *base, "--workload", "synthetic", "--conversations", "2", "--turns", "2",
+        "--system-words", "5", "--prompt-words", "4", "--output-tokens", "3",
+        "--requests", "4", "--warmup", "0", "--out", str(out),
+    ])  # fmt: skip
+    assert code == 0
+    doc = json.loads(out.read_text())
+    turns = doc["models"][0]["points"][0]["repeats"][0]["turns"]
+    assert [t["prompt_words_mean"] for t in turns] == [9, 16]  # 5 + 4; 5 + 4 + 3 + 4
+    assert doc["parameters"]["workload"]["conversations"] == 2
+    code = main([
+        *base, "--rate", "20", "--arrivals", "constant", "--requests", "10", "--out", str(out),
+    ])  # fmt: skip
+    assert code == 0
+    doc = json.loads(out.read_text())
+    assert doc["parameters"]["arrivals"] == "constant"
+    rate = doc["models"][0]["points"][0]["repeats"][0]["arrival_rate"]
+    assert rate["offered"] == 20.0
+    assert rate["achieved"] == pytest.approx(20.0, rel=0.2)  # 10 arrivals: no timing claim
+    assert "sent " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--output-tokens", "uniform:9,1"], "low <= high"),
+        (["--workload", "synthetic", "--conversations", "2", "--rate", "1"], "closed loop"),
+        (["--prompt-words", "10"], "--prompt-words applies to a synthetic workload"),
+        (["--arrivals", "bursty"], "invalid choice"),
+    ],
+)
+def test_bad_workload_options_are_usage_errors(capsys, args, message):
+    with contextlib.suppress(SystemExit):
+        code = main(["run", "--target", "http://127.0.0.1:1", "--api", "ollama", "--model", "m",
+                     "--no-save", *args])  # fmt: skip
+        assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_surface_endpoint_speaks_the_openai_api_without_detection(gateway: Gateway, tmp_path):
+    out = tmp_path / "run.json"
+    env_key = {"GATEWAY_BENCH_API_KEY": gateway.key}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env_key.items():
+            patch.setenv(name, value)
+        code = main([
+            "run", "--target", gateway.url, "--model", MODEL, "--endpoint", "messages",
+            "--requests", "2", "--no-gpu", "--out", str(out),
+        ])  # fmt: skip
+    assert code == 0
+    doc = json.loads(out.read_text())
+    assert doc["parameters"]["api"] == "openai"
+    assert doc["parameters"]["surface"] == "messages"
+    repeat = doc["models"][0]["points"][0]["repeats"][0]
+    assert repeat["sources"]["output_tokens"] == "messages.usage"
+
+
+# --- reading the surfaces' streams (sans-IO) ---------------------------------------------------
+
+
+def sse(*events: dict) -> bytes:
+    """An SSE stream of `events`, each named by its `type`, as both surfaces send them."""
+    return b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
+
+
+def ev(kind: str, **fields: object) -> dict:
+    return {"type": kind, **fields}
+
+
+def usage(prompt: int, output: int, names: tuple[str, str] = ("input_tokens", "output_tokens")):
+    return {names[0]: prompt, names[1]: output}
+
+
+TEXT = "response.output_text.delta"
+RESPONSES = sse(
+    ev("response.created", response={"status": "in_progress"}),
+    ev("response.reasoning_summary_text.delta", delta="hmm"),
+    ev(TEXT, delta="Hel"),
+    ev(TEXT, delta=""),
+    ev(TEXT, delta="lo"),
+    ev("response.completed", response={"usage": usage(7, 3)}),
+)
+MESSAGES = sse(
+    ev("message_start", message={"usage": usage(0, 0)}),
+    ev("content_block_delta", delta={"type": "thinking_delta", "thinking": "hmm"}),
+    ev("content_block_delta", delta={"type": "text_delta", "text": "Hel"}),
+    ev("ping"),
+    ev("content_block_delta", delta={"type": "text_delta", "text": "lo"}),
+    ev("message_delta", usage=usage(7, 3)),
+    ev("message_stop"),
+)
+
+
+@pytest.mark.parametrize(("surface", "stream"), [("responses", RESPONSES), ("messages", MESSAGES)])
+def test_the_surfaces_streams_are_read_at_every_byte_split(surface, stream):
+    for cut in range(0, len(stream), 7):
+        reader = AnswerReader("openai", surface=surface, keep_text=True)
+        reader.feed(stream[:cut], 1.0)
+        reader.feed(stream[cut:], 2.0)
+        reader.close(3.0)
+        record = reader.record(0.0, 3.0, 200)
+        assert record.ok, (cut, record.error)
+        assert len(record.chunk_times) == 3  # thinking, "Hel", "lo": the empty delta is none
+        assert (record.output_tokens, record.prompt_tokens) == (3, 7)
+        assert record.output_source == f"{surface}.usage"
+        assert reader.text == "Hello"  # the content only: a conversation resends no thinking
+
+
+@pytest.mark.parametrize(
+    ("surface", "stream", "error"),
+    [
+        ("responses", sse(ev("response.failed", response={"error": {"message": "boom"}})), "boom"),
+        ("responses", sse(ev("error", message="bad")), "bad"),
+        (
+            "messages",
+            sse(ev("error", error={"type": "overloaded_error", "message": "busy"})),
+            "busy",
+        ),
+        ("messages", RESPONSES, "answer ended without a final chunk"),
+        ("responses", RESPONSES + RESPONSES, "went on after its final chunk"),
+    ],
+)
+def test_the_surfaces_failures_fail_the_record(surface, stream, error):
+    reader = AnswerReader("openai", surface=surface)
+    reader.feed(stream, 1.0)
+    reader.close(2.0)
+    record = reader.record(0.0, 2.0, 200)
+    assert not record.ok
+    assert error in (record.error or "")
+
+
+def test_the_surfaces_requests():
+    system, user = {"role": "system", "content": "S"}, {"role": "user", "content": "U"}
+    prompt = Prompt("p", messages=(system, user), max_tokens=9)
+    sampling = Sampling(max_tokens=32, temperature=0.5)
+    responses = Target("http://h:1/pre", "openai", surface="responses")
+    path, body = build_request(responses, "m", prompt, sampling)
+    assert path == "/pre/v1/responses"
+    assert json.loads(body) == {
+        "model": "m", "stream": True, "temperature": 0.5, "max_output_tokens": 9,
+        "input": [system, user],
+    }  # fmt: skip
+    messages = Target("http://h:1", "openai", surface="messages")
+    path, body = build_request(messages, "m", prompt, sampling)
+    assert path == "/v1/messages"
+    assert json.loads(body) == {
+        "model": "m", "stream": True, "temperature": 0.5, "max_tokens": 9, "system": "S",
+        "messages": [user],
+    }  # fmt: skip
+    _, body = build_request(Target("http://h:1", "ollama"), "m", Prompt("q", text="x"), sampling)
+    assert json.loads(body)["options"]["num_predict"] == 32  # no prompt limit: the run's
