@@ -13,6 +13,7 @@ from fastapi import FastAPI
 
 from gateway import __version__
 from gateway.api.admin.oidc import router as admin_oidc_router
+from gateway.api.admin.page import router as admin_page_router
 from gateway.api.admin.routes import router as admin_router
 from gateway.api.anthropic.routes import generation_routes as anthropic_routes
 from gateway.api.anthropic.routes import router as anthropic_router
@@ -99,6 +100,7 @@ def create_app(
     app.include_router(health_router)
     app.include_router(admin_router)
     app.include_router(admin_oidc_router)
+    app.include_router(admin_page_router)
     app.add_route("/metrics", metrics.endpoint, methods=["GET"], include_in_schema=False)
     # Added innermost first. AccessMiddleware stamps and logs every request, the preflights the
     # CORS layer answers included; that layer adds its headers to every response inside it:

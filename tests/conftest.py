@@ -26,7 +26,7 @@ from tests.support.servers import PG_URL, REDIS_URL, Database, in_ci, postgres_d
 from tests.support.stack import Emulator, Gateway, store_key
 
 #: The markers of slow classes (pyproject.toml describes each); a test of any is `slow` too.
-SLOW_CLASSES = ("e2e", "soak", "crash", "processes", "prometheus", "clients", "tools")
+SLOW_CLASSES = ("e2e", "soak", "crash", "processes", "prometheus", "clients", "tools", "browser")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects, so `-m "not slow"` sees the mark

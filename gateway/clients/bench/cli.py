@@ -32,13 +32,17 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from gateway.clients.bench import compare, plots, report
+from gateway.clients.bench import compare, html, plots, report
 from gateway.clients.bench.dataset import DatasetOptions, build_workload
 from gateway.clients.bench.driver import BenchError
+from gateway.clients.bench.health import DOWN_AFTER
+from gateway.clients.bench.intervals import parse_confidence
 from gateway.clients.bench.lengths import Lengths, parse_lengths
 from gateway.clients.bench.protocol import Api, Target
-from gateway.clients.bench.runner import Mode, Plan, redact, run_benchmark
+from gateway.clients.bench.quality import QualityProbe, load_questions
+from gateway.clients.bench.runner import Mode, Plan, error_verdict, redact, run_benchmark
 from gateway.clients.bench.shapes import Shape, ShapeOptions
+from gateway.clients.bench.sizes import SizeHint, parse_size
 from gateway.clients.bench.slo import parse_slo
 from gateway.clients.bench.stats import escape_error
 from gateway.clients.bench.workload import Sampling, WorkloadError
@@ -82,6 +86,18 @@ def _count(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
     return int(text)
+
+
+def _confidence(text: str) -> float:
+    try:
+        return parse_confidence(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+#: `gateway bench run`'s exit status when the run finished but failed more requests than
+#: `--max-error-rate` (docs/benchmarking.md "Exit status").
+EXIT_TOO_MANY_ERRORS = 3
 
 
 def _no_key(_text: str) -> str:
@@ -216,6 +232,41 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     load.add_argument(
         "--repeat", type=_count, default=1, help="runs per point: median and spread (default 1)"
     )
+    # bench-stats: intervals, adaptive repeats, honest exits (docs/benchmarking.md "Statistics").
+    stats = run.add_argument_group("statistics and exits")
+    stats.add_argument(
+        "--confidence",
+        type=_confidence,
+        default=0.95,
+        help="confidence of every interval, e.g. 95%% or 0.95 (default 95%%)",
+    )
+    stats.add_argument(
+        "--until-ci",
+        type=compare.parse_threshold,
+        metavar="PCT",
+        help="repeat each point (at least twice, at least --repeat) until the interval of TTFT,"
+        " TPOT, ITL p50 and output tok/s is within +-PCT of its mean, e.g. 2%%",
+    )
+    stats.add_argument(
+        "--max-repeats",
+        type=_count,
+        default=10,
+        help="with --until-ci: the most runs per point (default 10)",
+    )
+    stats.add_argument(
+        "--max-error-rate",
+        type=compare.parse_threshold,
+        default=0.01,
+        help="exit 3 when more than this share of the measured requests failed (default 1%%)",
+    )
+    stats.add_argument(
+        "--down-after",
+        type=_positive,
+        default=DOWN_AFTER,
+        help="seconds of failures without an answer (refused, reset, 502, 504) after which the"
+        " target counts as gone: the run stops and saves what it measured"
+        f" (default {DOWN_AFTER:g})",
+    )
     load.add_argument("--slo", help="e.g. 'ttft_p99<=2s,tpot_p50<=100ms' (judges points)")
     load.add_argument(
         "--knee-gain",
@@ -242,6 +293,29 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     more = run.add_argument_group("also measure")
     more.add_argument("--cold-load", action="store_true", help="the model's cold load first")
     more.add_argument("--quality", action="store_true", help="the quality probe (builtin-12)")
+    # bench-out (issue 30 item 3): the probe's endpoint and question set, the sizes.
+    more.add_argument(
+        "--quality-endpoint",
+        choices=("chat", "completions"),
+        default="chat",
+        help="ask the probe through the chat template (chat, default) or as plain text"
+        " (completions: /v1/completions, Ollama raw)",
+    )
+    more.add_argument(
+        "--quality-file",
+        type=Path,
+        metavar="QA.jsonl",
+        help="your own questions for the probe: JSONL of {question|prompt, answer|answers};"
+        " implies --quality",
+    )
+    more.add_argument(
+        "--size",
+        action="append",
+        default=[],
+        metavar="[MODEL=]SIZE|PATH",
+        help="a model's size where the server tells none: 4.1GB, or a model file's path;"
+        " repeat per model",
+    )
     more.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
     more.add_argument(
         "--sample-interval",
@@ -276,6 +350,12 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="the report on stdout",
     )
     out.add_argument("--plots", type=Path, help="write PNG plots into this directory")
+    out.add_argument(
+        "--html",
+        type=Path,
+        metavar="FILE",
+        help="write a self-contained HTML report (tables and plots, no network)",
+    )
     out.add_argument("--quiet", action="store_true", help="no progress on stderr")
     run.set_defaults(bench_handler=_run)
 
@@ -301,7 +381,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     cmp.set_defaults(bench_handler=compare.main_compare)
     rep = commands.add_parser("report", help="print a saved run as a table, Markdown, CSV, JSON")
     report.add_arguments(rep)
-    rep.set_defaults(bench_handler=report.main_report)
+    rep.set_defaults(bench_handler=html.main_report)
     # No prefixes: `--key gw_...` would be taken as `--key-file` and the key echoed back.
     bench.allow_abbrev = False
     for leaf in commands.choices.values():
@@ -435,10 +515,15 @@ def _plan(args: argparse.Namespace, target: Target) -> Plan:
         mode = "fixed" if len(levels) == 1 else "sweep"
     if shape == "concurrency" and all(level == int(level) for level in levels):
         levels = tuple(int(level) for level in levels)  # "concurrency 4", not "4.0"
+    if args.until_ci is None and args.max_repeats != 10:
+        raise ValueError("--max-repeats applies only with --until-ci")
     options = ShapeOptions(
         repeat=args.repeat,
         slo=None if args.slo is None else parse_slo(args.slo),
         knee_gain=args.knee_gain,
+        confidence=args.confidence,
+        until_ci=args.until_ci,
+        max_repeats=args.max_repeats,
     )
     return Plan(
         target=target,
@@ -452,7 +537,9 @@ def _plan(args: argparse.Namespace, target: Target) -> Plan:
         warmup=args.warmup,
         options=options,
         cold_load=args.cold_load,
-        quality=args.quality,
+        quality=args.quality or args.quality_file is not None,
+        sizes=_sizes(args.size, models),
+        probe=_probe(args),
         gpu=not args.no_gpu,
         sample_interval=args.sample_interval,
         max_in_flight=args.max_in_flight,
@@ -461,7 +548,33 @@ def _plan(args: argparse.Namespace, target: Target) -> Plan:
         target_queue_wait=args.queue_wait,
         replicas=args.replicas,
         upstream_url=args.upstream_url,
+        down_after=args.down_after,
+        max_error_rate=args.max_error_rate,
     )
+
+
+def _sizes(given: Sequence[str], models: Sequence[str]) -> dict[str, SizeHint]:
+    """`--size` values by model (`""`: every model).
+
+    Raises:
+        ValueError: a value `parse_size` refuses, or one naming a model not measured (a typo
+            would leave the size out silently); a usage error.
+    """
+    found: dict[str, SizeHint] = {}
+    for text in given:
+        model, hint = parse_size(text)
+        if model is not None and model not in models:
+            raise ValueError(f"--size names {model!r}, which is not among --models")
+        found[model or ""] = hint
+    return found
+
+
+def _probe(args: argparse.Namespace) -> QualityProbe:
+    """The quality probe's endpoint and questions. Raises QuestionFileError (a usage error)."""
+    if args.quality_file is None:
+        return QualityProbe(endpoint=args.quality_endpoint)
+    questions, name = load_questions(args.quality_file)
+    return QualityProbe(endpoint=args.quality_endpoint, questions=questions, question_set=name)
 
 
 def _say(quiet: bool) -> Any:
@@ -472,6 +585,9 @@ def _say(quiet: bool) -> Any:
     def say(text: str) -> None:
         if text.startswith("\r") and not text.endswith("\n") and not tty:
             return  # an in-place update only makes sense on a terminal
+        if text.startswith("\r") and tty:
+            # Erase what a longer line before it left (ECMA-48 EL, "erase in line").
+            text = text.rstrip("\n") + "\x1b[K" + ("\n" if text.endswith("\n") else "")
         sys.stderr.write(text if text.startswith("\r") or text.endswith("\n") else text + "\n")
         sys.stderr.flush()
 
@@ -507,7 +623,12 @@ def _save(doc: dict[str, Any], path: Path) -> Path:
 
 
 def _run(args: argparse.Namespace) -> int:
-    """`gateway bench run`: 0 when requests succeeded, 1 when none did or the target failed."""
+    """`gateway bench run`: the exit status of docs/benchmarking.md "Exit status".
+
+    0 done; 1 the target failed (unreachable, key refused, model missing, stopped answering
+    mid-run: the part measured is saved, marked partial), no request succeeded, or the document
+    could not be saved; 2 a usage error; 3 more failed requests than `--max-error-rate`.
+    """
     say = _say(args.quiet)
     key: str | None = None
     try:
@@ -565,16 +686,35 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"gateway bench: {note}", file=sys.stderr)
         except (plots.PlotError, OSError) as exc:
             print(f"gateway bench: no plots: {exc}", file=sys.stderr)
+    if args.html is not None:
+        try:
+            for note in html.write_report(doc, args.html):
+                print(f"gateway bench: {note}", file=sys.stderr)
+            if say is not None:
+                say(f"html {args.html}")
+        except OSError as exc:
+            print(f"gateway bench: no HTML report: {exc.strerror or exc}", file=sys.stderr)
     completed = sum(
         (repeat.get("requests", 0) - repeat.get("errors", 0))
         for entry in doc["models"]
         for point in entry["points"]
         for repeat in point["repeats"]
     )
+    if doc.get("partial"):
+        where = f"saved in {out} (marked partial)" if out is not None and saved else "not saved"
+        reason = redact(str(doc.get("partial_reason")), plan.target.key)
+        print(f"gateway bench: stopped: {reason}; the part measured is {where}", file=sys.stderr)
+        return 1
     if completed == 0:
         print("gateway bench: no request succeeded", file=sys.stderr)
         return 1
-    return 0 if saved else 1
+    if not saved:
+        return 1
+    too_many = error_verdict(doc, plan.max_error_rate)
+    if too_many is not None:
+        print(f"gateway bench: too many failed requests: {too_many}", file=sys.stderr)
+        return EXIT_TOO_MANY_ERRORS
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,32 +5,46 @@ model build on the same machine and workload (`fingerprint.mismatches` refuses t
 unless `--allow-mismatch`). Exit codes: 0 pass, 1 regression, 2 refused, a bad file or any
 other failure (a crash must never look like a regression, nor like a pass).
 
-The noise rule, per row (`judge`). `change` is relative, (NEW - BASE) / BASE of the medians
-over repeats, except for the error rate, where it is the difference in percentage points (a
-relative change from 0 errors is meaningless). Then:
+The rule, per row (`judge`). `change` is relative, (NEW - BASE) / BASE, except for the error
+rate, where it is the difference in percentage points (a relative change from 0 errors is
+meaningless). With 2 or more repeats on both sides (`--repeat`), the gate is a test:
 
-1. `|change| <= threshold` (5% by default): "same".
-2. Otherwise, when the two runs' min-max ranges over their repeats overlap: "noise". Some
-   repeat of NEW did as well as some repeat of BASE, so the repeats' own variation explains
-   the change; a real change of that size moves the whole range. With one repeat a range is a
-   single value, so this never applies and the threshold alone decides: with repeat=1 every
-   change beyond the threshold counts, and `--repeat 3` is how to tell noise apart. One
-   exception: a tail percentile (p99) measured once on either side is "noise" whatever its
-   change, because the p99 of one short run moves by more than any useful threshold between
-   two runs of the same setup (it is a handful of requests); it gates only with repeats.
-3. Otherwise "better" or "worse" by the metric's direction (a latency or the error rate going
-   up is worse, a throughput, the knee or the quality score going down is worse).
+1. `change` is that of the means over repeats, and Welch's t-test (`intervals.welch`: unequal
+   variances, B. L. Welch 1947) gives its confidence interval at `--confidence` (95%).
+2. `|change| <= threshold` (5% by default): "same".
+3. Otherwise, when the interval holds 0 (the difference is not significant at that
+   confidence): "noise".
+4. Otherwise "better" or "worse" by the metric's direction (a latency or the error rate going
+   up is worse, a throughput, the knee or the quality score going down is worse): a "worse" row
+   is a regression beyond the threshold at the stated confidence. This is pyperf's and Google
+   Benchmark's `compare.py` practice: a change counts when it is both large (the threshold) and
+   significant (the test).
+
+With one repeat on either side there is no measured noise, so the older rule applies, and the
+comparison warns (`Comparison.warnings`; `--require-repeats N` refuses instead): the change is
+that of the medians; `|change| <= threshold` is "same"; when the two runs' min-max ranges over
+their repeats overlap it is "noise"; with one repeat a range is a single value, so the
+threshold alone decides, except that a tail percentile (p99) measured once on either side is
+"noise" whatever its change (the p99 of one short run moves by more than any useful threshold
+between two runs of the same setup; it gates only with repeats). The knee and the quality score
+are one value per run and always take this rule.
+
+The comparison also warns when a row's interval of the change is wider than +-threshold and it
+was not called "better" or "worse": those runs cannot tell a threshold-sized change from noise
+(`--strict-stats` refuses then), and the warning says about how many repeats would.
 
 A row with the value missing on either side is "missing" and never a regression. The verdict is
-"refused" when the fingerprints differ and mismatches were not allowed, or when NEW cannot be
-judged against BASE: a model of BASE has no counterpart in NEW, a level of BASE was not measured
-in NEW, or no row was compared at all (every row "missing", as when NEW measured nothing). A
-run that measured nothing must not pass the gate. The rows are still computed, for the curious.
-Otherwise the verdict is "regression" when any row is "worse", else "pass". What NEW measured
-beyond BASE (another model, more levels) is only noted.
+"refused" when the fingerprints differ and mismatches were not allowed, when either run is
+partial (it stopped when its target stopped answering), when a point has fewer repeats than
+`--require-repeats`, or when NEW cannot be judged against BASE: a model of BASE has no
+counterpart in NEW, a level of BASE was not measured in NEW, or no row was compared at all
+(every row "missing", as when NEW measured nothing). A run that measured nothing must not pass
+the gate. The rows are still computed, for the curious. Otherwise the verdict is "regression"
+when any row is "worse", else "pass". What NEW measured beyond BASE (another model, more levels)
+is only noted.
 
-Over ~300 lines for one reason: the noise rule (`judge`), the pairing of models and levels
-(`_pair_models`, `_compare_model`) and the verdict (`Comparison`) are one gate, and
+Over ~300 lines for one reason: the rule (`judge`, `gate_warnings`), the pairing of models and
+levels (`_pair_models`, `_compare_model`) and the verdict (`Comparison`) are one gate, and
 `render_comparison` and `main_compare` only print it and turn it into the exit code.
 """
 
@@ -42,7 +56,7 @@ import json
 import math
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from gateway.clients.bench.document import (
@@ -53,9 +67,11 @@ from gateway.clients.bench.document import (
     nested,
     points,
     real,
+    sequence,
     stat,
 )
 from gateway.clients.bench.fingerprint import mismatches as fingerprint_mismatches
+from gateway.clients.bench.intervals import DEFAULT_CONFIDENCE, parse_confidence, welch
 from gateway.clients.bench.tables import MISSING, Column, level, number, safe, text_table
 
 Verdict = Literal["better", "worse", "same", "noise", "missing"]
@@ -111,11 +127,16 @@ MODEL_METRICS: tuple[Metric, ...] = (
 
 @dataclass(frozen=True, slots=True)
 class Span:
-    """A value over repeats in the document's unit: the median and the min-max range."""
+    """A value over repeats in the document's unit: the median, the min-max range, the values.
+
+    `values` holds each repeat's value (empty when unknown, as in a hand-made span); with 2 or
+    more on both sides the gate tests them (`judge`).
+    """
 
     median: float
     low: float
     high: float
+    values: tuple[float, ...] = ()
 
     def overlaps(self, other: Span) -> bool:
         """Whether the two ranges share a value."""
@@ -137,6 +158,14 @@ class Row:
         noise: The larger relative spread ((max - min) / median) of the two sides, for the
             reader; the verdict uses the ranges themselves (module docstring).
         verdict: "better", "worse", "same", "noise" or "missing".
+        test: How it was judged: "welch" (repeats on both sides), "range" (the min-max rule
+            with fewer than 2 repeats on a side), None when missing.
+        change_low: With "welch": the lower end of the change's confidence interval (the
+            difference's interval over |BASE's mean|), else None.
+        change_high: Its upper end.
+        p_value: With "welch": the two-sided p-value of "no difference", else None.
+        confidence: The confidence of the interval and the test.
+        threshold: The threshold the row was judged against.
     """
 
     model: str
@@ -147,6 +176,21 @@ class Row:
     change: float | None
     noise: float | None
     verdict: Verdict
+    test: str | None = None
+    change_low: float | None = None
+    change_high: float | None = None
+    p_value: float | None = None
+    confidence: float = DEFAULT_CONFIDENCE
+    threshold: float = 0.05
+
+    @property
+    def unresolved(self) -> bool:
+        """Judged by the test, not called a change, with an interval wider than the threshold."""
+        if self.test != "welch" or self.verdict in ("better", "worse"):
+            return False
+        if self.change_low is None or self.change_high is None:
+            return False
+        return (self.change_high - self.change_low) / 2 > self.threshold
 
 
 @dataclass(slots=True)
@@ -163,6 +207,9 @@ class Comparison:
         refusals: Why NEW cannot be judged against BASE (a BASE model or level NEW lacks,
             nothing compared); any makes the verdict "refused".
         mismatch_allowed: The fingerprints' mismatches, if any, were allowed.
+        warnings: What limits the verdict's worth: runs without repeats, values whose interval
+            is wider than the threshold (module docstring).
+        confidence: The confidence of the test and of the intervals.
     """
 
     rows: list[Row]
@@ -173,6 +220,8 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
     mismatch_allowed: bool = False
+    warnings: list[str] = field(default_factory=list)
+    confidence: float = DEFAULT_CONFIDENCE
 
     @property
     def exit_code(self) -> int:
@@ -191,6 +240,8 @@ class Comparison:
         result = {
             "verdict": self.verdict,
             "threshold": self.threshold,
+            "confidence": self.confidence,
+            "warnings": self.warnings,
             "mismatches": self.mismatches,
             "refusals": self.refusals,
             "notes": self.notes,
@@ -215,22 +266,59 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def judge(metric: Metric, base: Span | None, new: Span | None, threshold: float) -> Row:
-    """Compare one value of BASE and NEW by the noise rule (module docstring).
+def judge(
+    metric: Metric,
+    base: Span | None,
+    new: Span | None,
+    threshold: float,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> Row:
+    """Compare one value of BASE and NEW by the rule of the module docstring.
 
     Returns:
         A `Row` with empty `model` and `level` (the caller fills them in).
     """
     if base is None or new is None:
-        return Row("", None, metric, base, new, None, None, "missing")
+        return Row("", None, metric, base, new, None, None, "missing", confidence=confidence)
+    noise = max(_spread(base), _spread(new))
+    test = welch(base.values, new.values, confidence)
+    if test is not None:
+        base_mean = sum(base.values) / len(base.values)
+        scale = 1.0 if metric.absolute else abs(base_mean)
+        if scale == 0:
+            change = 0.0 if test.difference == 0 else math.copysign(math.inf, test.difference)
+            low = high = change
+        else:
+            change, low, high = test.difference / scale, test.low / scale, test.high / scale
+        verdict: Verdict
+        if abs(change) <= threshold:
+            verdict = "same"
+        elif not test.significant:
+            verdict = "noise"
+        else:
+            verdict = "better" if (change > 0) == metric.higher_is_better else "worse"
+        return Row(
+            "",
+            None,
+            metric,
+            base,
+            new,
+            change,
+            noise,
+            verdict,
+            "welch",
+            low,
+            high,
+            test.p_value,
+            confidence,
+            threshold,
+        )
     if metric.absolute:
         change = new.median - base.median
     elif base.median == 0:
         change = 0.0 if new.median == 0 else math.copysign(math.inf, new.median)
     else:
         change = (new.median - base.median) / abs(base.median)
-    noise = max(_spread(base), _spread(new))
-    verdict: Verdict
     once = base.low == base.high or new.low == new.high
     if abs(change) <= threshold:
         verdict = "same"
@@ -238,7 +326,19 @@ def judge(metric: Metric, base: Span | None, new: Span | None, threshold: float)
         verdict = "noise"
     else:
         verdict = "better" if (change > 0) == metric.higher_is_better else "worse"
-    return Row("", None, metric, base, new, change, noise, verdict)
+    return Row(
+        "",
+        None,
+        metric,
+        base,
+        new,
+        change,
+        noise,
+        verdict,
+        "range",
+        confidence=confidence,
+        threshold=threshold,
+    )
 
 
 def _spread(span: Span) -> float:
@@ -248,12 +348,35 @@ def _spread(span: Span) -> float:
 
 
 def point_span(point: Mapping[str, Any], key: str) -> Span | None:
-    """A summary key's median and range over the point's repeats, or None when not measured."""
+    """A summary key's median, range and per-repeat values, or None when not measured."""
     median = stat(point, key)
     if median is None:
         return None
     low, high = stat(point, key, "min"), stat(point, key, "max")
-    return Span(median, median if low is None else low, median if high is None else high)
+    return Span(
+        median,
+        median if low is None else low,
+        median if high is None else high,
+        repeat_values(point, key),
+    )
+
+
+def repeat_values(point: Mapping[str, Any], key: str) -> tuple[float, ...]:
+    """Each repeat's value of a summary key (`ttft_seconds.p50`, `error_rate`), where known.
+
+    Returns an empty tuple unless every repeat has a finite value: a test on some of the
+    repeats would not be the test of the point.
+    """
+    found: list[float | None] = []
+    metric, _, which = key.partition(".")
+    for repeat in sequence(point.get("repeats")):
+        item = mapping(repeat)
+        if which:
+            found.append(real(nested(item, "metrics", metric, which)))
+        else:
+            found.append(real(item.get(key)))
+    present = [v for v in found if v is not None]
+    return tuple(present) if len(present) == len(found) else ()
 
 
 def model_span(entry: Mapping[str, Any], key: str) -> Span | None:
@@ -263,12 +386,23 @@ def model_span(entry: Mapping[str, Any], key: str) -> Span | None:
     return None if value is None else Span(value, value, value)
 
 
+def _probe(entry: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The quality probe's question set and endpoint (`chat` when a run predates the field)."""
+    quality = nested(entry, "quality")
+    if not isinstance(quality, Mapping):
+        return (None, None)
+    return (quality.get("set"), quality.get("endpoint") or "chat")
+
+
 def compare(
     base_doc: Mapping[str, Any],
     new_doc: Mapping[str, Any],
     *,
     threshold: float = 0.05,
     allow_mismatch: bool = False,
+    confidence: float = DEFAULT_CONFIDENCE,
+    require_repeats: int = 1,
+    strict_stats: bool = False,
 ) -> Comparison:
     """Compare two run documents (`document.load_run`), model by model, level by level.
 
@@ -281,6 +415,9 @@ def compare(
         new_doc: The run under test.
         threshold: Relative change (0.05: 5%) a row must exceed to count as a change.
         allow_mismatch: Judge even when the fingerprints differ.
+        confidence: The confidence of Welch's test and of the intervals (0.95).
+        require_repeats: Refuse when a compared point of either run has fewer repeats.
+        strict_stats: Refuse when the comparison warns (`gate_warnings`).
 
     A BASE model or level that NEW lacks, or nothing compared at all, makes the verdict
     "refused" (module docstring); NEW's extra models and levels are noted only.
@@ -299,8 +436,25 @@ def compare(
     rows: list[Row] = []
     notes: list[str] = []
     refusals: list[str] = []
-    for label, base_entry, new_entry in _pair_models(base_doc, new_doc, notes, refusals):
-        rows.extend(_compare_model(label, base_entry, new_entry, threshold, notes, refusals))
+    for name, doc in (("BASE", base_doc), ("NEW", new_doc)):
+        if doc.get("partial") is True:
+            reason = doc.get("partial_reason")
+            refusals.append(f"{name} is a partial run (it stopped: {reason})")
+    pairs = _pair_models(base_doc, new_doc, notes, refusals)
+    for label, base_entry, new_entry in pairs:
+        rows.extend(
+            _compare_model(label, base_entry, new_entry, threshold, notes, refusals, confidence)
+        )
+    fewest = _fewest_repeats(pairs)
+    warnings = gate_warnings(rows, fewest, threshold, confidence)
+    if fewest is not None and min(fewest[0][0], fewest[1][0]) < require_repeats:
+        (base_n, base_at), (new_n, new_at) = fewest
+        side, n, at = ("BASE", base_n, base_at) if base_n <= new_n else ("NEW", new_n, new_at)
+        refusals.append(
+            f"{side} has {n} repeat(s) at {at}, fewer than --require-repeats {require_repeats}"
+        )
+    if strict_stats and warnings:
+        refusals.append("--strict-stats: the runs cannot tell the threshold from noise (warnings)")
     if all(row.verdict == "missing" for row in rows):
         refusals.append(
             "no value was compared: NEW measured nothing that BASE measured"
@@ -312,8 +466,76 @@ def compare(
     if (found and not allow_mismatch) or refusals:
         verdict = "refused"
     return Comparison(
-        rows, regressions, found, verdict, threshold, notes, refusals, bool(allow_mismatch)
+        rows,
+        regressions,
+        found,
+        verdict,
+        threshold,
+        notes,
+        refusals,
+        bool(allow_mismatch),
+        warnings,
+        confidence,
     )
+
+
+Fewest = tuple[tuple[int, str], tuple[int, str]]
+
+
+def _fewest_repeats(pairs: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> Fewest | None:
+    """The fewest repeats of a point in BASE and in NEW, with where, over the paired models."""
+    sides: list[tuple[int, str] | None] = [None, None]
+    for label, *entries in pairs:
+        for index, entry in enumerate(entries):
+            for point in points(entry):
+                n = len(sequence(point.get("repeats")))
+                at = f"{label} level {real(point.get('level')) or 0:g}"
+                if sides[index] is None or n < sides[index][0]:  # type: ignore[index]
+                    sides[index] = (n, at)
+    base, new = sides
+    return None if base is None or new is None else (base, new)
+
+
+def gate_warnings(
+    rows: list[Row], fewest: Fewest | None, threshold: float, confidence: float
+) -> list[str]:
+    """What limits the verdict: runs measured once, values the repeats cannot resolve.
+
+    Returns:
+        One line for runs with a single repeat at some point (no noise measured: the threshold
+        alone decides, and a real model's identical runs differ by 10-30%), and one for the
+        rows judged by the test whose interval of the change is wider than +-threshold while
+        they were not called a change, naming a few with about how many repeats would resolve
+        them (the interval narrows as 1/sqrt(n)).
+    """
+    warnings: list[str] = []
+    if fewest is not None and min(fewest[0][0], fewest[1][0]) < 2:
+        (base_n, base_at), (new_n, new_at) = fewest
+        side, n, at = ("BASE", base_n, base_at) if base_n <= new_n else ("NEW", new_n, new_at)
+        warnings.append(
+            f"{side} has {n} repeat at {at}: with a single run there is no measured noise, so"
+            f" the {threshold:.1%} threshold alone decides and a change may be noise (identical"
+            " runs of a real model differed by 10-30%); run both with --repeat 3 or more, or"
+            " pass --require-repeats 3 to refuse such a comparison"
+        )
+    wide = [row for row in rows if row.unresolved]
+    if wide:
+        shown = []
+        for row in wide[:4]:
+            half = (row.change_high - row.change_low) / 2  # type: ignore[operator]
+            n = min(len(row.base.values), len(row.new.values))  # type: ignore[union-attr]
+            need = math.ceil(n * (half / threshold) ** 2) if threshold > 0 else None
+            where = row.model if row.level is None else f"{row.model} at {level(row.level)}"
+            more = "" if need is None else f", about {need} repeats"
+            if need is not None and need > 100:
+                more = ", over 100 repeats: too noisy to gate at this threshold"
+            shown.append(f"{where}: {row.metric.label} +-{half:.1%}{more}")
+        warnings.append(
+            f"{len(wide)} value(s) cannot tell a {threshold:.1%} change from noise at"
+            f" {confidence * 100:g}% confidence (their interval of the change is wider):"
+            f" {'; '.join(shown)}"
+        )
+    return warnings
 
 
 def _pair_models(
@@ -348,6 +570,7 @@ def _compare_model(
     threshold: float,
     notes: list[str],
     refusals: list[str],
+    confidence: float = DEFAULT_CONFIDENCE,
 ) -> list[Row]:
     def key(point: Mapping[str, Any]) -> tuple[str, float]:
         # `points` keeps only the points with a finite level.
@@ -369,18 +592,20 @@ def _compare_model(
                 point_span(base_points[where], metric.key),
                 point_span(new_points[where], metric.key),
                 threshold,
+                confidence,
             )
             rows.append(_place(row, label, where[1]))
     for metric in MODEL_METRICS:
-        row = judge(
-            metric, model_span(base_entry, metric.key), model_span(new_entry, metric.key), threshold
-        )
+        base_span, new_span = model_span(base_entry, metric.key), model_span(new_entry, metric.key)
+        if metric.key == "quality" and _probe(base_entry) != _probe(new_entry):
+            base_span = new_span = None  # scores on other questions, or asked otherwise: missing
+        row = judge(metric, base_span, new_span, threshold, confidence)
         rows.append(_place(row, label, None))
     return rows
 
 
 def _place(row: Row, model: str, level: float | None) -> Row:
-    return Row(model, level, row.metric, row.base, row.new, row.change, row.noise, row.verdict)
+    return replace(row, model=model, level=level)
 
 
 def parse_threshold(text: str) -> float:
@@ -427,6 +652,13 @@ def _change(change: float | None, absolute: bool) -> str:
     return f"{change:+.1%}" if abs(change) != float("inf") else ("+inf" if change > 0 else "-inf")
 
 
+def _interval(row: Row) -> str:
+    if row.test != "welch" or row.change_low is None or row.change_high is None:
+        return MISSING
+    absolute = row.metric.absolute
+    return f"{_change(row.change_low, absolute)} to {_change(row.change_high, absolute)}"
+
+
 def render_comparison(comparison: Comparison) -> str:
     """The terminal form of `compare.compare`: the rows, the notes and the verdict line.
 
@@ -441,7 +673,9 @@ def render_comparison(comparison: Comparison) -> str:
         lines.append("pass --allow-mismatch to compare them anyway")
         return "\n".join(lines) + "\n"
     columns = [Column("model", "left"), Column("level"), Column("metric", "left")]
-    columns += [Column("BASE"), Column("NEW"), Column("change"), Column("verdict", "left")]
+    shown = f"{comparison.confidence * 100:g}% CI of change"
+    columns += [Column("BASE"), Column("NEW"), Column("change"), Column(shown)]
+    columns += [Column("verdict", "left")]
     rows = [
         [
             safe(row.model),
@@ -450,6 +684,7 @@ def render_comparison(comparison: Comparison) -> str:
             _span(row.base, row.metric),
             _span(row.new, row.metric),
             _change(row.change, row.metric.absolute),
+            _interval(row),
             row.verdict,
         ]
         for row in comparison.rows
@@ -463,10 +698,17 @@ def render_comparison(comparison: Comparison) -> str:
         lines += [f"  {safe(r, 500)}" for r in comparison.refusals]
         lines.append("verdict: refused")
         return "\n".join(lines) + "\n"
-    lines.append(
-        f"verdict: {comparison.verdict} ({worse} of {len(comparison.rows)} values worse by more"
-        f" than {comparison.threshold:.1%} and beyond the repeats' range)"
-    )
+    tested = sum(1 for row in comparison.rows if row.test == "welch")
+    once = sum(1 for row in comparison.rows if row.test == "range")
+    confidence = f"{comparison.confidence * 100:g}%"
+    parts = [f"{worse} of {len(comparison.rows)} values worse by more than"]
+    parts[0] += f" {comparison.threshold:.1%}"
+    if tested:
+        parts.append(f"{tested} tested with Welch's t-test over the repeats")
+    if once:
+        parts.append(f"{once} without repeats on a side: the threshold alone decides")
+    verdict = comparison.verdict + (f" at {confidence} confidence" if tested else "")
+    lines.append(f"verdict: {verdict} ({'; '.join(parts)})")
     return "\n".join(lines) + "\n"
 
 
@@ -486,6 +728,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="compare even when the fingerprints differ (other model build, machine, workload)",
     )
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    parser.add_argument(
+        "--confidence",
+        type=_confidence,
+        default=DEFAULT_CONFIDENCE,
+        help="confidence of Welch's test and the intervals, e.g. 95%% or 0.99 (default 95%%)",
+    )
+    parser.add_argument(
+        "--require-repeats",
+        type=_repeats,
+        default=1,
+        metavar="N",
+        help="refuse (exit 2) when a point of either run has fewer than N repeats (default 1:"
+        " warn only)",
+    )
+    parser.add_argument(
+        "--strict-stats",
+        action="store_true",
+        help="refuse (exit 2) whenever the comparison warns: single runs, or values whose"
+        " interval of the change is wider than the threshold",
+    )
+
+
+def _confidence(text: str) -> float:
+    try:
+        return parse_confidence(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _repeats(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--require-repeats takes a whole number >= 1: {text!r}")
+    return int(text)
 
 
 def main_compare(args: argparse.Namespace) -> int:
@@ -512,7 +787,18 @@ def _compare_files(args: argparse.Namespace) -> int:
     except RunFileError as exc:
         print(f"gateway bench compare: {safe(exc, 500)}", file=sys.stderr)
         return 2
-    result = compare(base, new, threshold=args.threshold, allow_mismatch=args.allow_mismatch)
+    result = compare(
+        base,
+        new,
+        threshold=args.threshold,
+        allow_mismatch=args.allow_mismatch,
+        confidence=getattr(args, "confidence", DEFAULT_CONFIDENCE),
+        require_repeats=getattr(args, "require_repeats", 1),
+        strict_stats=getattr(args, "strict_stats", False),
+    )
+    # On stderr in both forms: a CI log shows them beside the exit status.
+    for warning in result.warnings:
+        print(f"gateway bench compare: warning: {safe(warning, 1000)}", file=sys.stderr)
     if args.json:
         print(json.dumps(result.as_dict(), indent=2, ensure_ascii=True, allow_nan=False))
         # The reasons are in the JSON too; stderr tells the CI log without parsing it.

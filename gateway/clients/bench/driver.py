@@ -38,6 +38,7 @@ from typing import Any, Literal
 from gateway.clients.bench import wire
 from gateway.clients.bench.dataset import word_count
 from gateway.clients.bench.exchange import Client, backoff
+from gateway.clients.bench.health import TargetLost
 from gateway.clients.bench.preflight import BenchError, check_target, cold_load
 from gateway.clients.bench.protocol import Target, build_request
 from gateway.clients.bench.records import RequestRecord
@@ -61,8 +62,11 @@ __all__ = [
     "run_rate",
 ]
 
-Progress = Callable[[int, int], None]
-"""Called with (counted requests finished, counted requests planned; 0 in duration mode)."""
+Progress = Callable[[int, int, int], None]
+"""Called with (counted requests finished, counted requests planned or 0 in duration mode,
+counted requests failed): what `gateway.clients.bench.progress` shows while a level runs."""
+Watch = Callable[[RequestRecord], None]
+"""Sees every answered request; raises `health.TargetLost` to stop the run (`health.DownWatch`)."""
 
 CAP_REACHED = "in-flight cap reached"
 #: The open loop: failures in a row (without `Retry-After`) after which arrivals are held back.
@@ -184,6 +188,7 @@ async def run_concurrency(
     warmup: int = 0,
     keep_alive: str | int | None = None,
     progress: Progress | None = None,
+    watch: Watch | None = None,
 ) -> Measurement:
     """Closed loop: `concurrency` workers, each sending the next prompt when its answer ended.
 
@@ -206,12 +211,14 @@ async def run_concurrency(
             window starts when the last of them ended.
         keep_alive: Ollama's `keep_alive` on every request.
         progress: Called after each counted request.
+        watch: Sees every answered request and may stop the run (`health.DownWatch`).
 
     Returns:
         Every record (warm-up included, by start time) and the window.
 
     Raises:
         ValueError: not exactly one of `duration` and `requests`, or a bad count.
+        health.TargetLost: `watch` stopped the run; its `measurement` holds what was measured.
     """
     _check_amount(duration, requests, warmup)
     if concurrency < 1:
@@ -221,7 +228,7 @@ async def run_concurrency(
     records: list[RequestRecord] = []
     clock = time.perf_counter
     begin = clock()
-    state = {"issued": 0, "warm_done": 0, "counted": 0}
+    state = {"issued": 0, "warm_done": 0, "counted": 0, "failed": 0}
     window: list[float | None] = [begin if warmup == 0 else None, None]
     if warmup == 0 and duration is not None:
         window[1] = begin + duration
@@ -272,9 +279,12 @@ async def run_concurrency(
                         window[1] = opened + duration
             else:
                 state["counted"] += 1
+                state["failed"] += not record.ok
                 if progress is not None:
-                    progress(state["counted"], requests or 0)
+                    progress(state["counted"], requests or 0, state["failed"])
             _refused(record)
+            if watch is not None:
+                watch(record)
             pause = client.pause(record)
             if pause:
                 await asyncio.sleep(pause)
@@ -286,6 +296,8 @@ async def run_concurrency(
                 group.create_task(work(client))
     except* BenchError as refused:
         raise refused.exceptions[0] from None
+    except* TargetLost as lost:
+        raise _cut(lost.exceptions[0], records, window[0] or begin) from None
     finally:
         for client in clients:
             client.close()
@@ -350,6 +362,7 @@ async def run_rate(
     keep_alive: str | int | None = None,
     progress: Progress | None = None,
     arrivals: Arrivals = "poisson",
+    watch: Watch | None = None,
 ) -> Measurement:
     """Open loop: requests arrive on a seeded Poisson (or constant) schedule at `rate` per second.
 
@@ -367,9 +380,12 @@ async def run_rate(
     arrival's scheduled time and ends `duration` seconds later (arrivals stop there; answers in
     flight are awaited), or with the last counted answer (`requests`).
 
+    `watch` sees every answered request and may stop the run (`health.DownWatch`).
+
     Raises:
         ValueError: a bad rate, cap or count; not exactly one of `duration` and `requests`; a
             multi-turn workload.
+        health.TargetLost: `watch` stopped the run; its `measurement` holds what was measured.
     """
     _check_amount(duration, requests, warmup)
     if max_in_flight < 1:
@@ -382,7 +398,7 @@ async def run_rate(
     records: list[RequestRecord] = []
     idle: list[Client] = []
     everyone: list[Client] = []
-    counted = [0]
+    counted = [0, 0]  # finished, failed
     clock = time.perf_counter
     begin = clock()
     window: list[float | None] = [begin if warmup == 0 else None, None]
@@ -420,11 +436,14 @@ async def run_rate(
         finally:
             idle.append(client)
         _refused(record)
+        if watch is not None:
+            watch(record)
         held_back(record, client.retry_after)
         if not warm:
             counted[0] += 1
+            counted[1] += not record.ok
             if progress is not None:
-                progress(counted[0], requests or 0)
+                progress(counted[0], requests or 0, counted[1])
 
     try:
         async with asyncio.TaskGroup() as group:
@@ -458,6 +477,8 @@ async def run_rate(
                 group.create_task(one(idle.pop(), request, warm))
     except* BenchError as refused:
         raise refused.exceptions[0] from None
+    except* TargetLost as lost:
+        raise _cut(lost.exceptions[0], records, window[0] or begin) from None
     finally:
         for client in everyone:
             client.close()
@@ -466,6 +487,13 @@ async def run_rate(
     end = window[1] if duration is not None else max(counted_ends, default=start)
     measured = _measurement(records, start, end if end is not None else start)
     return replace(measured, offered_rate=rate, achieved_rate=achieved_rate(sent))
+
+
+def _cut(lost: BaseException, records: list[RequestRecord], start: float) -> BaseException:
+    """`lost` (a `TargetLost`) with the run measured until now attached."""
+    if isinstance(lost, TargetLost):
+        lost.measurement = _measurement(records, start, time.perf_counter())
+    return lost
 
 
 def _capped(

@@ -24,10 +24,13 @@ so scores are only compared between runs of the same set.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import re
 import unicodedata
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -37,6 +40,10 @@ from gateway.clients.bench.stats import escape_error
 from gateway.clients.keyfile import redact_key
 
 QUESTION_SET = "builtin-12"
+#: How the probe asks: through the chat template, or as plain text (`ask`).
+Endpoint = Literal["chat", "completions"]
+#: Where a plain completion is cut: a base model goes on with the next question.
+STOP = ("\nQuestion:", "\n问题")
 
 _EN = "Answer with only the answer, in as few words as possible.\nQuestion: {}\nAnswer:"
 _ZH = "只用最简短的答案回答，不要解释。\n问题：{}\n答案："  # noqa: RUF001 - Chinese punctuation
@@ -75,6 +82,107 @@ QUESTIONS: tuple[Question, ...] = (
     Question("zh-capital", _ZH.format("中国的首都是哪个城市？"), ("北京", "Beijing")),  # noqa: RUF001
     Question("zh-arith", _ZH.format("三加四等于几？"), ("7", "七")),  # noqa: RUF001
 )
+
+
+@dataclass(frozen=True, slots=True)
+class QualityProbe:
+    """How the probe asks: the endpoint, the question set, the answer length.
+
+    Attributes:
+        endpoint: `chat` (through the chat template, as an application asks) or
+            `completions` (the prompt as plain text: a base model, or a template that breaks
+            a small model's answers).
+        questions: The set (`QUESTIONS`, or a file's: `load_questions`).
+        question_set: The set's name, reported as `set` (`builtin-12`, `file:qa.jsonl@<hash>`).
+        max_tokens: The most tokens per answer.
+    """
+
+    endpoint: Endpoint = "chat"
+    questions: tuple[Question, ...] = field(default=QUESTIONS)
+    question_set: str = QUESTION_SET
+    max_tokens: int = 32
+
+
+#: A question file larger than this, or with more questions, is no probe (a probe asks them
+#: one at a time after the load; thousands would take longer than the benchmark).
+MAX_QUESTION_FILE = 8 * 1024 * 1024
+MAX_QUESTIONS = 2000
+
+
+class QuestionFileError(ValueError):
+    """A question file that cannot be read; the message names the file and the line."""
+
+
+def _accepted(line: dict[str, Any]) -> tuple[str, ...]:
+    """The accepted answers of a question line (`load_questions`)."""
+    found = line.get("answers", line.get("answer"))
+    if isinstance(found, dict):
+        forms = [found.get("value"), *(found.get("aliases") or [])]
+    elif isinstance(found, list):
+        forms = list(found)
+    else:
+        forms = [found]
+    texts = [str(f) for f in forms if isinstance(f, str | int | float) and not isinstance(f, bool)]
+    return tuple(t for t in (t.strip() for t in texts) if t)
+
+
+def load_questions(path: str | Path) -> tuple[tuple[Question, ...], str]:
+    """Read a question-and-answer JSONL file: one question per line.
+
+    Each line is an object with `question` (sent inside the builtin set's instruction to
+    answer briefly) or `prompt` (sent as it is), and `answer` (a text, a number, a list of
+    accepted texts, or an object with `value` and `aliases` as TriviaQA writes it) or
+    `answers` (a list); `id` is optional (default: the line number). Blank lines are skipped.
+    Answers are scored by the builtin rule (`is_correct`).
+
+    Returns:
+        The questions and the set's name, `file:<name>@<first 12 hex of its SHA-256>`: a
+        changed file is another set, and scores are only compared within one.
+
+    Raises:
+        QuestionFileError: unreadable, too large (`MAX_QUESTION_FILE`, `MAX_QUESTIONS`), a
+            line that is not a JSON object with a question and an answer, or no question.
+    """
+    where = Path(path)
+    try:
+        if where.stat().st_size > MAX_QUESTION_FILE:
+            raise QuestionFileError(f"{where}: larger than {MAX_QUESTION_FILE // 2**20} MiB")
+        raw = where.read_bytes()
+        text = raw.decode("utf-8")
+    except OSError as exc:
+        raise QuestionFileError(f"{where}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise QuestionFileError(f"{where}: not UTF-8 text") from None
+    questions: list[Question] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except (ValueError, RecursionError):
+            raise QuestionFileError(f"{where} line {number}: not JSON") from None
+        if not isinstance(item, dict):
+            raise QuestionFileError(f"{where} line {number}: not a JSON object")
+        asked = item.get("prompt")
+        if not isinstance(asked, str) or not asked.strip():
+            question = item.get("question")
+            if not isinstance(question, str) or not question.strip():
+                raise QuestionFileError(f"{where} line {number}: no 'question' or 'prompt'")
+            asked = _EN.format(question.strip())
+        accepted = _accepted(item)
+        if not accepted:
+            raise QuestionFileError(f"{where} line {number}: no 'answer' or 'answers'")
+        ident = item.get("id")
+        questions.append(
+            Question(str(ident) if ident is not None else str(number), asked, accepted)
+        )
+        if len(questions) > MAX_QUESTIONS:
+            raise QuestionFileError(f"{where}: more than {MAX_QUESTIONS} questions")
+    if not questions:
+        raise QuestionFileError(f"{where}: no question")
+    digest = hashlib.sha256(raw).hexdigest()[:12]
+    return tuple(questions), f"file:{where.name}@{digest}"
+
 
 _THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
@@ -142,12 +250,17 @@ async def ask(
     *,
     seed: int = 1234,
     max_tokens: int = 32,
+    endpoint: Endpoint = "chat",
 ) -> str:
     """Ask one question, non-streaming, greedy (temperature 0).
 
-    Ollama: `POST /api/generate` with `stream: false` and `options` `temperature`, `seed`,
-    `num_predict`; its `response`. OpenAI: `POST /v1/chat/completions` with `temperature`,
-    `seed`, `max_tokens`; `choices[0].message.content`. At most `MAX_ANSWER` bytes are read.
+    `chat` asks as an application would, through the model's chat template: Ollama
+    `POST /api/generate` with `stream: false` and `options` `temperature`, `seed`,
+    `num_predict` (its `response`); OpenAI `POST /v1/chat/completions` with `temperature`,
+    `seed`, `max_tokens` (`choices[0].message.content`). `completions` sends the prompt as
+    plain text, no template: Ollama `/api/generate` with `raw: true`, OpenAI
+    `POST /v1/completions` (`choices[0].text`), both stopped at a new `Question:` line (`STOP`)
+    so a base model's continuation is not scored. At most `MAX_ANSWER` bytes are read.
 
     Args:
         client: A client whose `base_url` is the target (with the key in its headers).
@@ -156,6 +269,7 @@ async def ask(
         prompt: The question's prompt.
         seed: The sampling seed.
         max_tokens: The most tokens to generate.
+        endpoint: `chat` (through the chat template) or `completions` (plain text).
 
     Returns:
         The answer text.
@@ -165,14 +279,22 @@ async def ask(
         AnswerStatusError: An error status.
         ValueError: The answer is longer than `MAX_ANSWER` bytes or not the API's JSON shape.
     """
+    plain = endpoint == "completions"
     if api == "ollama":
-        options = {"temperature": 0.0, "seed": seed, "num_predict": max_tokens}
+        options: dict[str, Any] = {"temperature": 0.0, "seed": seed, "num_predict": max_tokens}
         body: dict[str, Any] = {"model": model, "prompt": prompt, "stream": False}
+        if plain:
+            body["raw"] = True  # Ollama's API: no template applied
+            options["stop"] = list(STOP)
         path, body = "/api/generate", body | {"options": options}
     else:
-        body = {"model": model, "messages": [{"role": "user", "content": prompt}]}
-        body |= {"temperature": 0.0, "seed": seed, "max_tokens": max_tokens, "stream": False}
-        path = "/v1/chat/completions"
+        sampling = {"temperature": 0.0, "seed": seed, "max_tokens": max_tokens, "stream": False}
+        if plain:
+            body = {"model": model, "prompt": prompt, "stop": list(STOP)} | sampling
+            path = "/v1/completions"
+        else:
+            body = {"model": model, "messages": [{"role": "user", "content": prompt}]} | sampling
+            path = "/v1/chat/completions"
     async with client.stream("POST", path, json=body) as response:
         if response.is_error:
             start = b""
@@ -185,7 +307,12 @@ async def ask(
         raw = await _read(response)
     data = loads(raw)
     try:
-        text = data["response"] if api == "ollama" else data["choices"][0]["message"]["content"]
+        if api == "ollama":
+            text = data["response"]
+        elif plain:
+            text = data["choices"][0]["text"]
+        else:
+            text = data["choices"][0]["message"]["content"]
     except (KeyError, IndexError, TypeError) as exc:
         raise ValueError(f"no answer text in the {api} response") from exc
     if not isinstance(text, str):
@@ -215,6 +342,7 @@ async def probe_quality(
     questions: Sequence[Question] = QUESTIONS,
     question_set: str = QUESTION_SET,
     notes: list[str] | None = None,
+    endpoint: Endpoint = "chat",
 ) -> dict[str, Any]:
     """Ask every question of the set, one at a time, and score the answers.
 
@@ -235,11 +363,12 @@ async def probe_quality(
         questions: The set; `QUESTIONS` by default.
         question_set: The set's name, reported as `set`.
         notes: When given, the failure note is appended to it.
+        endpoint: `chat` (through the chat template) or `completions` (plain text): `ask`.
 
     Returns:
         The run's `quality` object: `{"score": correct / total (None for an empty set),
-        "correct", "total", "errors", "set", "answers": [{"id", "expected", "answer",
-        "correct", "error"}, ...]}` (`answer` None when the request failed).
+        "correct", "total", "errors", "set", "endpoint", "answers": [{"id", "expected",
+        "answer", "correct", "error"}, ...]}` (`answer` None when the request failed).
     """
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     answers: list[dict[str, Any]] = []
@@ -258,7 +387,13 @@ async def probe_quality(
                     # byte at a time would hold the probe for ever without a deadline of its own.
                     async with asyncio.timeout(request_timeout):
                         text = await ask(
-                            client, api, model, question.prompt, seed=seed, max_tokens=max_tokens
+                            client,
+                            api,
+                            model,
+                            question.prompt,
+                            seed=seed,
+                            max_tokens=max_tokens,
+                            endpoint=endpoint,
                         )
                 except (TimeoutError, httpx.TimeoutException) as exc:
                     error = f"no answer within {request_timeout:g} s"
@@ -291,5 +426,6 @@ async def probe_quality(
         "total": len(answers),
         "errors": len(errors),
         "set": question_set,
+        "endpoint": endpoint,
         "answers": answers,
     }

@@ -1,12 +1,13 @@
 """Reports of a saved run: table, Markdown, CSV, JSON, the model matrix (a comparison: `compare`).
 
-`gateway bench report RUN.json [--format table|md|csv|json] [--plots DIR]`. Each model gets one
-row per measured point: latencies in ms, throughputs in tok/s and req/s, the error rate in %,
-every value the median over the point's repeats (with the spread of the output throughput, so a
-reader sees how much to trust it); then the knee, the SLO limit, the suggested gateway policy,
-why raising the load stopped, the cold load, the model's size and quality, and the notes. A run
-of several models starts with the matrix, one line per model. Missing values are "-" (empty in
-CSV, which spreadsheets read as no number); server text is escaped (`gateway.clients.bench.tables`).
+`gateway bench report RUN.json [--format table|md|csv|json] [--plots DIR] [--html FILE]`.
+Each model gets one row per measured point: latencies in ms, throughputs in tok/s and req/s, the
+error rate in %, every value the median over the point's repeats (with the spread of the output
+throughput, so a reader sees how much to trust it); then the knee, the SLO limit, the suggested
+gateway policy, why raising the load stopped, the cold load, the model's size and quality, and the
+notes. A run of several models starts with the matrix, one line per model. Missing values are "-"
+(empty in CSV, which spreadsheets read as no number); server text is escaped
+(`gateway.clients.bench.tables`).
 
 Over ~300 lines for one reason: every format of one saved run (`render_table` and
 `render_markdown` over `point_table` and `facts`, `render_csv`, `render_json`, `render_matrix`)
@@ -26,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gateway.clients.bench.confidence import interval_lines
 from gateway.clients.bench.document import (
     RunFileError,
     load_run,
@@ -138,16 +140,22 @@ def facts(entry: Mapping[str, Any]) -> list[str]:
     stopped = entry.get("stopped")
     if isinstance(stopped, Mapping):
         lines.append(f"stopped at {level(stopped.get('level'))}: {safe(stopped.get('reason'))}")
+    lines += interval_lines(entry)  # bench-stats: the intervals and --until-ci
     cold = entry.get("cold_load")
     if isinstance(cold, Mapping):
         load, ttft = cold.get("load_seconds"), cold.get("ttft_seconds")
         lines.append(f"cold load: {number(load)} s load, {number(ttft, _MS)} ms TTFT")
     size = entry.get("size")
     if isinstance(size, Mapping):
-        lines.append(
+        line = (
             f"size: {_gb(size.get('disk_bytes'))} GB on disk, {_gb(size.get('loaded_bytes'))} GB"
             f" resident, {_gb(size.get('vram_bytes'))} GB on GPU"
         )
+        if real(size.get("parameters")) is not None:
+            line += f", {number(size.get('parameters'), _GB)} B parameters"
+        if size.get("source"):
+            line += f" (from {safe(size.get('source'), 100)})"
+        lines.append(line)
     quality = entry.get("quality")
     if isinstance(quality, Mapping):
         lines.append(f"quality: {_quality(quality)} on {safe(quality.get('set'))}")
@@ -276,6 +284,13 @@ def render_matrix(doc: Mapping[str, Any], *, markdown: bool = False) -> str:
     TTFT and decode rate are those of each model's lowest level measured (one stream, in a
     concurrency run), the goodput that at the SLO limit.
     """
+    columns, rows = matrix_table(doc)
+    render = markdown_table if markdown else text_table
+    return render(columns, rows)
+
+
+def matrix_table(doc: Mapping[str, Any]) -> tuple[list[Column], list[list[str]]]:
+    """The matrix's columns and rows (cells escaped for a terminal): `render_matrix`."""
     columns = [Column("model", "left"), Column("disk (GB)"), Column("resident (GB)")]
     columns += [Column("on GPU (GB)"), Column("TTFT p50 (ms)"), Column("decode p50 (tok/s)")]
     columns += [Column("knee"), Column("goodput at SLO limit (req/s)"), Column("quality")]
@@ -292,8 +307,7 @@ def render_matrix(doc: Mapping[str, Any], *, markdown: bool = False) -> str:
         quality = entry.get("quality")
         row.append(_quality(quality) if isinstance(quality, Mapping) else MISSING)
         rows.append(row)
-    render = markdown_table if markdown else text_table
-    return render(columns, rows)
+    return columns, rows
 
 
 RENDERERS: dict[str, Callable[[Mapping[str, Any]], str]] = {
@@ -315,6 +329,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " point), json (the document)",
     )
     parser.add_argument("--plots", metavar="DIR", type=Path, help="also write PNG plots to DIR")
+    parser.add_argument(
+        "--html",
+        metavar="FILE",
+        type=Path,
+        help="also write a self-contained HTML report (tables and plots, no network) to FILE"
+        " (gateway.clients.bench.html.main_report)",
+    )
 
 
 def main_report(args: argparse.Namespace) -> int:

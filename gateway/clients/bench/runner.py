@@ -15,6 +15,11 @@ returns the run document, docs/benchmarking.md "The run document"). Per model, i
 
 The matrix (several models) is the same loop; the report puts the models side by side.
 
+A target that stops answering mid-run (`health.DownWatch`: only failures without an answer for
+`down_after` seconds) stops the whole run: the model entry keeps the points measured, the one cut
+short marked `partial`, and the document is marked `partial` with the reason; later models are
+not measured (docs/benchmarking.md "Exit status").
+
 Over ~300 lines for one reason: `Plan` (its fields, the checks in `__post_init__`,
 `parameters`) is what `run_model` and `run_benchmark` carry out step by step; the job's
 definition and its execution read the same fields, and `Plan` is checked before anything is sent.
@@ -24,8 +29,8 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -34,10 +39,12 @@ import httpx
 from gateway.clients.bench import driver
 from gateway.clients.bench.document import SCHEMA
 from gateway.clients.bench.fingerprint import collect_fingerprint
+from gateway.clients.bench.health import DOWN_AFTER, DownWatch, TargetLost
 from gateway.clients.bench.policy import recommend
+from gateway.clients.bench.progress import LevelProgress, level_label
 from gateway.clients.bench.protocol import Target
-from gateway.clients.bench.quality import probe_quality
-from gateway.clients.bench.resources import ResourceMonitor, disk_size, gpu_inventory, loaded_memory
+from gateway.clients.bench.quality import QualityProbe, probe_quality
+from gateway.clients.bench.resources import ResourceMonitor, gpu_inventory
 from gateway.clients.bench.shapes import (
     Measure,
     Measurement,
@@ -48,6 +55,7 @@ from gateway.clients.bench.shapes import (
     run_sweep,
     search_knee,
 )
+from gateway.clients.bench.sizes import SizeHint, model_size
 from gateway.clients.bench.workload import Workload
 from gateway.clients.keyfile import redact_key
 
@@ -82,6 +90,13 @@ class Plan:
         target_queue_wait: The policy's queue wait target, seconds.
         replicas: Gateway processes the policy divides the limit over.
         upstream_url: When set, the policy names this upstream's `GATEWAY_UPSTREAMS` entry.
+        down_after: Seconds of failures without an answer after which the target counts as
+            gone and the run stops (`health.DownWatch`, `--down-after`).
+        max_error_rate: The failed share of all measured requests above which the run exits
+            non-zero (`--max-error-rate`; `error_verdict`).
+        sizes: The user's `--size` per model (`""`: every model), used where the server
+            tells no size.
+        probe: How the quality probe asks (endpoint, question set) when `quality` is set.
 
     Raises:
         ValueError: a setting no run could use (no model, neither or both of duration and
@@ -108,6 +123,10 @@ class Plan:
     target_queue_wait: float = 2.0
     replicas: int = 1
     upstream_url: str | None = None
+    down_after: float = DOWN_AFTER
+    max_error_rate: float = 0.01
+    sizes: Mapping[str, SizeHint] = field(default_factory=dict)
+    probe: QualityProbe = field(default_factory=lambda: QualityProbe())
 
     def __post_init__(self) -> None:
         """Refuse plans no run could carry out (see the class's Raises)."""
@@ -134,6 +153,10 @@ class Plan:
             raise ValueError(f"--max-in-flight must be at least 1, got {self.max_in_flight}")
         if self.sample_interval <= 0:
             raise ValueError(f"--sample-interval must be positive, got {self.sample_interval}")
+        if not self.down_after > 0:
+            raise ValueError(f"--down-after must be positive, got {self.down_after:g}")
+        if not 0 <= self.max_error_rate <= 1:
+            raise ValueError(f"--max-error-rate must be within 0-100%, got {self.max_error_rate}")
 
     def parameters(self, through_gateway: bool) -> dict[str, Any]:
         """The run document's `parameters` (no key: it is never written anywhere)."""
@@ -152,6 +175,11 @@ class Plan:
             "workload": self.workload.describe(),
             "slo": None if self.options.slo is None else self.options.slo.text,
             "knee_gain": self.options.knee_gain,
+            "confidence": self.options.confidence,
+            "until_ci": self.options.until_ci,
+            "max_repeats": self.options.max_repeats if self.options.until_ci else None,
+            "max_error_rate": self.max_error_rate,
+            "down_after": self.down_after,
             "max_in_flight": self.max_in_flight if self.shape == "rate" else None,
             "rate_seed": self.rate_seed if self.shape == "rate" else None,
             "arrivals": self.arrivals if self.shape == "rate" else None,
@@ -162,14 +190,13 @@ class Plan:
 def _measure(plan: Plan, model: str, say: Say) -> Measure:
     """The `Measure` the shapes call: one run at one level, against this model."""
 
-    def tick(done: int, total: int) -> None:
-        say(f"\r  {model}: {done}/{total} requests")
-
     async def measure(level: float) -> Measurement:
+        tick = LevelProgress(model, level_label(plan.shape, level), duration=plan.duration, say=say)
+        watch = DownWatch(plan.down_after, started=time.perf_counter())
         if plan.shape == "concurrency":
             # One warm-up per slot: every slot's first answer (cache, graph) stays out.
             warmup = int(level) if plan.warmup is None else plan.warmup
-            return await driver.run_concurrency(
+            done = await driver.run_concurrency(
                 plan.target,
                 plan.workload,
                 model,
@@ -178,20 +205,26 @@ def _measure(plan: Plan, model: str, say: Say) -> Measure:
                 requests=plan.requests,
                 warmup=warmup,
                 progress=tick,
+                watch=watch,
             )
-        return await driver.run_rate(
-            plan.target,
-            plan.workload,
-            model,
-            level,
-            duration=plan.duration,
-            requests=plan.requests,
-            seed=plan.rate_seed,
-            max_in_flight=plan.max_in_flight,
-            warmup=1 if plan.warmup is None else plan.warmup,
-            progress=tick,
-            arrivals=plan.arrivals,
-        )
+        else:
+            done = await driver.run_rate(
+                plan.target,
+                plan.workload,
+                model,
+                level,
+                duration=plan.duration,
+                requests=plan.requests,
+                seed=plan.rate_seed,
+                max_in_flight=plan.max_in_flight,
+                warmup=1 if plan.warmup is None else plan.warmup,
+                progress=tick,
+                watch=watch,
+                arrivals=plan.arrivals,
+            )
+        # A run that ended in failures without an answer: is the target still there?
+        await watch.at_end(plan.target.url, done)
+        return done
 
     return measure
 
@@ -224,31 +257,37 @@ def point_line(model: str, point: dict[str, Any]) -> str:
     parts = [f"{model}: {unit} {point['level']:g}"]
     parts.append("TTFT p50 " + ("-" if ttft is None else f"{ttft * 1000:.0f} ms"))
     parts.append("output " + ("-" if rate is None else f"{rate:.1f} tok/s"))
+    output = summary.get("output_tokens_per_second", {})
+    if rate and output.get("ci_method") == "t over repeats":
+        half = (output["ci_high"] - output["ci_low"]) / 2
+        parts[-1] += f" +-{half / rate:.1%}"
     parts.append("errors " + ("-" if errors is None else f"{errors:.0%}"))
     achieved = med("achieved_rate")
     if achieved is not None:
         parts.append(f"sent {achieved:.2f} req/s")
+    if len(point.get("repeats", ())) > 1:
+        parts.append(f"{len(point['repeats'])} repeats")
+    if point.get("convergence") is not None:
+        parts.append("converged" if point["convergence"]["converged"] else "not converged")
     if point.get("slo_met") is not None:
         parts.append("SLO met" if point["slo_met"] else "SLO missed")
     return "  ".join(parts)
 
 
-async def _size(plan: Plan, model: str) -> dict[str, int | None]:
-    """The model's size on disk and resident, read while it is loaded (Ollama API only)."""
-    size: dict[str, int | None] = {"disk_bytes": None, "loaded_bytes": None, "vram_bytes": None}
-    if plan.target.api != "ollama":
-        return size
+async def _size(plan: Plan, model: str, notes: list[str]) -> dict[str, Any]:
+    """The model's size: on disk, resident, on the GPU, parameters (`sizes.model_size`)."""
     headers = {"Authorization": f"Bearer {plan.target.key}"} if plan.target.key else {}
     async with httpx.AsyncClient(
         base_url=plan.target.url.rstrip("/"), headers=headers, timeout=10.0
     ) as client:
-        # 0 is no size: a gateway lists an OpenAI upstream's models with size 0 (unknown).
-        size["disk_bytes"] = await disk_size(client, model) or None
-        memory = await loaded_memory(client, model)
-    if memory is not None:
-        size["loaded_bytes"] = memory["size_bytes"]
-        size["vram_bytes"] = memory["size_vram_bytes"]
-    return size
+        return await model_size(
+            client,
+            plan.target.api,
+            model,
+            url=plan.target.url,
+            hint=plan.sizes.get(model, plan.sizes.get("")),
+            notes=notes,
+        )
 
 
 def _note_empty_answers(model: str, points: Sequence[dict[str, Any]], notes: list[str]) -> None:
@@ -287,17 +326,13 @@ async def run_model(plan: Plan, model: str, say: Say, notes: list[str]) -> dict[
         if entry["cold_load"] is None:
             notes.append(f"{model}: no cold load measured: the {plan.target.api} API reports none")
 
+    measured: list[dict[str, Any]] = []
+
     def progress(point: dict[str, Any]) -> None:
+        measured.append(point)  # kept here too: a run cut short saves what it measured
         say("\r" + point_line(model, point) + "\n")
 
-    options = ShapeOptions(
-        repeat=plan.options.repeat,
-        slo=plan.options.slo,
-        knee_gain=plan.options.knee_gain,
-        ttft_rise=plan.options.ttft_rise,
-        max_error_rate=plan.options.max_error_rate,
-        progress=progress,
-    )
+    options = replace(plan.options, progress=progress)
     monitor = ResourceMonitor(
         plan.target.url,
         api=plan.target.api,
@@ -306,14 +341,20 @@ async def run_model(plan: Plan, model: str, say: Say, notes: list[str]) -> dict[
         interval=plan.sample_interval,
         gpu=plan.gpu,
     )
+    lost: TargetLost | None = None
     await monitor.start()
     try:
         result = await _shape(plan, _measure(plan, model, say), options)
+    except TargetLost as exc:
+        lost = exc
     finally:
         timeline = await monitor.stop()
+    if lost is not None:
+        kept = [note for note in monitor.notes if note not in notes]
+        return _lost_entry(entry, measured, lost, timeline, kept)
     entry.update(result.as_dict())
     _note_empty_answers(model, result.points, notes)
-    entry["size"] = await _size(plan, model)
+    entry["size"] = await _size(plan, model, notes)
     # A note the run already carries (no GPU) is not repeated under each model.
     entry["resources"] = {
         "timeline": timeline,
@@ -339,8 +380,69 @@ async def run_model(plan: Plan, model: str, say: Say, notes: list[str]) -> dict[
             key=plan.target.key,
             seed=plan.workload.sampling.seed,
             notes=notes,
+            endpoint=plan.probe.endpoint,
+            questions=plan.probe.questions,
+            question_set=plan.probe.question_set,
+            max_tokens=plan.probe.max_tokens,
         )
     return entry
+
+
+def _lost_entry(
+    entry: dict[str, Any],
+    measured: list[dict[str, Any]],
+    lost: TargetLost,
+    timeline: Any,
+    resource_notes: list[str],
+) -> dict[str, Any]:
+    """The model entry of a run the target's death cut short: the points measured, `partial`.
+
+    No knee, SLO limit, policy, size or quality: each would be read from a server that is gone,
+    or from a curve cut off at an arbitrary level.
+    """
+    points = [*measured, *([] if lost.point is None else [lost.point])]
+    points.sort(key=lambda point: point["level"])
+    last = lost.point or (points[-1] if points else None)
+    entry.update(
+        points=points,
+        knee=None,
+        slo_limit=None,
+        stopped={"level": None if last is None else last["level"], "reason": str(lost)},
+        size={"disk_bytes": None, "loaded_bytes": None, "vram_bytes": None},
+        resources={"timeline": timeline, "notes": resource_notes},
+        policy=None,
+        quality=None,
+        partial=True,
+    )
+    return entry
+
+
+def error_verdict(doc: dict[str, Any], limit: float) -> str | None:
+    """Why the run failed too many requests (more than `limit` of all measured), or None.
+
+    Counts every measured request of every point and repeat (warm-up excluded): a server that
+    answers 2% of a run with errors has not been measured as it serves, whatever the latencies
+    of the rest. The message names the points that failed most.
+    """
+    sent = failed = 0
+    worst: list[tuple[float, str]] = []
+    for entry in doc.get("models", []):
+        for point in entry.get("points", []):
+            p_sent = sum(int(r.get("requests") or 0) for r in point.get("repeats", []))
+            p_failed = sum(int(r.get("errors") or 0) for r in point.get("repeats", []))
+            sent, failed = sent + p_sent, failed + p_failed
+            if p_failed:
+                unit = "concurrency" if point.get("shape") == "concurrency" else "req/s"
+                where = f"{entry.get('model')} {unit} {point.get('level'):g}"
+                worst.append((p_failed / max(p_sent, 1), f"{where}: {p_failed}/{p_sent}"))
+    if not sent or failed / sent <= limit:
+        return None
+    worst.sort(reverse=True)
+    shown = "; ".join(text for _, text in worst[:3])
+    return (
+        f"{failed} of {sent} requests failed ({failed / sent:.1%}, more than the"
+        f" --max-error-rate of {limit:.1%}): {shown}"
+    )
 
 
 def redact(value: Any, key: str | None) -> Any:
@@ -378,7 +480,8 @@ async def run_benchmark(
 
     Returns:
         `{"schema", "created", "finished", "command", "fingerprint", "parameters", "notes",
-        "models": [entry, ...]}` (docs/benchmarking.md "The run document").
+        "models": [entry, ...], "partial", "partial_reason"}` (docs/benchmarking.md "The run
+        document"); `partial` is true when the target stopped answering and the run stopped.
 
     Raises:
         driver.BenchError: a target check failed (nothing is measured for later models).
@@ -388,7 +491,16 @@ async def run_benchmark(
     created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     started = time.perf_counter()
     gpus = gpu_inventory(notes=notes) if plan.gpu else []
-    entries = [await run_model(plan, model, speak, notes) for model in plan.models]
+    entries: list[dict[str, Any]] = []
+    partial: str | None = None
+    for index, model in enumerate(plan.models):
+        entries.append(await run_model(plan, model, speak, notes))
+        if entries[-1].get("partial"):
+            partial = str(entries[-1]["stopped"]["reason"])
+            left = plan.models[index + 1 :]
+            if left:
+                notes.append(f"not measured (the run stopped): {', '.join(left)}")
+            break
     through = any(entry["through_gateway"] for entry in entries)
     parameters = plan.parameters(through)
     if through:
@@ -415,6 +527,8 @@ async def run_benchmark(
         "parameters": parameters,
         "notes": notes,
         "models": entries,
+        "partial": partial is not None,
+        "partial_reason": partial,
     }
     redacted: dict[str, Any] = redact(doc, plan.target.key)
     return redacted

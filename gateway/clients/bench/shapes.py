@@ -26,10 +26,12 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gateway.clients.bench.health import TargetLost
+from gateway.clients.bench.intervals import DEFAULT_CONFIDENCE
 from gateway.clients.bench.knee import find_knee, find_slo_limit, oversaturation, stalled
 from gateway.clients.bench.records import RequestRecord
 from gateway.clients.bench.slo import Slo
-from gateway.clients.bench.stats import across_repeats, point_summary, summarize
+from gateway.clients.bench.stats import across_repeats, point_summary, summarize, unconverged
 
 Shape = Literal["concurrency", "rate"]
 Progress = Callable[[dict[str, Any]], None]
@@ -72,6 +74,11 @@ class ShapeOptions:
             throughput for 2 levels, stops the raising.
         max_error_rate: Over-saturation: error share of a point above which raising stops.
         progress: Called with each finished point (for the live progress line).
+        confidence: The confidence of every interval (`--confidence`, 0.95).
+        until_ci: `--until-ci`: repeat a point (at least `repeat` times, at least twice) until
+            the interval of each `stats.CONVERGENCE_KEYS` is within +-`until_ci` of its mean
+            (0.02: 2%), or `max_repeats` runs; None: exactly `repeat` runs.
+        max_repeats: The cap on runs per point with `until_ci` (`--max-repeats`).
     """
 
     repeat: int = 1
@@ -80,16 +87,29 @@ class ShapeOptions:
     ttft_rise: float = 1.5
     max_error_rate: float = 0.10
     progress: Progress | None = None
+    confidence: float = DEFAULT_CONFIDENCE
+    until_ci: float | None = None
+    max_repeats: int = 10
 
     def __post_init__(self) -> None:
         """Refuse settings no run could use.
 
         Raises:
-            ValueError: `repeat` < 1, `knee_gain` <= 0, `ttft_rise` <= 1 or `max_error_rate`
-                outside 0-1.
+            ValueError: `repeat` < 1, `knee_gain` <= 0, `ttft_rise` <= 1, `max_error_rate`
+                outside 0-1, `confidence` outside (0, 1), `until_ci` not positive or
+                `max_repeats` below 2 or below `repeat` with `until_ci`.
         """
         if self.repeat < 1:
             raise ValueError(f"repeat must be at least 1, got {self.repeat}")
+        if not 0 < self.confidence < 1:
+            raise ValueError(f"confidence must be within (0, 1), got {self.confidence}")
+        if self.until_ci is not None:
+            if not self.until_ci > 0:
+                raise ValueError(f"until_ci must be positive, got {self.until_ci}")
+            if self.max_repeats < max(2, self.repeat):
+                raise ValueError(
+                    f"max_repeats ({self.max_repeats}) must be at least 2 and at least repeat"
+                )
         if self.knee_gain <= 0:
             raise ValueError(f"knee_gain must be positive, got {self.knee_gain}")
         if self.ttft_rise <= 1:
@@ -127,30 +147,80 @@ class ShapeResult:
 async def measure_point(
     measure: Measure, shape: Shape, level: float, options: ShapeOptions
 ) -> dict[str, Any]:
-    """Measure one level `options.repeat` times and summarise it.
+    """Measure one level `options.repeat` times (or until its intervals converge) and summarise.
+
+    With `options.until_ci` the point is measured at least `max(repeat, 2)` times, then again
+    until `stats.unconverged` finds every headline interval narrow enough or `max_repeats` runs
+    were made; the point says which in `convergence`.
 
     Returns:
         `{"shape", "level", "repeats", "summary", "slo_met", "slo_violations"}` (`slo_met`
-        None without an SLO). An open loop's repeat also holds `arrival_rate` (`offered`,
-        `achieved` requests/s) and its summary `achieved_rate`; a multi-turn run's repeat holds
-        `turns` (`_turns`).
+        None without an SLO), plus `convergence` (`target`, `converged`, `repeats`, `wide`)
+        with `until_ci`. An open loop's repeat also holds `arrival_rate` (`offered`, `achieved`
+        requests/s) and its summary `achieved_rate`; a multi-turn run's repeat holds `turns`
+        (`_turns`).
+
+    Raises:
+        health.TargetLost: the target stopped answering; its `point` holds the repeats
+            measured, the cut-short one included, marked `partial`.
     """
-    repeats = []
-    for _ in range(options.repeat):
-        run = await measure(level)
-        repeat = summarize(run.records, run.window_start, run.window_end, options.slo)
-        if run.offered_rate is not None:
-            repeat["arrival_rate"] = {"offered": run.offered_rate, "achieved": run.achieved_rate}
-        turns = _turns(run.records)
-        if turns:
-            repeat["turns"] = turns
-        repeats.append(repeat)
-    summary = point_summary(repeats)
+    repeats: list[dict[str, Any]] = []
+    target = options.until_ci
+    least = options.repeat if target is None else max(options.repeat, 2)
+    wide: list[str] = []
+    try:
+        while True:
+            run = await measure(level)
+            repeats.append(_summarize(run, options))
+            if len(repeats) < least:
+                continue
+            if target is None:
+                break
+            wide = unconverged(point_summary(repeats, options.confidence), target)
+            if not wide or len(repeats) >= options.max_repeats:
+                break
+    except TargetLost as lost:
+        cut = lost.measurement
+        if isinstance(cut, Measurement) and cut.window_end > cut.window_start:
+            repeats.append(_summarize(cut, options))
+        if repeats:
+            lost.point = _point(shape, level, repeats, options)
+            lost.point["partial"] = True
+        raise
+    point = _point(shape, level, repeats, options)
+    if target is not None:
+        point["convergence"] = {
+            "target": target,
+            "converged": not wide,
+            "repeats": len(repeats),
+            "wide": wide,
+        }
+    if options.progress is not None:
+        options.progress(point)
+    return point
+
+
+def _summarize(run: Measurement, options: ShapeOptions) -> dict[str, Any]:
+    repeat = summarize(
+        run.records, run.window_start, run.window_end, options.slo, options.confidence
+    )
+    if run.offered_rate is not None:
+        repeat["arrival_rate"] = {"offered": run.offered_rate, "achieved": run.achieved_rate}
+    turns = _turns(run.records)
+    if turns:
+        repeat["turns"] = turns
+    return repeat
+
+
+def _point(
+    shape: Shape, level: float, repeats: list[dict[str, Any]], options: ShapeOptions
+) -> dict[str, Any]:
+    summary = point_summary(repeats, options.confidence)
     achieved = [r["arrival_rate"]["achieved"] for r in repeats if "arrival_rate" in r]
     if achieved:
         summary["achieved_rate"] = across_repeats(achieved)
     slo = options.slo
-    point: dict[str, Any] = {
+    return {
         "shape": shape,
         "level": level,
         "repeats": repeats,
@@ -158,9 +228,6 @@ async def measure_point(
         "slo_met": None if slo is None else slo.met(summary),
         "slo_violations": [] if slo is None else slo.violations(summary),
     }
-    if options.progress is not None:
-        options.progress(point)
-    return point
 
 
 def _turns(records: Sequence[RequestRecord]) -> list[dict[str, Any]]:

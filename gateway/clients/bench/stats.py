@@ -5,7 +5,9 @@
 `output_tokens_per_second`, `goodput_requests_per_second`, `error_rate`), a distribution of
 every per-request metric, the source of each metric, the client's own measures beside the
 server's, and a few error examples. `point_summary` folds a point's repeats into `<metric>.<stat>`
-keys, each with `across_repeats` (median, min, max, spread). Percentiles are
+keys, each with `across_repeats` (median, min, max, spread) and its confidence interval
+(`gateway.clients.bench.intervals`: Student's t over the repeats; with one repeat, the interval
+within the run where its requests are independent samples). Percentiles are
 `gateway.clients.bench.quantiles.percentile`, below this module and the SLOs it takes.
 """
 
@@ -15,6 +17,11 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gateway.clients.bench.intervals import (
+    DEFAULT_CONFIDENCE,
+    mean_interval,
+    quantile_interval,
+)
 from gateway.clients.bench.quantiles import percentile, stat_name
 from gateway.clients.bench.records import RequestRecord, Source
 from gateway.clients.keyfile import redact_key
@@ -130,6 +137,7 @@ def summarize(
     window_start: float,
     window_end: float,
     slo: Slo | None = None,
+    confidence: float = DEFAULT_CONFIDENCE,
 ) -> dict[str, Any]:
     """One repeat's "repeat" object (the run document's schema, docs/benchmarking.md).
 
@@ -147,13 +155,15 @@ def summarize(
         slo: When given, goodput counts the in-window requests that each meet every bound
             (`Slo.request_good`), and the distributions carry the SLO's own percentiles.
             Without it `goodput_requests_per_second` is None.
+        confidence: The confidence of `intervals` (0.95).
 
     Returns:
         `window_seconds`, `requests`, `completed`, `errors`, `error_examples` (up to 5 distinct,
         escaped and cut to 200 characters), the four scalars, `metrics` (metric -> distribution),
         `sources` (metric -> source, `mixed` when requests disagree, None when unmeasured) and
         `client` (`decode_tokens_per_second` and `output_chunks` from the client's clock and
-        chunk count alone).
+        chunk count alone), `intervals` (metric -> stat -> [low, high] or None, `within_run`)
+        and `interval_confidence`.
 
     Raises:
         ValueError: the window is empty or reversed.
@@ -169,10 +179,12 @@ def summarize(
 
     metrics: dict[str, dict[str, float | None]] = {}
     sources: dict[str, str | None] = {}
+    intervals: dict[str, dict[str, list[float] | None]] = {}
     for name, read in REQUEST_METRICS.items():
         values = [v for v in (read(r) for r in ok) if v is not None]
         metrics[name] = distribution([v for v, _ in values], extra.get(name, ()))
         sources[name] = _sources(s for _, s in values)
+        intervals[name] = within_run([v for v, _ in values], metrics[name], confidence)
     gaps = [gap for r in ok for gap in r.inter_token_latencies]
     metrics["itl_seconds"] = distribution(gaps, extra.get("itl_seconds", ()))
     sources["itl_seconds"] = "client" if gaps else None
@@ -203,7 +215,39 @@ def summarize(
             "decode_tokens_per_second": distribution(client_rates),
             "output_chunks": distribution([float(len(r.chunk_times)) for r in ok]),
         },
+        "intervals": {name: intervals[name] for name in METRICS if name in intervals},
+        "interval_confidence": confidence,
     }
+
+
+def within_run(
+    values: Sequence[float], dist: Mapping[str, float | None], confidence: float
+) -> dict[str, list[float] | None]:
+    """The intervals of one repeat's statistics of a per-request metric (one value a request).
+
+    Requests are taken as independent draws: the mean gets Student's t interval over the
+    requests, each percentile the order-statistic interval (`intervals.quantile_interval`).
+    Not offered for ITL, whose gaps within one answer are not independent (a slow answer has
+    slow gaps throughout), nor for the per-repeat scalars (one window, one value): their
+    intervals come from repeats. In a closed loop near saturation requests wait on each other,
+    so these intervals are a lower bound on the run-to-run noise: gate on repeats.
+
+    Returns:
+        `{"mean": [low, high] | None, "p50": ..., ...}` for every statistic of `dist` but
+        `min`, `max`, `count`; None where the samples are too few.
+    """
+    ordered = sorted(values)
+    out: dict[str, list[float] | None] = {}
+    for stat in dist:
+        if stat in ("min", "max", "count"):
+            continue
+        if stat == "mean":
+            found = mean_interval(ordered, confidence)
+            out[stat] = None if found is None else [found.low, found.high]
+        else:
+            span = quantile_interval(ordered, float(stat[1:]) / 100, confidence)
+            out[stat] = None if span is None else [span[0], span[1]]
+    return out
 
 
 def _tokens_in_window(record: RequestRecord, start: float, end: float) -> float:
@@ -239,25 +283,104 @@ def across_repeats(values: Iterable[float | None]) -> dict[str, float | None]:
     return {"median": median, "min": low, "max": high, "spread": spread}
 
 
-def point_summary(repeats: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float | None]]:
+def interval_over_repeats(
+    values: Iterable[float | None],
+    confidence: float = DEFAULT_CONFIDENCE,
+    within: Sequence[float] | None = None,
+) -> dict[str, Any]:
+    """The confidence interval of one statistic over a point's repeats.
+
+    With 2 or more repeats: Student's t interval of their mean (`intervals.mean_interval`; each
+    repeat is an independent run). With one: `within`, the repeat's own interval from its
+    requests (`within_run`), when it has one. Repeats without the value are left out.
+
+    Returns:
+        `mean` (over the repeats), `ci_low`, `ci_high`, `n` (repeats with the value),
+        `confidence` and `ci_method` (`t over repeats`, `within run`, or None without an
+        interval, when `ci_low` and `ci_high` are None too).
+    """
+    present = [v for v in values if v is not None]
+    found = mean_interval(present, confidence)
+    out: dict[str, Any] = {
+        "mean": statistics.fmean(present) if present else None,
+        "ci_low": None,
+        "ci_high": None,
+        "n": len(present),
+        "confidence": confidence,
+        "ci_method": None,
+    }
+    if found is not None:
+        out.update(ci_low=found.low, ci_high=found.high, ci_method="t over repeats")
+    elif len(present) == 1 and within is not None and len(within) == 2:
+        out.update(ci_low=within[0], ci_high=within[1], ci_method="within run")
+    return out
+
+
+def point_summary(
+    repeats: Sequence[Mapping[str, Any]], confidence: float = DEFAULT_CONFIDENCE
+) -> dict[str, dict[str, Any]]:
     """A point's `summary`: `<metric>.<stat>` and the bare scalars, each `across_repeats`.
 
     Args:
         repeats: `summarize` results of one point (one per `--repeat`).
+        confidence: The confidence of the intervals (`interval_over_repeats`).
 
     Returns:
-        For example `{"ttft_seconds.p50": {"median": ..., "min": ..., "max": ..., "spread": ...},
-        "output_tokens_per_second": {...}}`; `count` is left out (it is no statistic of the
+        For example `{"ttft_seconds.p50": {"median": ..., "min": ..., "max": ..., "spread": ...,
+        "mean": ..., "ci_low": ..., "ci_high": ..., "n": ..., "confidence": ..., "ci_method":
+        ...}, "output_tokens_per_second": {...}}`; `count` is left out (it is no statistic of the
         server).
     """
-    out: dict[str, dict[str, float | None]] = {}
+    out: dict[str, dict[str, Any]] = {}
     if not repeats:
         return out
     for metric in METRICS:
         for stat in repeats[0]["metrics"][metric]:
             if stat != "count":
                 values = [r["metrics"][metric].get(stat) for r in repeats]
-                out[f"{metric}.{stat}"] = across_repeats(values)
+                within = (repeats[0].get("intervals") or {}).get(metric, {}).get(stat)
+                out[f"{metric}.{stat}"] = {
+                    **across_repeats(values),
+                    **interval_over_repeats(values, confidence, within),
+                }
     for scalar in SCALARS:
-        out[scalar] = across_repeats(r[scalar] for r in repeats)
+        values = [r[scalar] for r in repeats]
+        out[scalar] = {**across_repeats(values), **interval_over_repeats(values, confidence)}
     return out
+
+
+#: The statistics `--until-ci` waits on: the headline latencies and the throughput.
+CONVERGENCE_KEYS = (
+    "ttft_seconds.p50",
+    "tpot_seconds.p50",
+    "itl_seconds.p50",
+    "output_tokens_per_second",
+)
+
+
+def unconverged(summary: Mapping[str, Mapping[str, Any]], target: float) -> list[str]:
+    """The `CONVERGENCE_KEYS` whose interval over repeats is wider than `target` (`--until-ci`).
+
+    A key converges when its `t over repeats` interval's half width is at most `target` times
+    its mean (0.02: +-2%). A key not measured (None) is left out; one without an interval over
+    repeats (a single repeat) has not converged.
+
+    Returns:
+        The keys still too wide, with their relative half width, e.g. `["ttft_seconds.p50
+        +-3.1%"]`; empty when every key converged.
+    """
+    wide = []
+    for key in CONVERGENCE_KEYS:
+        entry = summary.get(key) or {}
+        mean = entry.get("mean")
+        if mean is None:
+            continue
+        low, high = entry.get("ci_low"), entry.get("ci_high")
+        if entry.get("ci_method") != "t over repeats" or low is None or high is None:
+            wide.append(f"{key} (no interval yet)")
+            continue
+        half = (high - low) / 2
+        relative = 0.0 if half == 0 else (half / abs(mean) if mean else float("inf"))
+        if relative > target:
+            wide.append(f"{key} +-{relative:.1%}")
+    return wide

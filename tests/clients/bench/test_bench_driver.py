@@ -167,7 +167,7 @@ async def test_duration_mode_stops_sending_at_the_end_and_keeps_answers_in_fligh
         2,
         duration=0.6,
         warmup=2,
-        progress=lambda done, total: seen.append((done, total)),
+        progress=lambda done, total, _failed: seen.append((done, total)),
     )
     assert run.window_end - run.window_start == pytest.approx(0.6)
     counted = [r for r in run.records if not r.warmup]
@@ -187,7 +187,7 @@ async def test_progress_counts_the_requests(emulator):
         2,
         requests=5,
         warmup=1,
-        progress=lambda done, total: seen.append((done, total)),
+        progress=lambda done, total, _failed: seen.append((done, total)),
     )
     assert seen == [(k, 5) for k in range(1, 6)]
 

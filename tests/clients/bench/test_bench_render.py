@@ -164,7 +164,9 @@ def test_a_comparison_renders_its_rows_and_its_refusal() -> None:
     out = render_comparison(compare(base, slow))
     assert "verdict: regression" in out
     assert re.search(
-        r"TTFT p50 \(ms\)\s+\S+ \(\S+-\S+\)\s+\S+ \(\S+-\S+\)\s+\+\d+\.\d%\s+worse", out
+        r"TTFT p50 \(ms\)\s+\S+ \(\S+-\S+\)\s+\S+ \(\S+-\S+\)\s+\+\d+\.\d%\s+"
+        r"\+\d+\.\d% to \+\d+\.\d%\s+worse",
+        out,
     )
     assert "knee (level)" in out
     other = run_doc(digests={"llama3.2:1b": f"sha256:{HOSTILE}"})
@@ -243,6 +245,7 @@ def test_plots_are_written_per_model_and_as_a_matrix(tmp_path: Path) -> None:
         "x_y-throughput.png",
         "x_y-latency.png",
         "matrix.png",
+        "matrix-load.png",
     ]
     assert all(_png(path) for path in written)
 
@@ -373,10 +376,12 @@ def test_a_knee_far_outside_the_levels_is_not_drawn(
         "b-throughput.png",
         "b-latency.png",
         "matrix.png",
+        "matrix-load.png",
     ]
     assert all(_png(p) for p in written)
-    # ... with a's knee left out of both its plots and b's knee drawn on both of its own.
-    assert marked == [None, None, other["knee"]["level"], other["knee"]["level"]]
+    # ... with a's knee left out of its plots (throughput, both latency panels) and b's knee
+    # drawn on each of its own.
+    assert marked == [None] * 3 + [other["knee"]["level"]] * 3
 
 
 def test_plots_replace_a_symlink_instead_of_writing_through_it(tmp_path: Path) -> None:
@@ -408,6 +413,7 @@ def test_at_most_max_models_are_plotted_with_a_note(
         "m1-throughput.png",
         "m1-latency.png",
         "matrix.png",
+        "matrix-load.png",
     ]
     assert notes == ["plots show the first 2 of 3 models"]
 

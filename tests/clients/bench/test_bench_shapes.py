@@ -167,12 +167,18 @@ async def test_each_point_is_repeated_with_median_and_spread() -> None:
     assert calls == [3, 3, 3]
     (point,) = result.points
     assert len(point["repeats"]) == 3
-    assert point["summary"]["output_tokens_per_second"] == {
+    summary = point["summary"]["output_tokens_per_second"]
+    assert {k: summary[k] for k in ("median", "min", "max", "spread")} == {
         "median": 100.0,
         "min": 90.0,
         "max": 120.0,
         "spread": pytest.approx(0.3),  # (120 - 90) / 100
     }
+    # Student's t over the 3 repeats: mean 103.33, s = 15.28, t(0.975, 2) = 4.303.
+    assert summary["mean"] == pytest.approx(103.333, abs=1e-3)
+    assert summary["ci_low"] == pytest.approx(103.333 - 4.3027 * 15.275 / 3**0.5, abs=0.01)
+    assert summary["ci_method"] == "t over repeats"
+    assert summary["n"] == 3
     assert point["summary"]["ttft_seconds.p50"]["spread"] == 0.0
     assert point["slo_met"] is None
     assert result.knee is None  # one level has no knee
