@@ -33,9 +33,11 @@ from urllib.parse import urlsplit
 import httpx
 
 from gateway.clients.bench import compare, html, plots, report
+from gateway.clients.bench.dataset import DatasetOptions, build_workload
 from gateway.clients.bench.driver import BenchError
 from gateway.clients.bench.health import DOWN_AFTER
 from gateway.clients.bench.intervals import parse_confidence
+from gateway.clients.bench.lengths import Lengths, parse_lengths
 from gateway.clients.bench.protocol import Api, Target
 from gateway.clients.bench.quality import QualityProbe, load_questions
 from gateway.clients.bench.runner import Mode, Plan, error_verdict, redact, run_benchmark
@@ -43,7 +45,7 @@ from gateway.clients.bench.shapes import Shape, ShapeOptions
 from gateway.clients.bench.sizes import SizeHint, parse_size
 from gateway.clients.bench.slo import parse_slo
 from gateway.clients.bench.stats import escape_error
-from gateway.clients.bench.workload import Sampling, WorkloadError, load_workload
+from gateway.clients.bench.workload import Sampling, WorkloadError
 from gateway.clients.keyfile import read_client_key
 
 KEY_ENV = "GATEWAY_BENCH_API_KEY"
@@ -71,6 +73,13 @@ def _positive(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
     return value
+
+
+def _lengths(text: str) -> Lengths:
+    try:
+        return parse_lengths(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _count(text: str) -> int:
@@ -118,10 +127,11 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     where.add_argument(
         "--endpoint",
-        choices=("chat", "generate"),
+        choices=("chat", "generate", "responses", "messages"),
         default="chat",
-        help="chat (/api/chat, /v1/chat/completions) or generate (/api/generate, "
-        "/v1/completions); default chat",
+        help="chat (/api/chat, /v1/chat/completions), generate (/api/generate, "
+        "/v1/completions), responses (/v1/responses) or messages (/v1/messages, Anthropic); "
+        "default chat",
     )
     where.add_argument("--key-file", type=Path, help=f"file holding the key (else ${KEY_ENV})")
     where.add_argument("--key", type=_no_key, help=argparse.SUPPRESS)
@@ -141,7 +151,45 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     work.add_argument(
         "--workload",
         default="builtin",
-        help="builtin, builtin:short, builtin:long, builtin:en, builtin:zh, or a JSONL file",
+        help="builtin, builtin:short, builtin:long, builtin:en, builtin:zh, synthetic, or a"
+        " data set file (JSONL, JSON, CSV: GuideLLM, AIPerf single_turn, multi_turn,"
+        " mooncake_trace, ShareGPT, or this tool's own)",
+    )
+    # --- workload shapes (issue 30 item 1): lengths, synthetic prompts, conversations ---
+    work.add_argument(
+        "--prompt-words",
+        type=_lengths,
+        help="synthetic prompts' words: N, uniform:LOW,HIGH, normal:MEAN,SD[,MIN,MAX] (default 64)",
+    )
+    work.add_argument(
+        "--output-tokens",
+        type=_lengths,
+        help="each answer's limit: N, uniform:LOW,HIGH, normal:MEAN,SD[,MIN,MAX], or dataset"
+        " (the file's own; default: the file's where given, else --max-tokens)",
+    )
+    work.add_argument(
+        "--prompts", type=_count, default=64, help="synthetic: prompts to generate (default 64)"
+    )
+    work.add_argument(
+        "--conversations",
+        type=_count,
+        default=0,
+        help="synthetic: multi-turn conversations to generate (default 0: single-turn)",
+    )
+    work.add_argument(
+        "--turns", type=_count, default=1, help="synthetic: user turns per conversation"
+    )
+    work.add_argument(
+        "--system-words",
+        type=_count,
+        default=0,
+        help="synthetic: words of the system message every conversation shares (default 0)",
+    )
+    work.add_argument(
+        "--workload-seed",
+        type=int,
+        default=1234,
+        help="seed of the drawn lengths and synthetic words (default 1234)",
     )
     work.add_argument(
         "--max-tokens", type=_count, default=128, help="tokens per answer (default 128)"
@@ -234,6 +282,12 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     load.add_argument(
         "--arrival-seed", type=int, default=1234, help="rate shapes: seed of the arrivals"
+    )
+    load.add_argument(
+        "--arrivals",
+        choices=("poisson", "constant"),
+        default="poisson",
+        help="rate shapes: Poisson arrivals (seeded) or a constant rate (default poisson)",
     )
 
     more = run.add_argument_group("also measure")
@@ -421,7 +475,21 @@ def _has_version(body: bytes) -> bool:
 def _plan(args: argparse.Namespace, target: Target) -> Plan:
     models = tuple(m.strip() for group in args.models for m in group.split(",") if m.strip())
     sampling = Sampling(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens)
-    workload = load_workload(args.workload, sampling)
+    workload = build_workload(
+        args.workload,
+        sampling,
+        DatasetOptions(
+            prompt_words=args.prompt_words,
+            output_tokens=args.output_tokens,
+            prompts=args.prompts,
+            conversations=args.conversations,
+            turns=args.turns,
+            system_words=args.system_words,
+            seed=args.workload_seed,
+        ),
+    )
+    if workload.conversations and (args.rate is not None or args.max_rate is not None):
+        raise ValueError("multi-turn conversations run in a closed loop: use --concurrency")
     mode: Mode
     shape: Shape
     levels: tuple[float, ...]
@@ -476,6 +544,7 @@ def _plan(args: argparse.Namespace, target: Target) -> Plan:
         sample_interval=args.sample_interval,
         max_in_flight=args.max_in_flight,
         rate_seed=args.arrival_seed,
+        arrivals=args.arrivals,
         target_queue_wait=args.queue_wait,
         replicas=args.replicas,
         upstream_url=args.upstream_url,
@@ -572,10 +641,17 @@ def _run(args: argparse.Namespace) -> int:
             # It would land in the saved run, the report and this process's visible argv.
             raise ValueError(f"--target must not carry a user or password; use ${KEY_ENV}")
         api: Api = args.api
-        if args.api == "auto":
+        if args.api == "auto" and args.endpoint in ("responses", "messages"):
+            api = "openai"  # the agent surfaces are /v1 ones, whatever else the target speaks
+        elif args.api == "auto":
             api = asyncio.run(detect_api(args.target, key))
         target = Target(
-            url=args.target, api=api, key=key, chat=args.endpoint == "chat", timeout=args.timeout
+            url=args.target,
+            api=api,
+            key=key,
+            chat=args.endpoint != "generate",
+            timeout=args.timeout,
+            surface=args.endpoint if args.endpoint in ("responses", "messages") else "",
         )
         plan = _plan(args, target)
         out = None if args.no_save else _out_path(args.out)

@@ -1,10 +1,11 @@
 """Drives a target at one load level and returns what it measured (`shapes.Measurement`).
 
 Owns the closed loop (`run_concurrency`: N workers, each sending its next prompt when its last
-answer ended), the open loop (`run_rate`: Poisson arrivals from a seeded generator, capped in
-flight). Each worker is a `gateway.clients.bench.exchange.Client`: one keep-alive connection,
-reopened
-after an error or a close, each answer read into a `RequestRecord`. The checks before a run
+answer ended, or playing multi-turn conversations turn after turn with their growing history),
+the open loop (`run_rate`: Poisson arrivals from a seeded generator, or a constant rate, capped
+in flight, with the rate really achieved). Each worker is a
+`gateway.clients.bench.exchange.Client`: one keep-alive connection, reopened after an error or a
+close, each answer read into a `RequestRecord`. The checks before a run
 (`check_target`, `cold_load`, `BenchError`) live in `gateway.clients.bench.preflight` and are
 re-exported here, so the runner imports the whole engine from one place.
 
@@ -27,24 +28,31 @@ would be written twice.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from gateway.clients.bench import wire
+from gateway.clients.bench.dataset import word_count
 from gateway.clients.bench.exchange import Client, backoff
 from gateway.clients.bench.health import TargetLost
 from gateway.clients.bench.preflight import BenchError, check_target, cold_load
 from gateway.clients.bench.protocol import Target, build_request
 from gateway.clients.bench.records import RequestRecord
 from gateway.clients.bench.shapes import Measurement
-from gateway.clients.bench.workload import Workload
+from gateway.clients.bench.workload import Conversation, Prompt, Workload
+
+Arrivals = Literal["poisson", "constant"]
+"""The open loop's schedule: Poisson (exponential gaps, seeded) or constant (equal gaps)."""
 
 __all__ = [
     "CAP_REACHED",
     "HOLD_AFTER",
     "NOT_SENT_BACKOFF",
+    "Arrivals",
     "BenchError",
     "Progress",
     "arrival_offsets",
@@ -67,26 +75,75 @@ HOLD_AFTER = 3
 NOT_SENT_BACKOFF = "not sent: backing off after failures in a row"
 
 
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """One request ready to send, with what its record notes."""
+
+    prompt_id: str
+    data: bytes
+    max_tokens: int
+    prompt_words: int
+    turn: int | None = None
+
+
+def _words(prompt: Prompt) -> int:
+    return sum(word_count(str(m.get("content", ""))) for m in prompt.as_messages())
+
+
 class _Requests:
     """The workload's prompts round-robin, each request encoded once."""
 
     def __init__(self, target: Target, workload: Workload, model: str, keep_alive: Any) -> None:
-        head = target.headers()
-        encoded: dict[str, bytes] = {}
-        for prompt in workload.prompts:
-            path, body = build_request(
-                target, model, prompt, workload.sampling, keep_alive=keep_alive
-            )
-            encoded[prompt.id] = wire.request_bytes(
-                "POST", target.host, target.port, path, body, head
-            )
-        self._encoded = encoded
+        self._target, self._model, self._keep_alive = target, model, keep_alive
+        self._sampling = workload.sampling
+        self._head = target.headers()
+        self._encoded = {prompt.id: self.encode(prompt) for prompt in workload.prompts}
         self._cycle = workload.cycle()
 
-    def next(self) -> tuple[str, bytes]:
-        """The next prompt's id and request bytes."""
-        prompt = next(self._cycle)
-        return prompt.id, self._encoded[prompt.id]
+    def encode(self, prompt: Prompt, turn: int | None = None) -> _Request:
+        """`prompt` as request bytes for this target and model."""
+        target = self._target
+        path, body = build_request(
+            target, self._model, prompt, self._sampling, keep_alive=self._keep_alive
+        )
+        data = wire.request_bytes("POST", target.host, target.port, path, body, self._head)
+        limit = prompt.max_tokens or self._sampling.max_tokens
+        return _Request(prompt.id, data, limit, _words(prompt), turn)
+
+    def next(self) -> _Request:
+        """The next prompt's request."""
+        return self._encoded[next(self._cycle).id]
+
+
+class _Dialogue:
+    """One worker's place in a multi-turn conversation: its history so far."""
+
+    def __init__(self, conversation: Conversation) -> None:
+        self.conversation = conversation
+        self.turn = 0  # turns sent
+        self.history: list[dict[str, Any]] = []
+        if conversation.system is not None:
+            self.history.append({"role": "system", "content": conversation.system})
+
+    @property
+    def finished(self) -> bool:
+        return self.turn >= len(self.conversation.turns)
+
+    def ask(self, requests: _Requests) -> _Request:
+        """The next turn's request: the history, then the turn's user message."""
+        turn = self.conversation.turns[self.turn]
+        self.turn += 1
+        self.history.append({"role": "user", "content": turn.text})
+        prompt = Prompt(
+            f"{self.conversation.id}-{self.turn}",
+            messages=tuple(dict(m) for m in self.history),
+            max_tokens=turn.max_tokens,
+        )
+        return requests.encode(prompt, self.turn)
+
+    def answered(self, text: str) -> None:
+        """Append the answer the server gave to the last turn."""
+        self.history.append({"role": "assistant", "content": text})
 
 
 def _check_amount(duration: float | None, requests: int | None, warmup: int) -> None:
@@ -135,6 +192,13 @@ async def run_concurrency(
 ) -> Measurement:
     """Closed loop: `concurrency` workers, each sending the next prompt when its answer ended.
 
+    A multi-turn workload (`workload.conversations`): each worker takes the next conversation
+    (round-robin) and sends its turns one after the other, each with the whole history so far
+    (the system message, every earlier user message and the answer the server gave, the new
+    user message); a finished conversation is followed by the next one, and so is a failed
+    turn (there is no answer to resend). Every turn is one
+    request (of `requests` and `warmup`); its record notes the turn and the prompt's words.
+
     Args:
         target: The server.
         workload: The prompts (round-robin over all workers) and sampling.
@@ -179,11 +243,33 @@ async def run_concurrency(
         state["issued"] = index + 1
         return index
 
+    conversations = itertools.cycle(workload.conversations)
+
     async def work(client: Client) -> None:
+        dialogue: _Dialogue | None = None
         while (index := take()) is not None:
-            prompt_id, request = prepared.next()
+            if workload.conversations:
+                if dialogue is None or dialogue.finished:
+                    dialogue = _Dialogue(next(conversations))
+                request = dialogue.ask(prepared)
+            else:
+                request = prepared.next()
             warm = index < warmup
-            record = await client.exchange(request, model, prompt_id, warm)
+            record = await client.exchange(
+                request.data,
+                model,
+                request.prompt_id,
+                warm,
+                max_tokens=request.max_tokens,
+                keep_text=dialogue is not None,
+                prompt_words=request.prompt_words,
+                turn=request.turn,
+            )
+            if dialogue is not None:
+                if record.ok:
+                    dialogue.answered(client.last_text)
+                else:  # no answer to resend: the conversation ends, the next one starts
+                    dialogue = None
             records.append(record)
             if warm:
                 state["warm_done"] += 1
@@ -221,21 +307,45 @@ async def run_concurrency(
     return _measurement(records, start, end if end is not None else start)
 
 
-def arrival_offsets(rate: float, seed: int = 1234) -> Iterator[float]:
-    """Poisson arrivals: seconds from the run's start, 0 first, then exponential gaps.
+def arrival_offsets(
+    rate: float, seed: int = 1234, arrivals: Arrivals = "poisson"
+) -> Iterator[float]:
+    """Arrivals: seconds from the run's start, 0 first, then gaps of mean 1 / `rate`.
 
-    The same `rate` and `seed` give the same schedule (`random.Random(seed).expovariate`).
+    Poisson: exponential gaps; the same `rate` and `seed` give the same schedule
+    (`random.Random(seed).expovariate`). Constant: every gap 1 / `rate` (offset n is n / rate,
+    computed so, without summing rounding errors).
 
     Raises:
-        ValueError: `rate` not positive.
+        ValueError: `rate` not positive, or an unknown `arrivals`.
     """
     if not rate > 0:
         raise ValueError(f"rate must be positive, got {rate}")
+    if arrivals == "constant":
+        return (n / rate for n in itertools.count())
+    if arrivals != "poisson":
+        raise ValueError(f"arrivals are poisson or constant, got {arrivals!r}")
+    return _poisson(rate, seed)
+
+
+def _poisson(rate: float, seed: int) -> Iterator[float]:
     generator = random.Random(seed)  # noqa: S311 - a load schedule, not a secret
     offset = 0.0
     while True:
         yield offset
         offset += generator.expovariate(rate)
+
+
+def achieved_rate(sent: list[float]) -> float | None:
+    """Requests/s the client really sent at: (n - 1) over the time from the first to the last.
+
+    `sent` are the perf_counter seconds each counted arrival left (or was refused by the
+    client's cap); None with fewer than two. Compared with the requested rate it shows a load
+    generator that fell behind its schedule.
+    """
+    if len(sent) < 2 or sent[-1] <= sent[0]:
+        return None
+    return (len(sent) - 1) / (sent[-1] - sent[0])
 
 
 async def run_rate(
@@ -251,9 +361,14 @@ async def run_rate(
     warmup: int = 0,
     keep_alive: str | int | None = None,
     progress: Progress | None = None,
+    arrivals: Arrivals = "poisson",
     watch: Watch | None = None,
 ) -> Measurement:
-    """Open loop: requests arrive on a seeded Poisson schedule at `rate` per second.
+    """Open loop: requests arrive on a seeded Poisson (or constant) schedule at `rate` per second.
+
+    The measurement carries the rate the counted arrivals really left at (`achieved_rate`).
+    A multi-turn workload is refused: a turn waits for the previous answer, which a schedule
+    of independent arrivals cannot honour (run conversations in a closed loop).
 
     An arrival that finds `max_in_flight` requests unanswered is not sent: it becomes a failed
     record with the error "in-flight cap reached" (the client's limit, not the server's). So is
@@ -268,14 +383,18 @@ async def run_rate(
     `watch` sees every answered request and may stop the run (`health.DownWatch`).
 
     Raises:
-        ValueError: a bad rate, cap or count; not exactly one of `duration` and `requests`.
+        ValueError: a bad rate, cap or count; not exactly one of `duration` and `requests`; a
+            multi-turn workload.
         health.TargetLost: `watch` stopped the run; its `measurement` holds what was measured.
     """
     _check_amount(duration, requests, warmup)
     if max_in_flight < 1:
         raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
+    if workload.conversations:
+        raise ValueError("multi-turn conversations run in a closed loop (--concurrency)")
     prepared = _Requests(target, workload, model, keep_alive)
-    schedule = arrival_offsets(rate, seed)
+    schedule = arrival_offsets(rate, seed, arrivals)
+    sent: list[float] = []
     records: list[RequestRecord] = []
     idle: list[Client] = []
     everyone: list[Client] = []
@@ -303,9 +422,16 @@ async def run_rate(
                 else NOT_SENT_BACKOFF
             )
 
-    async def one(client: Client, request: bytes, prompt_id: str, warm: bool) -> None:
+    async def one(client: Client, request: _Request, warm: bool) -> None:
         try:
-            record = await client.exchange(request, model, prompt_id, warm)
+            record = await client.exchange(
+                request.data,
+                model,
+                request.prompt_id,
+                warm,
+                max_tokens=request.max_tokens,
+                prompt_words=request.prompt_words,
+            )
             records.append(record)
         finally:
             idle.append(client)
@@ -333,9 +459,12 @@ async def run_rate(
                 if end is not None and index >= warmup and at >= end:
                     break
                 await asyncio.sleep(max(0.0, at - clock()))
-                prompt_id, request = prepared.next()
+                request = prepared.next()
+                prompt_id = request.prompt_id
                 warm = index < warmup
                 now = clock()
+                if not warm:
+                    sent.append(now)
                 if now < hold["until"]:
                     records.append(_capped(now, model, prompt_id, warm, hold["reason"]))
                     continue
@@ -345,7 +474,7 @@ async def run_rate(
                 if not idle:
                     everyone.append(Client(target, workload.sampling.max_tokens))
                     idle.append(everyone[-1])
-                group.create_task(one(idle.pop(), request, prompt_id, warm))
+                group.create_task(one(idle.pop(), request, warm))
     except* BenchError as refused:
         raise refused.exceptions[0] from None
     except* TargetLost as lost:
@@ -356,7 +485,8 @@ async def run_rate(
     start = window[0] if window[0] is not None else clock()
     counted_ends = [r.end for r in records if not r.warmup]
     end = window[1] if duration is not None else max(counted_ends, default=start)
-    return _measurement(records, start, end if end is not None else start)
+    measured = _measurement(records, start, end if end is not None else start)
+    return replace(measured, offered_rate=rate, achieved_rate=achieved_rate(sent))
 
 
 def _cut(lost: BaseException, records: list[RequestRecord], start: float) -> BaseException:

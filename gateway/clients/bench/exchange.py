@@ -54,6 +54,7 @@ class Client:
         self.connection: wire.Connection | None = None
         self.failures = 0
         self.retry_after: float | None = None
+        self.last_text = ""  # the last answer's content, with `keep_text`
 
     def pause(self, record: RequestRecord) -> float:
         """Seconds this worker waits before its next request, after `record`.
@@ -71,12 +72,36 @@ class Client:
         return backoff(self.failures, self.retry_after)
 
     async def exchange(
-        self, request: bytes, model: str, prompt_id: str, warmup: bool
+        self,
+        request: bytes,
+        model: str,
+        prompt_id: str,
+        warmup: bool,
+        *,
+        max_tokens: int | None = None,
+        keep_text: bool = False,
+        prompt_words: int | None = None,
+        turn: int | None = None,
     ) -> RequestRecord:
-        """Send one request and read its answer into a record; never raises for the target."""
-        target, reader = (
-            self.target,
-            AnswerReader(self.target.api, self.target.key, self.max_tokens),
+        """Send one request and read its answer into a record; never raises for the target.
+
+        Args:
+            request: The whole request (`wire.request_bytes`).
+            model: The model it names (for the record).
+            prompt_id: The workload prompt's id (for the record).
+            warmup: Sent during warm-up (for the record).
+            max_tokens: This request's output limit when it differs from the client's.
+            keep_text: Keep the answer's content in `last_text` (a conversation's history).
+            prompt_words: Words of the prompt sent (for the record).
+            turn: The conversation turn (for the record).
+        """
+        target = self.target
+        reader = AnswerReader(
+            target.api,
+            target.key,
+            max_tokens or self.max_tokens,
+            surface=target.surface,
+            keep_text=keep_text,
         )
         clock = time.perf_counter
         start = clock()
@@ -108,7 +133,18 @@ class Client:
         status = connection.status or None if connection is not None else None
         if connection is None or not connection.reusable:
             self.close()
-        return reader.record(start, end, status, model, prompt_id, warmup, failure=failure)
+        self.last_text = reader.text
+        return reader.record(
+            start,
+            end,
+            status,
+            model,
+            prompt_id,
+            warmup,
+            failure=failure,
+            prompt_words=prompt_words,
+            turn=turn,
+        )
 
     def close(self) -> None:
         """Drop the connection."""

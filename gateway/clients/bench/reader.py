@@ -35,6 +35,8 @@ MAX_LINE = 1 << 20
 MAX_CHUNKS = 100_000
 #: Bytes of a failed answer's body kept for its error text.
 ERROR_BODY = 1024
+#: Characters of an answer's text kept with `keep_text` (a conversation's history).
+MAX_TEXT = 1 << 20
 
 
 #: The largest token count or duration a server may report; above it the value is nonsense.
@@ -109,13 +111,28 @@ class AnswerReader:
     Attributes:
         first_token: Client seconds of the first chunk with non-empty content or thinking.
         chunk_times: Client seconds of every such chunk.
-        done: The final chunk arrived (`done: true`; `data: [DONE]`).
+        done: The final chunk arrived (`done: true`; `data: [DONE]`; Responses
+            `response.completed` or `response.incomplete`; Messages `message_stop`).
+        text_parts: The answer's content pieces, with `keep_text` (up to `MAX_TEXT`
+            characters; thinking is not kept: a chat client resends only the answer).
         error: The first error the answer carried (error line or event, a line that is not
             JSON), escaped, or None.
     """
 
-    def __init__(self, api: Api, key: str | None = None, max_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        api: Api,
+        key: str | None = None,
+        max_tokens: int | None = None,
+        *,
+        surface: str = "",
+        keep_text: bool = False,
+    ) -> None:
         self.api: Api = api
+        self.surface = surface
+        self.keep_text = keep_text
+        self.text_parts: list[str] = []
+        self._text_size = 0
         self._max_tokens = max_tokens
         self._key = key  # redacted from error text before it is cut (`stats.escape_error`)
         self.first_token: float | None = None
@@ -193,7 +210,16 @@ class AnswerReader:
         if self.error is None:
             self.error = escape_error(text, key=self._key)
 
-    def _chunk(self, now: float) -> None:
+    @property
+    def text(self) -> str:
+        """The answer's content so far (empty without `keep_text`)."""
+        return "".join(self.text_parts)
+
+    def _chunk(self, now: float, content: Any = None) -> None:
+        if self.keep_text and isinstance(content, str) and self._text_size < MAX_TEXT:
+            piece = content[: MAX_TEXT - self._text_size]
+            self.text_parts.append(piece)
+            self._text_size += len(piece)
         if self.first_token is None:
             self.first_token = now
         if len(self.chunk_times) >= MAX_CHUNKS:
@@ -217,11 +243,13 @@ class AnswerReader:
             self._fail(str(data["error"]))
             return
         message = data.get("message")
-        text = data.get("response") or data.get("thinking")
+        content = data.get("response")
+        text = content or data.get("thinking")
         if not text and isinstance(message, dict):
-            text = message.get("content") or message.get("thinking")
+            content = message.get("content")
+            text = content or message.get("thinking")
         if text:
-            self._chunk(now)
+            self._chunk(now, content)
         if data.get("done") is True:
             self.done = True
             self._counts["ollama"] = (
@@ -257,23 +285,29 @@ class AnswerReader:
         if not isinstance(data, dict):
             self._fail("event data is not a JSON object")
             return
-        if event == b"error" or "error" in data:
+        if event == b"error" or ("error" in data and data.get("type") != "response.failed"):
             error = data.get("error", data)
             if isinstance(error, dict):
                 error = error.get("message", error)
             self._fail(str(error))
+            return
+        if self.surface == "responses":
+            self._responses(data, now)
+            return
+        if self.surface == "messages":
+            self._messages(data, now)
             return
         choices = data.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
             choice = choices[0]
             delta = choice.get("delta")
             text = choice.get("text")
+            content = text
             if not text and isinstance(delta, dict):
-                text = (
-                    delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content")
-                )
+                content = delta.get("content")
+                text = content or delta.get("reasoning") or delta.get("reasoning_content")
             if text:
-                self._chunk(now)
+                self._chunk(now, content)
         usage = data.get("usage")
         # /v1/completions puts zero usage on every chunk: only the choices-less usage chunk,
         # or a non-zero one, carries the real counts.
@@ -297,12 +331,82 @@ class AnswerReader:
                 "llamacpp.timings",
             )
 
+    # --- the agent surfaces ---------------------------------------------------------------------
+
+    def _responses(self, data: dict[str, Any], now: float) -> None:
+        """A Responses stream event (OpenAI API reference, "Streaming events").
+
+        `response.output_text.delta` carries content, `response.reasoning_text.delta` and
+        `response.reasoning_summary_text.delta` thinking (timed as chat's reasoning is);
+        `response.completed` and `response.incomplete` (stopped by `max_output_tokens`) end the
+        answer with `response.usage` (`input_tokens`, `output_tokens`); `response.failed` fails it.
+        """
+        kind = data.get("type")
+        delta = data.get("delta")
+        if kind == "response.output_text.delta":
+            if isinstance(delta, str) and delta:
+                self._chunk(now, delta)
+        elif kind in ("response.reasoning_text.delta", "response.reasoning_summary_text.delta"):
+            if isinstance(delta, str) and delta:
+                self._chunk(now)
+        elif kind in ("response.completed", "response.incomplete", "response.failed"):
+            response = data.get("response")
+            response = response if isinstance(response, dict) else {}
+            if kind == "response.failed":
+                error = response.get("error")
+                message = error.get("message") if isinstance(error, dict) else None
+                self._fail(str(message or "response.failed"))
+                return
+            self.done = True
+            usage = response.get("usage")
+            if isinstance(usage, dict):
+                self._counts["responses.usage"] = (
+                    _int(usage.get("output_tokens")),
+                    _int(usage.get("input_tokens")),
+                    "responses.usage",
+                )
+
+    def _messages(self, data: dict[str, Any], now: float) -> None:
+        """An Anthropic Messages stream event (Anthropic API reference, "Streaming Messages").
+
+        `content_block_delta` with a `text_delta` carries content, with a `thinking_delta`
+        thinking; `message_start` carries the input count, `message_delta` the final `usage`
+        (its counts are cumulative: the last one given wins); `message_stop` ends the answer.
+        """
+        kind = data.get("type")
+        if kind == "content_block_delta":
+            delta = data.get("delta")
+            if isinstance(delta, dict):
+                content = delta.get("text")
+                if content or delta.get("thinking"):
+                    self._chunk(now, content)
+            return
+        usage: Any = None
+        if kind == "message_start" and isinstance(data.get("message"), dict):
+            usage = data["message"].get("usage")
+        elif kind == "message_delta":
+            usage = data.get("usage")
+        elif kind == "message_stop":
+            self.done = True
+        if isinstance(usage, dict):
+            output, prompt, _ = self._counts.get("messages.usage", (None, None, "messages.usage"))
+            got_output, got_prompt = (
+                _int(usage.get("output_tokens")),
+                _int(usage.get("input_tokens")),
+            )
+            self._counts["messages.usage"] = (
+                got_output if got_output is not None else output,
+                got_prompt if got_prompt else prompt,  # message_start's 0 is no count yet
+                "messages.usage",
+            )
+
     # --- the record --------------------------------------------------------------------------
 
     def _counted(self) -> tuple[int | None, Source, int | None, Source | None]:
         output: tuple[int | None, Source] = (len(self.chunk_times), "client")
         prompt: tuple[int | None, Source | None] = (None, None)
-        for source in ("llamacpp.timings", "openai.usage", "ollama"):  # later ones win
+        order = ("llamacpp.timings", "openai.usage", "responses.usage", "messages.usage", "ollama")
+        for source in order:  # later ones win
             if source in self._counts:
                 out, pro, name = self._counts[source]
                 if out is not None:
@@ -321,6 +425,8 @@ class AnswerReader:
         warmup: bool = False,
         *,
         failure: str | None = None,
+        prompt_words: int | None = None,
+        turn: int | None = None,
     ) -> RequestRecord:
         """The request as read: ok when status 200, a final chunk arrived and no error did.
 
@@ -333,6 +439,8 @@ class AnswerReader:
             warmup: Sent during warm-up.
             failure: Why the exchange failed on the client's side (an exception, a timeout),
                 or None; it takes precedence over what the body said.
+            prompt_words: Words of the prompt sent (`RequestRecord.prompt_words`).
+            turn: The conversation turn (`RequestRecord.turn`).
         """
         error = self.error
         if status is not None and status != 200:
@@ -379,4 +487,6 @@ class AnswerReader:
             model=model,
             prompt_id=prompt_id,
             warmup=warmup,
+            prompt_words=prompt_words,
+            turn=turn,
         )

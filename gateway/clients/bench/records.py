@@ -20,8 +20,13 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Literal
 
-Source = Literal["ollama", "openai.usage", "llamacpp.timings", "client"]
-"""Where a number came from: a server's own counter, or the client's clock and chunk count."""
+Source = Literal[
+    "ollama", "openai.usage", "llamacpp.timings", "responses.usage", "messages.usage", "client"
+]
+"""Where a number came from: a server's own counter, or the client's clock and chunk count.
+
+`responses.usage`: the `usage` of a Responses stream's `response.completed` (or
+`response.incomplete`); `messages.usage`: the `usage` of an Anthropic `message_delta`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +56,9 @@ class RequestRecord:
         model: The model the request named.
         prompt_id: The workload prompt's id (`gateway.clients.bench.workload`).
         warmup: Sent during warm-up; excluded from every statistic.
+        prompt_words: Words (whitespace-separated) of everything the request's prompt held
+            (all messages of a multi-turn conversation's history), or None when not counted.
+        turn: The turn (1, 2, ...) of a multi-turn conversation, or None.
     """
 
     start: float
@@ -71,6 +79,8 @@ class RequestRecord:
     model: str = ""
     prompt_id: str = ""
     warmup: bool = False
+    prompt_words: int | None = None
+    turn: int | None = None
 
     @property
     def ttft(self) -> float | None:

@@ -86,6 +86,7 @@ class Plan:
         sample_interval: Seconds between resource samples.
         max_in_flight: Rate shapes: the most requests in flight; arrivals past it fail.
         rate_seed: Rate shapes: the seed of the arrival schedule.
+        arrivals: Rate shapes: `poisson` or `constant` arrivals.
         target_queue_wait: The policy's queue wait target, seconds.
         replicas: Gateway processes the policy divides the limit over.
         upstream_url: When set, the policy names this upstream's `GATEWAY_UPSTREAMS` entry.
@@ -118,6 +119,7 @@ class Plan:
     sample_interval: float = 1.0
     max_in_flight: int = 256
     rate_seed: int = 1234
+    arrivals: driver.Arrivals = "poisson"
     target_queue_wait: float = 2.0
     replicas: int = 1
     upstream_url: str | None = None
@@ -180,6 +182,8 @@ class Plan:
             "down_after": self.down_after,
             "max_in_flight": self.max_in_flight if self.shape == "rate" else None,
             "rate_seed": self.rate_seed if self.shape == "rate" else None,
+            "arrivals": self.arrivals if self.shape == "rate" else None,
+            "surface": self.target.surface or None,
         }
 
 
@@ -216,6 +220,7 @@ def _measure(plan: Plan, model: str, say: Say) -> Measure:
                 warmup=1 if plan.warmup is None else plan.warmup,
                 progress=tick,
                 watch=watch,
+                arrivals=plan.arrivals,
             )
         # A run that ended in failures without an answer: is the target still there?
         await watch.at_end(plan.target.url, done)
@@ -257,6 +262,9 @@ def point_line(model: str, point: dict[str, Any]) -> str:
         half = (output["ci_high"] - output["ci_low"]) / 2
         parts[-1] += f" +-{half / rate:.1%}"
     parts.append("errors " + ("-" if errors is None else f"{errors:.0%}"))
+    achieved = med("achieved_rate")
+    if achieved is not None:
+        parts.append(f"sent {achieved:.2f} req/s")
     if len(point.get("repeats", ())) > 1:
         parts.append(f"{len(point['repeats'])} repeats")
     if point.get("convergence") is not None:

@@ -31,7 +31,7 @@ from gateway.clients.bench.intervals import DEFAULT_CONFIDENCE
 from gateway.clients.bench.knee import find_knee, find_slo_limit, oversaturation, stalled
 from gateway.clients.bench.records import RequestRecord
 from gateway.clients.bench.slo import Slo
-from gateway.clients.bench.stats import point_summary, summarize, unconverged
+from gateway.clients.bench.stats import across_repeats, point_summary, summarize, unconverged
 
 Shape = Literal["concurrency", "rate"]
 Progress = Callable[[dict[str, Any]], None]
@@ -45,11 +45,16 @@ class Measurement:
         records: Every request of the run, warm-up included (flagged).
         window_start: `perf_counter` seconds the measured window began.
         window_end: `perf_counter` seconds it ended.
+        offered_rate: The open loop's requested rate (requests/s), None in a closed loop.
+        achieved_rate: The rate its counted arrivals really left at (`driver.achieved_rate`),
+            None in a closed loop.
     """
 
     records: Sequence[RequestRecord]
     window_start: float
     window_end: float
+    offered_rate: float | None = None
+    achieved_rate: float | None = None
 
 
 Measure = Callable[[float], Awaitable[Measurement]]
@@ -151,7 +156,9 @@ async def measure_point(
     Returns:
         `{"shape", "level", "repeats", "summary", "slo_met", "slo_violations"}` (`slo_met`
         None without an SLO), plus `convergence` (`target`, `converged`, `repeats`, `wide`)
-        with `until_ci`.
+        with `until_ci`. An open loop's repeat also holds `arrival_rate` (`offered`, `achieved`
+        requests/s) and its summary `achieved_rate`; a multi-turn run's repeat holds `turns`
+        (`_turns`).
 
     Raises:
         health.TargetLost: the target stopped answering; its `point` holds the repeats
@@ -194,13 +201,24 @@ async def measure_point(
 
 
 def _summarize(run: Measurement, options: ShapeOptions) -> dict[str, Any]:
-    return summarize(run.records, run.window_start, run.window_end, options.slo, options.confidence)
+    repeat = summarize(
+        run.records, run.window_start, run.window_end, options.slo, options.confidence
+    )
+    if run.offered_rate is not None:
+        repeat["arrival_rate"] = {"offered": run.offered_rate, "achieved": run.achieved_rate}
+    turns = _turns(run.records)
+    if turns:
+        repeat["turns"] = turns
+    return repeat
 
 
 def _point(
     shape: Shape, level: float, repeats: list[dict[str, Any]], options: ShapeOptions
 ) -> dict[str, Any]:
     summary = point_summary(repeats, options.confidence)
+    achieved = [r["arrival_rate"]["achieved"] for r in repeats if "arrival_rate" in r]
+    if achieved:
+        summary["achieved_rate"] = across_repeats(achieved)
     slo = options.slo
     return {
         "shape": shape,
@@ -210,6 +228,28 @@ def _point(
         "slo_met": None if slo is None else slo.met(summary),
         "slo_violations": [] if slo is None else slo.violations(summary),
     }
+
+
+def _turns(records: Sequence[RequestRecord]) -> list[dict[str, Any]]:
+    """Per conversation turn (1, 2, ...): counted requests and their prompt words.
+
+    Mean, min and max words, so a run shows how the resent history grew; empty for a
+    single-turn run.
+    """
+    by_turn: dict[int, list[int]] = {}
+    for record in records:
+        if not record.warmup and record.turn is not None and record.prompt_words is not None:
+            by_turn.setdefault(record.turn, []).append(record.prompt_words)
+    return [
+        {
+            "turn": turn,
+            "requests": len(words),
+            "prompt_words_mean": sum(words) / len(words),
+            "prompt_words_min": min(words),
+            "prompt_words_max": max(words),
+        }
+        for turn, words in sorted(by_turn.items())
+    ]
 
 
 def _finish(points: Iterable[dict[str, Any]], options: ShapeOptions) -> ShapeResult:

@@ -5,8 +5,10 @@ Owns `Prompt`, `Sampling`, `Workload` (with a digest, so two runs can tell wheth
 the same thing), the built-in suite `BUILTIN` (short and long prompts in English and Chinese:
 short prompts measure decode, long ones prefill; Chinese tokenizes very differently from
 English) and `load_workload`, which reads a suite name or a JSONL file. One `Sampling` holds for
-the whole run: a per-prompt `max_tokens` would make runs with different prompt orders
-incomparable, so a JSONL line may not carry one.
+the whole run, so a JSONL line may not carry a `max_tokens`; a prompt's own output limit
+(`Prompt.max_tokens`) comes only from `gateway.clients.bench.dataset` (a data set's
+`output_tokens_count` / `output_length`, or one drawn from a seeded distribution), fixed per
+prompt and part of the digest. `Turn` and `Conversation` hold multi-turn workloads.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class Prompt:
         messages: OpenAI/Ollama chat messages (`{"role", "content"}`), or None.
         language: `en`, `zh`, or "" when unknown.
         size: `short`, `long`, or "" when unknown.
+        max_tokens: This prompt's output limit (a data set's `output_tokens_count` or
+            `output_length`, or drawn from `--output-tokens`), or None: the run's.
 
     Raises:
         WorkloadError: not exactly one of `text` and `messages` is given.
@@ -50,10 +54,13 @@ class Prompt:
     messages: tuple[dict[str, Any], ...] | None = None
     language: str = ""
     size: str = ""
+    max_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if (self.text is None) == (self.messages is None):
             raise WorkloadError(f"prompt {self.id!r}: give exactly one of text and messages")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise WorkloadError(f"prompt {self.id!r}: max_tokens must be at least 1")
 
     def as_messages(self) -> list[dict[str, Any]]:
         """The prompt as chat messages (a text prompt becomes one user message)."""
@@ -93,44 +100,92 @@ class Sampling:
 
 
 @dataclass(frozen=True, slots=True)
+class Turn:
+    """One user turn of a conversation.
+
+    Attributes:
+        text: What the user says.
+        max_tokens: The answer's limit, or None: the run's.
+    """
+
+    text: str
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """A multi-turn conversation: each turn resends the whole history so far.
+
+    Turn t's request is the system message (when there is one), then for every earlier turn
+    its user message and the answer the server gave to it, then turn t's user message: the
+    prompt grows by one answer and one user message a turn, as a chat client's does.
+
+    Attributes:
+        id: Stable id (AIPerf `session_id`, `<file stem>-<line>`, or `conv-<n>`).
+        turns: The user turns, in order (at least one).
+        system: The system message shared by every turn (and, for a synthetic workload, by
+            every conversation: the shared prefix a prefix cache can reuse), or None.
+    """
+
+    id: str
+    turns: tuple[Turn, ...]
+    system: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.turns:
+            raise WorkloadError(f"conversation {self.id!r} has no turns")
+
+
+@dataclass(frozen=True, slots=True)
 class Workload:
-    """A named list of prompts asked with one sampling.
+    """A named list of prompts (or conversations) asked with one sampling.
 
     Attributes:
         name: The suite name or the file path it came from.
-        prompts: The prompts, in the order `cycle` hands them out (at least one).
-        sampling: The sampling of every request.
+        prompts: The prompts, in the order `cycle` hands them out (at least one; for a
+            multi-turn workload, each conversation's first turn, for the checks before a run).
+        sampling: The sampling of every request (a prompt's or turn's `max_tokens` overrides
+            its limit).
+        conversations: Multi-turn conversations, played turn after turn by the closed loop;
+            empty for a single-turn workload.
     """
 
     name: str
     prompts: tuple[Prompt, ...]
     sampling: Sampling
+    conversations: tuple[Conversation, ...] = ()
 
     @property
     def digest(self) -> str:
         """sha256 hex of the canonical JSON of the prompts and the sampling (not the name)."""
-        canonical = {
-            "prompts": [
-                {
-                    "id": p.id,
-                    "text": p.text,
-                    "messages": None if p.messages is None else list(p.messages),
-                }
-                for p in self.prompts
-            ],
-            "sampling": asdict(self.sampling),
-        }
+        prompts: list[dict[str, Any]] = []
+        for p in self.prompts:
+            item: dict[str, Any] = {
+                "id": p.id,
+                "text": p.text,
+                "messages": None if p.messages is None else list(p.messages),
+            }
+            if p.max_tokens is not None:  # absent: a run of an older version keeps its digest
+                item["max_tokens"] = p.max_tokens
+            prompts.append(item)
+        canonical: dict[str, Any] = {"prompts": prompts, "sampling": asdict(self.sampling)}
+        if self.conversations:
+            canonical["conversations"] = [asdict(c) for c in self.conversations]
         text = json.dumps(canonical, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
     def describe(self) -> dict[str, Any]:
         """`{"name", "prompts": count, "digest", "sampling": {...}}` for the run document."""
-        return {
+        described: dict[str, Any] = {
             "name": self.name,
             "prompts": len(self.prompts),
             "digest": self.digest,
             "sampling": asdict(self.sampling),
         }
+        if self.conversations:
+            described["conversations"] = len(self.conversations)
+            described["turns"] = sum(len(c.turns) for c in self.conversations)
+        return described
 
     def cycle(self) -> Iterator[Prompt]:
         """The prompts round-robin, forever, always starting with the first."""
