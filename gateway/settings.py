@@ -66,6 +66,39 @@ class UpstreamSpec(BaseModel):
         return str(self.url).rstrip("/")
 
 
+def page_redirect_uri(uri: str) -> str | None:
+    """`uri` as compared with `GATEWAY_ADMIN_OIDC_REDIRECT_URIS`, or None if it cannot be one.
+
+    The admin page's URL: http(s), a host, a path ending in `/admin/`, no userinfo, query or
+    fragment, printable ASCII. Scheme and host are compared in lower case and a default port
+    (80, 443) is dropped, as a browser writes `location.href` (WHATWG URL); the path is exact.
+    """
+    if not uri.isascii() or not uri.isprintable() or len(uri) > 2048:
+        return None
+    parts = urlsplit(uri)
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    if (
+        parts.scheme.lower() not in {"http", "https"}
+        or not parts.hostname
+        or not re.fullmatch(r"[a-z0-9.-]+|[0-9a-f:.]+", parts.hostname)  # no `*` wildcards
+        or parts.username is not None
+        or parts.query
+        or parts.fragment
+        or "#" in uri
+        or "?" in uri
+        or not parts.path.endswith("/admin/")
+    ):
+        return None
+    scheme = parts.scheme.lower()
+    default = {"http": 80, "https": 443}[scheme]
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    netloc = host if port in (None, default) else f"{host}:{port}"
+    return f"{scheme}://{netloc}{parts.path}"
+
+
 class Settings(BaseSettings):
     """Gateway configuration. Times are in seconds, sizes in bytes.
 
@@ -550,6 +583,12 @@ class Settings(BaseSettings):
         "offers single sign-on there (authorization code flow with PKCE). Needs the JWKS "
         "settings and GATEWAY_ADMIN_JWT_ISSUER.",
     )
+    admin_oidc_redirect_uris: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="The admin page's exact URL(s), comma-separated (e.g. "
+        "`https://gw.example.com/admin/`): the only redirect URIs the gateway redeems codes "
+        "for. Required with GATEWAY_ADMIN_OIDC_CLIENT_ID.",
+    )
     admin_oidc_client_secret: SecretStr | None = Field(
         None,
         description="Client secret, for a confidential client (sent with client_secret_basic); "
@@ -568,7 +607,11 @@ class Settings(BaseSettings):
     )
 
     @field_validator(
-        "admin_jwt_algorithms", "admin_jwt_admin_values", "admin_jwt_read_values", mode="before"
+        "admin_jwt_algorithms",
+        "admin_jwt_admin_values",
+        "admin_jwt_read_values",
+        "admin_oidc_redirect_uris",
+        mode="before",
     )
     @classmethod
     def _parse_admin_lists(cls, value: object) -> object:
@@ -709,6 +752,20 @@ class Settings(BaseSettings):
                 "provider's https URL (http only on loopback): its discovery document is "
                 "fetched from <issuer>/.well-known/openid-configuration"
             )
+        example = "e.g. GATEWAY_ADMIN_OIDC_REDIRECT_URIS=https://gateway.example.com/admin/"
+        if not self.admin_oidc_redirect_uris:
+            raise ValueError(
+                "GATEWAY_ADMIN_OIDC_CLIENT_ID needs GATEWAY_ADMIN_OIDC_REDIRECT_URIS: the admin "
+                "page's exact URL(s) as browsers open it, comma-separated, the ones registered "
+                f"at the identity provider ({example})"
+            )
+        for uri in self.admin_oidc_redirect_uris:
+            if page_redirect_uri(uri) is None:
+                raise ValueError(
+                    f"GATEWAY_ADMIN_OIDC_REDIRECT_URIS entry {uri!r} is not the admin page's "
+                    "URL: write scheme://host[:port]/.../admin/ without query or fragment "
+                    f"({example})"
+                )
         scopes = self.admin_oidc_scopes.split()
         if "openid" not in scopes or not all(
             scope.isascii() and scope.isprintable() and '"' not in scope and "\\" not in scope

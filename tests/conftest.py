@@ -127,11 +127,12 @@ def emulator() -> Iterator[Emulator]:
 def make_gateway(tmp_path: Path, emulator: Emulator) -> Iterator[Callable[..., Gateway]]:
     """Start gateways in front of the emulator; keyword arguments override settings.
 
-    `span_exporter` (an SDK `SpanExporter`) turns tracing on and receives the spans.
+    `span_exporter` (an SDK `SpanExporter`) turns tracing on and receives the spans; `port`
+    (from `free_port`) fixes the gateway's port, for settings that name its own URL.
     """
     servers: list[LoopbackServer] = []
 
-    def make(*, span_exporter: Any = None, **overrides: Any) -> Gateway:
+    def make(*, span_exporter: Any = None, port: int = 0, **overrides: Any) -> Gateway:
         database_url = f"sqlite+aiosqlite:///{tmp_path}/keys-{len(servers)}.db"
         values: dict[str, Any] = {
             "upstream_url": emulator.url,
@@ -143,7 +144,7 @@ def make_gateway(tmp_path: Path, emulator: Emulator) -> Iterator[Callable[..., G
         database_url = values["database_url"]  # an override (PostgreSQL) holds the key too
         settings = Settings(**values)
         key_id, key = asyncio.run(store_key(database_url, "test-key"))
-        server = LoopbackServer(create_app(settings, span_exporter=span_exporter))
+        server = LoopbackServer(create_app(settings, span_exporter=span_exporter), port=port)
         server.__enter__()
         servers.append(server)
         return Gateway(server.url, key, key_id, settings, database_url)

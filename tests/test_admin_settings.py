@@ -105,12 +105,15 @@ def test_incomplete_or_unsafe_jwks_settings_stop_start_up(
 
 # --- single sign-on on the admin page (GATEWAY_ADMIN_OIDC_*) ----------------------------------
 
+PAGE = {"admin_oidc_redirect_uris": "https://gateway.example.com/admin/"}
+
 
 def test_a_complete_oidc_configuration_is_accepted() -> None:
     settings = Settings(
         _env_file=None,
         **JWKS,
         admin_oidc_client_id="llm-gateway-admin-page",
+        admin_oidc_redirect_uris="https://gw.example.com/admin/, https://gw.example.com/llm/admin/",
         admin_oidc_client_secret="provider-made",
         admin_oidc_scopes="openid profile email groups",
         admin_oidc_token="access_token",
@@ -118,6 +121,10 @@ def test_a_complete_oidc_configuration_is_accepted() -> None:
 
     assert settings.admin_oidc_client_id == "llm-gateway-admin-page"
     assert settings.admin_oidc_token == "access_token"
+    assert settings.admin_oidc_redirect_uris == [
+        "https://gw.example.com/admin/",
+        "https://gw.example.com/llm/admin/",
+    ]
 
 
 def test_oidc_defaults_offer_no_sign_in() -> None:
@@ -148,18 +155,28 @@ def test_oidc_defaults_offer_no_sign_in() -> None:
             "GATEWAY_ADMIN_OIDC_CLIENT_SECRET is set without GATEWAY_ADMIN_OIDC_CLIENT_ID",
         ),
         ({**JWKS, "admin_oidc_token": "refresh_token"}, "id_token"),
+        (
+            {**JWKS, "admin_oidc_redirect_uris": ""},
+            "GATEWAY_ADMIN_OIDC_CLIENT_ID needs GATEWAY_ADMIN_OIDC_REDIRECT_URIS: the admin "
+            "page's exact URL.s. .*e.g. GATEWAY_ADMIN_OIDC_REDIRECT_URIS=https://gateway",
+        ),
+        ({**JWKS, "admin_oidc_redirect_uris": "https://gw.example/"}, "is not the admin page's"),
+        ({**JWKS, "admin_oidc_redirect_uris": "https://*.example/admin/"}, "is not the admin"),
+        ({**JWKS, "admin_oidc_redirect_uris": "https://gw.example/admin/?x"}, "is not the admin"),
+        ({**JWKS, "admin_oidc_redirect_uris": "ftp://gw.example/admin/"}, "is not the admin"),
+        ({**JWKS, "admin_oidc_redirect_uris": "/admin/"}, "is not the admin page's"),
     ],
 )
 def test_incomplete_or_unsafe_oidc_settings_stop_start_up(
     values: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(ValidationError, match=message):
-        Settings(_env_file=None, **({"admin_oidc_client_id": "page"} | values))  # type: ignore[call-arg]
+        Settings(_env_file=None, **({"admin_oidc_client_id": "page"} | PAGE | values))  # type: ignore[call-arg]
 
 
 def test_a_loopback_issuer_may_be_plain_http() -> None:
     issuer = "http://127.0.0.1:9400"
     values = JWKS | {"admin_jwks_url": f"{issuer}/jwks", "admin_jwt_issuer": issuer}
-    settings = Settings(_env_file=None, **values, admin_oidc_client_id="page")  # type: ignore[call-arg]
+    settings = Settings(_env_file=None, **values, **PAGE, admin_oidc_client_id="page")  # type: ignore[call-arg]
 
     assert settings.admin_jwt_issuer == issuer

@@ -50,7 +50,8 @@ from gateway.wire.json import parse_json
 
 __all__ = [
     *("AUDIENCE", "ISSUER", "MAX_TTL", "SCOPES", "AdminAuthError", "AdminIdentity"),
-    *("AdminTokenVerifier", "Scope", "mint_token", "unverified_claims"),
+    *("AdminTokenVerifier", "Scope", "check_id_token_client", "mint_token"),
+    *("unverified_claims", "unverified_header"),
 ]
 
 ISSUER = "llm-gateway"
@@ -174,6 +175,51 @@ def unverified_claims(token: str) -> dict[str, Any]:
     _parse(token)
     claims: dict[str, Any] = _segment(token.split(".")[1])
     return claims
+
+
+_ACCESS_TOKEN_TYPES = frozenset({"at+jwt", "application/at+jwt"})
+"""Header `typ` values of a JWT access token (RFC 9068 section 2.1), compared in lower case."""
+
+
+def check_id_token_client(
+    header: Mapping[str, Any], claims: Mapping[str, Any], client_id: str
+) -> None:
+    """Refuse a token that is not an ID token issued to `client_id`.
+
+    OpenID Connect Core 1.0 section 3.1.3.7, items 4 and 5: an ID token with several audiences
+    should name its authorized party (`azp`), and an `azp` present must be the client's own id;
+    so a token the provider issued to another client that merely lists this one in `aud` is not
+    the page's. And an access token is no ID token even with the client id in `aud`: one typed
+    `at+jwt` in its header (RFC 9068 section 2.1), or with the claim `typ: Bearer` (Keycloak's
+    access tokens; its ID tokens say `ID`).
+
+    Args:
+        header: The token's JOSE header.
+        claims: Its claims (`aud` already known to hold `client_id`).
+        client_id: The admin page's client id.
+
+    Raises:
+        AdminAuthError: 401 `not an ID token` or `ID token issued to another client (azp)`.
+    """
+    typ = header.get("typ")
+    if (isinstance(typ, str) and typ.lower() in _ACCESS_TOKEN_TYPES) or claims.get(
+        "typ"
+    ) == "Bearer":
+        raise AdminAuthError(401, "not an ID token (an access token of the identity provider)")
+    audiences = claims.get("aud")
+    several = isinstance(audiences, list) and len(audiences) > 1
+    azp = claims.get("azp")
+    if (azp is None and several) or (azp is not None and azp != client_id):
+        raise AdminAuthError(401, "ID token issued to another client (azp)")
+
+
+def unverified_header(token: str) -> dict[str, Any]:
+    """A token's JOSE header, parsed as `unverified_claims` parses its claims (nothing verified).
+
+    Raises:
+        AdminAuthError: 401 as `unverified_claims`.
+    """
+    return _parse(token)
 
 
 def _fits(key: Mapping[str, Any], alg: str) -> bool:
@@ -313,7 +359,11 @@ class AdminTokenVerifier:
             return self._identity(claims, SCOPES.intersection(values))
         if alg in self._algorithms and self._jwks is not None:
             key = await self._signing_key(self._jwks, header, alg)
-            claims = self._decode(token, key, alg, self._issuer, self._expected_audience(token))
+            audience = self._expected_audience(token)
+            claims = self._decode(token, key, alg, self._issuer, audience)
+            if self._client_id is not None and audience == self._client_id != self._audience:
+                # Admitted as an ID token for the page: it must be one, and the page's.
+                check_id_token_client(header, claims, self._client_id)
             return self._identity(claims, self._mapped_scopes(claims))
         raise AdminAuthError(401, "algorithm not allowed")
 

@@ -31,12 +31,13 @@ import anyio
 import httpx
 
 from gateway.auth.identity import AdminAuthError
-from gateway.auth.jwt import unverified_claims
+from gateway.auth.jwt import check_id_token_client, unverified_claims, unverified_header
 from gateway.settings import Settings
 from gateway.wire.json import parse_json
 
 __all__ = [
-    *("OidcClient", "OidcError", "OidcRefusedError", "OidcUnavailableError"),
+    *("MAX_CONCURRENT_EXCHANGES", "OidcBusyError", "OidcClient", "OidcError"),
+    *("OidcRefusedError", "OidcUnavailableError"),
     *("ProviderMetadata", "TokenSet"),
 ]
 
@@ -47,6 +48,11 @@ TOTAL_SECONDS = 15.0
 """Longest a request to the provider may take, first byte to last."""
 MAX_ANSWER_BYTES = 64 * 1024
 """Largest discovery document or token response read (real ones: 1 to 8 KiB)."""
+MAX_CONCURRENT_EXCHANGES = 8
+"""Most code exchanges one process runs at once (each may wait `TOTAL_SECONDS` on the provider);
+past it `exchange` refuses at once (`OidcBusyError`) rather than queue. Sign-ins are rare: eight
+at once is a crowd, and the cap keeps a flood of made-up codes from holding the gateway's
+connections and the provider's attention."""
 MAX_ERROR_CHARS = 200
 """Longest `error` or `error_description` of the provider's repeated to the client."""
 
@@ -57,6 +63,10 @@ class OidcError(Exception):
 
 class OidcUnavailableError(OidcError):
     """The provider could not be reached, or answered with something that is not OpenID (502)."""
+
+
+class OidcBusyError(OidcError):
+    """`MAX_CONCURRENT_EXCHANGES` exchanges are already running in this process (503)."""
 
 
 class OidcRefusedError(OidcError):
@@ -118,6 +128,7 @@ class OidcClient:
         client_id: The page's client id.
         client_secret: A confidential client's secret, or None (public client).
         scope: The scopes the page asks for.
+        redirect_uris: The page's URLs (`GATEWAY_ADMIN_OIDC_REDIRECT_URIS`), as configured.
         token: Which token becomes the page's bearer token.
         http: The client for the provider's endpoints; closed by `aclose`.
         cache_seconds: How long a discovery document is used before it is fetched again.
@@ -132,6 +143,7 @@ class OidcClient:
         client_id: str,
         client_secret: str | None,
         scope: str,
+        redirect_uris: tuple[str, ...] = (),
         token: Literal["id_token", "access_token"],
         http: httpx.AsyncClient,
         cache_seconds: float,
@@ -141,6 +153,7 @@ class OidcClient:
         self.issuer = issuer
         self.client_id = client_id
         self.scope = scope
+        self.redirect_uris = redirect_uris
         self.token_kind = token
         self._secret = client_secret
         self._http = http
@@ -152,6 +165,7 @@ class OidcClient:
         self._failed_at: float | None = None
         self._failure = ""
         self._lock = anyio.Lock()
+        self._exchanges = anyio.Semaphore(MAX_CONCURRENT_EXCHANGES)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Self | None:
@@ -168,6 +182,7 @@ class OidcClient:
             client_id=settings.admin_oidc_client_id,
             client_secret=None if secret is None else secret.get_secret_value(),
             scope=" ".join(settings.admin_oidc_scopes.split()),
+            redirect_uris=tuple(settings.admin_oidc_redirect_uris),
             token=settings.admin_oidc_token,
             http=httpx.AsyncClient(timeout=TIMEOUT, follow_redirects=False),
             cache_seconds=settings.admin_jwks_cache_seconds,
@@ -216,10 +231,23 @@ class OidcClient:
             The ID token and the access token (if any), not yet verified.
 
         Raises:
+            OidcBusyError: `MAX_CONCURRENT_EXCHANGES` exchanges are running (nothing is sent).
             OidcRefusedError: the provider answered 4xx with an OAuth error (a wrong, used or
                 expired code, a wrong verifier or redirect URI, a client not allowed).
             OidcUnavailableError: the provider cannot be reached, or answered otherwise.
         """
+        try:
+            self._exchanges.acquire_nowait()
+        except anyio.WouldBlock:
+            raise OidcBusyError(
+                "too many sign-ins are being completed at once; try again in a few seconds"
+            ) from None
+        try:
+            return await self._exchange(code, code_verifier, redirect_uri)
+        finally:
+            self._exchanges.release()
+
+    async def _exchange(self, code: str, code_verifier: str, redirect_uri: str) -> TokenSet:
         metadata = await self.metadata()
         form = {
             "grant_type": "authorization_code",
@@ -250,7 +278,7 @@ class OidcClient:
         return TokenSet(id_token, access_token if isinstance(access_token, str) else None)
 
     def check_id_token(self, id_token: str, nonce: str) -> None:
-        """Check the ID token's `nonce`, `iss` and `aud` (OIDC Core 3.1.3.7, items 11, 2, 3).
+        """Check the ID token's `nonce`, `iss`, `aud` and `azp` (OIDC Core 3.1.3.7, items 11, 2-5).
 
         Its signature is not checked here: it came straight from the token endpoint over TLS
         (item 6); in `id_token` mode `gateway.auth.jwt` verifies it as the bearer token.
@@ -268,6 +296,7 @@ class OidcClient:
         audiences = [audiences] if isinstance(audiences, str) else audiences
         if not isinstance(audiences, list) or self.client_id not in audiences:
             raise AdminAuthError(401, "wrong audience")
+        check_id_token_client(unverified_header(id_token), claims, self.client_id)
 
     async def _fetch_discovery(self) -> bytes:
         url = self.issuer.rstrip("/") + DISCOVERY_PATH  # Discovery 1.0 section 4.1

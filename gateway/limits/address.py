@@ -10,7 +10,9 @@ address, in a moving minute, and once an address has spent its budget its furthe
   from an address over its budget: clients behind one NAT, or one proxy that sends no
   `X-Forwarded-For`, share an address, and one of them failing must not lock out the others.
   The check therefore runs after the credential was checked, on the failure path only: a
-  success costs nothing here.
+  success costs nothing here. The one exception is `over_budget`, a look without a count, for
+  an endpoint whose check itself costs a call elsewhere (the admin page's SSO code exchange
+  asks the identity provider): there an address past its budget is refused before that call.
 - **Two budgets, counted apart:** `api` (API keys, `GATEWAY_AUTH_FAILURES_PER_MINUTE`) and
   `admin` (admin tokens on `/admin/v1`, `GATEWAY_ADMIN_AUTH_FAILURES_PER_MINUTE`, tighter).
 - **The address** is `gateway.wire.address.client_address`: the peer, or for a peer in
@@ -89,13 +91,17 @@ class AddressLimiter:
         self._remote = not isinstance(storage, MemoryStorage)
         self._metrics = metrics
 
-    async def failed(self, scope: Scope, budget: Budget, error: GatewayError) -> GatewayError:
+    async def failed(
+        self, scope: Scope, budget: Budget, error: GatewayError, *, valid_served: bool = True
+    ) -> GatewayError:
         """Count a failed authentication of `scope`'s client; return the error to answer with.
 
         Args:
             scope: The request's ASGI scope (its peer and headers name the client).
             budget: Which budget the failure spends.
             error: The refusal the failure earned (401, or 400 for repeated credentials).
+            valid_served: Whether the 429's message may say a valid credential is still served
+                (False where `over_budget` is asked first).
 
         Returns:
             `error` while the address is within its budget (or the budget is 0, the server gave
@@ -103,39 +109,66 @@ class AddressLimiter:
             `Retry-After`, whole seconds until the oldest counted failure leaves the minute).
             Never raises.
         """
+        return await self._check(scope, budget, count=True, valid_served=valid_served) or error
+
+    async def over_budget(self, scope: Scope, budget: Budget) -> RateLimitedError | None:
+        """Whether `scope`'s client has already spent `budget`, without counting anything.
+
+        For an endpoint whose check of the credential itself costs something (a call to the
+        identity provider, `gateway.api.admin.oidc`): asked first, so an address past its budget
+        is answered 429 without that cost. Unlike `failed`, this refuses a request that might
+        have been valid: only for an endpoint where that trade is documented.
+
+        Returns:
+            The 429 to answer with (as `failed`'s, logged at most once a minute per address),
+            or None while within the budget (or the budget is 0, no peer address, the storage
+            failed). Never raises.
+        """
+        return await self._check(scope, budget, count=False, valid_served=False)
+
+    async def _check(
+        self, scope: Scope, budget: Budget, *, count: bool, valid_served: bool
+    ) -> RateLimitedError | None:
+        """`failed` (`count`: hit, then refuse past the budget) and `over_budget` (only look)."""
         limit = self._budgets[budget]
         address = client_address(scope, self._trusted)
         if not limit or address is None:
-            return error
+            return None
         bucket = address_bucket(address)
         item = RateLimitItemPerMinute(limit)
         namespace = f"address-{budget}"
         try:
             with self._deadline():
-                if await self._moving.hit(item, namespace, bucket):
-                    return error
+                if count:
+                    within = await self._moving.hit(item, namespace, bucket)
+                else:
+                    within = await self._moving.test(item, namespace, bucket)
+                if within:
+                    return None
                 stats = await self._moving.get_window_stats(item, namespace, bucket)
                 first = await self._fixed.hit(_ONCE_A_MINUTE, "address-logged", budget, bucket)
-        except Exception as exc:  # storage down or slow: the failure keeps its own answer
+        except Exception as exc:  # storage down or slow: the request keeps its own answer
             self._metrics.rate_limit_storage_errors.inc()
             logger.warning(
                 "rate-limit storage unavailable for the per-address budget (%s)",
                 type(exc).__name__ or "timeout",
             )
-            return error
+            return None
         self._metrics.address_limited.labels(budget).inc()
         if first:
             logger.warning(
                 "client %s made more than %d failed authentications with %s in a minute: "
-                "answering its failures with 429 (logged once a minute)",
+                "answering its %s with 429 (logged once a minute)",
                 bucket,
                 limit,
                 _WHAT[budget],
+                "failures" if count else "requests",
             )
         retry_after = max(math.ceil(stats.reset_time - time.time()), 1)
+        served = " (a valid credential is served at once)" if valid_served else ""
         return RateLimitedError(
             f"too many failed authentications from this address: at most {limit} a minute; "
-            f"try again in {retry_after} s (a valid credential is served at once)",
+            f"try again in {retry_after} s{served}",
             headers={"Retry-After": str(retry_after)},
         )
 

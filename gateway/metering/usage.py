@@ -17,7 +17,11 @@ Exactness (docs/keys.md, "Usage"):
   being written included) is dropped and counted in `gateway_usage_dropped_total`.
 
 What a request adds is decided in `gateway.metering.counting`; the day is the UTC date of the
-request's arrival.
+request's arrival. The model is the one that ran (`RequestSummary.requested_model`, canonical),
+except for a request that failed for a model no upstream lists (the `model` label `other`): it
+is recorded under `other`, as Prometheus counts it, so made-up model names cannot make a row
+each (one key could otherwise add thousands of rows a minute); the rows per key and day stay
+bounded by the catalog.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from gateway.metering.counting import (
     rejection_deltas,
     summary_deltas,
 )
+from gateway.metering.metrics import OTHER_MODEL
 from gateway.neutral import RequestSummary
 
 logger = logging.getLogger("gateway.metering")
@@ -52,6 +57,21 @@ _DAY_SECONDS = 86_400.0
 
 RowKey = tuple[str, str, date]
 """(key id, canonical model, UTC day): the primary key of a `gateway_usage` row."""
+
+
+class _Other:
+    """The model of a failed request for a model no upstream lists: recorded as `other`.
+
+    A type of its own, not the string: a real model named `other` is `other:latest`.
+    """
+
+
+_OTHER = _Other()
+
+
+def _bounded(model: str | None, label: str | None) -> _Other | str | None:
+    """`model`, or `_OTHER` when its label (given only for a failed request) is `other`."""
+    return _OTHER if model is not None and label == OTHER_MODEL else model
 
 
 class UsageSink:
@@ -117,13 +137,26 @@ class UsageSink:
             self.pending_rows.set_function(lambda: len(self._pending) + self._writing)
 
     def record(self, summary: RequestSummary) -> None:
-        """Add one finished request (no I/O); a summary without a key id is ignored."""
+        """Add one finished request (no I/O); a summary without a key id is ignored.
+
+        A failed request whose `model` label is `other` (no upstream lists its model: the
+        upstream's 404 for a made-up name) is recorded under `other` (module docstring).
+        """
         if summary.key_id is not None:
             arrived = self._clock() - summary.duration_s
-            self._add(summary.key_id, summary.requested_model, arrived, summary_deltas(summary))
+            failed = summary.status >= 400 or summary.outcome != "completed"
+            model = _bounded(summary.requested_model, summary.model if failed else None)
+            self._add(summary.key_id, model, arrived, summary_deltas(summary))
 
     def record_rejection(
-        self, key_id: str, model: str | None, *, status: int, outcome: str, elapsed_s: float
+        self,
+        key_id: str,
+        model: str | None,
+        *,
+        status: int,
+        outcome: str,
+        elapsed_s: float,
+        label: str | None = None,
     ) -> None:
         """Add one request refused after authentication, before the relay (no I/O).
 
@@ -133,12 +166,17 @@ class UsageSink:
             status: The refusal's HTTP status.
             outcome: The refusal's outcome (`rate_limited`, `forbidden`, ...).
             elapsed_s: Seconds since the request arrived (to date its arrival).
+            label: `model`'s Prometheus `model` label (`UpstreamPool.label`): `other`, a model
+                no upstream lists, is recorded under `other`, not under the name sent.
         """
         arrived = self._clock() - elapsed_s
-        self._add(key_id, model, arrived, rejection_deltas(status, outcome))
+        self._add(key_id, _bounded(model, label), arrived, rejection_deltas(status, outcome))
 
-    def _add(self, key_id: str, model: str | None, arrived: float, deltas: Sequence[int]) -> None:
-        key = (key_id, canonical_model(model), self._utc_day(arrived))
+    def _add(
+        self, key_id: str, model: _Other | str | None, arrived: float, deltas: Sequence[int]
+    ) -> None:
+        name = OTHER_MODEL if isinstance(model, _Other) else canonical_model(model)
+        key = (key_id, name, self._utc_day(arrived))
         row = self._pending.get(key)
         if row is None:
             if self._closed or len(self._pending) + self._writing >= self._max_rows:

@@ -88,6 +88,8 @@ class Relay:
                     status=getattr(exc, "status_code", 500),
                     outcome=getattr(exc, "outcome", "error"),
                     elapsed_s=time.perf_counter() - context.arrival,
+                    # Bounded like the metrics: made-up model names make one `other` row.
+                    label=None if context.model is None else self.pool.label(context.model),
                 )
             raise
 

@@ -31,6 +31,9 @@ class LoopbackServer:
     Args:
         app: The ASGI app to serve.
         http: uvicorn's HTTP implementation, or a protocol class (as `gateway serve` passes).
+        port: The loopback port to listen on; 0 (the default) lets the OS pick a free one. A
+            test that must know the URL before the app is built (a setting naming it) picks
+            one with `gateway.testing.stack.free_port` first.
         startup_timeout: Seconds to wait for the server to listen.
         shutdown_timeout: Seconds uvicorn gives open requests to finish on stop
             (`timeout_graceful_shutdown`); then it cancels them. A hanging emulator request only
@@ -42,13 +45,14 @@ class LoopbackServer:
         app: ASGIApp,
         *,
         http: Literal["h11", "httptools"] | type[asyncio.Protocol] = "httptools",
+        port: int = 0,
         startup_timeout: float = 10.0,
         shutdown_timeout: int = 2,
     ) -> None:
         config = uvicorn.Config(
             app,
             host="127.0.0.1",
-            port=0,  # the OS picks a free port; `port` reads it back after startup
+            port=port,  # 0: the OS picks a free port; `port` reads it back after startup
             log_level="warning",
             # No dictConfig of the process's logging: records propagate to whatever the
             # test runner or benchmark configured.

@@ -266,10 +266,13 @@ def matrix_model_server(workdir: Path, *, n_ctx: int = 2048) -> ManagedProcess:
 
 
 def gateway_process(
-    workdir: Path, env: Mapping[str, str], args: Sequence[str] = ()
+    workdir: Path, env: Mapping[str, str], args: Sequence[str] = (), *, port: int | None = None
 ) -> ManagedProcess:
-    """`gateway serve ARGS` on a free port, configured by `env` (`GATEWAY_*` variables)."""
-    port = free_port()
+    """`gateway serve ARGS` on `port` (default: a free one), configured by `env` (`GATEWAY_*`).
+
+    Pass `port` (from `free_port`) when a setting in `env` must name the gateway's own URL.
+    """
+    port = free_port() if port is None else port
     full_env = {
         "GATEWAY_DATABASE_URL": f"sqlite+aiosqlite:///{workdir}/gateway.db",
         "GATEWAY_PORT": str(port),

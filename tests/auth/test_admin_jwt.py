@@ -84,6 +84,7 @@ def _settings(idp: IdentityProvider, **overrides: Any) -> Settings:
         "admin_jwt_scope_claim": "realm_access.roles",
         "admin_jwt_admin_values": [ADMIN_ROLE],
         "admin_jwt_read_values": [READ_ROLE],
+        "admin_oidc_redirect_uris": ["https://gateway.example.com/admin/"],  # with a client id
     }
     return Settings(_env_file=None, **(values | overrides))  # type: ignore[call-arg]
 
@@ -869,7 +870,8 @@ async def test_id_tokens_for_the_page_open_the_api_only_in_id_token_mode(
         )
     )
     assert verifier is not None
-    token = idp.token(_kid(idp, "RSA"), [ADMIN_ROLE], aud=audience)
+    # Shaped like an ID token for the page (Keycloak's: `typ: ID`, `azp` the client).
+    token = idp.token(_kid(idp, "RSA"), [ADMIN_ROLE], aud=audience, typ="ID", azp=PAGE_CLIENT)
 
     if outcome == "admin":
         assert (await verifier.verify(token)).scopes == {"admin", "read"}
@@ -891,10 +893,11 @@ async def test_an_id_token_for_the_page_keeps_every_other_check(
     )
     assert verifier is not None
     kid = _kid(idp, "RSA")
-    wrong_issuer = idp.token(kid, [ADMIN_ROLE], aud=PAGE_CLIENT, iss="https://evil.example")
-    expired = idp.token(kid, [ADMIN_ROLE], aud=PAGE_CLIENT, exp=int(time.time()) - 3600)
-    no_role = idp.token(kid, ["staff"], aud=PAGE_CLIENT)
-    foreign = attacker.token(next(iter(attacker.keys)), [ADMIN_ROLE], aud=PAGE_CLIENT)
+    page = {"aud": PAGE_CLIENT, "typ": "ID", "azp": PAGE_CLIENT}
+    wrong_issuer = idp.token(kid, [ADMIN_ROLE], **page, iss="https://evil.example")
+    expired = idp.token(kid, [ADMIN_ROLE], **page, exp=int(time.time()) - 3600)
+    no_role = idp.token(kid, ["staff"], **page)
+    foreign = attacker.token(next(iter(attacker.keys)), [ADMIN_ROLE], **page)
 
     assert (await _refused(verifier, wrong_issuer)).message == "wrong issuer"
     assert (await _refused(verifier, expired)).message == "token expired"
@@ -902,3 +905,63 @@ async def test_an_id_token_for_the_page_keeps_every_other_check(
     assert (await _refused(verifier, foreign)).message == "unknown signing key"
     hs256 = _hs(_gateway_claims(aud=PAGE_CLIENT))  # the client id is no audience of HS256 tokens
     assert (await _refused(verifier, hs256)).message == "wrong audience"
+
+
+_ANOTHER_CLIENT = "gateway-admin-cli"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("claims", "header_typ", "outcome"),
+    [
+        ({"aud": PAGE_CLIENT, "typ": "ID", "azp": PAGE_CLIENT}, "JWT", "admin"),
+        ({"aud": PAGE_CLIENT, "typ": "ID"}, "JWT", "admin"),  # one audience: azp may be absent
+        ({"aud": [PAGE_CLIENT], "typ": "ID"}, "JWT", "admin"),
+        # OIDC Core 1.0 section 3.1.3.7 item 5: azp, when present, is the client's own id.
+        ({"aud": PAGE_CLIENT, "typ": "ID", "azp": _ANOTHER_CLIENT}, "JWT", "another client"),
+        # Item 4: several audiences and no azp: whose token is it?
+        ({"aud": [PAGE_CLIENT, "other-app"], "typ": "ID"}, "JWT", "another client"),
+        ({"aud": [PAGE_CLIENT, _ANOTHER_CLIENT], "azp": _ANOTHER_CLIENT}, "JWT", "another client"),
+        # Access tokens that list the page's client in aud are not ID tokens.
+        ({"aud": PAGE_CLIENT, "typ": "Bearer", "azp": PAGE_CLIENT}, "JWT", "not an ID token"),
+        ({"aud": PAGE_CLIENT, "typ": "ID", "azp": PAGE_CLIENT}, "at+jwt", "not an ID token"),
+        ({"aud": PAGE_CLIENT, "azp": PAGE_CLIENT}, "application/AT+JWT", "not an ID token"),
+    ],
+)
+async def test_only_an_id_token_issued_to_the_page_opens_the_api_by_the_client_id(
+    idp: IdentityProvider,
+    jwks_file: Path,
+    claims: dict[str, Any],
+    header_typ: str,
+    outcome: str,
+) -> None:
+    verifier = AdminTokenVerifier.from_settings(
+        _settings(idp, admin_jwks_file=jwks_file, admin_oidc_client_id=PAGE_CLIENT)
+    )
+    assert verifier is not None
+    kid = _kid(idp, "RSA")
+    header = {"alg": "RS256", "typ": header_typ, "kid": kid}
+    base = idp.claims([ADMIN_ROLE])
+    del base["typ"], base["azp"]  # only what the case names
+    token = forge(header, base | claims, idp.keys[kid])
+
+    if outcome == "admin":
+        assert (await verifier.verify(token)).scopes == {"admin", "read"}
+    else:
+        refused = await _refused(verifier, token)
+        assert refused.status == 401
+        assert outcome in refused.message
+
+
+@pytest.mark.anyio
+async def test_the_id_token_rules_do_not_touch_tokens_for_the_configured_audience(
+    idp: IdentityProvider, jwks_file: Path
+) -> None:
+    # A Keycloak access token for GATEWAY_ADMIN_JWT_AUDIENCE: typ Bearer, azp another client.
+    verifier = AdminTokenVerifier.from_settings(
+        _settings(idp, admin_jwks_file=jwks_file, admin_oidc_client_id=PAGE_CLIENT)
+    )
+    assert verifier is not None
+    token = idp.token(_kid(idp, "RSA"), [ADMIN_ROLE], aud=[idp.audience, PAGE_CLIENT])
+
+    assert (await verifier.verify(token)).scopes == {"admin", "read"}

@@ -220,6 +220,13 @@ def _id_token(**claims: Any) -> str:
         ({}, "the ID token's nonce is not the sign-in's"),
         ({"nonce": "n", "iss": "https://other.example", "aud": "page"}, "wrong issuer"),
         ({"nonce": "n", "aud": ["other"]}, "wrong audience"),
+        # OIDC Core 1.0 section 3.1.3.7 items 4 and 5: issued to this client, not another.
+        ({"nonce": "n", "aud": ["page", "x"]}, "ID token issued to another client (azp)"),
+        ({"nonce": "n", "azp": "other"}, "ID token issued to another client (azp)"),
+        (
+            {"nonce": "n", "azp": "page", "typ": "Bearer"},
+            "not an ID token (an access token of the identity provider)",
+        ),
     ],
 )
 async def test_the_id_token_must_be_for_this_sign_in(
@@ -234,4 +241,7 @@ async def test_the_id_token_must_be_for_this_sign_in(
 
 
 async def test_an_id_token_for_this_sign_in_passes(provider: Scripted, client: Any) -> None:
-    client.check_id_token(_id_token(iss=provider.url, aud=["page", "x"], nonce="n"), "n")
+    client.check_id_token(_id_token(iss=provider.url, aud="page", nonce="n"), "n")
+    client.check_id_token(
+        _id_token(iss=provider.url, aud=["page", "x"], azp="page", nonce="n"), "n"
+    )

@@ -130,6 +130,42 @@ async def test_an_error_status_counts_no_tokens_and_a_rejection_only_the_request
 
 
 @pytest.mark.anyio
+async def test_failures_for_models_no_upstream_lists_make_one_other_row(store: KeyStore):
+    sink = _sink(store)
+    for n in range(50):  # made-up names: the upstream's 404, and the gateway's refusals
+        made_up = f"made-up-{n}"
+        sink.record(
+            replace(
+                SUMMARY,
+                model="other",
+                requested_model=made_up,
+                outcome="client_error",
+                status=404,
+                tokens_in=0,
+                tokens_out=0,
+                ttft_s=None,
+            )
+        )
+        sink.record_rejection(
+            "k1", made_up, status=429, outcome="rate_limited", elapsed_s=0.001, label="other"
+        )
+    # Real models stay exact: a success whose label lags the catalog, a refusal of a listed one.
+    sink.record(replace(SUMMARY, model="other", requested_model="fresh-pull:7b"))
+    sink.record_rejection(
+        "k1", "llama3.2", status=429, outcome="rate_limited", elapsed_s=0.001, label="llama3.2"
+    )
+
+    assert set(sink.pending) == {
+        ("k1", "other", DAY),
+        ("k1", "fresh-pull:7b", DAY),
+        ("k1", "llama3.2:latest", DAY),
+    }
+    assert sink.pending[("k1", "other", DAY)][:2] == (100, 100)  # requests, errors
+    await sink.flush()
+    assert len(await _totals(store)) == 3
+
+
+@pytest.mark.anyio
 async def test_the_day_is_the_utc_date_of_arrival(store: KeyStore):
     sink = _sink(store)
     sink.record(replace(SUMMARY, duration_s=10.0))  # arrived 23:59:55 the day before

@@ -370,3 +370,32 @@ def test_usage_is_exact_on_the_agent_surfaces(emulator: Emulator, tmp_path: Path
         report = _usage(gateway.env["GATEWAY_DATABASE_URL"])
         assert _recorded(report) == expected
         assert report.totals.requests == 2 * 2 * 2 * 2
+
+
+def test_made_up_model_names_make_one_other_row_per_key_and_day(
+    emulator: Emulator, tmp_path: Path
+) -> None:
+    with gateway_process(tmp_path, {"GATEWAY_UPSTREAM_URL": emulator.url, **ENV}) as gateway:
+        made = create_key(gateway.extra_env, "mallory")
+        headers = {"Authorization": f"Bearer {made['key']}"}
+        statuses = set()
+        with httpx.Client(timeout=30, headers=headers) as client:
+            for n in range(40):  # each name once: before the fix, 40 rows
+                body = {"model": f"made-up-{n}", "prompt": "hi", "stream": False}
+                statuses.add(client.post(f"{gateway.url}/api/generate", json=body).status_code)
+                hi = [{"role": "user", "content": "hi"}]
+                chat = {"model": f"Made-Up-{n}:x", "messages": hi, "stream": False}
+                statuses.add(
+                    client.post(f"{gateway.url}/v1/chat/completions", json=chat).status_code
+                )
+            real = client.post(
+                f"{gateway.url}/api/generate",
+                json={"model": "llama3.2", "prompt": "hi", "stream": False},
+            )
+            assert real.status_code == 200, real.text
+        _stop(gateway)
+    assert all(status >= 400 for status in statuses), statuses
+    report = _usage(gateway.env["GATEWAY_DATABASE_URL"])
+    rows = {row.model: row.totals for row in report.rows if row.key_id == made["id"]}
+    assert set(rows) == {"other", "llama3.2:latest"}  # the real model stays exact
+    assert (rows["other"].requests, rows["other"].errors) == (80, 80)

@@ -95,8 +95,13 @@ class OidcProvider:
         response = httpx.put(f"{self.url}/users/{sub}", json=claims, timeout=10)
         assert response.status_code == 204, response.text
 
-    def gateway_settings(self, **overrides: Any) -> dict[str, Any]:
-        """`Settings` keyword arguments for a gateway that signs admins in with this provider."""
+    def gateway_settings(self, page_urls: str | list[str], **overrides: Any) -> dict[str, Any]:
+        """`Settings` keyword arguments for a gateway that signs admins in with this provider.
+
+        `page_urls` is the gateway's admin page URL (`http://127.0.0.1:<port>/admin/`), or
+        several: `GATEWAY_ADMIN_OIDC_REDIRECT_URIS`. Pick the port first (`free_port`) and
+        start the gateway on it.
+        """
         values: dict[str, Any] = {
             "admin_jwks_url": self.jwks_url,
             "admin_jwt_issuer": self.issuer,
@@ -105,14 +110,15 @@ class OidcProvider:
             "admin_jwt_admin_values": [ADMIN_GROUP],
             "admin_jwt_read_values": [READ_GROUP],
             "admin_oidc_client_id": CLIENT_ID,
+            "admin_oidc_redirect_uris": [page_urls] if isinstance(page_urls, str) else page_urls,
         }
         return values | overrides
 
-    def gateway_env(self) -> dict[str, str]:
-        """The same as `GATEWAY_*` variables, for a `gateway serve` process."""
+    def gateway_env(self, page_urls: str | list[str]) -> dict[str, str]:
+        """The same as `GATEWAY_*` variables, for a `gateway serve` process (on that port)."""
         return {
             f"GATEWAY_{name.upper()}": ",".join(value) if isinstance(value, list) else value
-            for name, value in self.gateway_settings().items()
+            for name, value in self.gateway_settings(page_urls).items()
         }
 
     def sign_in(

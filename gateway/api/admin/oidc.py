@@ -7,10 +7,16 @@ provider's tokens (`gateway.auth.oidc`), checks the ID token's nonce, verifies t
 opens the admin API with the admin verifier (`gateway.auth.jwt`, exactly as `/admin/v1` will)
 and answers it with its expiry, subject and scopes.
 
+Before the provider is asked, the body is read within `MAX_TOKEN_REQUEST_BYTES`, its
+`redirect_uri` must be one of `GATEWAY_ADMIN_OIDC_REDIRECT_URIS` (so a code phished through
+another URL a loosely registered client allows cannot be redeemed here), and the client
+address must be within its admin budget (`gateway.limits.address`): an address past it is
+answered 429 without a call to the provider, a valid sign-in too, until the minute has passed.
+At most `MAX_CONCURRENT_EXCHANGES` exchanges run at once per process (503 past it, not queued).
 A refused exchange (the provider refused the code, or the token failed a check) spends the
-client address's admin budget, as a refused token does on `/admin/v1` (429 past it,
-`gateway.limits.address`). The body is read within `MAX_TOKEN_REQUEST_BYTES` before it is
-parsed. Codes, verifiers and tokens are never logged.
+budget, as a refused token does on `/admin/v1`; a provider that fails (502) spends none, so a
+provider outage does not lock users out. Codes, verifiers and tokens are never logged; refusals
+are logged with their reason while the address is within its budget, then once a minute.
 """
 
 from __future__ import annotations
@@ -26,17 +32,19 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 from gateway.api.admin.auth import VerifierDep, get_verifier
 from gateway.auth.identity import AdminAuthError
 from gateway.auth.jwt import unverified_claims
-from gateway.auth.oidc import OidcClient, OidcRefusedError, OidcUnavailableError
+from gateway.auth.oidc import OidcBusyError, OidcClient, OidcRefusedError, OidcUnavailableError
 from gateway.deps import get_address_limiter
 from gateway.errors import (
     BadRequestError,
     ForbiddenError,
     GatewayError,
     NotFoundError,
+    ServiceUnavailableError,
     UnauthorizedError,
     UnprocessableError,
 )
 from gateway.neutral import Outcome
+from gateway.settings import page_redirect_uri
 from gateway.wire.address import client_address
 from gateway.wire.body import read_body
 
@@ -54,6 +62,7 @@ _NO_SCOPE = (
     "of the groups or roles this gateway maps to admin or read; ask its administrators to add you"
 )
 _NO_STORE = {"Cache-Control": "no-store"}  # RFC 6749 section 5.1, for a response with a token
+_BUSY_RETRY_SECONDS = 2
 
 
 class IdentityProviderError(GatewayError):
@@ -100,6 +109,7 @@ async def oidc_config(request: Request) -> JSONResponse:
         "client_id": oidc.client_id,
         "scope": oidc.scope,
         "token": oidc.token_kind,
+        "redirect_uris": list(oidc.redirect_uris),
     }
     return JSONResponse(answer, headers={"Cache-Control": "no-cache"})
 
@@ -114,8 +124,23 @@ async def oidc_token(request: Request, verifier: VerifierDep) -> JSONResponse:
             "invalid request: send a JSON body (Content-Type: application/json)"
         )
     asked = _token_request(await read_body(request, MAX_TOKEN_REQUEST_BYTES))
+    if page_redirect_uri(asked.redirect_uri) not in {
+        page_redirect_uri(uri) for uri in oidc.redirect_uris
+    }:
+        raise UnprocessableError(
+            "invalid request: redirect_uri is not this gateway's admin page (one of "
+            "GATEWAY_ADMIN_OIDC_REDIRECT_URIS, which GET admin/oidc/config lists)"
+        )
+    # Before the provider is asked: an address past its budget costs the provider nothing.
+    limiter = await get_address_limiter(request)
+    spent = await limiter.over_budget(request.scope, "admin")
+    if spent is not None:
+        raise spent
     try:
         tokens = await oidc.exchange(asked.code, asked.code_verifier, asked.redirect_uri)
+    except OidcBusyError as exc:
+        retry = {"Retry-After": str(_BUSY_RETRY_SECONDS)}
+        raise ServiceUnavailableError(str(exc), headers=retry) from None
     except OidcRefusedError as exc:
         raise await _refused(request, BadRequestError(str(exc))) from None
     except OidcUnavailableError as exc:
@@ -158,8 +183,8 @@ def _token_request(body: bytes) -> TokenRequest:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first.get("loc", ())) or "body"
         raise UnprocessableError(f"invalid request: {where} {first.get('msg', '')}") from None
-    # The provider checks it against the client's registration; the gateway only refuses what
-    # cannot be the page's own URL (origin + path of `.../admin/`).
+    # The configured list is checked by the caller; these first checks say what is wrong with
+    # a URI that cannot be any admin page's.
     page = urlsplit(asked.redirect_uri)
     if page.scheme not in {"http", "https"} or not page.hostname or page.fragment:
         raise UnprocessableError("invalid request: redirect_uri must be an http(s) URL")
@@ -171,10 +196,16 @@ def _token_request(body: bytes) -> TokenRequest:
 
 
 async def _refused(request: Request, error: GatewayError) -> GatewayError:
-    """`error`, or a 429 once the client's address has spent its admin budget."""
-    _log(request, "admin SSO sign-in refused", error.message)
+    """`error`, or a 429 once the client's address has spent its admin budget.
+
+    The refusal is logged with its reason only within the budget: past it the limiter logs
+    the address once a minute, so a client cannot fill the log.
+    """
     limiter = await get_address_limiter(request)
-    return await limiter.failed(request.scope, "admin", error)
+    answer = await limiter.failed(request.scope, "admin", error, valid_served=False)
+    if answer is error:
+        _log(request, "admin SSO sign-in refused", error.message)
+    return answer
 
 
 def _log(request: Request, what: str, detail: str, level: int = logging.WARNING) -> None:

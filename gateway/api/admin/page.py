@@ -15,6 +15,8 @@ with. Nothing is rendered on the server, so no stored value ever reaches this mo
   (revalidated on each load, so an upgrade is never mixed with a cached older module).
 - URLs are relative (`/admin` redirects to `admin/`), so the page works behind a reverse proxy
   that adds a path prefix.
+- `HEAD` is answered like `GET` without the body (RFC 9110 §9.3.2: the server drops it), so a
+  monitor or a proxy's health check can probe the page.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from gateway.errors import NotFoundError
 
 #: The policy of every page and asset; `connect-src 'self'` covers `/admin/v1` and `/admin/oidc`.
 CONTENT_SECURITY_POLICY: Final = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
     "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
     "form-action 'self'; frame-ancestors 'none'"
 )
@@ -73,20 +75,20 @@ def _read(name: str) -> bytes:
     return (resources.files("gateway.api.admin") / "ui" / name).read_bytes()
 
 
-@router.get("")
+@router.api_route("", methods=["GET", "HEAD"])
 async def admin_root() -> Response:
     """Redirect to the page; a relative `Location` keeps a proxy's prefix (RFC 9110 §10.2.2)."""
     return RedirectResponse("admin/", status_code=308)
 
 
-@router.get("/")
+@router.api_route("/", methods=["GET", "HEAD"])
 async def page() -> Response:
     """The page (never cached: it names the modules the browser loads)."""
     headers = {**SECURITY_HEADERS, "Cache-Control": "no-store"}
     return Response(_read(_PAGE), media_type="text/html; charset=utf-8", headers=headers)
 
 
-@router.get("/ui/{name}")
+@router.api_route("/ui/{name}", methods=["GET", "HEAD"])
 async def asset(name: str, request: Request) -> Response:
     """One file of `ASSETS`, revalidated by its ETag (RFC 9110 §8.8.3, §13.1.2).
 

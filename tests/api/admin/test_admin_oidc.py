@@ -15,11 +15,15 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import parse_qs
 
+import anyio
+import anyio.to_thread
 import httpx
 import pytest
 from starlette.applications import Starlette
@@ -27,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.auth.oidc import MAX_CONCURRENT_EXCHANGES
 from gateway.testing.idp import IdentityProvider
 from gateway.testing.server import LoopbackServer
 from gateway.testing.stack import free_port
@@ -49,6 +54,13 @@ def _page(gateway: Gateway) -> str:
     return f"{gateway.url}/admin/"
 
 
+def _sso(make_gateway: MakeGateway, provider: OidcProvider, **overrides: Any) -> Gateway:
+    """A gateway signing in with `provider`, its page URL (a setting) on a port picked first."""
+    port = free_port()
+    page = f"http://127.0.0.1:{port}/admin/"
+    return make_gateway(port=port, **provider.gateway_settings(page, **overrides))
+
+
 def _exchange(gateway: Gateway, body: Any, **kwargs: Any) -> httpx.Response:
     return httpx.post(f"{gateway.url}/admin/oidc/token", json=body, timeout=30, **kwargs)
 
@@ -68,7 +80,7 @@ def _error(response: httpx.Response) -> str:
 @pytest.fixture
 def sso_gateway(make_gateway: MakeGateway, oidc_provider: OidcProvider) -> Gateway:
     """A gateway whose admin page signs in with the test provider (`id_token` mode)."""
-    return make_gateway(**oidc_provider.gateway_settings())
+    return _sso(make_gateway, oidc_provider)
 
 
 def _sign_in(provider: OidcProvider, gateway: Gateway, sub: str) -> SignIn:
@@ -91,13 +103,14 @@ def test_config_tells_the_page_where_to_send_the_user(
         "client_id": CLIENT_ID,
         "scope": "openid profile email",
         "token": "id_token",
+        "redirect_uris": [_page(sso_gateway)],
     }
 
 
 def test_config_says_disabled_without_a_client_id_and_the_exchange_is_not_there(
     make_gateway: MakeGateway, oidc_provider: OidcProvider
 ) -> None:
-    gateway = make_gateway(**oidc_provider.gateway_settings(admin_oidc_client_id=None))
+    gateway = _sso(make_gateway, oidc_provider, admin_oidc_client_id=None)
 
     assert httpx.get(f"{gateway.url}/admin/oidc/config", timeout=30).json() == {"enabled": False}
     body = {"code": "x", "code_verifier": "v" * 43, "redirect_uri": _page(gateway), "nonce": "n"}
@@ -211,15 +224,91 @@ def test_a_code_is_exchanged_once(sso_gateway: Gateway, oidc_provider: OidcProvi
 def test_refused_exchanges_spend_the_address_budget(
     make_gateway: MakeGateway, oidc_provider: OidcProvider
 ) -> None:
-    gateway = make_gateway(**oidc_provider.gateway_settings(), admin_auth_failures_per_minute=2)
+    gateway = _sso(make_gateway, oidc_provider, admin_auth_failures_per_minute=2)
     page = _page(gateway)
     made_up = {"code": "made-up", "code_verifier": "v" * 43, "redirect_uri": page, "nonce": "n"}
 
     statuses = [_exchange(gateway, made_up).status_code for _ in range(3)]
 
     assert statuses == [400, 400, 429]
-    # A valid sign-in from the same address is still served (failures only are counted).
-    assert _exchange(gateway, _sign_in(oidc_provider, gateway, ADMIN_SUB).body()).is_success
+    # Past the budget even a valid sign-in waits: the provider is not asked until it passes.
+    late = _exchange(gateway, _sign_in(oidc_provider, gateway, ADMIN_SUB).body())
+    assert late.status_code == 429, late.text
+    assert int(late.headers["retry-after"]) >= 1
+    assert "a valid credential is served" not in _error(late)
+
+
+def test_an_address_past_its_budget_does_not_reach_the_provider(
+    make_gateway: MakeGateway, jwt_provider: JwtAccessTokenProvider
+) -> None:
+    gateway = _access_token_gateway(make_gateway, jwt_provider, admin_auth_failures_per_minute=2)
+    body = {"code_verifier": "v" * 43, "redirect_uri": _page(gateway), "nonce": "the-nonce"}
+
+    statuses = [_exchange(gateway, body | {"code": f"wrong-{n}"}).status_code for n in range(5)]
+    good = _exchange(gateway, body | {"code": "good-code"})
+
+    assert statuses == [400, 400, 429, 429, 429]
+    assert good.status_code == 429
+    assert "retry-after" in good.headers
+    assert len(jwt_provider.requests) == 2  # the two counted failures; nothing after them
+
+
+def test_exchanges_at_once_are_capped_and_the_next_is_told_to_retry(
+    make_gateway: MakeGateway, jwt_provider: JwtAccessTokenProvider
+) -> None:
+    gateway = _access_token_gateway(make_gateway, jwt_provider)
+    body = {"code_verifier": "v" * 43, "redirect_uri": _page(gateway), "nonce": "the-nonce"}
+    assert _exchange(gateway, body | {"code": "good-code"}).status_code == 200  # keys loaded
+    jwt_provider.requests.clear()
+    jwt_provider.hold.clear()  # the provider's token endpoint waits until released
+    with ThreadPoolExecutor(MAX_CONCURRENT_EXCHANGES) as pool:
+        held = [
+            pool.submit(_exchange, gateway, body | {"code": "good-code"})
+            for _ in range(MAX_CONCURRENT_EXCHANGES)
+        ]
+        try:
+            deadline = time.monotonic() + 30
+            while jwt_provider.waiting < MAX_CONCURRENT_EXCHANGES:
+                assert time.monotonic() < deadline, f"{jwt_provider.waiting} exchanges arrived"
+                time.sleep(0.05)
+
+            busy = _exchange(gateway, body | {"code": "good-code"})
+        finally:
+            jwt_provider.hold.set()
+        answers = [future.result() for future in held]
+
+    assert busy.status_code == 503, busy.text
+    assert busy.headers["retry-after"] == "2"
+    assert _error(busy).startswith("too many sign-ins are being completed at once")
+    assert len(jwt_provider.requests) == MAX_CONCURRENT_EXCHANGES  # the ninth was not sent
+    assert [answer.status_code for answer in answers] == [200] * MAX_CONCURRENT_EXCHANGES
+    assert _exchange(gateway, body | {"code": "good-code"}).status_code == 200  # freed again
+
+
+def test_a_code_sent_to_another_redirect_uri_is_not_redeemed(
+    sso_gateway: Gateway, oidc_provider: OidcProvider
+) -> None:
+    # A provider whose client allows loose redirect URIs (wildcards) sent the code elsewhere: a
+    # phished code, with its verifier, must not become an admin token here.
+    phished = oidc_provider.sign_in(ADMIN_SUB, "https://evil.example/admin/")
+
+    response = _exchange(sso_gateway, phished.body())
+
+    assert response.status_code == 422, response.text
+    assert _error(response) == (
+        "invalid request: redirect_uri is not this gateway's admin page (one of "
+        "GATEWAY_ADMIN_OIDC_REDIRECT_URIS, which GET admin/oidc/config lists)"
+    )
+    # The code was not spent: the provider was never asked (it still redeems it for that URI).
+    form = {
+        "grant_type": "authorization_code",
+        "code": phished.code,
+        "redirect_uri": phished.redirect_uri,
+        "code_verifier": phished.code_verifier,
+        "client_id": CLIENT_ID,
+    }
+    redeemed = httpx.post(f"{oidc_provider.url}/oauth2/token", data=form, timeout=30)
+    assert redeemed.status_code == 200, redeemed.text
 
 
 @pytest.mark.parametrize(
@@ -258,7 +347,10 @@ def test_a_form_post_is_not_read(sso_gateway: Gateway) -> None:
 
 def test_a_provider_that_is_down_gets_502(make_gateway: MakeGateway) -> None:
     down = f"http://127.0.0.1:{free_port()}"
+    port = free_port()
     gateway = make_gateway(
+        port=port,
+        admin_oidc_redirect_uris=[f"http://127.0.0.1:{port}/admin/"],
         admin_jwks_url=f"{down}/jwks",
         admin_jwt_issuer=down,
         admin_jwt_audience="llm-gateway",
@@ -280,9 +372,7 @@ def test_a_discovery_document_of_another_issuer_is_refused(
 ) -> None:
     # The same document, but the configured issuer differs by its trailing slash: OIDC
     # Discovery 1.0 section 4.3 wants them identical.
-    gateway = make_gateway(
-        **oidc_provider.gateway_settings(admin_jwt_issuer=oidc_provider.url + "/")
-    )
+    gateway = _sso(make_gateway, oidc_provider, admin_jwt_issuer=oidc_provider.url + "/")
 
     response = httpx.get(f"{gateway.url}/admin/oidc/config", timeout=30)
 
@@ -302,7 +392,8 @@ class JwtAccessTokenProvider:
     It accepts one code, `good-code`, from the confidential client `CLIENT_ID` with `SECRET`
     sent as `client_secret_basic`; its access token is `IdentityProvider.token` (audience
     `llm-gateway`), its ID token carries the nonce `the-nonce`. `requests` records each token
-    request's form and `Authorization` header, `discoveries` counts discovery fetches.
+    request's form and `Authorization` header, `discoveries` counts discovery fetches. While
+    `hold` is clear the token endpoint waits (`waiting` counts the requests held).
     """
 
     def __init__(self, roles: list[str]) -> None:
@@ -312,6 +403,9 @@ class JwtAccessTokenProvider:
         self.url = ""
         self.requests: list[tuple[dict[str, list[str]], str | None]] = []
         self.discoveries = 0
+        self.hold = threading.Event()
+        self.hold.set()
+        self.waiting = 0
         self.app = Starlette(
             routes=[
                 Route("/.well-known/openid-configuration", self._discovery),
@@ -338,6 +432,9 @@ class JwtAccessTokenProvider:
         form = parse_qs((await request.body()).decode())
         authorization = request.headers.get("authorization")
         self.requests.append((form, authorization))
+        if not self.hold.is_set():
+            self.waiting += 1
+            await anyio.to_thread.run_sync(self.hold.wait)
         basic = base64.b64encode(f"{CLIENT_ID}:s3cr3t%3Awith%2Fodd%20chars".encode()).decode()
         if authorization != f"Basic {basic}":
             return JSONResponse({"error": "invalid_client"}, status_code=401)
@@ -345,7 +442,10 @@ class JwtAccessTokenProvider:
             return JSONResponse({"error": "invalid_grant"}, status_code=400)
         access = self.idp.token(self.kid, self.roles, iss=self.url, sub="dave")
         id_token = self.idp.token(
-            self.kid, [], iss=self.url, aud=CLIENT_ID, sub="dave", nonce="the-nonce"
+            self.kid,
+            [],
+            **{"iss": self.url, "aud": CLIENT_ID, "typ": "ID", "azp": CLIENT_ID},
+            **{"sub": "dave", "nonce": "the-nonce"},
         )
         return JSONResponse(
             {"access_token": access, "id_token": id_token, "token_type": "Bearer"},
@@ -361,8 +461,13 @@ def jwt_provider() -> Iterator[JwtAccessTokenProvider]:
         yield provider
 
 
-def _access_token_gateway(make_gateway: MakeGateway, provider: JwtAccessTokenProvider) -> Gateway:
+def _access_token_gateway(
+    make_gateway: MakeGateway, provider: JwtAccessTokenProvider, **overrides: Any
+) -> Gateway:
+    port = free_port()
     return make_gateway(
+        port=port,
+        admin_oidc_redirect_uris=[f"http://127.0.0.1:{port}/admin/"],
         admin_jwks_url=f"{provider.url}{provider.idp.jwks_path}",
         admin_jwt_issuer=provider.url,
         admin_jwt_audience=provider.idp.audience,
@@ -371,6 +476,7 @@ def _access_token_gateway(make_gateway: MakeGateway, provider: JwtAccessTokenPro
         admin_oidc_client_id=CLIENT_ID,
         admin_oidc_client_secret=SECRET,
         admin_oidc_token="access_token",
+        **overrides,
     )
 
 

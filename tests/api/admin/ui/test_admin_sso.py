@@ -36,7 +36,7 @@ import pytest
 
 from gateway.testing.emulator.app import EmulatorConfig, create_emulator_app
 from gateway.testing.server import LoopbackServer
-from gateway.testing.stack import gateway_process
+from gateway.testing.stack import free_port, gateway_process
 from tests.api.admin.ui.conftest import FAILED
 from tests.support.browser import WIDE, AdminPage, chrome, require_browser
 from tests.support.oidc import (
@@ -88,14 +88,15 @@ class SsoStack:
 @contextmanager
 def sso_gateway(workdir: Path, provider: OidcProvider) -> Iterator[SsoStack]:
     """`gateway serve` in front of the emulator, its admin API signed into through `provider`."""
-    env = provider.gateway_env() | {
+    port = free_port()  # the page's URL is a setting: known before the gateway starts
+    env = provider.gateway_env(f"http://127.0.0.1:{port}/admin/") | {
         # The expiry test waits for its token's exp, not for exp plus 30 s of skew.
         "GATEWAY_ADMIN_JWT_LEEWAY_SECONDS": "0",
         "GATEWAY_SHUTDOWN_DRAIN": "0.2",
     }
     with LoopbackServer(create_emulator_app(EmulatorConfig())) as emulator:
         env["GATEWAY_UPSTREAM_URL"] = emulator.url
-        with gateway_process(workdir, env) as gateway:
+        with gateway_process(workdir, env, port=port) as gateway:
             yield SsoStack(gateway.url, provider)
 
 

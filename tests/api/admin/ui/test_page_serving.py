@@ -62,10 +62,25 @@ def test_the_page_and_each_asset_carry_the_policy_and_their_types(on: str) -> No
         assert response.headers["cache-control"] == "no-cache"
         assert response.content == (UI / name).read_bytes()
     assert CONTENT_SECURITY_POLICY == (
-        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
         "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
         "form-action 'self'; frame-ancestors 'none'"
     )
+
+
+def test_head_answers_like_get_without_a_body(on: str) -> None:
+    for path in ("/admin", "/admin/", *(f"/admin/ui/{name}" for name in ASSETS)):
+        got, head = httpx.get(f"{on}{path}"), httpx.head(f"{on}{path}")
+        assert head.status_code == got.status_code, path  # 405 before HEAD was routed
+        assert head.content == b"", path
+        for header in ("content-type", "content-length", "content-security-policy", "etag"):
+            assert head.headers.get(header) == got.headers.get(header), (path, header)
+
+
+def test_nothing_in_the_page_needs_data_urls() -> None:
+    # The policy allows images from the gateway only; a data: URL in a file would break.
+    for name in PAGE_FILES:
+        assert "data:" not in (UI / name).read_text(encoding="utf-8"), name
 
 
 def test_an_asset_is_revalidated_by_its_etag(on: str) -> None:
