@@ -25,6 +25,7 @@ const state = {
   rotating: null,
   revoking: null,
   draft: null, // a create form kept across a single sign-on round trip
+  created: null, // a key just created, to mark in the next list shown
   timer: 0,
   asked: 0, // the latest list request: an older answer arriving late is dropped
 };
@@ -211,6 +212,8 @@ export async function load() {
     const first = state.index * PAGE + 1;
     const filtered = Object.values(filters()).some(Boolean);
     say(message, page.data.length ? '' : filtered ? 'No key matches.' : 'No key yet.');
+    if (state.created) showCreated(state.created); // with the rows, in the same task
+    state.created = null;
     byId('keys-page').textContent = page.data.length
       ? `Keys ${count(first)}–${count(first + page.data.length - 1)}` : '';
   } catch (error) {
@@ -270,8 +273,8 @@ async function submitCreate(event) {
     showSecret(answer, 'created');
     // The list again from its first page, the filters as the user left them; the new key is
     // marked there, or, when the filters or the page leave it out, shown marked at the top.
+    state.created = answer.key;
     await restart();
-    showCreated(answer.key);
   } catch (problem) {
     say(error, problem.message); // the form keeps what was typed
   } finally {
@@ -480,6 +483,7 @@ export function reset() {
   byId('keys-filter').reset();
   replace(byId('keys-table').tBodies[0]);
   state.shown.clear();
+  state.created = null;
   state.cursors = [null];
   state.index = 0;
   state.next = null;

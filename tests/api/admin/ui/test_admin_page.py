@@ -178,9 +178,12 @@ def test_a_new_admin_creates_uses_rotates_and_revokes_a_key(page: AdminPage, sta
     row = page.wait(lambda: page.key_row(key_id), "the new key in the list")
     assert "RPM: 5" in row.text
     # Marked in the list; the filters stay as the user left them (empty), not set to its name.
-    assert "just-created" in row.get_attribute("class")
+    page.wait(
+        lambda: page.text("keys-message") == "Created key team-a (marked in the list).",
+        "the new key marked",
+    )
+    assert "just-created" in page.key_row(key_id).get_attribute("class")
     assert page.el("keys-name").get_attribute("value") == ""
-    assert page.text("keys-message") == "Created key team-a (marked in the list)."
     page.screenshot("keys")
 
     _live_check(page, stack, secret)  # one request (or none) so far
