@@ -12,7 +12,7 @@ import * as signin from './signin.js';
 import * as usage from './usage.js';
 
 const SECTIONS = { keys, usage, live, audit };
-const TAB = 'gateway.admin.tab';
+const TAB = session.scoped('gateway.admin.tab');
 let shown = false; // the sections are on screen (signed in)
 let current = 'keys';
 

@@ -109,8 +109,10 @@ export function init() {
   });
 }
 
-/** Forget what was shown (sign-out). */
+/** Forget what was shown and the filters (sign-out). */
 export function reset() {
+  state.asked += 1; // an answer still on its way is dropped
+  byId('audit-form').reset();
   state.cursors = [null];
   state.index = 0;
   state.next = null;

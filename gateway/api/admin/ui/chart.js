@@ -27,10 +27,10 @@ export function niceCeiling(value) {
  * A bar chart in a <figure>.
  *
  * @param {object} spec title (string), labels (x labels: UTC days 'YYYY-MM-DD'), values
- *   (numbers or null), format (number -> text), unit (for the titles: 'requests'), whole
- *   (counts: no tick between whole numbers)
+ *   (numbers or null), format (number -> text), unit (for the titles: 'requests'), one (the
+ *   unit for exactly 1: 'request'), whole (counts: no tick between whole numbers)
  */
-export function barChart({ title, labels, values, format, unit = '', whole = false }) {
+export function barChart({ title, labels, values, format, unit = '', one = unit, whole = false }) {
   serial += 1;
   const captionId = `chart-${serial}`;
   const max = niceCeiling(Math.max(0, ...values.map((value) => value ?? 0)));
@@ -55,7 +55,7 @@ export function barChart({ title, labels, values, format, unit = '', whole = fal
       y: top,
       width,
       height: Math.max(TOP + plotHeight - top, 0),
-    }, svg('title', {}, `${label}: ${value === null ? 'no data' : `${format(value)} ${unit}`.trim()}`));
+    }, svg('title', {}, `${label}: ${value === null ? 'no data' : `${format(value)} ${value === 1 ? one : unit}`.trim()}`));
   });
 
   // At most about six day labels, always the first and the last.

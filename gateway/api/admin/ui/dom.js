@@ -80,6 +80,16 @@ export function count(value) {
   return value === null || value === undefined ? '—' : integer.format(value);
 }
 
+/**
+ * "1 request", "2 requests": a count and the word, singular for exactly one.
+ *
+ * @param {number|null} value the count (a dash for null)
+ * @param {string} one the singular ('request'); `many` defaults to it with an s
+ */
+export function plural(value, one, many = `${one}s`) {
+  return `${count(value)} ${value === 1 ? one : many}`;
+}
+
 /** A rate or mean with one decimal; a dash for null. */
 export function number(value) {
   return value === null || value === undefined ? '—' : decimal.format(value);

@@ -25,6 +25,7 @@ const state = {
   rotating: null,
   revoking: null,
   draft: null, // a create form kept across a single sign-on round trip
+  created: null, // a key just created, to mark in the next list shown
   timer: 0,
   asked: 0, // the latest list request: an older answer arriving late is dropped
 };
@@ -209,7 +210,10 @@ export async function load() {
     state.shown = new Map(page.data.map((key) => [key.id, key]));
     replace(byId('keys-table').tBodies[0], page.data.map(row));
     const first = state.index * PAGE + 1;
-    say(message, page.data.length ? '' : 'No key matches.');
+    const filtered = Object.values(filters()).some(Boolean);
+    say(message, page.data.length ? '' : filtered ? 'No key matches.' : 'No key yet.');
+    if (state.created) showCreated(state.created); // with the rows, in the same task
+    state.created = null;
     byId('keys-page').textContent = page.data.length
       ? `Keys ${count(first)}–${count(first + page.data.length - 1)}` : '';
   } catch (error) {
@@ -267,16 +271,28 @@ async function submitCreate(event) {
     const answer = await api.post('v1/keys', body);
     closeCreate();
     showSecret(answer, 'created');
-    // Show the new key: the list is oldest first, so it is on the last page otherwise.
-    byId('keys-name').value = answer.key.name;
-    byId('keys-status').value = '';
-    byId('keys-model').value = '';
+    // The list again from its first page, the filters as the user left them; the new key is
+    // marked there, or, when the filters or the page leave it out, shown marked at the top.
+    state.created = answer.key;
     await restart();
   } catch (problem) {
     say(error, problem.message); // the form keeps what was typed
   } finally {
     submit.disabled = false;
   }
+}
+
+/** Mark a just-created key in the list (added at the top when the list leaves it out). */
+function showCreated(key) {
+  const body = byId('keys-table').tBodies[0];
+  let line = [...body.rows].find((tr) => tr.dataset.keyId === key.id);
+  if (!line) {
+    line = row(key);
+    body.prepend(line);
+    state.shown.set(key.id, key);
+  }
+  line.classList.add('just-created');
+  say(byId('keys-message'), `Created key ${key.name} (marked in the list).`);
 }
 
 function showSecret(answer, what) {
@@ -460,10 +476,14 @@ export function restore(drafts) {
   }
 }
 
-/** Forget everything shown (sign-out). */
+/** Forget everything shown, the filters too (sign-out). */
 export function reset() {
+  clearTimeout(state.timer);
+  state.asked += 1; // an answer still on its way is dropped
+  byId('keys-filter').reset();
   replace(byId('keys-table').tBodies[0]);
   state.shown.clear();
+  state.created = null;
   state.cursors = [null];
   state.index = 0;
   state.next = null;

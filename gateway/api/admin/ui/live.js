@@ -2,7 +2,7 @@
 // the section is shown and the tab visible (no polling in a background tab).
 
 import * as api from './api.js';
-import { byId, count, h, number, replace, say, seconds, time } from './dom.js';
+import { byId, count, h, number, plural, replace, say, seconds, time } from './dom.js';
 
 const PERIOD_MS = 3000;
 let active = false;
@@ -49,8 +49,8 @@ function render(live) {
     h('div', { class: 'tiles' },
       tile('In flight', count(flight.total)),
       tile('Queued', count(live.queue?.waiting)),
-      tile(`Last ${count(recent.window_seconds)} s`, `${count(recent.requests)} requests`,
-        `${count(recent.errors)} errors`),
+      tile(`Last ${count(recent.window_seconds)} s`, plural(recent.requests, 'request'),
+        plural(recent.errors, 'error')),
       tile('TTFT', seconds(recent.ttft_mean_s), `median ${seconds(recent.ttft_p50_s)}`),
       tile('Decode', recent.decode_tokens_per_s == null ? '—' : `${number(recent.decode_tokens_per_s)} tokens/s`)),
     h('h2', {}, 'Upstreams'),

@@ -4,7 +4,16 @@
 // own as a cookie would be, not shared with other tabs as localStorage would be), or only in
 // memory when the browser refuses storage. Never in a URL, the title or a log.
 
-const KEY = 'gateway.admin.token';
+/**
+ * A storage key of this page: `name:` and the page's path. sessionStorage is per origin, so two
+ * gateways on one origin behind path prefixes (/a/admin/, /b/admin/) would otherwise share the
+ * sign-in, the drafts and a pending single sign-on.
+ */
+export function scoped(name) {
+  return `${name}:${window.location.pathname}`;
+}
+
+const KEY = scoped('gateway.admin.token');
 let current = null;
 
 function storage() {

@@ -7,8 +7,9 @@ import * as api from './api.js';
 import { byId, fillForm, formValues, say } from './dom.js';
 import * as session from './session.js';
 
-const PENDING = 'gateway.admin.oidc'; // {state, nonce, verifier, redirect_uri} while away
-const DRAFTS = 'gateway.admin.drafts'; // half-filled forms kept across an SSO round trip
+// {state, nonce, verifier, redirect_uri} while away; half-filled forms kept across the trip
+const PENDING = session.scoped('gateway.admin.oidc');
+const DRAFTS = session.scoped('gateway.admin.drafts');
 
 let hooks = { signedIn() {}, signedOut() {} };
 let oidc = null; // oidc/config when single sign-on is enabled
@@ -103,10 +104,10 @@ export function restoreDraft(drafts, form) {
   if (drafts && drafts[form.id]) fillForm(form, drafts[form.id]);
 }
 
-async function startSso() {
+async function startSso(errorId) {
   if (!oidc) return;
   if (!window.crypto?.subtle) {
-    say(byId('signin-error'), 'Single sign-on needs the page over HTTPS (or on localhost).');
+    say(byId(errorId), 'Single sign-on needs the page over HTTPS (or on localhost).');
     return;
   }
   const verifier = randomText(32); // 43 characters, RFC 7636 section 4.1
@@ -136,6 +137,12 @@ async function startSso() {
   window.location.assign(target.href);
 }
 
+/** Show a single sign-on failure beside the SSO button (not under the token field). */
+function ssoFailed(message) {
+  // Without oidc/config (the gateway could not read the provider) the SSO box is hidden.
+  say(byId(byId('sso-box').hidden ? 'signin-error' : 'sso-error'), message);
+}
+
 /** Finish a return from the identity provider (?code&state or ?error); true if it was one. */
 async function finishSso() {
   const params = new URLSearchParams(window.location.search);
@@ -150,14 +157,20 @@ async function finishSso() {
     pending = null;
   }
   sessionStorage.removeItem(PENDING);
-  const error = byId('signin-error');
+  const ours = Boolean(pending) && params.get('state') === pending.state;
   if (params.has('error')) {
+    // The provider's words only for this tab's own sign-in (its state: RFC 6749 sections 4.1.2.1
+    // and 10.12): anyone can link to the page with ?error=...&error_description=<any text>.
+    if (!ours) {
+      ssoFailed('The single sign-on was not completed: sign in again.');
+      return true;
+    }
     const text = params.get('error_description') || params.get('error');
-    say(error, `The identity provider refused the sign-in: ${text.slice(0, 200)}`);
+    ssoFailed(`The identity provider refused the sign-in: ${text.slice(0, 200)}`);
     return true;
   }
-  if (!pending || params.get('state') !== pending.state) {
-    say(error, 'That sign-in answer does not belong to this tab (state mismatch): sign in again.');
+  if (!ours) {
+    ssoFailed('That sign-in answer does not belong to this tab (state mismatch): sign in again.');
     return true;
   }
   try {
@@ -173,7 +186,7 @@ async function finishSso() {
     session.set({ ...answer, sso: true });
     finishReauth();
   } catch (failure) {
-    say(error, explain(failure));
+    ssoFailed(explain(failure));
   }
   return true;
 }
@@ -193,12 +206,25 @@ async function loadOidc() {
   if (config?.enabled && config.authorization_endpoint && config.client_id) oidc = config;
   byId('sso-box').hidden = !oidc;
   byId('reauth-sso-box').hidden = !oidc;
-  const end = byId('sso-end-session');
-  if (oidc?.end_session_endpoint) {
-    const target = new URL(oidc.end_session_endpoint);
-    target.searchParams.set('client_id', oidc.client_id);
-    end.href = target.href;
+}
+
+/**
+ * Sign out here, then at the identity provider: OpenID Connect RP-Initiated Logout 1.0 section 2
+ * (client_id; post_logout_redirect_uri, the page itself, so the user lands back here signed
+ * out; id_token_hint when the page's token is the ID token). The page's session is cleared
+ * first, so coming back (or not) never finds the token still kept.
+ */
+function endSession() {
+  if (!oidc?.end_session_endpoint) return;
+  const target = new URL(oidc.end_session_endpoint);
+  target.searchParams.set('client_id', oidc.client_id);
+  target.searchParams.set('post_logout_redirect_uri', redirectUri());
+  const current = session.get();
+  if (current?.sso && current.token && oidc.token === 'id_token') {
+    target.searchParams.set('id_token_hint', current.token);
   }
+  signOut();
+  window.location.assign(target.href);
 }
 
 function showEndSession() {
@@ -208,6 +234,7 @@ function showEndSession() {
 async function signInWithToken(input, errorElement) {
   const token = input.value.trim();
   say(errorElement, '');
+  say(byId('sso-error'), '');
   if (!token) return false;
   try {
     session.set(await check(token));
@@ -293,15 +320,20 @@ export async function start(callbacks) {
     event.preventDefault(); // Escape: cancel properly, rejecting the waiting call
     cancelReauth();
   });
-  byId('sso-sign-in').addEventListener('click', startSso);
-  byId('reauth-sso').addEventListener('click', startSso);
+  byId('sso-sign-in').addEventListener('click', () => startSso('sso-error'));
+  byId('reauth-sso').addEventListener('click', () => startSso('reauth-error'));
   byId('sign-out').addEventListener('click', signOut);
+  byId('sso-end-session').addEventListener('click', endSession);
 
   const expired = session.expired();
   if (expired) session.clear();
   await loadOidc();
   if (await finishSso()) {
-    if (!session.get()) hooks.signedOut();
+    if (!session.get()) {
+      hooks.signedOut();
+      const failure = byId('sso-error');
+      if (!failure.hidden) failure.focus(); // beside the button pressed, not the token field
+    }
     return;
   }
   if (session.get()) {

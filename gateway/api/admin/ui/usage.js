@@ -27,17 +27,31 @@ function daysBetween(since, until) {
   return days;
 }
 
-/** One CSV field (RFC 4180), with text that a spreadsheet would run as a formula defused. */
-function csvField(value) {
-  if (value === null || value === undefined) return '';
+// A field a spreadsheet would run as a formula: one starting (after any spaces) with = + - @,
+// a tab or a carriage return, their full-width forms (＝ ＋ － ＠, which some spreadsheets
+// read as the ASCII ones) or | (DDE). OWASP, "CSV Injection":
+// https://owasp.org/www-community/attacks/CSV_Injection
+const FORMULA = /^\s*[=+\-@\t\r\uFF1D\uFF0B\uFF0D\uFF20|]/;
+// What stays as it is although it starts so: a plain number (-5, +1.5e3) or a lone "-".
+const PLAIN = /^\s*(?:[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|-)\s*$/;
+
+/**
+ * One CSV field (RFC 4180): always in double quotes (so no separator a spreadsheet's locale
+ * uses, `;` included, can split it), with a formula defused by a leading `'` (OWASP, above).
+ *
+ * @param {*} value a cell: null and undefined are empty
+ * @returns {string} the quoted field
+ */
+export function csvField(value) {
+  if (value === null || value === undefined) return '""';
   let text = String(value);
-  if (typeof value === 'string' && /^[=+\-@\t\r]/.test(text)) text = `'${text}`; // OWASP CSV injection
-  return /[",\r\n]/.test(text) ? `"${text.replace(/"/g, '""')}"` : text;
+  if (FORMULA.test(text) && !PLAIN.test(text)) text = `'${text}`;
+  return `"${text.replace(/"/g, '""')}"`;
 }
 
 /** The report as CSV text: a header and one line per row. */
 export function toCsv(rows) {
-  const lines = [COLUMNS.join(',')];
+  const lines = [COLUMNS.map(csvField).join(',')];
   for (const row of rows) lines.push(COLUMNS.map((column) => csvField(row[column])).join(','));
   return `${lines.join('\r\n')}\r\n`;
 }
@@ -79,13 +93,14 @@ function render(answer) {
     tile('Input tokens', count(totals.input_tokens)),
     tile('Output tokens', count(totals.output_tokens)),
     tile('Mean TTFT', seconds(totals.mean_ttft_s)));
-  const chart = (title, values, format, unit) =>
-    barChart({ title, labels: days, values, format, unit, whole: format === count });
+  const chart = (title, values, format, one) => barChart({
+    title, labels: days, values, format, unit: one && `${one}s`, one, whole: format === count,
+  });
   replace(byId('usage-charts'),
-    chart('Requests per day', sums.map((s) => s.requests), count, 'requests'),
-    chart('Input tokens per day', sums.map((s) => s.input_tokens), count, 'tokens'),
-    chart('Output tokens per day', sums.map((s) => s.output_tokens), count, 'tokens'),
-    chart('Errors per day', sums.map((s) => s.errors), count, 'errors'),
+    chart('Requests per day', sums.map((s) => s.requests), count, 'request'),
+    chart('Input tokens per day', sums.map((s) => s.input_tokens), count, 'token'),
+    chart('Output tokens per day', sums.map((s) => s.output_tokens), count, 'token'),
+    chart('Errors per day', sums.map((s) => s.errors), count, 'error'),
     chart('Mean TTFT per day', sums.map((s) => (s.ttft_count ? s.ttft_us_sum / s.ttft_count / 1e6 : null)), seconds));
   replace(byId('usage-table').tBodies[0], rows.map((row) => h('tr', {},
     h('td', {}, row.day),
@@ -144,8 +159,10 @@ export function init() {
   byId('usage-csv').addEventListener('click', download);
 }
 
-/** Forget what was shown (sign-out). */
+/** Forget what was shown and the filters (sign-out). */
 export function reset() {
+  asked += 1; // an answer still on its way is dropped
+  byId('usage-form').reset();
   report = null;
   for (const id of ['usage-totals', 'usage-charts']) replace(byId(id));
   replace(byId('usage-table').tBodies[0]);

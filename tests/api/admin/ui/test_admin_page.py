@@ -8,7 +8,10 @@
 - A `read` token sees no write control; a key named with markup shows as those characters; the
   CSP holds (no violation in the console, framing refused); 375 px and 1440 px wide with no
   sideways scroll; an expired token mid-form keeps the form and finishes the action after
-  signing in again; every control has an accessible name; sign-out forgets the token.
+  signing in again; every control has an accessible name; sign-out forgets the token and the
+  search fields; a created key is marked without touching the filters; the CSV's every field
+  quoted and formulas defused (usage.js's csvField, imported in the page); the sign-in is kept
+  per page path (two gateways behind prefixes on one origin).
 
 With GATEWAY_SCREENSHOTS=1 the tests save each screen to docs/img/admin-*.png (the sign-in
 screen: test_admin_sso.py, which has the SSO button).
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import threading
 import time
 from pathlib import Path
@@ -35,6 +39,8 @@ from tests.support.browser import NARROW, WIDE, AdminPage
 pytestmark = [pytest.mark.browser, pytest.mark.processes]
 
 MODEL = "llama3.2"
+#: The page's session storage key for the token: the contract's name and the page's path.
+TOKEN_KEY = "gateway.admin.token:/admin/"
 MARKUP = "<img src=x onerror=alert(1)>"
 
 
@@ -171,6 +177,13 @@ def test_a_new_admin_creates_uses_rotates_and_revokes_a_key(page: AdminPage, sta
     assert key["models"] in (["llama3.2"], ["llama3.2:latest"])
     row = page.wait(lambda: page.key_row(key_id), "the new key in the list")
     assert "RPM: 5" in row.text
+    # Marked in the list; the filters stay as the user left them (empty), not set to its name.
+    page.wait(
+        lambda: page.text("keys-message") == "Created key team-a (marked in the list).",
+        "the new key marked",
+    )
+    assert "just-created" in page.key_row(key_id).get_attribute("class")
+    assert page.el("keys-name").get_attribute("value") == ""
     page.screenshot("keys")
 
     _live_check(page, stack, secret)  # one request (or none) so far
@@ -261,12 +274,84 @@ def test_the_usage_csv_is_the_table_s_rows(page: AdminPage, stack: Stack, tmp_pa
     _show_usage_until(page, key_id, requests=1)
     page.click("usage-csv")
     files = page.wait(lambda: list(tmp_path.glob("usage-*.csv")), "the CSV file")
-    rows = list(csv.DictReader(io.StringIO(files[0].read_text(encoding="utf-8"))))
+    text = files[0].read_text(encoding="utf-8")
+    # Every field quoted: a spreadsheet splitting on `;` (its locale's separator) cannot cut
+    # one into a formula cell.
+    for line in text.splitlines():
+        assert line.startswith('"')
+        assert line.endswith('"')
+    rows = list(csv.DictReader(io.StringIO(text)))
     report = stack.api("GET", "/usage", params={"key_id": key_id})
     assert [row["key_id"] for row in rows] == [row["key_id"] for row in report["rows"]]
     assert [int(row["requests"]) for row in rows] == [row["requests"] for row in report["rows"]]
     # A name a spreadsheet would run as a formula is kept as text (OWASP "CSV injection").
     assert rows[0]["name"] == "'" + '=HYPERLINK("x"),"quoted"'
+
+
+#: csvField's answers (usage.js), by OWASP's CSV injection guidance: every field quoted, a
+#: formula's first character (after spaces) defused with `'`, plain numbers and "-" kept.
+CSV_FIELDS = [
+    ("plain", '"plain"'),
+    ("x;=1+1", '"x;=1+1"'),
+    ("=1+1", '"\'=1+1"'),
+    ("  =1+1", '"\'  =1+1"'),
+    ("+cmd", '"\'+cmd"'),
+    ("-2+3", '"\'-2+3"'),
+    ("@SUM(A1)", '"\'@SUM(A1)"'),
+    ("\tx", '"\'\tx"'),
+    ("\rx", '"\'\rx"'),
+    ("\uff1d1+1", '"\'\uff1d1+1"'),
+    ("\uff0bx", '"\'\uff0bx"'),
+    ("\uff0dx", '"\'\uff0dx"'),
+    ("\uff20x", '"\'\uff20x"'),
+    ("|calc", '"\'|calc"'),
+    ('say "hi"', '"say ""hi"""'),
+    ("-", '"-"'),
+    ("-5", '"-5"'),
+    ("+1.5e3", '"+1.5e3"'),
+    (" -0.25", '" -0.25"'),
+    (42, '"42"'),
+    (None, '""'),
+]
+
+
+def test_csv_fields_are_quoted_and_formulas_defused(page: AdminPage, stack: Stack) -> None:
+    # The module the page runs, imported in the page (same origin: the CSP allows it).
+    answers = page.driver.execute_async_script(
+        """
+        const [cases, done] = arguments;
+        Promise.all([import(new URL('ui/usage.js', location.href)),
+                     import(new URL('ui/dom.js', location.href))])
+          .then(([usage, dom]) => done({
+            csv: cases.map((value) => usage.csvField(value)),
+            plural: [dom.plural(0, 'request'), dom.plural(1, 'request'), dom.plural(2, 'error')],
+          }), (error) => done({error: String(error)}));
+        """,
+        [value for value, _ in CSV_FIELDS],
+    )
+    assert "error" not in answers, answers
+    assert list(zip([v for v, _ in CSV_FIELDS], answers["csv"], strict=True)) == [
+        (value, quoted) for value, quoted in CSV_FIELDS
+    ]
+    assert answers["plural"] == ["0 requests", "1 request", "2 errors"]
+
+
+def test_each_page_path_keeps_its_own_sign_in(page: AdminPage, stack: Stack) -> None:
+    # Two gateways on one origin behind path prefixes share sessionStorage: the page's keys
+    # carry its path, so a token kept for /other/admin/ does not sign this page in.
+    session = {"token": stack.token(), "expires_at": None, "subject": "x", "scopes": ["admin"]}
+    page.run(
+        "sessionStorage.setItem('gateway.admin.token:/other/admin/', arguments[0])",
+        json.dumps(session),
+    )
+    page.driver.refresh()
+    page.wait(lambda: page.shown("signin"), "the sign-in screen")
+    assert not page.shown("tabs")
+    page.sign_in(stack.token())
+    keys = set(page.run("return Object.keys(sessionStorage)"))
+    assert keys == {TOKEN_KEY, "gateway.admin.tab:/admin/", "gateway.admin.token:/other/admin/"}
+    other = page.run("return sessionStorage.getItem('gateway.admin.token:/other/admin/')")
+    assert json.loads(other) == session  # the other page's, untouched
 
 
 def test_a_read_token_sees_no_write_controls(page: AdminPage, stack: Stack) -> None:
@@ -364,6 +449,10 @@ def test_the_page_reads_well_at_375_and_1440_pixels(page: AdminPage, stack: Stac
                     page.click("usage-show")
                     page.wait(lambda: page.css("#usage-charts svg"), "the charts")
                 assert page.no_horizontal_scroll(), (width, name)
+                if name == "audit":
+                    _action_boxes_beside_their_words(page)
+                    if width == NARROW[0] and not dark:
+                        page.screenshot("audit-375")
             page.tab("keys")
             page.wait(lambda: page.css("#keys-table tbody tr"), "the keys")
             if width == NARROW[0]:
@@ -379,6 +468,26 @@ def test_the_page_reads_well_at_375_and_1440_pixels(page: AdminPage, stack: Stac
     assert page.run("return getComputedStyle(document.documentElement).backgroundColor") != (
         background
     )  # the dark scheme is another colour
+
+
+def _action_boxes_beside_their_words(page: AdminPage) -> None:
+    """Each action checkbox of the audit filter sits just left of its word, on one line."""
+    boxes = page.run(
+        """
+        return [...document.querySelectorAll('#audit-form fieldset.inline label')].map((label) => {
+          const box = label.querySelector('input').getBoundingClientRect();
+          const range = document.createRange();
+          range.selectNodeContents(label.lastChild);
+          const words = range.getClientRects();
+          return {word: label.textContent.trim(), lines: words.length,
+                  gap: words[0].left - box.right, height: label.getBoundingClientRect().height};
+        });
+        """
+    )
+    assert [box["word"] for box in boxes] == ["create", "update", "revoke", "rotate"]
+    for box in boxes:
+        assert box["lines"] == 1, box  # not broken mid-word
+        assert 0 <= box["gap"] < 16, box  # beside its box, not across the screen
 
 
 def test_every_control_has_an_accessible_name(page: AdminPage, stack: Stack) -> None:
@@ -440,6 +549,10 @@ def test_an_expired_token_mid_form_keeps_the_form(page: AdminPage, stack: Stack)
 def test_a_refused_token_is_explained_and_sign_out_forgets_the_token(
     page: AdminPage, stack: Stack
 ) -> None:
+    # The token field is masked and not remembered; no empty note above the form.
+    assert page.el("token-input").get_attribute("type") == "password"
+    assert page.el("token-input").get_attribute("autocomplete") == "off"
+    assert not page.shown("signin-note")
     page.type("token-input", "gw_0123456789ab_notanadmintoken")
     page.click("token-sign-in")
     page.wait(lambda: page.shown("signin-error"), "the refusal")
@@ -447,16 +560,26 @@ def test_a_refused_token_is_explained_and_sign_out_forgets_the_token(
     assert page.driver.current_url == f"{stack.url}/admin/"
     token = stack.token()
     page.sign_in(token)
-    stored = page.run("return sessionStorage.getItem('gateway.admin.token')")
+    stored = page.run(f"return sessionStorage.getItem('{TOKEN_KEY}')")
     assert token in stored
     assert page.run("return document.cookie") == ""
     assert page.run("return localStorage.length") == 0
     page.driver.refresh()  # the tab keeps its session across a reload
     page.wait(lambda: page.shown("tabs"), "still signed in")
+    # Filters typed before signing out are not left for the next person at this browser.
+    page.type("keys-name", "someone-else-s-search")
+    page.tab("audit")
+    page.type("audit-actor", "bob")
+    page.css('#audit-form input[value="revoke"]')[0].click()
+    page.tab("usage")
+    page.type("usage-key", "0123456789ab")
     page.click("sign-out")
     page.wait(lambda: page.shown("signin"), "the sign-in screen")
-    assert page.run("return sessionStorage.getItem('gateway.admin.token')") is None
+    assert page.run(f"return sessionStorage.getItem('{TOKEN_KEY}')") is None
     assert page.css("#keys-table tbody tr") == []
+    for field in ("keys-name", "audit-actor", "usage-key"):
+        assert page.el(field).get_attribute("value") == "", field
+    assert not page.css('#audit-form input[value="revoke"]')[0].is_selected()
     assert not page.shown("sso-sign-in")  # no single sign-on configured on this gateway
 
 

@@ -17,7 +17,8 @@ sign-on*, and on the provider's own form presses *Authorize as <user>*:
   the new-key form is kept), and the key is made with what was typed.
 
 With GATEWAY_SCREENSHOTS=1 the first test saves the sign-in screen (with its SSO button) as
-docs/img/admin-sign-in.png.
+docs/img/admin-sign-in.png, and the sign-out test the header of an SSO session as
+docs/img/admin-sso-signed-in.png.
 """
 
 from __future__ import annotations
@@ -49,8 +50,11 @@ from tests.support.oidc import (
 
 pytestmark = [pytest.mark.browser, pytest.mark.processes]
 
-TOKEN_KEY = "gateway.admin.token"  # the page's session storage key (the contract's)
-PENDING_KEY = "gateway.admin.oidc"  # state, nonce and verifier while at the provider
+#: The page's session storage keys: the contract's names, each with the page's path after a
+#: colon (two gateways behind path prefixes on one origin keep their own sign-in).
+TOKEN_KEY = "gateway.admin.token:/admin/"
+PENDING_KEY = "gateway.admin.oidc:/admin/"  # state, nonce and verifier while at the provider
+DRAFTS_KEY = "gateway.admin.drafts:/admin/"
 #: The ID tokens of the expiry test's own provider last this long: long enough to sign in and
 #: open a form on a loaded machine, short enough to wait for.
 SHORT_TOKEN_SECONDS = 30
@@ -152,7 +156,7 @@ def _authorize(page: AdminPage, sub: str) -> None:
         lambda: page.driver.current_url.startswith(f"{page.url}/admin/") and not _pending(page),
         "back on the page, the sign-in finished",
     )
-    page.wait(lambda: page.shown("tabs") or page.text("signin-error"), "signed in or refused")
+    page.wait(lambda: page.shown("tabs") or page.text("sso-error"), "signed in or refused")
 
 
 def _sso(page: AdminPage, sub: str) -> None:
@@ -172,6 +176,10 @@ def _pending(page: AdminPage) -> bool:
 def _stored(page: AdminPage) -> dict[str, Any] | None:
     text = page.run(f"return sessionStorage.getItem('{TOKEN_KEY}')")
     return None if text is None else dict(json.loads(text))
+
+
+def _focused(page: AdminPage) -> str:
+    return str(page.run("return document.activeElement && document.activeElement.id"))
 
 
 def _fetched(page: AdminPage, path: str) -> list[str]:
@@ -271,7 +279,10 @@ def test_a_reader_signs_in_with_sso_and_sees_no_write_controls(
     assert not page.shown("key-new")
     assert not page.shown("key-create")
     visible = {button.text for button in page.css("button") if button.is_displayed()}
-    assert visible <= {"Sign out", "Keys", "Usage", "Live", "Audit", "Search"} | {
+    assert visible <= {"Sign out", "Sign out of single sign-on too", "Keys", "Usage"} | {
+        "Live",
+        "Audit",
+        "Search",
         "Previous page",
         "Next page",
     }
@@ -281,8 +292,11 @@ def test_a_user_in_neither_group_is_refused_with_the_gateway_s_reason(
     page: AdminPage, sso_stack: SsoStack
 ) -> None:
     _sso(page, NOBODY_SUB)
-    page.wait(lambda: page.shown("signin-error"), "the refusal")
-    message = page.text("signin-error")
+    page.wait(lambda: page.shown("sso-error"), "the refusal, beside the SSO button")
+    # Focus on the refusal (a screen reader reads it), not on the token field.
+    page.wait(lambda: _focused(page) == "sso-error", "the focus on the refusal")
+    assert not page.shown("signin-error")
+    message = page.text("sso-error")
     assert "token grants no admin scope" in message
     assert "none of the groups" in message  # the gateway's explanation, not a bare status
     assert _fetched(page, "/admin/oidc/token")  # asked, and refused
@@ -300,7 +314,7 @@ def test_an_answer_with_another_state_is_refused_before_the_exchange(
     refusal = "does not belong to this tab (state mismatch)"
     # No sign-in in progress in this tab: an answer out of nowhere.
     page.driver.get(f"{sso_stack.page_url}?code=x&state=wrong")
-    page.wait(lambda: refusal in page.text("signin-error"), "the refusal")
+    page.wait(lambda: refusal in page.text("sso-error"), "the refusal")
     assert page.driver.current_url == sso_stack.page_url
     assert _fetched(page, "/admin/oidc/token") == []
 
@@ -309,7 +323,7 @@ def test_an_answer_with_another_state_is_refused_before_the_exchange(
     _to_provider(page, "sso-sign-in", ADMIN_SUB)
     planted = sso_stack.provider.sign_in(ADMIN_SUB, sso_stack.page_url)
     page.driver.get(f"{sso_stack.page_url}?code={planted.code}&state=wrong")
-    page.wait(lambda: refusal in page.text("signin-error"), "the refusal")
+    page.wait(lambda: refusal in page.text("sso-error"), "the refusal")
     assert _fetched(page, "/admin/oidc/token") == []
     assert page.driver.current_url == sso_stack.page_url
     assert not page.shown("tabs")
@@ -319,6 +333,68 @@ def test_an_answer_with_another_state_is_refused_before_the_exchange(
         f"{sso_stack.url}/admin/oidc/token", json=planted.body(), timeout=30
     )  # a code is exchanged once: this would be refused had the page sent it
     assert exchanged.status_code == 200, exchanged.text
+
+
+def test_signing_out_of_sso_too_ends_the_provider_s_session_and_comes_back_signed_out(
+    page: AdminPage, sso_stack: SsoStack
+) -> None:
+    _sso(page, ADMIN_SUB)
+    page.wait(lambda: page.shown("tabs"), "signed in")
+    stored = _stored(page)
+    assert stored is not None
+    button = page.el("sso-end-session")
+    assert button.tag_name == "button"  # an action, styled as the other buttons
+    page.screenshot("sso-signed-in")
+    page.click("sso-end-session")
+
+    # At the provider's end_session_endpoint, with what OpenID Connect RP-Initiated Logout 1.0
+    # section 2 asks of the page: who it is, where to send the user back, and whose session.
+    page.wait(lambda: "/oauth2/end_session" in page.driver.current_url, "the provider's logout")
+    sent = parse_qs(urlsplit(page.driver.current_url).query)
+    assert sent["client_id"] == ["llm-gateway-admin-page"]
+    assert sent["post_logout_redirect_uri"] == [sso_stack.page_url]
+    assert sent["id_token_hint"] == [stored["token"]]  # the page's token is the ID token
+    end = [b for b in page.css("button") if b.text == "End session"]
+    assert end, "the provider's confirmation form"
+    end[0].click()
+
+    page.wait(lambda: page.driver.current_url == sso_stack.page_url, "back on the page")
+    page.wait(lambda: page.shown("signin"), "the sign-in screen")
+    assert not page.shown("tabs")
+    assert _stored(page) is None  # the page forgot its token before leaving
+    assert page.shown("sso-sign-in")
+
+
+def test_a_provider_error_is_shown_only_for_the_tab_s_own_sign_in(
+    page: AdminPage, sso_stack: SsoStack
+) -> None:
+    # An error link made by anyone (no sign-in in progress): its text is not shown.
+    planted = "Your account is locked: call +1 555 0100"
+    page.driver.get(
+        f"{sso_stack.page_url}?error=access_denied&error_description={planted}&state=made-up"
+    )
+    page.wait(lambda: page.shown("sso-error"), "the generic message")
+    assert page.text("sso-error") == "The single sign-on was not completed: sign in again."
+    assert "555" not in page.driver.page_source
+    assert page.driver.current_url == sso_stack.page_url
+
+    # The tab's own sign-in, refused at the provider: its reason is shown, the URL cleared.
+    _to_provider(page, "sso-sign-in", ADMIN_SUB)
+    state = parse_qs(urlsplit(page.driver.current_url).query)["state"][0]
+    page.driver.get(
+        f"{sso_stack.page_url}?error=access_denied&error_description=The+user+said+no&state={state}"
+    )
+    page.wait(
+        lambda: (
+            page.text("sso-error") == "The identity provider refused the sign-in: The user said no"
+        ),
+        "the provider's reason",
+    )
+    assert page.driver.current_url == sso_stack.page_url
+    assert _focused(page) == "sso-error"
+    assert page.run(f"return sessionStorage.getItem('{PENDING_KEY}')") is None
+    assert _fetched(page, "/admin/oidc/token") == []
+    assert not page.shown("tabs")
 
 
 def test_an_expired_sso_sign_in_keeps_the_new_key_form_across_the_round_trip(
@@ -362,7 +438,7 @@ def test_an_expired_sso_sign_in_keeps_the_new_key_form_across_the_round_trip(
             assert page.el("create-name").get_attribute("value") == "made-after-sso-again"
             assert page.el("create-rpm").get_attribute("value") == "42"
             assert page.el("create-tpm").get_attribute("value") == "777"
-            assert page.run("return sessionStorage.getItem('gateway.admin.drafts')") is None
+            assert page.run(f"return sessionStorage.getItem('{DRAFTS_KEY}')") is None
             page.click("key-create-submit")  # sent by the user (docs/admin.md)
             key_id = _key_id(page.secret_from_dialog())
             page.close_secret()
