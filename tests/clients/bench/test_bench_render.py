@@ -71,6 +71,22 @@ def test_the_table_has_units_in_its_headers_and_the_findings_under_it() -> None:
     assert [row.split()[0] for row in rows] == ["1", "2", "4", "8"]
 
 
+def test_one_repeat_has_no_spread_and_says_why_a_point_has_no_interval() -> None:
+    doc = run_doc(repeat=1)
+    point = doc["models"][0]["points"][0]
+    point["repeats"][0]["requests"] = 5
+    for key in ("ttft_seconds.p50", "tpot_seconds.p50", "itl_seconds.p50", "e2e_seconds.p50"):
+        point["summary"].get(key, {}).pop("ci_low", None)
+    point["summary"].get("output_tokens_per_second", {}).pop("ci_low", None)
+    out = render_table(doc)
+    header = next(line for line in out.splitlines() if line.startswith("concurrency"))
+    spread = header.index("tok/s spread")
+    rows = out.splitlines()[out.splitlines().index(header) + 2 :][:4]
+    assert all(row[spread : spread + len("tok/s spread")].strip() == "-" for row in rows)
+    assert "no interval at 1: 5 requests, a p50 needs 6" in out
+    assert "no interval at 2" not in out  # 20 requests: enough; this document has none for
+
+
 def test_values_not_measured_print_a_dash() -> None:
     entry = model_entry(slo=None, quality=None)
     entry["size"] = {"disk_bytes": None, "loaded_bytes": None, "vram_bytes": None}
