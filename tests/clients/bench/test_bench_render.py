@@ -467,3 +467,30 @@ def test_markdown_shows_links_and_mentions_as_text(name: str, shown: str) -> Non
     assert markdown_text(name) == shown
     out = render_markdown(run_doc([model_entry(name)]))
     assert f"## {shown}" in out
+
+
+def test_legends_sit_outside_the_data_and_the_load_matrix_has_headroom() -> None:
+    # Inside the axes a legend hid the level-1 points (issue 30); matrix-load's TTFT line ran
+    # along the top edge. Drawn and measured in display coordinates.
+    pytest.importorskip("matplotlib")
+    figure_class, canvas_class = plots._figure_classes()
+    doc = run_doc([model_entry(model="a"), model_entry(model="b")])
+    entry = doc["models"][0]
+    ordered = plots.points(entry)
+    figures = [
+        plots._latency(figure_class(figsize=(7, 6)), "a", ordered, 4.0),
+        plots._throughput(figure_class(figsize=(7, 4.5)), "a", ordered, 4.0),
+    ]
+    for figure in figures:
+        canvas_class(figure).draw()
+        for axes in figure.axes:
+            legend = axes.get_legend().get_window_extent()
+            assert not legend.overlaps(axes.get_window_extent())
+    load = plots._matrix_load(figure_class(figsize=(11, 4.5)), doc["models"])
+    canvas_class(load).draw()
+    (legend,) = load.legends
+    for axes in load.axes:
+        assert axes.get_legend() is None
+        assert not legend.get_window_extent().overlaps(axes.get_window_extent())
+        highest = max(max(line.get_ydata()) for line in axes.get_lines())
+        assert axes.get_ylim()[1] >= highest * 1.1
