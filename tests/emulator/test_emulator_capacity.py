@@ -300,6 +300,69 @@ async def test_openai_face_queues_and_reports_llamacpp_timings(client, state):
     assert "timings" not in off.json()
 
 
+@pytest.mark.parametrize("stream", [True, False])
+async def test_the_slot_is_free_before_the_final_chunk_goes_out(stream):
+    # A closed-loop client sends its next request on reading the last chunk; the slot must be
+    # free by then, or `--parallel 1 --max-queue 0` answers it 503 busy (issue 30). Driven as
+    # raw ASGI, so the check runs at the moment the last body is handed to the server.
+    app = create_emulator_app(EmulatorConfig(parallel=1, max_queue=0, ttft=0, inter_token=0))
+    runner = app.state.emulator.capacity.runner("llama3.2")
+    body = json.dumps({**CHAT, "stream": stream}).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/api/chat",
+        "raw_path": b"/api/chat",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 11434),
+    }
+    delivered = False
+    held_at_last: list[int] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await anyio.sleep_forever()
+        raise AssertionError  # pragma: no cover
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            held_at_last.append(runner.running)
+
+    await app(scope, receive, send)
+    assert held_at_last == [0]
+
+
+async def test_prompt_tokens_count_the_prompt_when_asked(client, state):
+    state.config = EmulatorConfig(prompt_eval_count=None, ttft=0, inter_token=0, tokens=2)
+    body = {"model": "llama3.2", "stream": False}
+    chat = {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "a b c"},
+        ]
+    }
+    counted = await client.post("/api/chat", json={**body, **chat})
+    assert counted.json()["prompt_eval_count"] == 5
+    parts = [{"role": "user", "content": [{"type": "text", "text": "one two"}]}]
+    openai = await client.post("/v1/chat/completions", json={**body, "messages": parts})
+    assert openai.json()["usage"]["prompt_tokens"] == 2
+    blank = {"messages": [{"role": "user", "content": " "}]}
+    empty = await client.post("/api/chat", json={**body, **blank})
+    assert empty.json()["prompt_eval_count"] == 1
+    state.config = EmulatorConfig(ttft=0, inter_token=0, tokens=2)  # the default: a constant 12
+    constant = await client.post("/api/chat", json={**body, **chat})
+    assert constant.json()["prompt_eval_count"] == 12
+
+
 # --- command line -----------------------------------------------------------------------------
 
 
@@ -318,6 +381,9 @@ def test_cli_flags_set_the_capacity_knobs():
     default, _ = parse_args([])
     assert (default.parallel, default.batch_slowdown, default.max_queue) == (0, 0.0, None)
     assert (default.cold_load, default.llamacpp_timings) == (0.0, False)
+    assert default.prompt_eval_count == 12
+    assert parse_args(["--prompt-tokens=count"])[0].prompt_eval_count is None
+    assert parse_args(["--prompt-tokens=7"])[0].prompt_eval_count == 7
 
 
 def test_cli_help_documents_the_capacity_flags(capsys):

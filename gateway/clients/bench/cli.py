@@ -622,6 +622,29 @@ def _save(doc: dict[str, Any], path: Path) -> Path:
     return path
 
 
+def _surface_hint(doc: dict[str, Any], surface: str) -> str:
+    """A hint when `--endpoint responses|messages` met 404s: the server may not serve the path.
+
+    The gateway serves `/v1/responses` and `/v1/messages`; the emulator and most engines
+    (Ollama before its own, llama.cpp, vLLM builds without them) answer those paths 404.
+    """
+    if surface not in ("responses", "messages"):
+        return ""
+    examples = (
+        str(example)
+        for entry in doc.get("models", [])
+        for point in entry.get("points", [])
+        for repeat in point.get("repeats", [])
+        for example in repeat.get("error_examples", [])
+    )
+    if not any(example.startswith("HTTP 404") for example in examples):
+        return ""
+    return (
+        f" (HTTP 404 on /v1/{surface}: the server may not serve that path; the gateway does,"
+        " the emulator and most engines do not: benchmark through `gateway serve`)"
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
     """`gateway bench run`: the exit status of docs/benchmarking.md "Exit status".
 
@@ -705,14 +728,15 @@ def _run(args: argparse.Namespace) -> int:
         reason = redact(str(doc.get("partial_reason")), plan.target.key)
         print(f"gateway bench: stopped: {reason}; the part measured is {where}", file=sys.stderr)
         return 1
+    hint = _surface_hint(doc, plan.target.surface)
     if completed == 0:
-        print("gateway bench: no request succeeded", file=sys.stderr)
+        print(f"gateway bench: no request succeeded{hint}", file=sys.stderr)
         return 1
     if not saved:
         return 1
     too_many = error_verdict(doc, plan.max_error_rate)
     if too_many is not None:
-        print(f"gateway bench: too many failed requests: {too_many}", file=sys.stderr)
+        print(f"gateway bench: too many failed requests: {too_many}{hint}", file=sys.stderr)
         return EXIT_TOO_MANY_ERRORS
     return 0
 

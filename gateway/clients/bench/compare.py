@@ -31,7 +31,9 @@ are one value per run and always take this rule.
 
 The comparison also warns when a row's interval of the change is wider than +-threshold and it
 was not called "better" or "worse": those runs cannot tell a threshold-sized change from noise
-(`--strict-stats` refuses then), and the warning says about how many repeats would.
+(`--strict-stats` refuses then), and the warning says about how many repeats would. For a tail
+percentile (p99) this is only a note, informational: a p99 per repeat rests on a few samples, so
+its interval is wide by nature, and it must not make `--strict-stats` refuse a clean comparison.
 
 A row with the value missing on either side is "missing" and never a regression. The verdict is
 "refused" when the fingerprints differ and mismatches were not allowed, when either run is
@@ -210,6 +212,8 @@ class Comparison:
         warnings: What limits the verdict's worth: runs without repeats, values whose interval
             is wider than the threshold (module docstring).
         confidence: The confidence of the test and of the intervals.
+        informational: What the reader should know that neither warns nor gates: tail
+            percentiles too noisy to resolve the threshold (`gate_warnings`).
     """
 
     rows: list[Row]
@@ -222,6 +226,7 @@ class Comparison:
     mismatch_allowed: bool = False
     warnings: list[str] = field(default_factory=list)
     confidence: float = DEFAULT_CONFIDENCE
+    informational: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -242,6 +247,7 @@ class Comparison:
             "threshold": self.threshold,
             "confidence": self.confidence,
             "warnings": self.warnings,
+            "informational": self.informational,
             "mismatches": self.mismatches,
             "refusals": self.refusals,
             "notes": self.notes,
@@ -446,7 +452,7 @@ def compare(
             _compare_model(label, base_entry, new_entry, threshold, notes, refusals, confidence)
         )
     fewest = _fewest_repeats(pairs)
-    warnings = gate_warnings(rows, fewest, threshold, confidence)
+    warnings, informational = gate_warnings(rows, fewest, threshold, confidence, require_repeats)
     if fewest is not None and min(fewest[0][0], fewest[1][0]) < require_repeats:
         (base_n, base_at), (new_n, new_at) = fewest
         side, n, at = ("BASE", base_n, base_at) if base_n <= new_n else ("NEW", new_n, new_at)
@@ -476,6 +482,7 @@ def compare(
         bool(allow_mismatch),
         warnings,
         confidence,
+        informational,
     )
 
 
@@ -497,45 +504,79 @@ def _fewest_repeats(pairs: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> 
 
 
 def gate_warnings(
-    rows: list[Row], fewest: Fewest | None, threshold: float, confidence: float
-) -> list[str]:
+    rows: list[Row],
+    fewest: Fewest | None,
+    threshold: float,
+    confidence: float,
+    require_repeats: int = 1,
+) -> tuple[list[str], list[str]]:
     """What limits the verdict: runs measured once, values the repeats cannot resolve.
 
+    Args:
+        rows: The compared rows.
+        fewest: The fewest repeats of a point on each side, with where (`_fewest_repeats`).
+        threshold: The gate's threshold.
+        confidence: The test's confidence.
+        require_repeats: `--require-repeats` as given: the advice to pass it is left out when
+            it is already above 1.
+
     Returns:
-        One line for runs with a single repeat at some point (no noise measured: the threshold
-        alone decides, and a real model's identical runs differ by 10-30%), and one for the
-        rows judged by the test whose interval of the change is wider than +-threshold while
-        they were not called a change, naming a few with about how many repeats would resolve
-        them (the interval narrows as 1/sqrt(n)).
+        (warnings, informational). The warnings: one line for runs with a single repeat at
+        some point (no noise measured: the threshold alone decides, and a real model's
+        identical runs differ by 10-30%), naming each side that has one; and one for the rows
+        judged by the test whose interval of the change is wider than +-threshold while they
+        were not called a change, naming a few with about how many repeats would resolve them
+        (the interval narrows as 1/sqrt(n)). A tail percentile (p99) with such an interval goes
+        to the informational lines instead: a p99 of a few dozen requests per repeat is a
+        handful of samples, noisy by nature, and must not make `--strict-stats` refuse a
+        clean comparison of its medians.
     """
     warnings: list[str] = []
+    informational: list[str] = []
     if fewest is not None and min(fewest[0][0], fewest[1][0]) < 2:
         (base_n, base_at), (new_n, new_at) = fewest
-        side, n, at = ("BASE", base_n, base_at) if base_n <= new_n else ("NEW", new_n, new_at)
+        once = [(s, n, at) for s, n, at in (("BASE", base_n, base_at), ("NEW", new_n, new_at))]
+        once = [item for item in once if item[1] < 2]
+        named = " and ".join(f"{side} has {n} repeat at {at}" for side, n, at in once)
+        advice = "run both with --repeat 3 or more"
+        if require_repeats <= 1:
+            advice += ", or pass --require-repeats 3 to refuse such a comparison"
         warnings.append(
-            f"{side} has {n} repeat at {at}: with a single run there is no measured noise, so"
+            f"{named}: with a single run there is no measured noise, so"
             f" the {threshold:.1%} threshold alone decides and a change may be noise (identical"
-            " runs of a real model differed by 10-30%); run both with --repeat 3 or more, or"
-            " pass --require-repeats 3 to refuse such a comparison"
+            f" runs of a real model differed by 10-30%); {advice}"
         )
     wide = [row for row in rows if row.unresolved]
-    if wide:
-        shown = []
-        for row in wide[:4]:
-            half = (row.change_high - row.change_low) / 2  # type: ignore[operator]
-            n = min(len(row.base.values), len(row.new.values))  # type: ignore[union-attr]
-            need = math.ceil(n * (half / threshold) ** 2) if threshold > 0 else None
-            where = row.model if row.level is None else f"{row.model} at {level(row.level)}"
-            more = "" if need is None else f", about {need} repeats"
-            if need is not None and need > 100:
-                more = ", over 100 repeats: too noisy to gate at this threshold"
-            shown.append(f"{where}: {row.metric.label} +-{half:.1%}{more}")
-        warnings.append(
-            f"{len(wide)} value(s) cannot tell a {threshold:.1%} change from noise at"
-            f" {confidence * 100:g}% confidence (their interval of the change is wider):"
-            f" {'; '.join(shown)}"
-        )
-    return warnings
+    for chosen, out, what in (
+        ([row for row in wide if not row.metric.tail], warnings, "value(s) cannot tell"),
+        (
+            [row for row in wide if row.metric.tail],
+            informational,
+            "tail percentile(s), informational only (few samples per repeat), cannot tell",
+        ),
+    ):
+        if chosen:
+            out.append(
+                f"{len(chosen)} {what} a {threshold:.1%} change from noise at"
+                f" {confidence * 100:g}% confidence (their interval of the change is wider):"
+                f" {_unresolved(chosen, threshold)}"
+            )
+    return warnings, informational
+
+
+def _unresolved(rows: list[Row], threshold: float) -> str:
+    """A few unresolved rows with their half-interval and about how many repeats would do."""
+    shown = []
+    for row in rows[:4]:
+        half = (row.change_high - row.change_low) / 2  # type: ignore[operator]
+        n = min(len(row.base.values), len(row.new.values))  # type: ignore[union-attr]
+        need = math.ceil(n * (half / threshold) ** 2) if threshold > 0 else None
+        where = row.model if row.level is None else f"{row.model} at {level(row.level)}"
+        more = "" if need is None else f", about {need} repeats"
+        if need is not None and need > 100:
+            more = ", over 100 repeats: too noisy to gate at this threshold"
+        shown.append(f"{where}: {row.metric.label} +-{half:.1%}{more}")
+    return "; ".join(shown)
 
 
 def _pair_models(
@@ -692,6 +733,7 @@ def render_comparison(comparison: Comparison) -> str:
     lines = [text_table(columns, rows)]
     lines += [f"mismatch (allowed): {safe(m, 500)}" for m in comparison.mismatches]
     lines += [f"note: {safe(n, 500)}" for n in comparison.notes]
+    lines += [f"note: {safe(n, 1000)}" for n in comparison.informational]
     worse = len(comparison.regressions)
     if comparison.refusals:
         lines.append("refused: NEW cannot be judged against BASE:")

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.clients.bench.document import mapping, points, real, sequence
+from gateway.clients.bench.intervals import DEFAULT_CONFIDENCE, quantile_interval
 from gateway.clients.bench.tables import level, number, safe
 
 #: (summary key, label, scale, unit) of the statistics whose intervals are printed.
@@ -32,6 +33,25 @@ def _interval(entry: Mapping[str, Any], scale: float, unit: str) -> str | None:
     if mean:
         text += f" (+-{(high - low) / 2 / abs(mean):.1%})"
     return text
+
+
+def _fewest_for_median(confidence: float = DEFAULT_CONFIDENCE) -> int:
+    """The fewest samples whose p50 has a distribution-free interval (6 at 95%)."""
+    return next(n for n in range(2, 1000) if quantile_interval(range(n), 0.5, confidence))
+
+
+def _no_interval(point: Mapping[str, Any]) -> list[str]:
+    """Why a single-repeat point has no interval, when it is too few requests for a p50's ranks.
+
+    A run made before the intervals existed has none for no such reason: nothing is said then.
+    """
+    (repeat,) = sequence(point.get("repeats"))
+    found = mapping(repeat).get("requests")
+    needed = _fewest_for_median()
+    if not isinstance(found, int) or isinstance(found, bool) or found >= needed:
+        return []
+    requests = f"{found} request" + ("" if found == 1 else "s")
+    return [f"no interval at {level(point.get('level'))}: {requests}, a p50 needs {needed}"]
 
 
 def interval_lines(entry: Mapping[str, Any]) -> list[str]:
@@ -61,6 +81,8 @@ def interval_lines(entry: Mapping[str, Any]) -> list[str]:
             lines.append(
                 f"{share}intervals at {level(point.get('level'))} ({method}): {', '.join(parts)}"
             )
+        if not parts and len(sequence(point.get("repeats"))) == 1:
+            lines += _no_interval(point)
         if convergence:
             target = real(convergence.get("target"))
             wanted = "-" if target is None else f"+-{target:.1%}"

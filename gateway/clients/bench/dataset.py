@@ -138,12 +138,20 @@ def build_workload(spec: str, sampling: Sampling, options: DatasetOptions) -> Wo
 
     Raises:
         WorkloadError: an unknown suite, an unreadable file, a bad record (`file:line`), or a
-            length option that does not fit the source (`dataset` lengths for a synthetic one).
+            length option that does not fit the source (`dataset` lengths for a synthetic or
+            builtin one).
     """
     rng = random.Random(options.seed)  # noqa: S311 - a reproducible workload, not a secret
     if spec == SYNTHETIC:
         return _synthetic(sampling, options, rng)
     if spec == BUILTIN or spec.startswith(f"{BUILTIN}:"):
+        dataset = [o for o in (options.prompt_words, options.output_tokens) if o is not None]
+        if any(lengths.kind == "dataset" for lengths in dataset):
+            # The suites record no answer lengths: saying nothing would run on --max-tokens.
+            raise WorkloadError(
+                f"the {BUILTIN} workload has no data set lengths: give --output-tokens N (or"
+                " uniform:/normal:), or leave it out to use --max-tokens"
+            )
         base = load_workload(spec, sampling)
         return _with_lengths(base, options, rng)
     path = Path(spec)

@@ -33,7 +33,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from gateway.clients.bench import wire
 from gateway.clients.bench.dataset import word_count
@@ -62,9 +62,21 @@ __all__ = [
     "run_rate",
 ]
 
-Progress = Callable[[int, int, int], None]
-"""Called with (counted requests finished, counted requests planned or 0 in duration mode,
-counted requests failed): what `gateway.clients.bench.progress` shows while a level runs."""
+
+class Progress(Protocol):
+    """What `gateway.clients.bench.progress` shows while a level runs."""
+
+    def __call__(self, done: int, total: int, failed: int, *, sent: int | None = None) -> None:
+        """Called after each counted request.
+
+        Args:
+            done: Counted requests finished.
+            total: Counted requests planned; 0 in duration mode.
+            failed: Counted requests failed.
+            sent: Counted arrivals sent so far (open loop only; None in a closed loop).
+        """
+
+
 Watch = Callable[[RequestRecord], None]
 """Sees every answered request; raises `health.TargetLost` to stop the run (`health.DownWatch`)."""
 
@@ -443,7 +455,7 @@ async def run_rate(
             counted[0] += 1
             counted[1] += not record.ok
             if progress is not None:
-                progress(counted[0], requests or 0, counted[1])
+                progress(counted[0], requests or 0, counted[1], sent=len(sent))
 
     try:
         async with asyncio.TaskGroup() as group:

@@ -252,9 +252,14 @@ def _throughput(
     axes.set_ylabel("output tokens/s (all requests)")
     axes.set_title(f"{_label(model)}: throughput")
     axes.grid(True, alpha=0.3)
-    axes.legend(fontsize=8, loc="lower right")
+    _legend_outside(axes)
     figure.tight_layout()
     return figure
+
+
+def _legend_outside(axes: Any) -> None:
+    """The legend right of the axes: inside, any corner can hide a point (issue 30)."""
+    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
 def _latency(
@@ -290,7 +295,7 @@ def _latency(
         _mark_knee(axes, knee)
         axes.set_ylabel(ylabel)
         axes.grid(True, alpha=0.3)
-        axes.legend(fontsize=8, loc="upper left")
+        _legend_outside(axes)
     _load_axis(bottom, [float(p["level"]) for p in ordered])
     bottom.set_xlabel(_xlabel(ordered))
     top.set_title(f"{_label(model)}: latency")
@@ -375,6 +380,7 @@ def _matrix_load(figure: Any, entries: Sequence[Mapping[str, Any]]) -> Any:
     right = figure.add_subplot(1, 2, 2)
     levels: list[float] = []
     ttfts: list[float] = []
+    tokens: list[float] = []
     for index, entry in enumerate(entries):
         ordered = points(entry)
         if not ordered:
@@ -383,6 +389,7 @@ def _matrix_load(figure: Any, entries: Sequence[Mapping[str, Any]]) -> Any:
         color, label = f"C{index % 10}", _label(entry.get("model"))
         xs, ys = _series(ordered, "output_tokens_per_second")
         left.plot(xs, ys, marker="o", color=color, label=label)
+        tokens += ys
         xs, ys = _series(ordered, "ttft_seconds.p50", 1000.0)
         right.plot(xs, ys, marker="o", color=color, label=label)
         ttfts += ys
@@ -391,14 +398,20 @@ def _matrix_load(figure: Any, entries: Sequence[Mapping[str, Any]]) -> Any:
         _load_axis(axes, levels)
         axes.set_xlabel(_xlabel(first))
         axes.set_title(title, fontsize=10)
-        if axes is right and ttfts and min(ttfts) > 0 and max(ttfts) / min(ttfts) > 20:
+        values = ttfts if axes is right else tokens
+        highest = max(values, default=0.0)
+        if axes is right and ttfts and min(ttfts) > 0 and highest / min(ttfts) > 20:
             axes.set_yscale("log")  # queueing multiplies TTFT: keep the low levels readable
             _plain_numbers(axes)
+            axes.set_ylim(top=highest * 1.6)  # headroom: the top line off the frame
         else:
-            axes.set_ylim(bottom=0)
+            axes.set_ylim(bottom=0, top=highest * 1.15 or 1.0)
         axes.grid(True, alpha=0.3)
-        axes.legend(fontsize=8)
-    figure.tight_layout()
+    # One legend for both panels (the same models), below them: over a panel it hid lines.
+    handles, labels = left.get_legend_handles_labels()
+    figure.legend(handles, labels, fontsize=8, loc="lower center", ncol=min(len(labels), 4) or 1)
+    rows = max(1, -(-len(labels) // 4))
+    figure.tight_layout(rect=(0.0, min(0.06 * rows + 0.02, 0.4), 1.0, 1.0))
     return figure
 
 

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gateway.clients.bench.knee import median
+from gateway.clients.bench.tables import plural
 
 
 def recommend(
@@ -116,10 +117,12 @@ def _sentence(policy: Mapping[str, Any], rate: float) -> str:
     share = "" if replicas == 1 else f", {policy['upstream_max_concurrent']} per gateway process"
     each = "" if replicas == 1 else f" (each of the {replicas} processes)"
     return (
-        f"Allow {policy['level']} requests at once ({why}){share}: {gate}{each}. At that load the "
+        f"Allow {plural(policy['level'], 'request')} at once ({why}){share}: {gate}{each}. At"
+        " that load the "
         f"server completes {rate:.3g} requests/s, so a wait of at most "
         f"{policy['target_queue_wait_seconds']:g} s holds "
-        f"GATEWAY_UPSTREAM_QUEUE_SIZE={policy['upstream_queue_size']} waiting requests{each}; "
+        f"GATEWAY_UPSTREAM_QUEUE_SIZE={policy['upstream_queue_size']} waiting"
+        f" request{'' if policy['upstream_queue_size'] == 1 else 's'}{each}; "
         f"GATEWAY_UPSTREAM_QUEUE_TIMEOUT={policy['upstream_queue_timeout']:g} (that wait plus "
         "one answer's p95 time, rounded up) refuses a request still waiting then with a 503, "
         "as a full queue refuses the rest."

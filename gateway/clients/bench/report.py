@@ -93,6 +93,13 @@ def _repeat_sum(point: Mapping[str, Any], key: str) -> int | None:
     return sum(counts) if counts else None
 
 
+def _spread(point: Mapping[str, Any]) -> float | None:
+    """The output tokens/s spread over repeats; None (shown "-") with one repeat: no spread."""
+    if len(sequence(point.get("repeats"))) < 2:
+        return None
+    return stat(point, "output_tokens_per_second", "spread")
+
+
 def _slo(point: Mapping[str, Any]) -> str:
     met = point.get("slo_met")
     return MISSING if met is None else ("met" if met else "missed")
@@ -112,7 +119,7 @@ def point_table(entry: Mapping[str, Any]) -> tuple[list[Column], list[list[str]]
         row = [level(point["level"]), count(len(sequence(point.get("repeats"))) or None)]
         row += [count(_repeat_sum(point, "requests")), count(_repeat_sum(point, "errors"))]
         row += [number(stat(point, key), scale) for key, _, scale in _POINT_VALUES]
-        row.append(percent(stat(point, "output_tokens_per_second", "spread")))
+        row.append(percent(_spread(point)))
         row += [number(stat(point, "requests_per_second"))]
         row += [number(stat(point, "goodput_requests_per_second"))]
         row += [number(stat(point, "error_rate"), 100.0), _slo(point)]
@@ -258,7 +265,7 @@ def render_csv(doc: Mapping[str, Any]) -> str:
                     _csv_count(_repeat_sum(point, "requests")),
                     _csv_count(_repeat_sum(point, "errors")),
                     *(_csv_cell(stat(point, key), scale) for key, _, scale in _CSV_VALUES),
-                    _csv_cell(stat(point, "output_tokens_per_second", "spread"), 100.0),
+                    _csv_cell(_spread(point), 100.0),
                     "" if met is None else str(bool(met)).lower(),
                 ]
             )
@@ -333,8 +340,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--html",
         metavar="FILE",
         type=Path,
-        help="also write a self-contained HTML report (tables and plots, no network) to FILE"
-        " (gateway.clients.bench.html.main_report)",
+        help="also write a self-contained HTML report (tables and plots, no network) to FILE",
     )
 
 

@@ -253,8 +253,7 @@ def point_line(model: str, point: dict[str, Any]) -> str:
         med("output_tokens_per_second"),
         med("error_rate"),
     )
-    unit = "concurrency" if point["shape"] == "concurrency" else "req/s"
-    parts = [f"{model}: {unit} {point['level']:g}"]
+    parts = [f"{model}: {level_label(point['shape'], point['level'])}"]
     parts.append("TTFT p50 " + ("-" if ttft is None else f"{ttft * 1000:.0f} ms"))
     parts.append("output " + ("-" if rate is None else f"{rate:.1f} tok/s"))
     output = summary.get("output_tokens_per_second", {})

@@ -156,3 +156,8 @@ def _check(columns: Sequence[Column], rows: Sequence[Sequence[str]]) -> None:
     for row in rows:
         if len(row) != len(columns):
             raise ValueError(f"a row of {len(row)} cells in a table of {len(columns)} columns")
+
+
+def plural(count: int, noun: str) -> str:
+    """`1 request`, `2 requests`: a count with its noun in the right number (English `s`)."""
+    return f"{count} {noun}" + ("" if count == 1 else "s")

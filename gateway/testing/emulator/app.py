@@ -160,6 +160,14 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[EmulatorConfig, argpa
         help="the tool call's arguments as a JSON object (default: from its schema)",
     )
     parser.add_argument(
+        "--prompt-tokens",
+        type=_prompt_tokens,
+        default=defaults.prompt_eval_count,
+        metavar="N|count",
+        help="prompt tokens every answer reports (prompt_eval_count, usage.prompt_tokens), or "
+        "'count': the prompt's whitespace-separated words, at least 1 (default: %(default)s)",
+    )
+    parser.add_argument(
         "--registry", default=None, help="comma-separated models /api/pull can fetch (default: any)"
     )
     capacity = parser.add_argument_group(
@@ -227,8 +235,19 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[EmulatorConfig, argpa
         max_queue=args.max_queue,
         cold_load=args.load_duration,
         llamacpp_timings=args.llamacpp_timings,
+        prompt_eval_count=args.prompt_tokens,
     )
     return config, args
+
+
+def _prompt_tokens(text: str) -> int | None:
+    """`--prompt-tokens`: a count of at least 0, or `count` (None: count the prompt's words)."""
+    if text == "count":
+        return None
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -68,7 +68,8 @@ class EmulatorConfig:
         host_gate: 403 with an empty body for a non-local `Host` (§6.8).
         origin_gate: 403 with an empty body for a disallowed `Origin` (§6.8).
         omit_usage: Never send `usage` on `/v1`, like servers without `include_usage`.
-        prompt_eval_count: Reported prompt tokens (0 is omitted, §9.2).
+        prompt_eval_count: Reported prompt tokens (0 is omitted, §9.2): a constant, 12 by
+            default, or None to count the prompt's words (`engine.prompt_tokens`).
         load_duration_ns: The warm part of `load_duration`, carved from the prefill (0 is
             omitted); a cold load (`cold_load`) adds to it.
         embedding_dimensions: Length of the embedding vectors (§6.6, §7.4).
@@ -113,7 +114,7 @@ class EmulatorConfig:
     host_gate: bool = True
     origin_gate: bool = True
     omit_usage: bool = False
-    prompt_eval_count: int = 12
+    prompt_eval_count: int | None = 12
     load_duration_ns: int = 1_000_000
     embedding_dimensions: int = 8
     context_length: int = 4096

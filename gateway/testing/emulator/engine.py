@@ -151,6 +151,32 @@ async def run_cancellable(
         record.finish(outcome or ("client_disconnect" if disconnected else "fault"))
 
 
+def prompt_tokens(config: EmulatorConfig, body: object) -> int:
+    """The prompt tokens a generation reports (`prompt_eval_count`, OpenAI `prompt_tokens`).
+
+    `config.prompt_eval_count` when set (a constant, 12 by default, which the tests rely on);
+    when None, the whitespace-separated words of the request's `system`, `prompt` and message
+    contents (text parts of a content list included), at least 1: a rough count that grows
+    with the prompt, like a tokenizer's, so a benchmark's prompt sizes can be checked.
+    """
+    if config.prompt_eval_count is not None:
+        return config.prompt_eval_count
+    if not isinstance(body, dict):
+        return 1
+    texts: list[object] = [body.get("system"), body.get("prompt")]
+    messages = body.get("messages")
+    for message in messages if isinstance(messages, list) else []:
+        if isinstance(message, dict):
+            texts.append(message.get("content"))
+    words = 0
+    for text in texts:
+        parts = text if isinstance(text, list) else [text]
+        for part in parts:
+            value = part.get("text") if isinstance(part, dict) else part
+            words += len(value.split()) if isinstance(value, str) else 0
+    return max(1, words)
+
+
 def _ns(seconds: float) -> int:
     return max(0, round(seconds * 1e9))
 
@@ -216,6 +242,10 @@ class _Generation:
         if cut is not None:
             return await self._fault(sent)
         summary = self._summarize(first_at, sent)
+        # Decoding has stopped: free the slot before the last chunk goes out, as a real server
+        # frees its slot when decoding ends, so a closed-loop client's next request, sent on
+        # reading this chunk, never finds the slot still taken (a spurious 503 with max_queue 0).
+        seat.leave(unload=self._unload)
         if self._stream:
             await self._emit(self._dialect.finish(summary), more_body=False)
         else:
@@ -257,7 +287,7 @@ class _Generation:
         warm = min(self._config.load_duration_ns, prefill)
         return Summary(
             done_reason=self._done_reason,
-            prompt_eval_count=self._config.prompt_eval_count,
+            prompt_eval_count=prompt_tokens(self._config, self._record.body),
             eval_count=sum(piece.counted for piece in sent),
             total_duration=_ns(now - self._record.started_at),
             load_duration=_ns(self._seat.load_seconds) + warm,

@@ -309,3 +309,31 @@ def test_knee_only_options_without_knee_are_refused(capsys):
                  "--max-concurrency", "8", "--no-save"])  # fmt: skip
     assert code == 2
     assert "--max-concurrency applies only with --knee" in capsys.readouterr().err
+
+
+def test_dataset_lengths_on_the_builtin_workload_are_refused(tmp_path, capsys) -> None:
+    # The suites record no answer lengths: the run would silently use --max-tokens instead.
+    code = main(
+        ["run", "--target", "http://127.0.0.1:9", "--api", "ollama", "--models", "m",
+         "--workload", "builtin",
+         "--output-tokens", "dataset", "--no-gpu", "--out", str(tmp_path / "r.json")]
+    )  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "the builtin workload has no data set lengths" in err
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("surface", ["responses", "messages"])
+def test_an_agent_surface_the_server_lacks_gets_a_hint(emulator, tmp_path, capsys, surface):
+    # The emulator, like most engines, answers /v1/responses and /v1/messages 404.
+    model = _fast(emulator)
+    code, _ = _run(
+        tmp_path, "--target", emulator.url, "--model", model, "--endpoint", surface,
+        "--concurrency", "1", "--requests", "2",
+    )  # fmt: skip
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "no request succeeded" in err
+    assert f"HTTP 404 on /v1/{surface}: the server may not serve that path" in err
+    assert "gateway serve" in err

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from gateway.clients.bench.cli import EXIT_TOO_MANY_ERRORS, main
-from gateway.clients.bench.compare import POINT_METRICS, Span, compare, judge
+from gateway.clients.bench.compare import POINT_METRICS, Span, compare, gate_warnings, judge
 from gateway.clients.bench.health import DownWatch, TargetLost
 from gateway.clients.bench.intervals import (
     mean_interval,
@@ -153,6 +153,36 @@ def test_a_single_run_gate_warns_and_require_repeats_refuses() -> None:
     assert refused.verdict == "refused"
     assert any("fewer than --require-repeats 3" in r for r in refused.refusals)
     assert compare(run_doc(), run_doc(seed=3), require_repeats=3).verdict != "refused"
+
+
+def test_the_single_run_warning_names_both_sides_and_skips_advice_already_taken() -> None:
+    base, new = run_doc(repeat=1), run_doc(repeat=1, seed=2)
+    (warning,) = [w for w in compare(base, new).warnings if "repeat at" in w]
+    assert "BASE has 1 repeat at" in warning
+    assert "NEW has 1 repeat at" in warning
+    refused = compare(base, new, require_repeats=3)
+    (again,) = [w for w in refused.warnings if "repeat at" in w]
+    assert "--require-repeats" not in again  # given already: no advice to pass it
+    assert "--repeat 3" in again
+    (one_sided,) = [w for w in compare(run_doc(), new).warnings if "repeat at" in w]
+    assert "NEW has 1 repeat at" in one_sided
+    assert "BASE" not in one_sided
+
+
+def test_a_noisy_tail_percentile_is_informational_not_a_strict_stats_refusal() -> None:
+    tail = next(m for m in POINT_METRICS if m.tail)
+    spans = Span(1.0, 0.5, 1.5, (0.5, 1.0, 1.5)), Span(1.0, 0.4, 1.6, (0.4, 1.0, 1.6))
+    wide = judge(tail, *spans, threshold=0.05)
+    assert wide.unresolved
+    median = judge(ITL, *spans, threshold=0.05)
+    assert median.unresolved
+    warnings, informational = gate_warnings([wide], ((3, "a"), (3, "b")), 0.05, 0.95)
+    assert warnings == []
+    assert "informational" in informational[0]
+    assert tail.label in informational[0]
+    warned, _ = gate_warnings([median, wide], ((3, "a"), (3, "b")), 0.05, 0.95)
+    assert ITL.label in warned[0]
+    assert tail.label not in warned[0]
 
 
 def test_strict_stats_refuses_what_would_only_warn() -> None:

@@ -9,6 +9,7 @@ the HTML report is parsed and searched for anything that would reach the network
 from __future__ import annotations
 
 import json
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,19 @@ def test_progress_shows_the_total_only_when_known() -> None:
     unknown(88, 0, 0)
     assert said[-1] == "\r  m: rate 2.5 req/s  88 requests, 22.0/s  0 failed  4 s of 30 s"
     assert "/0" not in said[-1]
+
+
+def test_a_rate_shows_the_rate_sent_and_says_when_it_drains() -> None:
+    said: list[str] = []
+    clock = _Clock()
+    rate = LevelProgress("m", level_label("rate", 2), duration=6, say=said.append, clock=clock)
+    clock.now += 4
+    rate(1, 0, 0, sent=8)
+    assert said[-1] == "\r  m: rate 2 req/s  1 request, sent 2.0 req/s  0 failed  4 s of 6 s"
+    clock.now += 3  # past the planned 6 s: arrivals stopped, answers still awaited
+    rate(10, 0, 0, sent=12)
+    assert said[-1].endswith("sent 2.0 req/s  0 failed  6 s of 6 s, draining 2")
+    assert "7 s" not in said[-1]
 
 
 def test_progress_at_its_first_instant_and_with_a_hostile_model_name() -> None:
@@ -390,8 +404,9 @@ async def test_the_runner_reports_progress_per_level_with_what_it_knows(emulator
     await run_benchmark(timed, say=said.append)
     live = [line for line in said if line.startswith("\r") and not line.endswith("\n")]
     assert live
-    assert all("/" not in line.split(": ", 1)[1].split(" requests")[0] for line in live)
-    assert all(line.endswith(" of 0.3 s") for line in live)
+    assert all(re.search(r": concurrency 1  \d+ requests?, ", line) for line in live)  # no total
+    # Duration mode: the planned seconds, and after them the in-flight answers being drained.
+    assert all(line.endswith((" of 0.3 s", "0.3 s of 0.3 s, draining")) for line in live)
 
 
 @pytest.mark.anyio

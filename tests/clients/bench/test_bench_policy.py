@@ -107,3 +107,10 @@ def test_bad_arguments_are_refused() -> None:
         recommend([], None, None, target_queue_wait=-1)
     with pytest.raises(ValueError, match="replicas"):
         recommend([], None, None, replicas=0)
+
+
+def test_one_request_and_one_waiting_request_are_singular() -> None:
+    policy = recommend([_point(1, 0.5)], {"level": 1}, None, target_queue_wait=2.0)
+    assert policy is not None
+    assert "Allow 1 request at once" in policy["sentence"]
+    assert "GATEWAY_UPSTREAM_QUEUE_SIZE=1 waiting request;" in policy["sentence"]

@@ -71,6 +71,22 @@ def test_the_table_has_units_in_its_headers_and_the_findings_under_it() -> None:
     assert [row.split()[0] for row in rows] == ["1", "2", "4", "8"]
 
 
+def test_one_repeat_has_no_spread_and_says_why_a_point_has_no_interval() -> None:
+    doc = run_doc(repeat=1)
+    point = doc["models"][0]["points"][0]
+    point["repeats"][0]["requests"] = 5
+    for key in ("ttft_seconds.p50", "tpot_seconds.p50", "itl_seconds.p50", "e2e_seconds.p50"):
+        point["summary"].get(key, {}).pop("ci_low", None)
+    point["summary"].get("output_tokens_per_second", {}).pop("ci_low", None)
+    out = render_table(doc)
+    header = next(line for line in out.splitlines() if line.startswith("concurrency"))
+    spread = header.index("tok/s spread")
+    rows = out.splitlines()[out.splitlines().index(header) + 2 :][:4]
+    assert all(row[spread : spread + len("tok/s spread")].strip() == "-" for row in rows)
+    assert "no interval at 1: 5 requests, a p50 needs 6" in out
+    assert "no interval at 2" not in out  # 20 requests: enough; this document has none for
+
+
 def test_values_not_measured_print_a_dash() -> None:
     entry = model_entry(slo=None, quality=None)
     entry["size"] = {"disk_bytes": None, "loaded_bytes": None, "vram_bytes": None}
@@ -451,3 +467,30 @@ def test_markdown_shows_links_and_mentions_as_text(name: str, shown: str) -> Non
     assert markdown_text(name) == shown
     out = render_markdown(run_doc([model_entry(name)]))
     assert f"## {shown}" in out
+
+
+def test_legends_sit_outside_the_data_and_the_load_matrix_has_headroom() -> None:
+    # Inside the axes a legend hid the level-1 points (issue 30); matrix-load's TTFT line ran
+    # along the top edge. Drawn and measured in display coordinates.
+    pytest.importorskip("matplotlib")
+    figure_class, canvas_class = plots._figure_classes()
+    doc = run_doc([model_entry(model="a"), model_entry(model="b")])
+    entry = doc["models"][0]
+    ordered = plots.points(entry)
+    figures = [
+        plots._latency(figure_class(figsize=(7, 6)), "a", ordered, 4.0),
+        plots._throughput(figure_class(figsize=(7, 4.5)), "a", ordered, 4.0),
+    ]
+    for figure in figures:
+        canvas_class(figure).draw()
+        for axes in figure.axes:
+            legend = axes.get_legend().get_window_extent()
+            assert not legend.overlaps(axes.get_window_extent())
+    load = plots._matrix_load(figure_class(figsize=(11, 4.5)), doc["models"])
+    canvas_class(load).draw()
+    (legend,) = load.legends
+    for axes in load.axes:
+        assert axes.get_legend() is None
+        assert not legend.get_window_extent().overlaps(axes.get_window_extent())
+        highest = max(max(line.get_ydata()) for line in axes.get_lines())
+        assert axes.get_ylim()[1] >= highest * 1.1
