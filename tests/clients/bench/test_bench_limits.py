@@ -10,6 +10,7 @@ grows with what the server sends.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -17,16 +18,22 @@ from pathlib import Path
 
 import pytest
 
-from gateway.clients.bench import cli, document, gateway_metrics, quality, reader, wire
+from gateway.clients.bench import cli, document, driver, gateway_metrics, quality, reader, wire
 from gateway.clients.bench.cli import detect_api, main
 from gateway.clients.bench.dataset import DatasetOptions, build_workload
 from gateway.clients.bench.document import SCHEMA, RunFileError, load_run
-from gateway.clients.bench.driver import ANSWER_CHARS_PER_TOKEN, BenchError, run_concurrency
+from gateway.clients.bench.driver import (
+    ANSWER_CHARS_PER_TOKEN,
+    BenchError,
+    run_concurrency,
+    run_rate,
+)
 from gateway.clients.bench.preflight import check_target
 from gateway.clients.bench.protocol import Api, Target
 from gateway.clients.bench.quality import probe_quality
 from gateway.clients.bench.records import RequestRecord
 from gateway.clients.bench.resources import ResourceMonitor
+from gateway.clients.bench.runner import point_line
 from gateway.clients.bench.workload import Sampling, load_workload
 from tests.support.client import MODEL
 
@@ -393,3 +400,28 @@ async def test_a_conversations_history_keeps_answers_to_their_token_allowance() 
     second = json.loads(bodies[1])
     (answer,) = [m for m in second["messages"] if m["role"] == "assistant"]
     assert answer["content"] == "x" * (8 * ANSWER_CHARS_PER_TOKEN)
+
+
+async def test_a_rate_the_client_falls_behind_on_ends_with_the_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Arrivals stop at the window's end by the clock, not after the whole schedule is sent.
+
+    The clock is made to run 0.5 s per reading: a client as slow as that sends a few arrivals
+    of a 2 s window, not the 2000 that `--rate 1000` schedules in it.
+    """
+    readings = itertools.count()
+    monkeypatch.setattr(driver.time, "perf_counter", lambda: next(readings) * 0.5)
+    answer = b'{"message":{"role":"assistant","content":"a"},"done":true,"eval_count":1}\n'
+    async with hostile(body(answer)) as url:
+        run = await run_rate(Target(url, "ollama"), WORKLOAD, MODEL, 1000.0, duration=2.0)
+    assert len(run.records) < 20
+
+
+def test_a_point_sent_below_its_rate_says_the_client_could_not_keep_up() -> None:
+    def point(achieved: float) -> dict[str, object]:
+        summary = {"achieved_rate": {"median": achieved}, "error_rate": {"median": 0.0}}
+        return {"shape": "rate", "level": 200_000.0, "summary": summary}
+
+    assert "the client could not keep up" in point_line("m", point(3_000.0))
+    assert "keep up" not in point_line("m", point(199_000.0))
