@@ -553,8 +553,6 @@ def _plan(args: argparse.Namespace, target: Target) -> Plan:
         )
     if shape == "concurrency":
         _check_descriptors(max(levels))
-    elif args.max_in_flight is not None:
-        _check_descriptors(args.max_in_flight)
     if shape == "concurrency" and all(level == int(level) for level in levels):
         levels = tuple(int(level) for level in levels)  # "concurrency 4", not "4.0"
     if args.until_ci is None and args.max_repeats != 10:
