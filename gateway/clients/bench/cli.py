@@ -22,7 +22,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
+import resource
 import sys
 import time
 from collections.abc import Sequence
@@ -53,6 +55,15 @@ TARGET_ENV = "GATEWAY_BENCH_TARGET"
 DEFAULT_TARGET = "http://127.0.0.1:11434"
 
 
+#: The highest request rate taken, per second: far above what one client process can send
+#: (Python, one core); more only makes the schedule meaningless.
+MAX_RATE = 100_000.0
+#: The shortest `--sample-interval`, seconds: a tighter loop would sample more than it measures.
+MIN_SAMPLE_INTERVAL = 0.05
+#: File descriptors kept free beside the connections (the log, the run file, the GPU sampler).
+FD_HEADROOM = 64
+
+
 def _levels(text: str) -> tuple[float, ...]:
     try:
         levels = tuple(float(part) for part in text.split(",") if part.strip())
@@ -60,8 +71,15 @@ def _levels(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(
             f"levels are numbers separated by commas: {text!r}"
         ) from None
-    if not levels or any(level <= 0 for level in levels):
-        raise argparse.ArgumentTypeError(f"levels must be positive: {text!r}")
+    if not levels or not all(math.isfinite(level) and level > 0 for level in levels):
+        raise argparse.ArgumentTypeError(f"levels must be positive numbers: {text!r}")
+    return levels
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    levels = _levels(text)
+    if max(levels) > MAX_RATE:
+        raise argparse.ArgumentTypeError(f"rates must be at most {MAX_RATE:g}/s: {text!r}")
     return levels
 
 
@@ -70,8 +88,22 @@ def _positive(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    if not (math.isfinite(value) and value > 0):  # nan and inf pass `value <= 0`
+        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
+    return value
+
+
+def _rate(text: str) -> float:
+    value = _positive(text)
+    if value > MAX_RATE:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_RATE:g}/s: {text!r}")
+    return value
+
+
+def _interval(text: str) -> float:
+    value = _positive(text)
+    if value < MIN_SAMPLE_INTERVAL:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_SAMPLE_INTERVAL:g} s: {text!r}")
     return value
 
 
@@ -205,7 +237,7 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="requests in flight: one level, or a sweep (1,2,4,8)",
     )
     shape.add_argument(
-        "--rate", type=_levels, help="Poisson arrivals, requests/s: one rate or a sweep"
+        "--rate", type=_rates, help="Poisson arrivals, requests/s: one rate or a sweep"
     )
     shape.add_argument("--knee", action="store_true", help="search the knee (and the SLO limit)")
     load.add_argument(
@@ -215,11 +247,11 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     load.add_argument(
         "--max-rate",
-        type=_positive,
+        type=_rate,
         help="knee search over request rates up to this rate (requests/s), from --rate-start",
     )
     load.add_argument(
-        "--rate-start", type=_positive, help="rate knee search: the lowest rate (default 0.5)"
+        "--rate-start", type=_rate, help="rate knee search: the lowest rate (default 0.5)"
     )
     span = load.add_mutually_exclusive_group()
     span.add_argument("--duration", type=_positive, help="seconds per run (default 30)")
@@ -319,7 +351,7 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     more.add_argument("--no-gpu", action="store_true", help="do not sample GPUs")
     more.add_argument(
         "--sample-interval",
-        type=_positive,
+        type=_interval,
         default=1.0,
         help="seconds between resource samples (default 1)",
     )
@@ -513,6 +545,14 @@ def _plan(args: argparse.Namespace, target: Target) -> Plan:
     else:
         shape, levels = "concurrency", args.concurrency or (1.0,)
         mode = "fixed" if len(levels) == 1 else "sweep"
+    duration = None if args.requests is not None else (args.duration or 30.0)
+    if shape == "rate" and duration is not None and min(levels) * duration < 1:
+        # The first counted arrival would wait one gap (1/rate s) past the window's end.
+        raise ValueError(
+            f"a rate of {min(levels):g}/s sends under one request in --duration {duration:g} s"
+        )
+    if shape == "concurrency":
+        _check_descriptors(max(levels))
     if shape == "concurrency" and all(level == int(level) for level in levels):
         levels = tuple(int(level) for level in levels)  # "concurrency 4", not "4.0"
     if args.until_ci is None and args.max_repeats != 10:
@@ -532,7 +572,7 @@ def _plan(args: argparse.Namespace, target: Target) -> Plan:
         mode=mode,
         shape=shape,
         levels=tuple(levels),
-        duration=None if args.requests is not None else (args.duration or 30.0),
+        duration=duration,
         requests=args.requests,
         warmup=args.warmup,
         options=options,
@@ -551,6 +591,23 @@ def _plan(args: argparse.Namespace, target: Target) -> Plan:
         down_after=args.down_after,
         max_error_rate=args.max_error_rate,
     )
+
+
+def _check_descriptors(connections: float) -> None:
+    """Refuse more connections than the open-file limit leaves room for (`FD_HEADROOM`).
+
+    Past it every connection beyond the limit fails with EMFILE and the run measures the
+    client's limit, not the server (RLIMIT_NOFILE, getrlimit(2); `ulimit -n` raises it).
+
+    Raises:
+        ValueError: `connections` above the soft limit less `FD_HEADROOM`.
+    """
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and connections > soft - FD_HEADROOM:
+        raise ValueError(
+            f"{connections:g} connections need more open files than this process may have"
+            f" ({soft}, less {FD_HEADROOM} kept free): raise it with `ulimit -n` or ask less"
+        )
 
 
 def _sizes(given: Sequence[str], models: Sequence[str]) -> dict[str, SizeHint]:

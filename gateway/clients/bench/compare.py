@@ -35,12 +35,15 @@ was not called "better" or "worse": those runs cannot tell a threshold-sized cha
 percentile (p99) this is only a note, informational: a p99 per repeat rests on a few samples, so
 its interval is wide by nature, and it must not make `--strict-stats` refuse a clean comparison.
 
-A row with the value missing on either side is "missing" and never a regression. The verdict is
-"refused" when the fingerprints differ and mismatches were not allowed, when either run is
-partial (it stopped when its target stopped answering), when a point has fewer repeats than
-`--require-repeats`, or when NEW cannot be judged against BASE: a model of BASE has no
-counterpart in NEW, a level of BASE was not measured in NEW, or no row was compared at all
-(every row "missing", as when NEW measured nothing). A run that measured nothing must not pass
+A row with the value measured in BASE and missing in NEW (NEW measured no first token, no rate)
+is "worse"; missing in BASE only it is "missing" and never a regression. A higher-is-better value
+(a throughput) that BASE measured above 0 and NEW at 0 is "worse" whatever the test says.
+The verdict is "refused" when the fingerprints differ and mismatches were not allowed, when
+either run is partial (any `partial` but false or absent: it stopped when its target stopped
+answering), when a point has fewer repeats than `--require-repeats`, or when NEW cannot be
+judged against BASE: a model of BASE has no counterpart in NEW, a level of BASE was not measured
+in NEW, or no row was compared at all (NEW has none of the values, as when it measured nothing).
+A run that measured nothing must not pass
 the gate. The rows are still computed, for the curious. Otherwise the verdict is "regression"
 when any row is "worse", else "pass". What NEW measured beyond BASE (another model, more levels)
 is only noted.
@@ -285,7 +288,15 @@ def judge(
         A `Row` with empty `model` and `level` (the caller fills them in).
     """
     if base is None or new is None:
-        return Row("", None, metric, base, new, None, None, "missing", confidence=confidence)
+        # BASE measured it and NEW did not (no first token, no rate): NEW lost it, which a
+        # gate must not wave through; missing in BASE only is what NEW measured beyond it.
+        lost: Verdict = "worse" if base is not None else "missing"
+        return Row("", None, metric, base, new, None, None, lost, confidence=confidence)
+    if metric.higher_is_better and base.median > 0 and new.high <= 0:
+        # a throughput gone to 0 is worse whatever the spread of the repeats says
+        change = -1.0 if not metric.absolute else new.median - base.median
+        noise = max(_spread(base), _spread(new))
+        return Row("", None, metric, base, new, change, noise, "worse", confidence=confidence)
     noise = max(_spread(base), _spread(new))
     test = welch(base.values, new.values, confidence)
     if test is not None:
@@ -443,7 +454,7 @@ def compare(
     notes: list[str] = []
     refusals: list[str] = []
     for name, doc in (("BASE", base_doc), ("NEW", new_doc)):
-        if doc.get("partial") is True:
+        if "partial" in doc and doc["partial"] is not False:  # "yes", 1, null: not a clean run
             reason = doc.get("partial_reason")
             refusals.append(f"{name} is a partial run (it stopped: {reason})")
     pairs = _pair_models(base_doc, new_doc, notes, refusals)
@@ -461,7 +472,7 @@ def compare(
         )
     if strict_stats and warnings:
         refusals.append("--strict-stats: the runs cannot tell the threshold from noise (warnings)")
-    if all(row.verdict == "missing" for row in rows):
+    if all(row.new is None for row in rows):
         refusals.append(
             "no value was compared: NEW measured nothing that BASE measured"
             if rows
@@ -750,6 +761,10 @@ def render_comparison(comparison: Comparison) -> str:
     if once:
         parts.append(f"{once} without repeats on a side: the threshold alone decides")
     verdict = comparison.verdict + (f" at {confidence} confidence" if tested else "")
+    undecided = sum(1 for row in comparison.rows if row.verdict == "noise")
+    if comparison.verdict == "pass" and undecided:
+        # exit 0 still (--strict-stats or --require-repeats refuse instead), but not a bare pass
+        parts.insert(0, f"inconclusive for {undecided} value(s): too noisy or too few repeats")
     lines.append(f"verdict: {verdict} ({'; '.join(parts)})")
     return "\n".join(lines) + "\n"
 

@@ -62,6 +62,15 @@ PROMPT_COLUMNS = ("prompt", "text", "content", "instruction", "question", "input
 OUTPUT_COLUMNS = ("output_tokens_count", "output_length")
 #: Words per Mooncake hash block (the trace's block is 512 tokens; a word is about a token).
 MOONCAKE_BLOCK = 512
+#: The largest data set file read, bytes: the whole file is held (and parsed) in memory.
+MAX_FILE_BYTES = 256 << 20
+#: The longest prompt a record may declare (Mooncake `input_length`), words: about a million
+#: tokens, past any model's context; a 50-byte line must not ask for gigabytes.
+MAX_INPUT_WORDS = 1_000_000
+#: Words all of a data set's prompts and turns may hold together (about 120 MB of text).
+MAX_TOTAL_WORDS = 20_000_000
+#: The largest answer length a record may declare (`output_length`, `output_tokens_count`).
+MAX_OUTPUT_TOKENS = 1_000_000
 #: The synthetic vocabulary: short common words, so a word is close to one token.
 _WORDS = tuple(
     (  # noqa: SIM905 - one string reads better than 150 quoted words
@@ -222,7 +231,11 @@ def _with_lengths(workload: Workload, options: DatasetOptions, rng: random.Rando
 def _records(path: Path) -> Iterator[tuple[str, Any]]:
     """(where, parsed record) for each record of `path`: JSONL lines, JSON items, CSV rows."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as file:
+            data = file.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise WorkloadError(f"workload {path} is larger than {MAX_FILE_BYTES >> 20} MiB")
+        text = data.decode("utf-8-sig")  # a spreadsheet's BOM is no part of the first key
     except (OSError, UnicodeDecodeError) as exc:
         raise WorkloadError(f"cannot read workload {path}: {exc}") from None
     suffix = path.suffix.lower()
@@ -269,12 +282,16 @@ def read_dataset(path: Path) -> tuple[tuple[Prompt, ...], tuple[Conversation, ..
     prompts: list[Prompt] = []
     conversations: list[Conversation] = []
     seen: set[str] = set()
+    total = 0
     for where, item in _records(path):
         if not isinstance(item, dict):
             raise WorkloadError(f"{where}: expected a JSON object")
         number = where.rsplit(":", 1)[1].removeprefix("item ")
         default_id = f"{path.stem}-{number}"
         found = _record(where, item, default_id)
+        total += _words(found)
+        if total > MAX_TOTAL_WORDS:
+            raise WorkloadError(f"{where}: the data set passes {MAX_TOTAL_WORDS} words in all")
         if found.id in seen:
             raise WorkloadError(f"{where}: duplicate id {escape_error(found.id, 60)!r}")
         seen.add(found.id)
@@ -287,16 +304,36 @@ def read_dataset(path: Path) -> tuple[tuple[Prompt, ...], tuple[Conversation, ..
     return tuple(prompts), tuple(conversations)
 
 
-def _count(where: str, item: dict[str, Any], names: tuple[str, ...]) -> int | None:
-    """The first of `names` present as a whole number >= 1 (CSV gives text), or None."""
+def _words(found: Prompt | Conversation) -> int:
+    """Words of a record's prompt or turns (their sum is held to `MAX_TOTAL_WORDS`)."""
+    if isinstance(found, Conversation):
+        return sum(word_count(turn.text) for turn in found.turns)
+    return word_count(found.text or "") + sum(
+        word_count(str(m.get("content", ""))) for m in found.messages or ()
+    )
+
+
+def _count(
+    where: str, item: dict[str, Any], names: tuple[str, ...], most: int = MAX_OUTPUT_TOKENS
+) -> int | None:
+    """The first of `names` present as a whole number within 1 and `most` (CSV gives text).
+
+    None when none is present.
+
+    Raises:
+        WorkloadError: the value is no whole number, below 1 or above `most`.
+    """
     for name in names:
         value = item.get(name)
         if value is None or value == "":
             continue
-        if isinstance(value, str) and value.strip().isdigit():
-            value = int(value.strip())
+        if isinstance(value, str) and value.strip().isdecimal():
+            digits = value.strip()
+            value = int(digits) if len(digits) <= 18 else most + 1  # no 4300-digit int()
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise WorkloadError(f"{where}: {name} must be a whole number >= 1")
+        if value > most:
+            raise WorkloadError(f"{where}: {name} must be at most {most}")
         return value
     return None
 
@@ -406,7 +443,7 @@ def _sharegpt(where: str, item: dict[str, Any], default_id: str) -> Conversation
 
 def _mooncake(where: str, item: dict[str, Any], default_id: str) -> Prompt:
     """AIPerf `mooncake_trace`: a prompt of `input_length` words from its `hash_ids` blocks."""
-    length = _count(where, item, ("input_length",))
+    length = _count(where, item, ("input_length",), MAX_INPUT_WORDS)
     if length is None:
         raise WorkloadError(f"{where}: input_length must be a whole number >= 1")
     hash_ids = item.get("hash_ids") or []

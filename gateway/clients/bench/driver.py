@@ -127,25 +127,46 @@ class _Requests:
         return self._encoded[next(self._cycle).id]
 
 
+#: Characters of a kept answer per token asked: far above any real token (about 4), so only a
+#: server that sent far more than `max_tokens` is cut (its history must not grow with it).
+ANSWER_CHARS_PER_TOKEN = 16
+#: Characters a conversation's history may reach; past it the conversation ends (the next
+#: one starts), as it does after a failed turn.
+MAX_HISTORY = 4 << 20
+#: Turns played of one conversation; the rest are not sent.
+MAX_TURNS = 1000
+
+
 class _Dialogue:
-    """One worker's place in a multi-turn conversation: its history so far."""
+    """One worker's place in a multi-turn conversation: its history so far.
+
+    Bounded whatever the data set or the server send: each kept answer to
+    `ANSWER_CHARS_PER_TOKEN` characters per token asked, the history to `MAX_HISTORY`
+    characters, the conversation to `MAX_TURNS` turns.
+    """
 
     def __init__(self, conversation: Conversation) -> None:
         self.conversation = conversation
         self.turn = 0  # turns sent
         self.history: list[dict[str, Any]] = []
+        self.size = 0  # characters of the history's contents
         if conversation.system is not None:
-            self.history.append({"role": "system", "content": conversation.system})
+            self._add("system", conversation.system)
+
+    def _add(self, role: str, content: str) -> None:
+        self.history.append({"role": role, "content": content})
+        self.size += len(content)
 
     @property
     def finished(self) -> bool:
-        return self.turn >= len(self.conversation.turns)
+        turns = min(len(self.conversation.turns), MAX_TURNS)
+        return self.turn >= turns or self.size > MAX_HISTORY
 
     def ask(self, requests: _Requests) -> _Request:
         """The next turn's request: the history, then the turn's user message."""
         turn = self.conversation.turns[self.turn]
         self.turn += 1
-        self.history.append({"role": "user", "content": turn.text})
+        self._add("user", turn.text)
         prompt = Prompt(
             f"{self.conversation.id}-{self.turn}",
             messages=tuple(dict(m) for m in self.history),
@@ -153,9 +174,9 @@ class _Dialogue:
         )
         return requests.encode(prompt, self.turn)
 
-    def answered(self, text: str) -> None:
-        """Append the answer the server gave to the last turn."""
-        self.history.append({"role": "assistant", "content": text})
+    def answered(self, text: str, max_tokens: int) -> None:
+        """Append the answer the server gave to the last turn (cut to its token allowance)."""
+        self._add("assistant", text[: max_tokens * ANSWER_CHARS_PER_TOKEN])
 
 
 def _check_amount(duration: float | None, requests: int | None, warmup: int) -> None:
@@ -279,7 +300,8 @@ async def run_concurrency(
             )
             if dialogue is not None:
                 if record.ok:
-                    dialogue.answered(client.last_text)
+                    limit = request.max_tokens or workload.sampling.max_tokens
+                    dialogue.answered(client.last_text, limit)
                 else:  # no answer to resend: the conversation ends, the next one starts
                     dialogue = None
             records.append(record)
@@ -468,7 +490,9 @@ async def run_rate(
                 end = window[1]
                 if requests is not None and index >= warmup + requests:
                     break
-                if end is not None and index >= warmup and at >= end:
+                if end is not None and index >= warmup and (at >= end or clock() >= end):
+                    # On the clock too: a client behind its schedule (a rate it cannot send)
+                    # would otherwise go on past the window for as long as it lags.
                     break
                 await asyncio.sleep(max(0.0, at - clock()))
                 request = prepared.next()

@@ -119,8 +119,12 @@ class Client:
             def sink(piece: bytes) -> None:
                 if live.status == 200:
                     reader.feed(piece, clock())
+                    if reader.error is not None:
+                        live.stop()  # the first error decides the record
                 else:
                     reader.feed_error(piece)
+                    if reader.error_body_full:
+                        live.stop()  # the error text is all that is kept
 
             await connection.send(request, sink, timeout=target.timeout)
         except TimeoutError:

@@ -260,11 +260,18 @@ def welch(
     return Welch(diff, diff - margin, diff + margin, df, min(1.0, p_value), confidence)
 
 
+#: The highest `--confidence` taken.
+MAX_CONFIDENCE = 0.999
+
+
 def parse_confidence(text: str) -> float:
-    """`--confidence`: "95%" or "0.95", strictly between 50% and 100%.
+    """`--confidence`: "95%" or "0.95", above 50% and at most `MAX_CONFIDENCE` (99.9%).
+
+    Past 99.9% the t quantile of a few repeats is so wide that nothing is ever significant,
+    and the value would print as "100%".
 
     Raises:
-        ValueError: not a number, or outside (0.5, 1).
+        ValueError: not a number, or outside (0.5, 0.999].
     """
     body = text.strip()
     try:
@@ -273,6 +280,6 @@ def parse_confidence(text: str) -> float:
         raise ValueError(f"not a confidence: {text!r} (write 95% or 0.95)") from None
     if body.endswith("%") or value >= 1:
         value /= 100
-    if not 0.5 < value < 1:
-        raise ValueError(f"the confidence must be above 50% and below 100%, got {text!r}")
+    if not 0.5 < value <= MAX_CONFIDENCE + 1e-12:  # 99.9 / 100 is 0.9990000000000001
+        raise ValueError(f"the confidence must be above 50% and at most 99.9%, got {text!r}")
     return value

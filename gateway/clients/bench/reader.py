@@ -106,7 +106,9 @@ class AnswerReader:
     The first final chunk ends the answer: a line or event after it is not read (its chunks
     and counters would override the real ones) and fails the answer (`AFTER_DONE`). With
     `max_tokens`, a server's output count above `output_allowance(max_tokens)` fails it too:
-    such a count cannot be true, so neither can the server's other numbers.
+    such a count cannot be true, so neither can the server's other numbers; so do more content
+    chunks than that allowance, whatever the server counts. An answer with no content and no
+    output count above 0 fails (`empty answer`).
 
     Attributes:
         first_token: Client seconds of the first chunk with non-empty content or thinking.
@@ -172,6 +174,11 @@ class AnswerReader:
         if room > 0:
             self._error_body += data[:room]
 
+    @property
+    def error_body_full(self) -> bool:
+        """A failed answer's body filled its `ERROR_BODY` bytes: the rest is not read."""
+        return len(self._error_body) >= ERROR_BODY
+
     def close(self, now: float) -> None:
         """The body ended at `now`: read a last line that had no newline, end the SSE event."""
         if self._buffer:
@@ -224,6 +231,12 @@ class AnswerReader:
             self.first_token = now
         if len(self.chunk_times) >= MAX_CHUNKS:
             self._fail(f"answer exceeded {MAX_CHUNKS} content chunks")
+            return
+        limit = self._max_tokens
+        if limit is not None and len(self.chunk_times) >= output_allowance(limit):
+            # Each chunk carries at least one token, so more chunks than the allowance is an
+            # answer that ignored `max_tokens` whatever the server counts (or does not).
+            self._fail(f"answer streamed over {output_allowance(limit)} chunks for {limit} tokens")
             return
         self.chunk_times.append(now)
 
@@ -446,7 +459,9 @@ class AnswerReader:
         if status is not None and status != 200:
             body = error_text(bytes(self._error_body), self._key)
             error = f"HTTP {status}: {body}".rstrip(": ")
-        if failure is not None:
+        if failure is not None and self.error is None:
+            # the reader's own error came first (the exchange stops at it): a later timeout
+            # or reset would hide why the answer failed
             error = escape_error(failure, key=self._key)
         if error is None and status == 200 and not self.done:
             error = "answer ended without a final chunk"
@@ -462,6 +477,10 @@ class AnswerReader:
             and output > output_allowance(limit)
         ):
             error = f"the server reported {output} output tokens for at most {limit} asked"
+        if error is None and self.first_token is None and not output:
+            # No content and no output count: nothing was generated, so no rate may be taken
+            # from it (a `data: [DONE]`-only server would otherwise pass with 0 tok/s).
+            error = "empty answer"
         decode = prefill = load = None
         timing_source: Source | None = None
         if self._durations is not None:

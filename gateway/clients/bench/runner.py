@@ -264,6 +264,10 @@ def point_line(model: str, point: dict[str, Any]) -> str:
     achieved = med("achieved_rate")
     if achieved is not None:
         parts.append(f"sent {achieved:.2f} req/s")
+        if point["shape"] == "rate" and achieved < 0.9 * point["level"]:
+            # the arrivals stop at the window's end by the clock: a client behind its schedule
+            # sent fewer than offered, and the point measures the client, not the server
+            parts[-1] += " (the client could not keep up)"
     if len(point.get("repeats", ())) > 1:
         parts.append(f"{len(point['repeats'])} repeats")
     if point.get("convergence") is not None:

@@ -21,7 +21,10 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import math
+import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +40,7 @@ from gateway.clients.bench.resources import (
     get_json,
     loaded_memory,
 )
+from gateway.clients.bench.stats import escape_error
 
 _UNITS = {
     "": 1,
@@ -50,6 +54,8 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+#: The largest `--size` taken, bytes (1 PB): more is a typo, and 10^400 no float at all.
+MAX_SIZE = 10**15
 _AMOUNT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
 
 
@@ -86,7 +92,10 @@ def parse_size(text: str) -> tuple[str | None, SizeHint]:
     found = _AMOUNT.match(value)
     if found:
         number, unit = found.groups()
-        size = round(float(number) * _UNITS[(unit or "").lower()])  # 4.1 * 1e9 is 4099999999.99
+        amount = float(number) * _UNITS[(unit or "").lower()]
+        if not math.isfinite(amount) or amount > MAX_SIZE:
+            raise ValueError(f"--size {escape_error(text, 60)!r}: larger than any model (1 PB)")
+        size = round(amount)  # 4.1 * 1e9 is 4099999999.99
         return (model or None), SizeHint(size, "--size")
     path = Path(value.strip()).expanduser()
     if path.is_file():
@@ -156,19 +165,63 @@ async def _openai_meta(client: httpx.AsyncClient, model: str) -> dict[str, Any]:
     return dict(meta) if isinstance(meta, Mapping) else {}
 
 
-async def _props_file(client: httpx.AsyncClient, model: str) -> Path | None:
-    """The model file `/props` names (`model_path`), when it exists on this machine."""
+#: The first bytes of every GGUF file (ggml docs/gguf.md, "File Structure": magic `GGUF`).
+GGUF_MAGIC = b"GGUF"
+
+
+def _gguf_file(path: Path) -> bool:
+    """`path` is a regular file named `*.gguf` starting with `GGUF_MAGIC`.
+
+    Opened without blocking and checked again once open: a path a server names must not make
+    the client wait on a FIFO or a device, nor report the size of any file it did not mean.
+    """
+    if path.suffix.lower() != ".gguf":
+        return False
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return False
+        return os.read(descriptor, len(GGUF_MAGIC)) == GGUF_MAGIC
+    except OSError:
+        return False
+    finally:
+        os.close(descriptor)
+
+
+async def _props_file(
+    client: httpx.AsyncClient, model: str, notes: list[str] | None = None
+) -> Path | None:
+    """The model file `/props` names (`model_path`), when it is a GGUF file on this machine.
+
+    Anything else it names (another kind of file, a directory, a device) is ignored, with a
+    note when the path exists.
+    """
     try:
         # A llama-server router serves several models and takes the model as a query.
         props = await get_json(client, f"/props?model={quote(model, safe='')}")
     except (httpx.HTTPError, ValueError):
         return None
     found = props.get("model_path") if isinstance(props, Mapping) else None
-    if not isinstance(found, str) or not found:
+    if not isinstance(found, str) or not found or "\0" in found:
         return None
+    # One open and read of 4 bytes of a local file: not worth a thread.
+    return _gguf_path(found, model, notes)
+
+
+def _gguf_path(found: str, model: str, notes: list[str] | None) -> Path | None:
+    """`found` as a path when `_gguf_file`, else None (noted when something is there)."""
     path = Path(found)
-    # One stat of a local file: not worth a thread.
-    return path if path.is_file() else None  # noqa: ASYNC240
+    if _gguf_file(path):
+        return path
+    if notes is not None and os.path.lexists(path):
+        notes.append(
+            f"{model}: /props model_path {escape_error(found, 120)!r} is not a GGUF file:"
+            " its size is not taken"
+        )
+    return None
 
 
 async def model_size(
@@ -217,7 +270,7 @@ async def model_size(
         size["disk_bytes"] = _whole(meta.get("size"))
         if size["disk_bytes"] is not None:
             size["source"] = "llama.cpp /v1/models meta.size"
-        elif _loopback(url) and (path := await _props_file(client, model)) is not None:
+        elif _loopback(url) and (path := await _props_file(client, model, notes)) is not None:
             size["disk_bytes"] = path.stat().st_size
             size["source"] = f"llama.cpp /props model_path ({path.name})"
     if hint is not None:

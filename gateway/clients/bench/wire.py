@@ -70,6 +70,7 @@ class Connection(asyncio.Protocol):
         self.reusable = True
         self._head = 0  # bytes received before the headers ended: at most MAX_HEAD
         self._headers_done = False
+        self._framed = False  # the answer has a Content-Length or a Transfer-Encoding
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # noqa: D102
         self.transport = cast(asyncio.Transport, transport)  # TCP; uvloop's is no subclass
@@ -91,11 +92,18 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:  # noqa: D102
         self.reusable = False
+        if exc is None and self._headers_done and not self._framed:
+            # Neither Content-Length nor Transfer-Encoding: the body ends when the connection
+            # closes (RFC 9112 section 6.3, item 8), and llhttp is never told it did.
+            self._finish(None)
+            return
         self._finish(exc or ConnectionResetError("connection closed by the server"))
 
     def on_header(self, name: bytes, value: bytes) -> None:  # noqa: D102 - httptools callbacks
         if len(name) == 11 and name.lower() == b"retry-after" and value.strip().isdigit():
             self.retry_after = float(value.strip()[:6])  # at most 999999 s; capped by the caller
+        elif name.lower() in (b"content-length", b"transfer-encoding"):
+            self._framed = True
 
     def on_headers_complete(self) -> None:  # noqa: D102 - httptools callbacks
         assert self.parser is not None  # noqa: S101
@@ -136,7 +144,7 @@ class Connection(asyncio.Protocol):
         self.sink = sink
         self.status = 0
         self.retry_after = None
-        self._head, self._headers_done = 0, False
+        self._head, self._headers_done, self._framed = 0, False, False
         waiter = self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(request)
         try:
@@ -148,6 +156,16 @@ class Connection(asyncio.Protocol):
             self.close()  # cancelled or timed out: the rest of the answer would poison reuse
             raise
         return self.status
+
+    def stop(self) -> None:
+        """End the current answer now (the reader failed it): `send` returns, the link closes.
+
+        What the server would send next cannot change the record, and reading it until the
+        timeout would keep a worker (and the server) busy for nothing.
+        """
+        self.reusable = False
+        self._finish(None)
+        self.close()
 
     def close(self) -> None:
         """Close the connection; it is no longer reusable."""

@@ -164,13 +164,12 @@ def test_the_installed_command_runs_a_benchmark(emulator, tmp_path):
     assert "|" in done.stdout  # a Markdown table
 
 
-def test_answers_without_tokens_are_noted(emulator, tmp_path):
+def test_answers_without_tokens_fail_as_empty_answers(emulator, tmp_path):
     model = _fast(emulator)
     emulator.config.tokens = 0  # like llama-cpp-python cutting a running answer short
-    code, doc = _run(tmp_path, "--target", emulator.url, "--model", model, "--requests", "2")
-    assert code == 0
-    assert doc is not None
-    assert any("no output token" in note for note in doc["notes"])
+    code, _ = _run(tmp_path, "--target", emulator.url, "--model", model, "--requests", "2")
+    assert code == 1  # no request succeeded: an empty answer measures nothing
+    assert "empty answer" in (tmp_path / "run.json").read_text()
 
 
 def test_a_key_the_server_echoes_is_redacted_everywhere(emulator, tmp_path, monkeypatch, capsys):
@@ -337,3 +336,39 @@ def test_an_agent_surface_the_server_lacks_gets_a_hint(emulator, tmp_path, capsy
     assert "no request succeeded" in err
     assert f"HTTP 404 on /v1/{surface}: the server may not serve that path" in err
     assert "gateway serve" in err
+
+
+RUN = ["run", "--target", "http://127.0.0.1:1", "--api", "ollama", "--model", "m", "--no-save"]
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["--rate", "nan"], "levels must be positive numbers"),
+        (["--rate", "inf"], "levels must be positive numbers"),
+        (["--rate", "200000"], "rates must be at most 100000/s"),
+        (["--knee", "--max-rate", "inf"], "must be a positive number"),
+        (["--sample-interval", "0.001"], "must be at least 0.05 s"),
+        (["--concurrency", "nan"], "levels must be positive numbers"),
+    ],
+)
+def test_rates_and_intervals_that_cannot_be_kept_are_usage_errors(capsys, options, said):
+    with pytest.raises(SystemExit) as stopped:
+        main([*RUN, *options])
+    assert stopped.value.code == 2
+    assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["--rate", "0.05", "--duration", "2"], "sends under one request in --duration 2 s"),
+        (["--concurrency", "100000000"], "connections need more open files"),
+        (["--size", "m=" + "9" * 400 + "GB"], "larger than any model"),
+    ],
+)
+def test_plans_the_client_cannot_run_exit_2_with_a_reason(capsys, options, said):
+    assert main([*RUN, *options]) == 2
+    err = capsys.readouterr().err
+    assert said in err
+    assert "Traceback" not in err

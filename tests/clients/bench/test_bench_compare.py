@@ -14,6 +14,7 @@ import pytest
 
 from gateway.clients.bench.compare import (
     POINT_METRICS,
+    Comparison,
     Metric,
     Row,
     Span,
@@ -200,7 +201,7 @@ def test_a_new_run_that_measured_nothing_is_refused() -> None:
     empty["models"][0]["knee"] = None
     empty["models"][0]["quality"] = None
     result = compare(base, empty)
-    assert all(row.verdict == "missing" for row in result.rows)
+    assert all(row.new is None for row in result.rows)
     assert result.verdict == "refused"
     assert any("no value was compared" in r for r in result.refusals)
     no_points = copy.deepcopy(base)
@@ -422,3 +423,39 @@ def test_a_p99_measured_once_does_not_gate_but_a_p50_does():
     assert judge(by_key["ttft_seconds.p50"], once_base, once_new, 0.05).verdict == "worse"
     repeated_base, repeated_new = Span(0.052, 0.051, 0.053), Span(0.062, 0.061, 0.063)
     assert judge(by_key["ttft_seconds.p99"], repeated_base, repeated_new, 0.05).verdict == "worse"
+
+
+def test_a_value_base_measured_and_new_lost_is_worse_not_missing() -> None:
+    """NEW with no first token or no rate (an empty-answer server) must not pass the gate."""
+    lost = judge(THROUGHPUT, one(120.0), None, 0.05)
+    assert lost.verdict == "worse"
+    assert judge(THROUGHPUT, None, one(120.0), 0.05).verdict == "missing"  # NEW measured more
+
+
+def test_a_throughput_gone_to_zero_is_worse_whatever_the_test_says() -> None:
+    wide = Span(2550.0, 100.0, 5000.0, (100.0, 5000.0))  # repeats too wide for Welch to decide
+    zero = Span(0.0, 0.0, 0.0, (0.0, 0.0))
+    row = judge(THROUGHPUT, wide, zero, 0.05)
+    assert (row.verdict, row.change) == ("worse", -1.0)
+
+
+@pytest.mark.parametrize("partial", ["yes", 1, None, "false"])
+def test_any_partial_value_but_false_is_refused(partial: object) -> None:
+    base = run_doc()
+    new = copy.deepcopy(base)
+    new["partial"] = partial
+    assert compare(base, new).verdict == "refused"
+    clean = copy.deepcopy(base)
+    clean["partial"] = False
+    assert compare(base, clean).verdict == "pass"
+
+
+def test_a_pass_with_rows_too_noisy_to_decide_says_inconclusive() -> None:
+    base = Span(100.0, 90.0, 110.0, (90.0, 100.0, 110.0))
+    new = Span(120.0, 60.0, 180.0, (60.0, 120.0, 180.0))
+    row = judge(THROUGHPUT, base, new, 0.05)
+    assert row.verdict == "noise"
+    result = Comparison([row], [], [], "pass", 0.05)
+    assert result.exit_code == 0  # a warning, not a refusal (--strict-stats refuses)
+    line = render_comparison(result).rstrip().splitlines()[-1]
+    assert line.startswith("verdict: pass at 95% confidence (inconclusive for 1 value(s):")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.clients.bench import dataset
 from gateway.clients.bench.dataset import (
     MOONCAKE_BLOCK,
     SYNTHETIC,
@@ -327,3 +328,51 @@ def test_the_digest_of_a_workload_without_lengths_is_unchanged(tmp_path: Path):
     old = load_workload(str(path), SAMPLING)
     new = build_workload(str(path), SAMPLING, DatasetOptions())
     assert new.digest == old.digest
+
+
+# --- declared lengths and file sizes are bounded -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ('{"input_length": 100000000000}', "input_length must be at most 1000000"),
+        ('{"input_length": 5, "output_length": 1000000000000000000000000000000}',
+         "output_length must be at most 1000000"),
+        ('{"prompt": "a", "output_tokens_count": "' + "9" * 5000 + '"}',
+         "output_tokens_count must be at most"),
+    ],
+)  # fmt: skip
+def test_declared_lengths_past_the_caps_are_refused(tmp_path: Path, line: str, match: str):
+    path = tmp_path / "huge.jsonl"
+    path.write_text(line + "\n", encoding="utf-8")
+    with pytest.raises(WorkloadError, match=match):
+        read_dataset(path)
+
+
+def test_the_words_of_a_whole_data_set_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(dataset, "MAX_TOTAL_WORDS", 2500)
+    path = write(tmp_path / "trace.jsonl", *({"input_length": 1000} for _ in range(5)))
+    with pytest.raises(WorkloadError, match=f"{path}:3: the data set passes 2500 words"):
+        read_dataset(path)
+
+
+def test_a_data_set_file_past_the_size_cap_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(dataset, "MAX_FILE_BYTES", 1 << 20)
+    path = tmp_path / "big.jsonl"
+    path.write_text('{"prompt": "a"}\n' * 70_000, encoding="utf-8")
+    with pytest.raises(WorkloadError, match="larger than 1 MiB"):
+        read_dataset(path)
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("bom.jsonl", '{"prompt": "hello there"}\n'),
+    ("bom.csv", "prompt,output_tokens_count\nhello there,3\n"),
+])  # fmt: skip
+def test_a_utf8_bom_is_read_not_refused(tmp_path: Path, name: str, text: str):
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    prompts, _ = read_dataset(path)
+    assert prompts[0].text == "hello there"

@@ -110,12 +110,14 @@ def test_welch_on_a_hand_computed_case() -> None:
     assert welch([1.0], [1.0, 1.1]) is None
 
 
-@pytest.mark.parametrize(("text", "value"), [("95%", 0.95), ("0.99", 0.99), ("90", 0.9)])
+@pytest.mark.parametrize(
+    ("text", "value"), [("95%", 0.95), ("0.99", 0.99), ("90", 0.9), ("99.9%", 0.999)]
+)
 def test_the_confidence_is_a_percentage_or_a_fraction(text: str, value: float) -> None:
     assert parse_confidence(text) == pytest.approx(value)
 
 
-@pytest.mark.parametrize("text", ["50%", "100%", "abc", "0.3"])
+@pytest.mark.parametrize("text", ["50%", "100%", "abc", "0.3", "99.9999999%", "99.95"])
 def test_a_confidence_outside_50_to_100_percent_is_refused(text: str) -> None:
     with pytest.raises(ValueError, match="confidence"):
         parse_confidence(text)

@@ -10,6 +10,7 @@ grows with what the server sends.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -17,15 +18,22 @@ from pathlib import Path
 
 import pytest
 
-from gateway.clients.bench import cli, document, gateway_metrics, quality, reader, wire
+from gateway.clients.bench import cli, document, driver, gateway_metrics, quality, reader, wire
 from gateway.clients.bench.cli import detect_api, main
+from gateway.clients.bench.dataset import DatasetOptions, build_workload
 from gateway.clients.bench.document import SCHEMA, RunFileError, load_run
-from gateway.clients.bench.driver import BenchError, run_concurrency
+from gateway.clients.bench.driver import (
+    ANSWER_CHARS_PER_TOKEN,
+    BenchError,
+    run_concurrency,
+    run_rate,
+)
 from gateway.clients.bench.preflight import check_target
 from gateway.clients.bench.protocol import Api, Target
 from gateway.clients.bench.quality import probe_quality
 from gateway.clients.bench.records import RequestRecord
 from gateway.clients.bench.resources import ResourceMonitor
+from gateway.clients.bench.runner import point_line
 from gateway.clients.bench.workload import Sampling, load_workload
 from tests.support.client import MODEL
 
@@ -129,13 +137,13 @@ async def test_data_lines_without_a_blank_line_are_bounded(
 async def test_an_endless_stream_of_chunks_is_cut_at_max_chunks(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(reader, "MAX_CHUNKS", 50)
+    monkeypatch.setattr(reader, "MAX_CHUNKS", 10)  # below the 16 chunks --max-tokens 8 allows
     chunk = b'{"message":{"role":"assistant","content":"a"},"done":false}\n'
     done = b'{"done":true,"eval_count":200}\n'
     async with hostile(body(chunk * 200 + done)) as url:
         record = await one_record(url)
-    assert record.error == "answer exceeded 50 content chunks"
-    assert len(record.chunk_times) == 50
+    assert record.error == "answer exceeded 10 content chunks"
+    assert len(record.chunk_times) == 10
 
 
 def test_a_deeply_nested_workload_line_exits_2_naming_it(
@@ -283,3 +291,137 @@ def test_a_real_run_file_is_far_within_the_bounds(tmp_path: Path) -> None:
     path = tmp_path / "run.json"
     path.write_text(json.dumps(run))
     assert len(load_run(path)["models"][0]["points"]) == 250
+
+
+# --- answers that say nothing, or far more than asked ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("api", "content"),
+    [
+        ("openai", b"data: [DONE]\n\n"),
+        ("ollama", b'{"done":true}\n'),
+        ("ollama", b'{"message":{"role":"assistant","content":""},"done":true,"eval_count":0}\n'),
+    ],
+)
+async def test_an_answer_with_no_content_and_no_count_fails(api: Api, content: bytes) -> None:
+    ctype = b"text/event-stream" if api == "openai" else b"application/x-ndjson"
+    async with hostile(body(content, ctype)) as url:
+        record = await one_record(url, api)
+    assert (record.ok, record.error) == (False, "empty answer")
+
+
+async def test_more_chunks_than_max_tokens_fail_without_a_server_count() -> None:
+    event = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+    async with hostile(body(event * 5000 + b"data: [DONE]\n\n", b"text/event-stream")) as url:
+        record = await one_record(url, "openai")
+    allowance = reader.output_allowance(8)  # WORKLOAD asks 8 tokens
+    assert record.error == f"answer streamed over {allowance} chunks for 8 tokens"
+    assert len(record.chunk_times) == allowance
+
+
+async def test_the_readers_first_error_ends_the_exchange_before_the_timeout() -> None:
+    event = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        await endless(
+            writer,
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n",
+            b"%x\r\n%s\r\n" % (len(event), event),
+        )
+
+    async with hostile(answer) as url:
+        record = await one_record(url, "openai", seconds=3.0)
+    assert (record.error or "").startswith("answer streamed over")  # not "no end of answer"
+
+
+async def test_an_endless_error_body_ends_at_error_body_bytes() -> None:
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        await endless(
+            writer, b"HTTP/1.1 500 X\r\nContent-Length: 999999999999\r\n\r\n", b"x" * 4096
+        )
+
+    async with hostile(answer) as url:
+        record = await one_record(url, "ollama", seconds=3.0)
+    assert (record.error or "").startswith("HTTP 500: xxxx")
+
+
+async def test_a_body_delimited_by_the_close_is_read_to_its_end() -> None:
+    """No Content-Length, not chunked: the close ends the body (RFC 9112 section 6.3, item 8)."""
+    content = (
+        b'{"message":{"role":"assistant","content":"hi"},"done":false}\n'
+        b'{"message":{"role":"assistant","content":""},"done":true,"eval_count":1}\n'
+    )
+
+    async def answer(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n\r\n" + content)
+
+    async with hostile(answer) as url:
+        record = await one_record(url)
+    assert (record.ok, record.error, record.output_tokens) == (True, None, 1)
+
+
+async def test_a_conversations_history_keeps_answers_to_their_token_allowance() -> None:
+    """A server that answers 8 asked tokens with 100 kB: the next turn resends 128 characters."""
+    bodies: list[bytes] = []
+    huge = "x" * 100_000
+    line = json.dumps({"message": {"role": "assistant", "content": huge}, "done": False})
+    done = json.dumps({"message": {"role": "assistant", "content": ""}, "done": True})
+    content = (line + "\n" + done + "\n").encode()
+
+    async def handle(reader_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader_.readuntil(b"\r\n\r\n")
+                length = 0
+                for field in head.split(b"\r\n"):
+                    if field.lower().startswith(b"content-length:"):
+                        length = int(field.split(b":", 1)[1])
+                bodies.append(await reader_.readexactly(length))
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (
+                    len(content), content))  # fmt: skip
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    workload = build_workload(
+        "synthetic", Sampling(max_tokens=8), DatasetOptions(conversations=1, turns=2)
+    )
+    try:
+        target = Target(f"http://127.0.0.1:{port}", "ollama", timeout=30.0)
+        await run_concurrency(target, workload, MODEL, 1, requests=2)
+    finally:
+        server.close()
+    second = json.loads(bodies[1])
+    (answer,) = [m for m in second["messages"] if m["role"] == "assistant"]
+    assert answer["content"] == "x" * (8 * ANSWER_CHARS_PER_TOKEN)
+
+
+async def test_a_rate_the_client_falls_behind_on_ends_with_the_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Arrivals stop at the window's end by the clock, not after the whole schedule is sent.
+
+    The clock is made to run 0.5 s per reading: a client as slow as that sends a few arrivals
+    of a 2 s window, not the 2000 that `--rate 1000` schedules in it.
+    """
+    readings = itertools.count()
+    monkeypatch.setattr(driver.time, "perf_counter", lambda: next(readings) * 0.5)
+    answer = b'{"message":{"role":"assistant","content":"a"},"done":true,"eval_count":1}\n'
+    async with hostile(body(answer)) as url:
+        run = await run_rate(Target(url, "ollama"), WORKLOAD, MODEL, 1000.0, duration=2.0)
+    assert len(run.records) < 20
+
+
+def test_a_point_sent_below_its_rate_says_the_client_could_not_keep_up() -> None:
+    def point(achieved: float) -> dict[str, object]:
+        summary = {"achieved_rate": {"median": achieved}, "error_rate": {"median": 0.0}}
+        return {"shape": "rate", "level": 200_000.0, "summary": summary}
+
+    assert "the client could not keep up" in point_line("m", point(3_000.0))
+    assert "keep up" not in point_line("m", point(199_000.0))

@@ -9,6 +9,7 @@ the HTML report is parsed and searched for anything that would reach the network
 from __future__ import annotations
 
 import json
+import os
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -149,7 +150,7 @@ async def test_sizes_from_llamacpp_v1_models_meta() -> None:
 @pytest.mark.anyio
 async def test_sizes_from_llamacpp_props_model_path_on_this_machine(tmp_path: Path) -> None:
     weights = tmp_path / "g.gguf"
-    weights.write_bytes(bytes(4096))
+    weights.write_bytes(b"GGUF" + bytes(4092))
     app = _llamacpp_app(meta=None, model_path=str(weights))
     size = await _size_of(app)
     assert size["disk_bytes"] == 4096
@@ -163,6 +164,31 @@ async def test_a_server_that_tells_nothing_leaves_the_users_size(tmp_path: Path)
     size = await _size_of(app, hint=SizeHint(4_100_000_000, "--size"))
     assert (size["disk_bytes"], size["source"]) == (4_100_000_000, "--size")
     assert (await _size_of(app))["disk_bytes"] is None
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["no magic", "not .gguf", "directory", "fifo"])
+async def test_a_props_model_path_that_is_no_gguf_file_is_ignored_with_a_note(
+    tmp_path: Path, kind: str
+) -> None:
+    path = tmp_path / ("g.bin" if kind == "not .gguf" else "g.gguf")
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)  # opened blocking, it would hang the run until a writer came
+    else:
+        path.write_bytes((b"GGUF" if kind == "not .gguf" else b"\x7fELF") + bytes(4092))
+    notes: list[str] = []
+    size = await _size_of(_llamacpp_app(meta=None, model_path=str(path)), notes=notes)
+    assert (size["disk_bytes"], size["source"]) == (None, None)
+    assert len(notes) == 1
+    assert "is not a GGUF file" in notes[0]
+
+
+@pytest.mark.parametrize("value", ["m=" + "9" * 400 + "GB", "2000TB"])
+def test_an_absurd_size_is_refused_not_a_traceback(value: str) -> None:
+    with pytest.raises(ValueError, match="larger than any model"):
+        parse_size(value)
 
 
 # --- the quality probe ---------------------------------------------------------------------
