@@ -50,6 +50,7 @@ from gateway.clients.bench.workload import (
     Turn,
     Workload,
     WorkloadError,
+    chat_messages,
     load_workload,
 )
 
@@ -364,17 +365,7 @@ def _record(where: str, item: dict[str, Any], default_id: str) -> Prompt | Conve
     prompt_id = _id(where, item, ("id",), default_id)
     limit = _count(where, item, OUTPUT_COLUMNS)
     if "messages" in item:
-        messages = item["messages"]
-        if not isinstance(messages, list) or not messages:
-            raise WorkloadError(f"{where}: messages must be a non-empty list")
-        for message in messages:
-            if not (
-                isinstance(message, dict)
-                and isinstance(message.get("role"), str)
-                and isinstance(message.get("content"), str)
-            ):
-                raise WorkloadError(f"{where}: each message needs string role and content")
-        return Prompt(prompt_id, messages=tuple(messages), max_tokens=limit)
+        return Prompt(prompt_id, messages=chat_messages(where, item["messages"]), max_tokens=limit)
     for column in PROMPT_COLUMNS:
         if column in item:
             text = item[column]

@@ -324,6 +324,15 @@ def _line_prompt(where: str, stem: str, number: int, line: str) -> Prompt:
         if not isinstance(text, str) or not text:
             raise WorkloadError(f"{where}: prompt must be a non-empty string")
         return Prompt(prompt_id, text=text)
+    return Prompt(prompt_id, messages=chat_messages(where, messages))
+
+
+def chat_messages(where: str, messages: object) -> tuple[dict[str, Any], ...]:
+    """A record's `messages`, checked: a non-empty list of `{"role": str, "content": str}`.
+
+    Raises:
+        WorkloadError: naming `where` (`file:line`) when it is anything else.
+    """
     if not isinstance(messages, list) or not messages:
         raise WorkloadError(f"{where}: messages must be a non-empty list")
     for message in messages:
@@ -333,7 +342,7 @@ def _line_prompt(where: str, stem: str, number: int, line: str) -> Prompt:
             and isinstance(message.get("content"), str)
         ):
             raise WorkloadError(f"{where}: each message needs string role and content")
-    return Prompt(prompt_id, messages=tuple(messages))
+    return tuple(messages)
 
 
 def _read_jsonl(path: Path) -> tuple[Prompt, ...]:
