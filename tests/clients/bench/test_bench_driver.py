@@ -19,12 +19,8 @@ import http.client
 import itertools
 import json
 import math
-import os
 import random
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 
@@ -49,7 +45,9 @@ from gateway.clients.bench.shapes import ShapeOptions, search_knee
 from gateway.clients.bench.stats import summarize
 from gateway.clients.bench.workload import Sampling, Workload, load_workload
 from gateway.testing.emulator.app import EmulatorConfig
+from gateway.testing.stack import free_port
 from tests.support.client import MODEL
+from tests.support.emulator import emulator_process
 from tests.support.stack import Emulator, Gateway
 
 pytestmark = pytest.mark.anyio
@@ -61,12 +59,6 @@ APIS = [("ollama", True), ("ollama", False), ("openai", True), ("openai", False)
 def fast(emulator: Emulator, **overrides) -> None:
     """Short answers: 4 tokens, 2 ms apart, after 5 ms."""
     emulator.state.config = EmulatorConfig(ttft=0.005, inter_token=0.002, tokens=4, **overrides)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # --- the closed loop -----------------------------------------------------------------------------
@@ -535,31 +527,23 @@ P, K, TTFT, T_I, N = 3, 0.2, 0.3, 0.01, 30
 
 
 @pytest.fixture(scope="module")
-def capacity_url() -> Iterator[str]:
+def capacity_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The emulator as a process: P slots, batch slowdown K, TTFT, inter-token T_I, N tokens."""
-    port = free_port()
-    command = [
-        sys.executable, "-m", "gateway.testing.emulator", "--port", str(port),
-        "--parallel", str(P), "--batch-slowdown", str(K), "--ttft", str(TTFT),
-        "--inter-token", str(T_I), "--tokens", str(N), "--log-level", "warning",
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    process = subprocess.Popen(command, env=env)  # noqa: S603 - our own module
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                httpx.get(f"{url}/api/version", timeout=1).raise_for_status()
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise
-                time.sleep(0.05)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(10)
+    log = tmp_path_factory.mktemp("capacity_url") / "emulator.log"
+    with emulator_process(
+        log,
+        "--parallel",
+        str(P),
+        "--batch-slowdown",
+        str(K),
+        "--ttft",
+        str(TTFT),
+        "--inter-token",
+        str(T_I),
+        "--tokens",
+        str(N),
+    ) as emulator:
+        yield emulator.url
 
 
 @pytest.fixture(scope="module")

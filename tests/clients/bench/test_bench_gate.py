@@ -39,6 +39,7 @@ from gateway.clients.bench.report import render_table
 from gateway.clients.bench.shapes import Measurement, ShapeOptions, run_fixed
 from gateway.testing.stack import ManagedProcess, free_port
 from tests.clients.bench.bench_docs import run_doc
+from tests.support.emulator import emulator_process
 from tests.support.stack import Emulator
 
 ITL = next(m for m in POINT_METRICS if m.key == "itl_seconds.p50")
@@ -292,13 +293,7 @@ def test_the_down_watch_stops_on_silence_not_on_a_busy_server() -> None:
 
 
 def _emulator(tmp_path: Path, name: str, *options: str) -> ManagedProcess:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "gateway.testing.emulator", "--port", str(port)]
-    argv += ["--log-level", "warning", *options]
-    return ManagedProcess(
-        f"emulator {name}", argv, url, f"{url}/api/version", log_path=tmp_path / f"{name}.log"
-    )
+    return emulator_process(tmp_path / f"{name}.log", *options, name=f"emulator {name}")
 
 
 def _bench(tmp_path: Path, target: str, out: str, *extra: str) -> int:

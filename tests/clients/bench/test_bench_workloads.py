@@ -22,16 +22,11 @@ import contextlib
 import http.client
 import itertools
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from gateway.clients.bench.cli import main
@@ -44,6 +39,7 @@ from gateway.clients.bench.stats import summarize
 from gateway.clients.bench.workload import Prompt, Sampling, Workload
 from gateway.testing.emulator.app import EmulatorConfig
 from tests.support.client import MODEL
+from tests.support.emulator import emulator_process
 from tests.support.stack import Emulator, Gateway
 
 pytestmark = pytest.mark.anyio
@@ -54,38 +50,14 @@ RELAY = 0.015  # seconds an in-process gateway may add to TTFT (the surfaces' te
 SEED = 3  # of the Poisson schedule whose achieved rate is checked
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
-def truth_url() -> Iterator[str]:
+def truth_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The emulator as a process: unlimited slots, `TTFT`, `T_I` per token, `BIG` tokens."""
-    port = free_port()
-    command = [
-        sys.executable, "-m", "gateway.testing.emulator", "--port", str(port),
-        "--ttft", str(TTFT), "--inter-token", str(T_I), "--tokens", str(BIG),
-        "--log-level", "warning",
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    process = subprocess.Popen(command, env=env)  # noqa: S603 - our own module
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                httpx.get(f"{url}/api/version", timeout=1).raise_for_status()
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise
-                time.sleep(0.05)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(10)
+    log = tmp_path_factory.mktemp("truth_url") / "emulator.log"
+    with emulator_process(
+        log, "--ttft", str(TTFT), "--inter-token", str(T_I), "--tokens", str(BIG)
+    ) as emulator:
+        yield emulator.url
 
 
 @pytest.fixture(scope="module")
