@@ -5,7 +5,8 @@ Starts the emulator (a subprocess), makes a key with `gateway keys create`, buil
 in-process (`gateway.app.create_app`) on uvicorn, and sends one streamed `POST /api/chat` (or
 `--path /v1/chat/completions`) after a warm-up request. A profile hook (`sys.setprofile`) records
 every call into a `gateway.*` module (the emulator's `gateway.testing` excepted) made from another
-module while the request runs, in the tasks the request started (not in the lifespan's
+module while the request runs (a call, not a suspended coroutine going on: `await` resumes the
+same call), in the tasks the request started (not in the lifespan's
 background loops), and prints:
 
 - the modules touched, in the order first entered, and their count;
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dis
+import inspect
 import json
 import os
 import socket
@@ -32,7 +35,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 import httpx
@@ -49,6 +52,30 @@ def _free_port() -> int:
 
 def _module(frame: FrameType | None) -> str:
     return "" if frame is None else str(frame.f_globals.get("__name__", ""))
+
+
+_SUSPENDABLE = inspect.CO_COROUTINE | inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
+_FIRST_RESUME: dict[CodeType, int] = {}
+
+
+def _resumed(frame: FrameType) -> bool:
+    """Whether a `call` event is a coroutine or generator going on, not a new call.
+
+    `sys.setprofile` reports each resumption of a suspended frame as a `call` (Python 3.11,
+    "sys.setprofile"); a new frame stands at its first `RESUME` instruction, a resumed one
+    further on.
+    """
+    code = frame.f_code
+    if not code.co_flags & _SUSPENDABLE:
+        return False
+    first = _FIRST_RESUME.get(code)
+    if first is None:
+        first = next(
+            (i.offset for i in dis.get_instructions(code) if i.opname == "RESUME"),
+            0,
+        )
+        _FIRST_RESUME[code] = first
+    return frame.f_lasti > first
 
 
 def _ours(module: str) -> bool:
@@ -73,6 +100,7 @@ class PathRecorder:
         if (
             _ours(module)
             and _module(frame.f_back) != module
+            and not _resumed(frame)
             and asyncio.current_task() not in self.before
         ):
             self.entries.append((module, self.way_in))
