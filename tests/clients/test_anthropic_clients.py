@@ -9,8 +9,6 @@ exceptions with Anthropic's error body.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
 from typing import Any
 
 import anthropic
@@ -18,6 +16,7 @@ import httpx
 import pytest
 
 from tests.support.client import MODEL_ALIAS as MODEL
+from tests.support.client import opened
 from tests.support.metrics import metric_value
 from tests.support.stack import Emulator, Gateway
 
@@ -39,25 +38,10 @@ ARGUMENTS = {"city": "Tokyo", "days": 3}
 IMAGE = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGAAAAAFAAFd"  # PNG bytes
 
 
-@pytest.fixture(params=["ollama", "openai"])
-def gw(request: pytest.FixtureRequest, make_gateway: Callable[..., Gateway]) -> Gateway:
-    """A gateway in front of the emulator, once per upstream dialect."""
-    return make_gateway(upstream_dialect=request.param)
-
-
-_opened = ExitStack()
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    _opened.close()
-
-
 def _client(gw: Gateway, key: str | None = None) -> Any:
     # No retries: a refusal must surface as the first answer's typed error.
     client = anthropic.Anthropic(base_url=gw.url, api_key=key or gw.key, max_retries=0)
-    return _opened.enter_context(client)
+    return opened.enter_context(client)
 
 
 def _dialect(gw: Gateway) -> str:

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -22,46 +21,30 @@ import pytest
 
 from gateway.testing.emulator.embed import normalize, raw_vector
 from tests.support.client import MODEL_ALIAS as MODEL
+from tests.support.client import opened
 from tests.support.metrics import metric_value
 from tests.support.stack import Emulator, Gateway
 
 pytestmark = pytest.mark.clients
 
-DIALECTS = ["ollama", "openai"]
 MESSAGES: Any = [{"role": "user", "content": "hi"}]  # Any: the SDKs type messages as TypedDicts
 DIMENSIONS = 8  # the emulator's default vector length
-
-
-@pytest.fixture(params=DIALECTS)
-def gw(request: pytest.FixtureRequest, make_gateway: Callable[..., Gateway]) -> Gateway:
-    """A gateway in front of the emulator, once per upstream dialect."""
-    return make_gateway(upstream_dialect=request.param)
 
 
 def _dialect(gw: Gateway) -> str:
     return str(gw.settings.upstream_dialect)
 
 
-_opened = ExitStack()
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    """Close every client a test opened (an unclosed socket fails the run: ResourceWarning)."""
-    yield
-    _opened.close()
-
-
 def _ollama(gw: Gateway, key: str | None = None) -> ollama.Client:
     client = ollama.Client(host=gw.url, headers=gw.headers(key))
-    _opened.enter_context(client)
+    opened.enter_context(client)
     return client
 
 
 def _openai(gw: Gateway, key: str | None = None) -> openai.OpenAI:
     # No retries: a refusal must surface as the first answer's typed error.
     client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key or gw.key, max_retries=0)
-    return _opened.enter_context(client)
+    return opened.enter_context(client)
 
 
 def _embedding(text: str) -> list[float]:
@@ -143,7 +126,7 @@ def test_langchain_embeddings_through_the_gateway(gw: Gateway) -> None:
 
     native = OllamaEmbeddings(model=MODEL, base_url=gw.url, client_kwargs={"headers": gw.headers()})
     assert native._client is not None
-    _opened.callback(native._client.close)
+    opened.callback(native._client.close)
     assert _close(native.embed_query("hello"), _embedding("hello"))
     documents = native.embed_documents(["a b", "c"])
     assert _close(documents[1], _embedding("c"))
@@ -154,7 +137,7 @@ def test_langchain_embeddings_through_the_gateway(gw: Gateway) -> None:
         check_embedding_ctx_length=False,
         max_retries=0,
     )
-    _opened.callback(compatible.client._client.close)
+    opened.callback(compatible.client._client.close)
     assert _close(compatible.embed_query("hello"), _embedding("hello"))
     assert _close(compatible.embed_documents(["a b", "c"])[0], _embedding("a b"))
 
@@ -220,7 +203,7 @@ def test_an_empty_ollama_embed_input_answers_no_vectors(gw: Gateway, emulator: E
     assert list(client.embeddings(model=MODEL, prompt="").embedding) == []
     native = OllamaEmbeddings(model=MODEL, base_url=gw.url, client_kwargs={"headers": gw.headers()})
     assert native._client is not None
-    _opened.callback(native._client.close)
+    opened.callback(native._client.close)
     assert native.embed_documents([]) == []  # a pipeline's empty batch
     assert emulator.state.records[-1].path.endswith(
         "/embed" if _dialect(gw) == "ollama" else "/embeddings"
@@ -341,11 +324,11 @@ def test_langchain_bind_tools_gets_tool_calls(gw: Gateway) -> None:
     from langchain_openai import ChatOpenAI
 
     native = ChatOllama(model=MODEL, base_url=gw.url, client_kwargs={"headers": gw.headers()})
-    _opened.callback(native._client.close)
+    opened.callback(native._client.close)
     answer = native.bind_tools([WEATHER]).invoke("weather in Tokyo?")
     assert [(c["name"], c["args"]) for c in answer.tool_calls] == [("get_weather", ARGUMENTS)]
     compatible = ChatOpenAI(model=MODEL, base_url=f"{gw.url}/v1", api_key=gw.key, max_retries=0)
-    _opened.callback(compatible.root_client.close)
+    opened.callback(compatible.root_client.close)
     reply = compatible.bind_tools([WEATHER]).invoke("weather in Tokyo?")
     assert [(c["name"], c["args"]) for c in reply.tool_calls] == [("get_weather", ARGUMENTS)]
     assert reply.tool_calls[0]["id"]
@@ -463,7 +446,7 @@ def test_langchain_chat_ollama_gets_the_reasoning(gw: Gateway) -> None:
     native = ChatOllama(
         model=MODEL, base_url=gw.url, client_kwargs={"headers": gw.headers()}, reasoning=True
     )
-    _opened.callback(native._client.close)
+    opened.callback(native._client.close)
     reply = native.invoke("hi")
     assert (reply.content, reply.additional_kwargs["reasoning_content"]) == (TEXT, THINKING)
 
@@ -588,14 +571,14 @@ def test_langchain_structured_output(gw: Gateway, emulator: Emulator) -> None:
         warm: bool
 
     native = ChatOllama(model=MODEL, base_url=gw.url, client_kwargs={"headers": gw.headers()})
-    _opened.callback(native._client.close)
+    opened.callback(native._client.close)
     expected = Weather(city="emulated", warm=True)
     assert native.with_structured_output(Weather).invoke("weather?") == expected
     sent = emulator.state.records[-1].body
     schema = sent["format"] if _dialect(gw) == "ollama" else sent["response_format"]
     assert "city" in json.dumps(schema)
     compatible = ChatOpenAI(model=MODEL, base_url=f"{gw.url}/v1", api_key=gw.key, max_retries=0)
-    _opened.callback(compatible.root_client.close)
+    opened.callback(compatible.root_client.close)
     assert compatible.with_structured_output(Weather).invoke("weather?") == expected
 
 
@@ -741,7 +724,7 @@ def test_langchain_max_tokens_and_stop_reach_the_upstream(gw: Gateway, emulator:
     compatible = ChatOpenAI(
         model=MODEL, base_url=f"{gw.url}/v1", api_key=gw.key, max_retries=0, max_tokens=3
     )
-    _opened.callback(compatible.root_client.close)
+    opened.callback(compatible.root_client.close)
     assert (
         compatible.invoke("hi", stop=["\n\n"]).content == "tok0 tok1 tok2 "
     )  # sent as max_completion_tokens
@@ -753,7 +736,7 @@ def test_langchain_max_tokens_and_stop_reach_the_upstream(gw: Gateway, emulator:
         temperature=0.1,
         keep_alive="3m",
     )
-    _opened.callback(native._client.close)
+    opened.callback(native._client.close)
     assert native.invoke("hi", stop=["\n\n"]).content == "tok0 tok1 "
     sent = emulator.state.records[-1].body
     if _dialect(gw) == "ollama":

@@ -8,8 +8,7 @@ same counts, streamed and not, and refusals must raise each SDK's own typed exce
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from collections.abc import Callable
 
 import httpx
 import ollama
@@ -17,40 +16,24 @@ import openai
 import pytest
 
 from tests.support.client import MODEL_ALIAS as MODEL
+from tests.support.client import opened
 from tests.support.metrics import metric_value
 from tests.support.stack import Emulator, Gateway
 
 pytestmark = pytest.mark.clients
 
-DIALECTS = ["ollama", "openai"]
 TEXT = "".join(f"tok{i} " for i in range(16))  # what the emulator generates by default
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
-@pytest.fixture(params=DIALECTS)
-def gw(request: pytest.FixtureRequest, make_gateway: Callable[..., Gateway]) -> Gateway:
-    """A gateway in front of the emulator, once per upstream dialect."""
-    return make_gateway(upstream_dialect=request.param)
-
-
-_opened = ExitStack()
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    """Close every client a test opened (an unclosed socket fails the run: ResourceWarning)."""
-    yield
-    _opened.close()
-
-
 def _ollama(gw: Gateway, key: str | None = None) -> ollama.Client:
-    return _opened.enter_context(ollama.Client(host=gw.url, headers=gw.headers(key)))
+    return opened.enter_context(ollama.Client(host=gw.url, headers=gw.headers(key)))
 
 
 def _openai(gw: Gateway, key: str | None = None) -> openai.OpenAI:
     # No retries: a refusal must surface as the first answer's typed error.
     client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key or gw.key, max_retries=0)
-    return _opened.enter_context(client)
+    return opened.enter_context(client)
 
 
 def test_ollama_client_generate_and_chat_streamed_and_not(gw: Gateway) -> None:
@@ -225,11 +208,11 @@ def test_langchain_chat_models_stream_through_the_gateway(gw: Gateway) -> None:
     from langchain_openai import ChatOpenAI
 
     native = ChatOllama(model=MODEL, base_url=gw.url, client_kwargs={"headers": gw.headers()})
-    _opened.callback(native._client.close)
+    opened.callback(native._client.close)
     assert native.invoke("hi").content == TEXT
     assert "".join(str(part.content) for part in native.stream("hi")) == TEXT
     compatible = ChatOpenAI(model=MODEL, base_url=f"{gw.url}/v1", api_key=gw.key, max_retries=0)  # type: ignore[arg-type]
-    _opened.callback(compatible.root_client.close)
+    opened.callback(compatible.root_client.close)
     answer = compatible.invoke("hi")
     assert answer.content == TEXT
     assert answer.usage_metadata is not None

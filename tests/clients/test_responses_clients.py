@@ -9,8 +9,7 @@ usage its counts, and the request must reach the upstream translated into a chat
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -18,13 +17,13 @@ import openai
 import pytest
 
 from tests.support.batch import FAST, batch_line, read_jsonl, upload_lines, wait_batch
+from tests.support.client import DIALECTS, opened
 from tests.support.client import MODEL_ALIAS as MODEL
 from tests.support.metrics import metric_value
 from tests.support.stack import Emulator, Gateway
 
 pytestmark = pytest.mark.clients
 
-DIALECTS = ["ollama", "openai"]
 TEXT = "".join(f"tok{i} " for i in range(16))  # what the emulator generates by default
 THINKING = "think0 think1 think2 "  # with `thinking_tokens = 3`
 PROMPT_TOKENS = 12  # the emulator's reported prompt tokens
@@ -41,30 +40,14 @@ WEATHER: Any = {
 ARGUMENTS = {"city": "Tokyo", "days": 3}
 
 
-@pytest.fixture(params=DIALECTS)
-def gw(request: pytest.FixtureRequest, make_gateway: Callable[..., Gateway]) -> Gateway:
-    """A gateway in front of the emulator, once per upstream dialect."""
-    return make_gateway(upstream_dialect=request.param)
-
-
 def _dialect(gw: Gateway) -> str:
     return str(gw.settings.upstream_dialect)
-
-
-_opened = ExitStack()
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    """Close every client a test opened (an unclosed socket fails the run: ResourceWarning)."""
-    yield
-    _opened.close()
 
 
 def _openai(gw: Gateway, key: str | None = None) -> openai.OpenAI:
     # No retries: a refusal must surface as the first answer's typed error.
     client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key or gw.key, max_retries=0)
-    return _opened.enter_context(client)
+    return opened.enter_context(client)
 
 
 @pytest.fixture

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,6 +20,7 @@ from sqlalchemy import func, select, update
 from gateway.db.engine import open_engine
 from gateway.db.tables import ResponseRow
 from tests.support.client import MODEL_ALIAS as MODEL
+from tests.support.client import opened
 from tests.support.metrics import metric_value
 from tests.support.stack import Emulator, Gateway
 
@@ -40,18 +40,9 @@ def gw(request: pytest.FixtureRequest, make_gateway: Callable[..., Gateway]) -> 
     return make_gateway(upstream_dialect=request.param, responses_store=True)
 
 
-_opened = ExitStack()
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    _opened.close()
-
-
 def _openai(gw: Gateway, key: str | None = None) -> openai.OpenAI:
     client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key or gw.key, max_retries=0)
-    return _opened.enter_context(client)
+    return opened.enter_context(client)
 
 
 def _sent(emulator: Emulator) -> list[tuple[str, str]]:

@@ -6,7 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import httpx
@@ -16,6 +16,13 @@ MODEL = "llama3.2:latest"
 
 MODEL_ALIAS = "llama3.2"
 """The same model by the name a user types (the gateway completes the `:latest` tag)."""
+
+DIALECTS = ["ollama", "openai"]
+"""The upstream dialects a client test runs against, a gateway each (tests/clients/conftest.py)."""
+
+opened = ExitStack()
+"""The real client packages' clients a test opened: closed after each test of `tests/clients/`
+by its conftest (an unclosed socket fails the run: ResourceWarning)."""
 
 
 @contextmanager
