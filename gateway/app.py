@@ -47,6 +47,7 @@ def create_app(
     upstream_transport: httpx.AsyncBaseTransport | None = None,
     lifecycle: Lifecycle | None = None,
     span_exporter: SpanExporter | None = None,
+    metrics: Metrics | None = None,
 ) -> FastAPI:
     """Build the gateway app.
 
@@ -58,6 +59,8 @@ def create_app(
         span_exporter: Export trace spans there (tests: the SDK's `InMemorySpanExporter`),
             tracing on whatever the settings say; None: `open_tracing` decides
             (`gateway.tracing.provider`).
+        metrics: The metrics to record into and export at `/metrics`; None makes them.
+            `gateway serve` passes the ones its door counts into (`gateway.serve.server`).
 
     Returns:
         The app. Its lifespan (`gateway.lifespan`) opens one client per upstream, the key
@@ -67,7 +70,7 @@ def create_app(
     """
     settings = settings or Settings()
     lifecycle = lifecycle or Lifecycle()
-    metrics = Metrics()
+    metrics = metrics or Metrics()
     # Built here, not in the lifespan: the middleware below exists only when tracing is on.
     tracing = open_tracing(settings, exporter=span_exporter)
 

@@ -84,6 +84,8 @@ class Metrics:
             `kind` is `total` (`size`) or `vram` (`size_vram`), from Ollama's /api/ps.
         rate_limited: Counter `gateway_rate_limited_total{kind}`.
         address_limited: Counter `gateway_address_limited_total{budget}`.
+        door_refused: Counter `gateway_door_refused_total{reason}`, connections and requests
+            the door (`gateway.serve.door`) refused or cut before the app saw them.
         rate_limit_storage_errors: Counter `gateway_rate_limit_storage_errors_total`.
         upstream_retries: Counter `gateway_upstream_retries_total{reason}`.
         upstream_in_flight: Gauge `gateway_upstream_in_flight{upstream}`.
@@ -257,6 +259,14 @@ class Metrics:
             "Failed authentications refused with 429 by their client address's budget, by "
             "budget: api (API keys), admin (admin tokens).",
             ("budget",),
+            registry=r,
+        )
+        self.door_refused = Counter(
+            "gateway_door_refused",
+            "Client connections or requests refused or cut before the app, by reason: "
+            "connections (GATEWAY_MAX_CLIENT_CONNECTIONS), connections_per_address, "
+            "head_timeout, body_timeout (408 or a close), head_too_large (431).",
+            ("reason",),
             registry=r,
         )
         self.rate_limit_storage_errors = Counter(

@@ -123,9 +123,17 @@ class DoorProtocol(HttpToolsProtocol):
     shares: ClassVar[AddressShares] = AddressShares()
 
     @classmethod
-    def with_limits(cls, limits: DoorLimits) -> type[Self]:
-        """A subclass enforcing `limits`, with its own report and shares (one per server)."""
-        attributes = {"limits": limits, "report": DoorReport(), "shares": AddressShares()}
+    def with_limits(
+        cls, limits: DoorLimits, count: Callable[[str], None] | None = None
+    ) -> type[Self]:
+        """A subclass enforcing `limits`, with its own report and shares (one per server).
+
+        Args:
+            limits: The door's limits.
+            count: Called with each refusal's reason (`DoorReport.note`), e.g. a counter's.
+        """
+        report = DoorReport(count=count)
+        attributes = {"limits": limits, "report": report, "shares": AddressShares()}
         return cast(type[Self], type(cls.__name__, (cls,), attributes))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -153,14 +161,16 @@ class DoorProtocol(HttpToolsProtocol):
         cap = limits.max_connections
         if cap and len(self.connections) >= cap:
             # Not in uvicorn's `connections`: refused connections neither count nor get drained.
-            self.report.note("over GATEWAY_MAX_CLIENT_CONNECTIONS")
+            self.report.note("connections", "over GATEWAY_MAX_CLIENT_CONNECTIONS")
             self._refuse(transport, f"the gateway has too many open connections ({cap})")
             return
         share = limits.max_connections_per_address
         address = shared_address(transport, limits.trusted_proxies) if share else None
         if address is not None:
             if not self.shares.take(address, share):
-                self.report.note("over GATEWAY_MAX_CLIENT_CONNECTIONS_PER_ADDRESS")
+                self.report.note(
+                    "connections_per_address", "over GATEWAY_MAX_CLIENT_CONNECTIONS_PER_ADDRESS"
+                )
                 if self.shares.first_refusal(address):
                     logger.warning(
                         "client %s holds %d open connections, its share "
@@ -297,7 +307,7 @@ class DoorProtocol(HttpToolsProtocol):
         self._timer = None
         if self.transport.is_closing():
             return
-        self.report.note("head too slow (GATEWAY_HEADER_TIMEOUT)")
+        self.report.note("head_timeout", "head too slow (GATEWAY_HEADER_TIMEOUT)")
         if not self._head_began:
             self.transport.close()
             return
@@ -322,7 +332,7 @@ class DoorProtocol(HttpToolsProtocol):
         if idle < timeout:  # a piece came meanwhile; on_body does not re-arm, for speed
             self._arm(timeout - idle, self._body_timed_out)
             return
-        self.report.note("body too slow (GATEWAY_BODY_TIMEOUT)")
+        self.report.note("body_timeout", "body too slow (GATEWAY_BODY_TIMEOUT)")
         started = cycle.response_started
         # The app's receive() sees a disconnect now, and its writes go nowhere.
         cycle.disconnected = True
@@ -336,7 +346,9 @@ class DoorProtocol(HttpToolsProtocol):
 
     def _refuse_head(self) -> None:
         """431, or a plain close if a pipelined response is still being written."""
-        self.report.note("head too large (GATEWAY_MAX_HEADER_BYTES, GATEWAY_MAX_HEADERS)")
+        self.report.note(
+            "head_too_large", "head too large (GATEWAY_MAX_HEADER_BYTES, GATEWAY_MAX_HEADERS)"
+        )
         self._too_large = True
         if self._responding():
             self.transport.close()  # an answer now would corrupt the one being sent

@@ -18,6 +18,7 @@ from gateway.db.engine import masked_url
 from gateway.db.migrate import DatabaseSchemaError
 from gateway.keys.store import KeyStore
 from gateway.lifecycle import Lifecycle
+from gateway.metering.metrics import Metrics
 from gateway.serve.coalesce import CoalescingHttpToolsProtocol
 from gateway.serve.door import DoorLimits
 from gateway.serve.logs import configure_logging
@@ -153,12 +154,18 @@ def build_server(
     """
     lifecycle = Lifecycle()
     limits = door_limits(settings, raise_open_files_limit())
+    metrics = Metrics()
+    door_refused = metrics.door_refused
+
+    def count_refusal(reason: str) -> None:
+        door_refused.labels(reason).inc()
+
     config = uvicorn.Config(
-        create_app(settings, lifecycle=lifecycle),
+        create_app(settings, lifecycle=lifecycle, metrics=metrics),
         host=host,
         port=port,
         loop="auto",
-        http=CoalescingHttpToolsProtocol.with_limits(limits),
+        http=CoalescingHttpToolsProtocol.with_limits(limits, count_refusal),
         workers=1,
         access_log=False,
         log_level=settings.log_level,

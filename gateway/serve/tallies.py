@@ -13,6 +13,7 @@ import ipaddress
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.limits.address import address_bucket
@@ -30,14 +31,30 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 @dataclass
 class DoorReport:
-    """Refusals since the last log line, shared by a server's connections (one per class)."""
+    """Refusals since the last log line, shared by a server's connections (one per class).
+
+    Attributes:
+        counts: Refusals per description since the last log line.
+        logged_at: `time.monotonic()` of the last log line.
+        count: Called with each refusal's `reason` label (`gateway_door_refused_total`), or
+            None.
+    """
 
     counts: Counter[str] = field(default_factory=Counter)
     logged_at: float = float("-inf")
+    count: Callable[[str], None] | None = None
 
-    def note(self, reason: str) -> None:
-        """Count one refusal; log the counts at most every `REPORT_INTERVAL` seconds."""
-        self.counts[reason] += 1
+    def note(self, reason: str, what: str) -> None:
+        """Count one refusal; log the counts at most every `REPORT_INTERVAL` seconds.
+
+        Args:
+            reason: The bounded label: `connections`, `connections_per_address`,
+                `head_timeout`, `body_timeout`, `head_too_large`.
+            what: The log line's words for it (which setting was exceeded).
+        """
+        if self.count is not None:
+            self.count(reason)
+        self.counts[what] += 1
         now = time.monotonic()
         if now - self.logged_at >= REPORT_INTERVAL:
             summary = ", ".join(f"{n} {what}" for what, n in sorted(self.counts.items()))

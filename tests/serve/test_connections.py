@@ -18,12 +18,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from gateway.serve.server import RESERVED_FDS, door_limits
 from gateway.settings import Settings
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
 from tests.support.client import MODEL, stream_generation
+from tests.support.metrics import metric_value
 from tests.support.sockets import read_response, read_until_closed
 from tests.support.stack import Emulator
 
@@ -44,6 +46,12 @@ def _connect(gateway: ManagedProcess, source: str | None = None) -> socket.socke
     host, port = gateway.url.removeprefix("http://").split(":")
     bind = (source, 0) if source else None
     return socket.create_connection((host, int(port)), timeout=10, source_address=bind)
+
+
+def _refused(gateway: ManagedProcess, reason: str) -> float:
+    """`gateway_door_refused_total{reason}` as `gateway`'s `/metrics` says now."""
+    text = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+    return metric_value(text, "gateway_door_refused_total", reason=reason)
 
 
 def _healthy(sock: socket.socket) -> None:
@@ -77,6 +85,7 @@ def test_a_slowloris_head_is_cut_by_the_header_deadline(emulator: Emulator, tmp_
         answer = read_until_closed(sock, within=5)
         assert answer.startswith(b"HTTP/1.1 408 ")
         assert b"connection: close" in answer.lower()
+        assert _refused(gateway, "head_timeout") == 1
 
 
 @pytest.mark.processes
@@ -96,6 +105,8 @@ def test_a_head_over_the_size_cap_gets_431(emulator: Emulator, tmp_path: Path):
             assert headers["connection"] == "close"
             assert "too large" in json.loads(body)["error"]
             assert read_until_closed(sock, within=5) == b""
+        assert _refused(gateway, "head_too_large") == 1
+        assert _refused(gateway, "head_timeout") == 0
 
 
 @pytest.mark.processes
@@ -181,6 +192,9 @@ def test_over_the_connection_cap_new_clients_are_refused_until_one_leaves(
                         break
                 assert time.monotonic() < deadline, "no room after a client left"
                 time.sleep(0.1)
+            # The refused one, and any of the opening loop's that found no room either.
+            assert _refused(gateway, "connections") >= 1
+            assert _refused(gateway, "connections_per_address") == 0
         finally:
             for sock in held:
                 sock.close()
@@ -241,6 +255,13 @@ def test_one_address_cannot_take_every_connection(emulator: Emulator, tmp_path: 
                 _healthy(sock)
             log = gateway.log_path.read_text()
             assert log.count("client 127.0.0.1 holds 10 open connections") == 1  # not 46
+            with _connect(gateway, "127.0.0.3") as sock:  # counted in full, logged once
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: g\r\nConnection: close\r\n\r\n")
+                text = read_until_closed(sock, within=5).decode()
+            refused = metric_value(
+                text, "gateway_door_refused_total", reason="connections_per_address"
+            )
+            assert refused == 46
             held.pop().close()
             deadline = time.monotonic() + 10
             while True:  # its share frees up once the server notices the close
@@ -318,6 +339,7 @@ def test_a_stalled_body_gets_408_and_a_slow_one_is_served(emulator: Emulator, tm
             answer = read_until_closed(sock, within=5)
             assert answer.startswith(b"HTTP/1.1 408 ")
             assert b"connection: close" in answer.lower()
+        assert _refused(gateway, "body_timeout") == 1
 
 
 @pytest.mark.processes
