@@ -1,0 +1,199 @@
+# ruff: noqa: T201 (a gate prints its table and verdict)
+"""`python -m benchmarks.gate`: fail when the gateway's CPU per request grows (issue 27's gate).
+
+Measures the standard profile (today's speed: the emulator's TTFT 50 ms, 10 ms per token, 64
+tokens; 16 streams) through the gateway as shipped (a real key with limits, metrics, the
+access log) on `/v1/generate`, `/api/chat` and `/v1/chat/completions`, and through the floor
+relay (`benchmarks.floor`: bare uvicorn + aiohttp, no gateway code), in `--rounds` rounds that
+each run every row once, one after the other. A row's figure is its CPU per request divided by
+the floor's in the same round (`benchmarks.measure`: the proxy process's CPU seconds over the
+requests it completed), so the VM's speed and a busy neighbour mostly cancel; the median over
+the rounds is compared with the committed baseline (`benchmarks/baselines/cpu-gate.json`).
+
+Exit status: 0 when every row's ratio is within `--threshold` (default 20 %) of its baseline,
+1 when one grew more in every attempt (the table says which), 2 on a usage error or a missing
+baseline. `--update` measures and writes the baseline instead (commit it with the change that
+moved it, and say why in the commit). CI runs the gate after the static checks (`.ci/run`); it
+takes about two minutes on 2 cores, four when an attempt is repeated.
+
+What it does not catch: a cost that grows the floor's as much (a library both use), TTFT and
+throughput (the full benchmark, `python -m benchmarks.gateway`, measures those side by side with
+nginx), and changes smaller than the threshold, which the round-to-round spread (a few percent
+on an idle machine) would hide.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Sequence
+from contextlib import ExitStack
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks.gateway import BODY, CHAT_BODY, _commit, _machine
+from benchmarks.measure import LoadPlan, measure
+from benchmarks.servers import Target, emulator_process, floor_process, gateway_with_key
+
+BASELINE = Path(__file__).parent / "baselines" / "cpu-gate.json"
+"""The committed ratios the gate compares with."""
+
+PROFILE = {"ttft": 0.05, "inter_token": 0.01, "tokens": 64}
+"""Today's speed (issue 27's standard profile): the emulator's timing."""
+
+STREAMS = 16
+"""Concurrent streams of every run."""
+
+REQUESTS = 128
+"""Requests per run: 8 answers per stream, about 5.6 s at the profile's pace."""
+
+
+def _targets(gateway_url: str, key: str, gateway_pid: int, floor_url: str, floor_pid: int):
+    """The floor row and the gateway's rows, in the order each round runs them."""
+    gateway = {"key": key, "pids": (gateway_pid,)}
+    return [
+        Target("floor", floor_url, "/api/generate", BODY, pids=(floor_pid,)),
+        Target("gateway", gateway_url, "/v1/generate", BODY, **gateway),  # type: ignore[arg-type]
+        Target("gw-chat", gateway_url, "/api/chat", CHAT_BODY, **gateway),  # type: ignore[arg-type]
+        Target(
+            "gw-sse",
+            gateway_url,
+            "/v1/chat/completions",
+            CHAT_BODY,
+            sse=True,
+            **gateway,  # type: ignore[arg-type]
+        ),
+    ]
+
+
+def run_rounds(rounds: int, workdir: Path) -> dict[str, Any]:
+    """Start the emulator, the floor relay and a gateway; measure every row `rounds` times.
+
+    Returns:
+        `{row: [CPU ms per request, one per round]}`, the floor included.
+
+    Raises:
+        RuntimeError: a row had errors (a gate over failed requests would measure nothing).
+    """
+    cpu: dict[str, list[float]] = {}
+    with ExitStack() as stack:
+        emulator = stack.enter_context(emulator_process(workdir, **PROFILE))  # type: ignore[arg-type]
+        gateway, key = gateway_with_key(workdir / "gateway", emulator.url)
+        stack.enter_context(gateway)
+        floor = stack.enter_context(floor_process(workdir, emulator.url))
+        assert gateway.process is not None  # noqa: S101 - started
+        assert floor.process is not None  # noqa: S101 - started
+        targets = _targets(gateway.url, key, gateway.process.pid, floor.url, floor.process.pid)
+        for target in targets:  # connections, caches and lazy imports before measuring
+            measure(target, 4, LoadPlan(warmup=0.0, requests=16), None)
+        plan = LoadPlan(warmup=0.0, requests=REQUESTS)
+        for number in range(rounds):
+            print(f"  round {number + 1}/{rounds} ...", file=sys.stderr, flush=True)
+            this_round = {}
+            for target in targets:
+                row = measure(target, STREAMS, plan, None)
+                if row["errors"]:
+                    raise RuntimeError(
+                        f"{target.name}: {row['errors']} errors: {row['error_examples']}"
+                    )
+                this_round[target.name] = float(row["proxy_cpu_ms_per_request"])
+            for name, value in this_round.items():
+                cpu.setdefault(name, []).append(value)
+    return cpu
+
+
+def verdict(
+    ratios: dict[str, float], baseline: dict[str, float], threshold: float
+) -> list[tuple[str, float, float | None, bool]]:
+    """Each row: (name, ratio now, the baseline's or None, within the threshold).
+
+    A row the baseline lacks passes (a new row: `--update` adds it).
+    """
+    rows = []
+    for name, now in ratios.items():
+        then = baseline.get(name)
+        rows.append((name, now, then, then is None or now <= then * (1 + threshold)))
+    return rows
+
+
+def ratios_of(cpu: dict[str, list[float]]) -> dict[str, float]:
+    """Each gateway row's least CPU per request over the floor's least (module docstring)."""
+    floor = min(cpu["floor"])
+    return {name: min(values) / floor for name, values in cpu.items() if name != "floor"}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Measure; compare with (or with `--update`, write) the baseline."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gate", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every row (default 3)")
+    parser.add_argument(
+        "--threshold", type=float, default=0.20, help="allowed growth of a ratio (default 0.20)"
+    )
+    parser.add_argument(
+        "--attempts", type=int, default=2, help="measurements before a failure counts (default 2)"
+    )
+    parser.add_argument("--baseline", type=Path, default=BASELINE)
+    parser.add_argument("--update", action="store_true", help="write the baseline instead")
+    parser.add_argument("--out", type=Path, help="also write the last run's figures here (JSON)")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.attempts < 1:
+        parser.error("--rounds and --attempts must be at least 1")
+    baseline: dict[str, Any] = {}
+    if not args.update:
+        if not args.baseline.exists():
+            print(f"gate: no baseline at {args.baseline} (make one with --update)", file=sys.stderr)
+            return 2
+        baseline = json.loads(args.baseline.read_text())
+    attempt = 0
+    while True:
+        attempt += 1
+        with tempfile.TemporaryDirectory(prefix="gateway-gate-") as tmp:
+            cpu = run_rounds(args.rounds, Path(tmp))
+        ratios = ratios_of(cpu)
+        run = {
+            "profile": {**PROFILE, "streams": STREAMS, "requests": REQUESTS, "rounds": args.rounds},
+            "ratio": {name: round(value, 3) for name, value in ratios.items()},
+            "cpu_ms_per_request": {name: round(min(values), 3) for name, values in cpu.items()},
+            "rounds_cpu_ms": {name: [round(v, 3) for v in values] for name, values in cpu.items()},
+            "commit": _commit(),
+            "machine": _machine(),
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        if args.out is not None:
+            args.out.write_text(json.dumps(run, indent=2) + "\n")
+        floor_ms = run["cpu_ms_per_request"]["floor"]
+        print(f"CPU per request over the floor relay's ({floor_ms:.2f} ms), least of {args.rounds}")
+        if args.update:
+            args.baseline.parent.mkdir(parents=True, exist_ok=True)
+            args.baseline.write_text(json.dumps(run, indent=2) + "\n")
+            for name, value in ratios.items():
+                print(f"  {name:8s} {value:5.2f}  ({run['cpu_ms_per_request'][name]:.2f} ms)")
+            print(f"baseline written: {args.baseline}")
+            return 0
+        rows = verdict(ratios, baseline["ratio"], args.threshold)
+        for name, now, then, fine in rows:
+            was = "new" if then is None else f"{then:5.2f}"
+            mark = "ok" if fine else f"GREW more than {args.threshold:.0%}"
+            ms = run["cpu_ms_per_request"][name]
+            print(f"  {name:8s} {now:5.2f} (baseline {was}; {ms:.2f} ms)  {mark}")
+        if all(fine for *_, fine in rows):
+            return 0
+        if attempt >= args.attempts:
+            break
+        print(
+            f"gate: attempt {attempt} of {args.attempts} failed; measuring again", file=sys.stderr
+        )
+    print(
+        "gate: the gateway's CPU per request grew against the floor relay; profile it "
+        "(python -m benchmarks.gateway --profile 16) or, if the cost is meant, "
+        "python -m benchmarks.gate --update and say why in the commit",
+        file=sys.stderr,
+    )
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
