@@ -15,6 +15,9 @@ each in its own `gateway.testing` module, in the order data flows through them:
 * `capacity`: a server of known capacity: `parallel` slots per model and a FIFO queue
   (`max_queue`, then 503 busy), a per-token time that grows with the batch (`batch_slowdown`),
   and a model's cold load (`cold_load`), so a benchmark can be checked against a known truth;
+* `prefix`: prompt tokens and the per-model prefix (KV) cache of the GPU mode, `profiles` its
+  named presets (`--gpu-profile`), `counters` and `control` what it served
+  (`/emulator/stats`, `/emulator/events`, `/emulator/reset`, off Ollama's paths);
 * `wire`: Go-style JSON, error texts and timestamps; `state`: config, records.
 
 Fidelity items (reference §11 "Emulator"):
@@ -37,6 +40,8 @@ Run it with `python -m gateway.testing.emulator --port 11434`, or in-process wit
 runs 4 generations per model at once with a gap of 0.02 * (1 + 0.1 * (b - 1)) s per token, queues
 16 more, and makes each model's first request wait 2 s for its load; `--llamacpp-timings` adds
 llama.cpp server's `timings` on `/v1`. See `gateway.testing.emulator.capacity` for the truth.
+A GPU server (residency, memory, prefix cache; docs/benchmarking.md): `--gpu-profile
+rtx3090-llama3.1-8b --preload llama3.2`.
 """
 
 from __future__ import annotations
