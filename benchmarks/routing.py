@@ -8,9 +8,10 @@ Starts K emulators (`--servers`, 2 and 4) as GPU servers (`--gpu-profile rtx3090
 (a multiple of K, `--levels`), resetting the emulators (`POST /emulator/reset`) before each
 point. One table per workload:
 
-* `shared`: conversations of 6 turns (each resends its history) with a 1,500-word system
-  prompt shared by every user, 3 of 4 conversations on one model and 1 on a second; both
-  models preloaded on every server. The prefix cache decides TTFT.
+* `shared`: conversations of 6 turns of 300 words (pasted code, a tool's output), each resending
+  its history, with a 1,500-word system prompt shared by every user, 3 of 4 conversations on
+  one model and 1 on a second; both models preloaded on every server. The shared prompt is soon
+  cached everywhere; each conversation's own history only where it was served.
 * `unique`: single-turn 600-word prompts, each unique from its first token: no prefix to
   reuse, so affinity can only cost.
 * `models`: three models over 2 servers, each preloading one of the first two; the third is
@@ -21,8 +22,9 @@ Columns: TTFT p50/p90 seen by the clients (sent to first content chunk) of every
 in the run (those running at its end finish and count), output tokens/s over the run and that
 drain, prefix hit rate (cached / prompt tokens, the emulators'
 counters), cold loads, and load imbalance (the busiest server's requests / the mean). The
-default run (2 and 4 servers, three levels, three policies, 10 s a point) takes about 12
-minutes; `--quick` (2 servers, one level, 4 s) about one.
+default run (2 and 4 servers, levels 2, 4 and 8 per server: the last past the 4 slots per model
+of the preset, three policies, 10 s a point) takes about 15 minutes; `--quick` (2 servers, level
+2, 4 s) about one.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ POLICIES = ("least_in_flight", "round_robin", "scored")
 MODELS = ("llama3.1:8b", "qwen2.5:7b", "gemma3:4b")
 
 WORKLOADS = {
-    "shared": Workload("shared", ((MODELS[0], 3), (MODELS[1], 1)), 6, 1500, 40, 48),
+    "shared": Workload("shared", ((MODELS[0], 3), (MODELS[1], 1)), 6, 1500, 300, 48),
     "unique": Workload("unique", ((MODELS[0], 1),), 1, 0, 600, 48),
     "models": Workload("models", ((MODELS[0], 2), (MODELS[1], 2), (MODELS[2], 1)), 1, 0, 100, 48),
 }
@@ -267,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workloads", type=_names(tuple(WORKLOADS)), default=list(WORKLOADS))
     parser.add_argument("--servers", type=_integers, default=[2, 4], help="fleet sizes")
     parser.add_argument(
-        "--levels", type=_integers, default=[1, 2, 4], help="concurrency per server"
+        "--levels", type=_integers, default=[2, 4, 8], help="concurrency per server"
     )
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per point")
     parser.add_argument("--quick", action="store_true", help="2 servers, level 2, 4 s a point")
