@@ -58,10 +58,9 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from gateway.testing.emulator import control, embed, models, native, openai, transfer
+from gateway.testing.emulator import control, embed, models, native, openai, profiles, transfer
 from gateway.testing.emulator.config import FAULTS, EmulatorConfig, Fault
 from gateway.testing.emulator.front_door import FrontDoor
-from gateway.testing.emulator.profiles import GPU_PROFILES
 from gateway.testing.emulator.state import EmulatorState, Outcome, ReceivedRequest
 
 __all__ = [
@@ -210,7 +209,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[EmulatorConfig, argpa
         help="cold load of a model's first request after start or keep_alive 0, reported as "
         "load_duration; /api/ps lists only loaded models (default: 0, all loaded)",
     )
-    _add_gpu_arguments(parser)
+    profiles.add_arguments(parser)
     capacity.add_argument(
         "--llamacpp-timings",
         action="store_true",
@@ -219,12 +218,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[EmulatorConfig, argpa
     parser.add_argument("--http", choices=["h11", "httptools"], default="httptools")
     levels = ["debug", "info", "warning", "error"]
     parser.add_argument("--log-level", default="info", choices=levels)
-    profile = _profile_parser().parse_known_args(argv)[0].gpu_profile
-    preset = dict(GPU_PROFILES[profile]) if profile else {}
-    every = float(preset.pop("model_size", defaults.model_size))  # a flag's list, not a default
-    parser.set_defaults(**preset)
+    preset_size = profiles.apply_preset(parser, argv)
     args = parser.parse_args(argv)
-    sizes = _model_sizes(parser, args.model_size)
     try:  # Ollama only gates Host while it listens on a loopback address (§6.8)
         loopback = ipaddress.ip_address(args.host).is_loopback
     except ValueError:
@@ -249,89 +244,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[EmulatorConfig, argpa
         cold_load=args.load_duration,
         llamacpp_timings=args.llamacpp_timings,
         prompt_eval_count=args.prompt_tokens,
-        model_size=sizes.pop("", every),
-        model_sizes=sizes,
-        memory=args.memory,
-        load_rate=args.load_rate,
-        keep_alive=args.keep_alive,
-        preload=None if args.preload is None else [n for n in args.preload.split(",") if n],
-        prefill_rate=args.prefill_rate,
-        cache_tokens=args.cache_tokens,
+        **profiles.gpu_knobs(parser, args, preset_size),
     )
     return config, args
-
-
-def _profile_parser() -> argparse.ArgumentParser:
-    """Reads `--gpu-profile` alone, so the preset can set the other flags' defaults."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--gpu-profile", choices=sorted(GPU_PROFILES), default=None)
-    return parser
-
-
-def _add_gpu_arguments(parser: argparse.ArgumentParser) -> None:
-    """The GPU server knobs: residency, memory, prefill and the prefix cache."""
-    gpu = parser.add_argument_group(
-        "GPU server",
-        "model residency, memory and a prefix cache (gateway.testing.emulator.capacity, "
-        "gateway.testing.emulator.prefix); GET /emulator/stats reads the counters",
-    )
-    gpu.add_argument(
-        "--gpu-profile",
-        choices=sorted(GPU_PROFILES),
-        default=None,
-        help="a preset of real figures (gateway.testing.emulator.profiles); flags given win",
-    )
-    gpu.add_argument(
-        "--model-size",
-        action="append",
-        default=[],
-        metavar="[NAME=]GB",
-        help="a model's memory once loaded; without NAME, every model's (repeatable)",
-    )
-    gpu.add_argument("--memory", type=float, default=None, metavar="GB", help="memory budget")
-    gpu.add_argument(
-        "--load-rate",
-        type=float,
-        default=0.0,
-        metavar="GB/S",
-        help="cold load = size / rate (default 0: --load-duration applies)",
-    )
-    gpu.add_argument(
-        "--keep-alive",
-        type=float,
-        default=300.0,
-        metavar="SECONDS",
-        help="an idle model's time loaded (default: %(default)s; negative: forever)",
-    )
-    gpu.add_argument(
-        "--preload", default=None, metavar="NAMES", help="comma-separated models loaded at start"
-    )
-    gpu.add_argument(
-        "--prefill-rate",
-        type=float,
-        default=0.0,
-        metavar="TOKENS/S",
-        help="tokenise prompts; TTFT adds uncached prompt tokens / rate (default 0: off)",
-    )
-    gpu.add_argument(
-        "--cache-tokens",
-        type=int,
-        default=0,
-        metavar="N",
-        help="tokens each model's prefix cache holds, LRU (default 0: no cache)",
-    )
-
-
-def _model_sizes(parser: argparse.ArgumentParser, values: list[object]) -> dict[str, float]:
-    """`--model-size` values as `{name: GB}`; the key "" is every model's (later ones win)."""
-    sizes: dict[str, float] = {}
-    for value in values:
-        name, _, size = str(value).rpartition("=")
-        try:
-            sizes[name] = float(size)
-        except ValueError:
-            parser.error(f"--model-size: not [NAME=]GB: {value}")
-    return sizes
 
 
 def _prompt_tokens(text: str) -> int | None:
