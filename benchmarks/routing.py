@@ -23,7 +23,7 @@ in the run (those running at its end finish and count), output tokens/s over the
 drain, prefix hit rate (cached / prompt tokens, the emulators'
 counters), cold loads, and load imbalance (the busiest server's requests / the mean). The
 default run (2 and 4 servers, levels 2, 4 and 8 per server: the last past the 4 slots per model
-of the preset, three policies, 10 s a point) takes about 15 minutes; `--quick` (2 servers, level
+of the preset, three policies, 10 s a point) takes about 10 minutes; `--quick` (2 servers, level
 2, 4 s) about one.
 """
 
