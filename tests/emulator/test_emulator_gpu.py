@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 
+import anyio
 import httpx
 import pytest
 
@@ -96,6 +97,28 @@ def test_a_load_evicts_the_least_recently_used_idle_model_never_a_busy_one():
     assert capacity._try_load(c, config) is not None  # c is loaded already: no wait
     c2 = capacity.runner("c2")
     assert capacity._try_load(c2, config) is None
+
+
+@pytest.mark.anyio
+async def test_a_load_with_every_loaded_model_busy_waits_until_one_is_idle():
+    config = EmulatorConfig(models=MODELS, memory=2.0, model_size=2.0, load_rate=1e12)
+    capacity = Capacity()
+    seat = capacity.seat("a", config)
+    assert seat is not None
+    await seat.take(arrived=0.0)  # a is loaded and busy
+    b = capacity.runner("b")
+    loaded_b: list[float] = []
+
+    async def load_b() -> None:
+        loaded_b.append(await capacity.load(b, config))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(load_b)
+        await anyio.sleep(0.05)
+        assert loaded_b == []  # waiting for memory, not failing
+        seat.leave()  # a is idle: evicted, and b loads
+    assert len(loaded_b) == 1
+    assert capacity.runner("a").counters.evictions == 1
 
 
 def test_preload_and_the_gpu_profile_flags():
@@ -198,6 +221,20 @@ async def test_a_full_memory_evicts_the_least_recently_used_model(served, client
     kinds = [event["kind"] for event in (await client.get("/emulator/events")).json()["events"]]
     assert kinds.count("evict") == 2
     assert kinds.count("load") == 2
+
+
+@pytest.mark.anyio
+async def test_an_idle_model_unloads_when_its_keep_alive_ends(served, client):
+    configure(served, gpu(keep_alive=0.3))
+    await client.post("/api/chat", json=chat("x"))
+    assert await loaded(client) == ["a:latest"]
+    with anyio.fail_after(10):
+        while await loaded(client):  # noqa: ASYNC110 - the server decides, over HTTP
+            await anyio.sleep(0.05)
+    again = (await client.post("/api/chat", json=chat("x"))).json()
+    assert again["load_duration"] >= 0.15e9  # a cold load again
+    stats = (await client.get("/emulator/stats")).json()
+    assert stats["models"]["a:latest"]["cold_loads"] == 2
 
 
 @pytest.mark.anyio

@@ -15,8 +15,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 EventKind = Literal["load", "ready", "evict", "unload", "slots"]
-"""`load` a cold load started, `ready` it ended, `evict` dropped for memory, `unload`
-(`keep_alive` 0 or expired), `slots` the generations holding a slot changed (value: how many)."""
+"""`load` a cold load started (value: the Unix time it ends), `ready` loaded at start
+(`preload`), `evict` dropped for memory, `unload` (`keep_alive` 0 or expired), `slots` the
+generations holding a slot changed (value: how many)."""
 
 JOURNAL_LENGTH = 100_000
 """Events kept; older ones are dropped (a long benchmark reads them per run)."""
