@@ -127,6 +127,9 @@ def test_preload_and_the_gpu_profile_flags():
         assert getattr(config, field) == value
     assert config.preload == ["a", "b"]
     assert config.resident
+    assert not parse_args(["--gpu-profile=rtx3090-llama3.1-8b", "--no-prefill-shared"])[
+        0
+    ].prefill_shared
     flags = [
         "--gpu-profile=rtx3090-llama3.1-8b",
         "--parallel=2",
@@ -277,6 +280,28 @@ async def test_a_repeated_prefix_is_prefilled_faster_and_counted(served, client)
     reset = (await client.get("/emulator/stats")).json()
     assert reset["total"]["requests"] == 0
     assert reset["loaded"] == ["a:latest"]  # the preload again
+
+
+@pytest.mark.anyio
+async def test_a_shared_prefill_rate_makes_prompts_prefilled_together_take_longer(served, client):
+    configure(served, gpu(preload=["a", "b"], prefill_rate=4_000.0, prefill_shared=True))
+
+    def unique(tag: str, model: str) -> dict[str, object]:
+        return {"model": model, "prompt": f"{tag} " + "word " * 1600, "stream": False}
+
+    alone = (await client.post("/api/generate", json=unique("first", "a"))).json()
+    together: list[dict[str, object]] = []
+
+    async def one(tag: str, model: str) -> None:
+        together.append((await client.post("/api/generate", json=unique(tag, model))).json())
+
+    async with anyio.create_task_group() as group:  # two models, one GPU
+        group.start_soon(one, "second", "a")
+        group.start_soon(one, "third", "b")
+    single = alone["prompt_eval_duration"]
+    assert single == pytest.approx(alone["prompt_eval_count"] / 4_000 * 1e9, rel=0.25)
+    for reply in together:
+        assert reply["prompt_eval_duration"] >= 1.5 * single
 
 
 @pytest.mark.anyio

@@ -47,6 +47,10 @@ if TYPE_CHECKING:
     from gateway.testing.emulator.config import EmulatorConfig
 
 
+_PREFILL_STEP = 0.01
+"""Seconds between two shares of a shared prefill: a change of the sharers counts from then."""
+
+
 class _Ticket:
     """One generation's claim on a slot: granted at once, or when it reaches the queue's head."""
 
@@ -196,6 +200,7 @@ class Capacity:
         self._runners: dict[str, Runner] = {}
         self.journal = Journal()
         self._idle: anyio.Event | None = None  # set when a runner went idle or unloaded
+        self._prefilling = 0  # generations in a shared prefill now (`share_prefill`)
 
     def runner(self, model: str) -> Runner:
         """The model's runner, created on first use."""
@@ -259,6 +264,24 @@ class Capacity:
             await self._idle.wait()
         return ready
 
+    async def share_prefill(self, tokens: int, rate: float) -> None:
+        """Prefill `tokens` at `rate` tokens/s shared by all generations prefilling at once.
+
+        Processor sharing in steps of at most `_PREFILL_STEP` seconds: each step advances
+        every prefill by its share of `rate` for the step's length, as llama.cpp's one
+        `n_batch` step carries every slot's prompt tokens (`EmulatorConfig.prefill_shared`).
+        """
+        self._prefilling += 1
+        try:
+            left, last = float(tokens), time.monotonic()
+            while left > 0:
+                await anyio.sleep(min(_PREFILL_STEP, left * self._prefilling / rate))
+                now = time.monotonic()
+                left -= (now - last) * rate / self._prefilling
+                last = now
+        finally:
+            self._prefilling -= 1
+
     def wake(self) -> None:
         """Tell loads waiting for memory that a runner went idle or unloaded."""
         if self._idle is not None:
@@ -306,6 +329,10 @@ class Seat:
     def prefill(self, prompt: PromptTokens) -> int:
         """Count this generation's prefill; return its prompt tokens found in the cache."""
         return self._runner.prefill(prompt, self._config)
+
+    async def share_prefill(self, tokens: int) -> None:
+        """Prefill `tokens` at the server's rate shared with the others prefilling now."""
+        await self._capacity.share_prefill(tokens, self._config.prefill_rate)
 
     def gap(self) -> float:
         """Seconds until the next token, for the batch running as this token goes out."""

@@ -117,6 +117,10 @@ class EmulatorConfig:
             `prefill_rate`. 0: prefill is `ttft` alone, as before.
         cache_tokens: Tokens each model's prefix (KV) cache holds on this server, LRU;
             0 caches nothing. Needs `prefill_rate` above 0 to matter.
+        prefill_shared: `prefill_rate` is the server's, shared by the generations (of any
+            model) prefilling at once, as one GPU's compute is: two prompts prefilled together
+            take twice as long each (llama.cpp puts every slot's prompt tokens in one `n_batch`
+            step). False: each prefills at the full rate.
     """
 
     models: list[str] = field(default_factory=lambda: ["llama3.2:latest", "qwen2.5:7b"])
@@ -154,6 +158,7 @@ class EmulatorConfig:
     preload: list[str] | None = None
     prefill_rate: float = 0.0
     cache_tokens: int = 0
+    prefill_shared: bool = False
 
     @property
     def resident(self) -> bool:

@@ -247,7 +247,12 @@ class _Generation:
         deadline = seat.prefill_start + config.ttft
         if self._prompt is not None:  # a GPU's prefill: only the tokens not in the cache
             self._cached = seat.prefill(self._prompt)
-            deadline += (self._prompt.count - self._cached) / config.prefill_rate
+            uncached = self._prompt.count - self._cached
+            if config.prefill_shared:
+                await seat.share_prefill(uncached)
+                deadline = time.monotonic() + config.ttft
+            else:
+                deadline += uncached / config.prefill_rate
         for piece in self._pieces:
             if cut is not None and piece.counted and record.tokens_sent >= cut:
                 break

@@ -23,6 +23,8 @@ CUDA as Ollama runs it, `OLLAMA_NUM_PARALLEL=4`, `num_ctx` 8192.
 * `cache_tokens` 32,768: that KV cache, the most prompt tokens the server can keep;
 * `load_rate` 2 GB/s: a cold load of 4.6 s, in line with the 6.3 s `load_duration` of
   Ollama's documented cold start (reference §10 T1) and NVMe reads of 2-3 GB/s;
+* `prefill_shared`: the 3,000 tokens/s is the GPU's, shared by the prompts prefilled at once
+  (llama.cpp batches every slot's prompt tokens into one `n_batch` step);
 * `ttft` 10 ms: the fixed part (scheduling, tokenisation, sampling the first token).
 """
 
@@ -43,6 +45,7 @@ GPU_PROFILES: dict[str, dict[str, Any]] = {
         "load_rate": 2.0,
         "prefill_rate": 3000.0,
         "cache_tokens": 32768,
+        "prefill_shared": True,
     },
 }
 """`EmulatorConfig` field values per preset name (module docstring)."""
@@ -75,6 +78,7 @@ def gpu_knobs(
         "preload": preload,
         "prefill_rate": args.prefill_rate,
         "cache_tokens": args.cache_tokens,
+        "prefill_shared": args.prefill_shared,
     }
 
 
@@ -129,6 +133,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         metavar="TOKENS/S",
         help="tokenise prompts; TTFT adds uncached prompt tokens / rate (default 0: off)",
+    )
+    gpu.add_argument(
+        "--prefill-shared",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="the prefill rate is the server's, shared by prompts prefilled at once",
     )
     gpu.add_argument(
         "--cache-tokens",
