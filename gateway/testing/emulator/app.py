@@ -14,7 +14,8 @@ each in its own `gateway.testing` module, in the order data flows through them:
 * `engine`: the timing and fault engine both faces run on, via `dialect`;
 * `capacity`: a server of known capacity: `parallel` slots per model and a FIFO queue
   (`max_queue`, then 503 busy), a per-token time that grows with the batch (`batch_slowdown`),
-  and a model's cold load (`cold_load`), so a benchmark can be checked against a known truth;
+  and a model's cold load (`cold_load`), so a benchmark can be checked against a known truth,
+  over one `runner` per model;
 * `prefix`: prompt tokens and the per-model prefix (KV) cache of the GPU mode, `profiles` its
   named presets (`--gpu-profile`), `counters` and `control` what it served
   (`/emulator/stats`, `/emulator/events`, `/emulator/reset`, off Ollama's paths);
