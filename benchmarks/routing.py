@@ -77,6 +77,7 @@ class Row:
     cold_loads: int
     avoidable_loads: int
     imbalance: float
+    failures: dict[str, int]
 
 
 def preloads(workload: str, index: int) -> str:
@@ -164,6 +165,7 @@ def point(
         cold_loads=sum(s["total"]["cold_loads"] for s in stats),
         avoidable_loads=avoidable_loads(journals, int(stats[0]["parallel"])),
         imbalance=max(served) / mean if mean else 0.0,
+        failures=result.failures,
     )
 
 
@@ -206,6 +208,8 @@ def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
                                 args.duration,
                             )
                             print(f"  {format_row(row)}", flush=True)
+                            for reason, count in row.failures.items():
+                                print(f"    {count} failed: {reason}", flush=True)
                             rows.append(row)
     return rows
 

@@ -104,6 +104,7 @@ class Result:
         output_tokens: Answer tokens of the requests completed.
         requests: Requests completed.
         errors: Requests that failed (a status other than 200, a broken stream).
+        failures: Why they failed: `status 503`, an exception's class and text, counted.
         seconds: From the start to the last request's end.
     """
 
@@ -111,6 +112,7 @@ class Result:
     output_tokens: int = 0
     requests: int = 0
     errors: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
 
 
@@ -130,7 +132,9 @@ async def _ask(
     count = 0
     async with client.stream("POST", "/api/chat", json=body) as response:
         if response.status_code != 200:
-            raise httpx.HTTPStatusError("status", request=response.request, response=response)
+            await response.aread()
+            message = f"status {response.status_code}: {response.text[:200]}"
+            raise httpx.HTTPStatusError(message, request=response.request, response=response)
         async for line in response.aiter_lines():
             if not line:
                 continue
@@ -179,8 +183,10 @@ async def drive(
                         ttft, count, answer = await _ask(
                             client, model, history, workload.answer_tokens
                         )
-                    except (httpx.HTTPError, ValueError):
+                    except (httpx.HTTPError, ValueError) as exc:
                         result.errors += 1
+                        reason = f"{type(exc).__name__}: {exc}"[:300]
+                        result.failures[reason] = result.failures.get(reason, 0) + 1
                         break
                     result.ttft.append(ttft)
                     result.output_tokens += count
