@@ -14,7 +14,11 @@ each in its own `gateway.testing` module, in the order data flows through them:
 * `engine`: the timing and fault engine both faces run on, via `dialect`;
 * `capacity`: a server of known capacity: `parallel` slots per model and a FIFO queue
   (`max_queue`, then 503 busy), a per-token time that grows with the batch (`batch_slowdown`),
-  and a model's cold load (`cold_load`), so a benchmark can be checked against a known truth;
+  and a model's cold load (`cold_load`), so a benchmark can be checked against a known truth,
+  over one `runner` per model;
+* `prefix`: prompt tokens and the per-model prefix (KV) cache of the GPU mode, `profiles` its
+  named presets (`--gpu-profile`), `counters` and `control` what it served
+  (`/emulator/stats`, `/emulator/events`, `/emulator/reset`, off Ollama's paths);
 * `wire`: Go-style JSON, error texts and timestamps; `state`: config, records.
 
 Fidelity items (reference §11 "Emulator"):
@@ -37,6 +41,8 @@ Run it with `python -m gateway.testing.emulator --port 11434`, or in-process wit
 runs 4 generations per model at once with a gap of 0.02 * (1 + 0.1 * (b - 1)) s per token, queues
 16 more, and makes each model's first request wait 2 s for its load; `--llamacpp-timings` adds
 llama.cpp server's `timings` on `/v1`. See `gateway.testing.emulator.capacity` for the truth.
+A GPU server (residency, memory, prefix cache; docs/benchmarking.md): `--gpu-profile
+rtx3090-llama3.1-8b --preload llama3.2`.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from gateway.testing.emulator import embed, models, native, openai, transfer
+from gateway.testing.emulator import control, embed, models, native, openai, profiles, transfer
 from gateway.testing.emulator.config import FAULTS, EmulatorConfig, Fault
 from gateway.testing.emulator.front_door import FrontDoor
 from gateway.testing.emulator.state import EmulatorState, Outcome, ReceivedRequest
@@ -95,6 +101,7 @@ def create_emulator_app(config: EmulatorConfig | None = None) -> Starlette:
         transfer.ROUTES,
         embed.ROUTES,
         openai.ROUTES,
+        control.ROUTES,
     )
     app = Starlette(
         routes=[route for family in routes for route in family],
@@ -203,6 +210,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[EmulatorConfig, argpa
         help="cold load of a model's first request after start or keep_alive 0, reported as "
         "load_duration; /api/ps lists only loaded models (default: 0, all loaded)",
     )
+    profiles.add_arguments(parser)
     capacity.add_argument(
         "--llamacpp-timings",
         action="store_true",
@@ -211,6 +219,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[EmulatorConfig, argpa
     parser.add_argument("--http", choices=["h11", "httptools"], default="httptools")
     levels = ["debug", "info", "warning", "error"]
     parser.add_argument("--log-level", default="info", choices=levels)
+    preset_size = profiles.apply_preset(parser, argv)
     args = parser.parse_args(argv)
     try:  # Ollama only gates Host while it listens on a loopback address (§6.8)
         loopback = ipaddress.ip_address(args.host).is_loopback
@@ -236,6 +245,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[EmulatorConfig, argpa
         cold_load=args.load_duration,
         llamacpp_timings=args.llamacpp_timings,
         prompt_eval_count=args.prompt_tokens,
+        **profiles.gpu_knobs(parser, args, preset_size),
     )
     return config, args
 

@@ -98,6 +98,29 @@ class EmulatorConfig:
         llamacpp_timings: On `/v1`, add llama.cpp server's `timings` object (`prompt_n`,
             `prompt_ms`, ..., `predicted_per_second`) to the last chunk before `[DONE]` and
             to the `stream: false` body.
+        model_size: GB of memory each model takes once loaded (weights and KV cache), unless
+            `model_sizes` names it; `/api/ps` reports it as `size` and `size_vram`.
+        model_sizes: GB per model name (canonical `name:tag`, any case), overriding
+            `model_size`.
+        memory: GB the loaded models may take together; a load past it evicts the least
+            recently used idle model, or waits for one to be idle (`capacity`); a model larger
+            than this is refused with Ollama's 500. None: no limit.
+        load_rate: GB/s a model loads at: a cold load takes its size / `load_rate` (instead of
+            `cold_load`), reported in `load_duration`. 0: `cold_load` applies.
+        keep_alive: Seconds an idle model stays loaded (Ollama's default 5m) in residency
+            mode; `/api/ps` reports the end as `expires_at`. Negative: forever.
+        preload: Models loaded at start; with it (or `memory` or `load_rate`) the emulator
+            tracks residency: any other model is not loaded until asked for.
+        prefill_rate: Prompt tokens/s of prefill. When above 0, prompts are tokenised
+            (`gateway.testing.emulator.prefix`; `prompt_eval_count` is the token count, not
+            the knob), and TTFT = queue wait + load + `ttft` + uncached prompt tokens /
+            `prefill_rate`. 0: prefill is `ttft` alone, as before.
+        cache_tokens: Tokens each model's prefix (KV) cache holds on this server, LRU;
+            0 caches nothing. Needs `prefill_rate` above 0 to matter.
+        prefill_shared: `prefill_rate` is the server's, shared by the generations (of any
+            model) prefilling at once, as one GPU's compute is: two prompts prefilled together
+            take twice as long each (llama.cpp puts every slot's prompt tokens in one `n_batch`
+            step). False: each prefills at the full rate.
     """
 
     models: list[str] = field(default_factory=lambda: ["llama3.2:latest", "qwen2.5:7b"])
@@ -127,3 +150,37 @@ class EmulatorConfig:
     max_queue: int | None = None
     cold_load: float = 0.0
     llamacpp_timings: bool = False
+    model_size: float = 0.0
+    model_sizes: dict[str, float] = field(default_factory=dict)
+    memory: float | None = None
+    load_rate: float = 0.0
+    keep_alive: float = 300.0
+    preload: list[str] | None = None
+    prefill_rate: float = 0.0
+    cache_tokens: int = 0
+    prefill_shared: bool = False
+
+    @property
+    def resident(self) -> bool:
+        """Residency is tracked: `memory`, `load_rate` or `preload` is set."""
+        return self.memory is not None or self.load_rate > 0 or self.preload is not None
+
+    def size_of(self, model: str) -> float:
+        """The model's size in GB (`model_sizes`, else `model_size`)."""
+        wanted = _tagged(model)
+        for name, size in self.model_sizes.items():
+            if _tagged(name) == wanted:
+                return size
+        return self.model_size
+
+    def load_seconds(self, model: str) -> float:
+        """Seconds a cold load of the model takes: size / `load_rate`, else `cold_load`."""
+        if self.load_rate > 0:
+            return self.size_of(model) / self.load_rate
+        return self.cold_load
+
+
+def _tagged(name: str) -> str:
+    """`name:tag` in lower case, `latest` by default (`catalog.canonical`, which imports this)."""
+    name = name.lower()
+    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"

@@ -55,6 +55,10 @@ class Summary:
     """What the final chunk reports (§2.3). Durations are nanoseconds.
 
     `tool_called` tells the OpenAI face to report `finish_reason: "tool_calls"` (§7.1).
+    `cached_tokens` is the part of `prompt_eval_count` found in the prefix cache, or None
+    without a prefix cache (`EmulatorConfig.prefill_rate` 0): like Ollama since v0.30.1,
+    `prompt_eval_count` counts the whole prompt, cached or not, and `prompt_eval_duration`
+    only the tokens prefilled (reference §9.2 item 3).
     """
 
     done_reason: str
@@ -65,6 +69,7 @@ class Summary:
     prompt_eval_duration: int
     eval_duration: int
     tool_called: bool = False
+    cached_tokens: int | None = None
 
     def metrics(self) -> dict[str, int]:
         """The metric fields in Go struct order, zero ones omitted (`omitempty`, §9.2)."""
@@ -82,11 +87,16 @@ class Summary:
         """The same counts as llama.cpp server's `timings` object: milliseconds and rates.
 
         `prompt_*` is the prefill (`prompt_eval_*`), `predicted_*` the decode (`eval_*`); a
-        rate or per-token time over zero is 0.0 (llama.cpp would print inf or nan).
+        rate or per-token time over zero is 0.0 (llama.cpp would print inf or nan). With a
+        prefix cache, llama.cpp's `prompt_n` counts only the tokens prefilled and `cache_n`
+        the ones reused (tools/server `result_timings`), so `cache_n` leads.
         """
         timings: dict[str, float] = {}
+        cached = self.cached_tokens
+        if cached is not None:
+            timings["cache_n"] = cached
         for side, count, nanos in (
-            ("prompt", self.prompt_eval_count, self.prompt_eval_duration),
+            ("prompt", self.prompt_eval_count - (cached or 0), self.prompt_eval_duration),
             ("predicted", self.eval_count, self.eval_duration),
         ):
             ms = nanos / 1e6

@@ -26,6 +26,7 @@ from gateway.testing.emulator.catalog import resolve
 from gateway.testing.emulator.config import EmulatorConfig
 from gateway.testing.emulator.content import PLAIN, Shape, plan
 from gateway.testing.emulator.dialect import Dialect, Event, Piece, Summary
+from gateway.testing.emulator.prefix import PromptTokens, tokenize
 from gateway.testing.emulator.state import Outcome, ReceivedRequest
 from gateway.testing.emulator.wire import JSON_MEDIA_TYPE, encode_json, json_response
 
@@ -34,6 +35,8 @@ _MIDSTREAM = frozenset(
 )
 _BUSY = "server busy, please try again.  maximum pending requests exceeded"  # two spaces, §4.2
 _MALFORMED = '{"model":"truncated'
+# llm/memory.go: a model that cannot fit even with every other model unloaded
+_TOO_BIG = "model requires more system memory ({need:.1f} GiB) than is available ({have:.1f} GiB)"
 
 Handler = Callable[[Request], Awaitable[ASGIApp]]
 """A route handler: decodes the request and returns the ASGI app that answers it."""
@@ -103,18 +106,30 @@ def answer(
         return json_response(refused[0], dialect.error_body(*refused))
     if resolve(model, config.models) is None:
         return json_response(404, dialect.error_body(404, f"model '{model}' not found"))
+    if config.memory is not None and config.size_of(model) > config.memory:
+        message = _TOO_BIG.format(need=config.size_of(model), have=config.memory)
+        return json_response(500, dialect.error_body(500, message))
     if loaded is not None:
         runner = capacity.runner(model)
         if unload:
             runner.unload()
+            capacity.wake()
             return json_response(200, loaded)
-        return AfterLoad(runner.load(config.cold_load), json_response(200, loaded))
+        return AfterLoad(capacity, runner, config, json_response(200, loaded))
     seat = capacity.seat(model, config)
     if seat is None:
         return json_response(503, dialect.error_body(503, _BUSY))
     pieces = plan(config, limit, shape)
+    prompt = tokenize(record.body) if config.prefill_rate > 0 else None
     return _Generation(
-        dialect, config, record, stream=stream, pieces=pieces, seat=seat, unload=unload
+        dialect,
+        config,
+        record,
+        stream=stream,
+        pieces=pieces,
+        seat=seat,
+        unload=unload,
+        prompt=prompt,
     )
 
 
@@ -197,8 +212,11 @@ class _Generation:
         pieces: tuple[Iterable[Piece], str],
         seat: Seat,
         unload: bool,
+        prompt: PromptTokens | None = None,
     ) -> None:
         self._seat = seat
+        self._prompt = prompt
+        self._cached = 0
         self._unload = unload
         self._dialect = dialect
         self._config = config
@@ -227,6 +245,14 @@ class _Generation:
         # One running deadline: each gap is added to the last one's due time, not slept from
         # the wake-up, so a constant batch gives exact gaps and late wake-ups do not add up.
         deadline = seat.prefill_start + config.ttft
+        if self._prompt is not None:  # a GPU's prefill: only the tokens not in the cache
+            self._cached = seat.prefill(self._prompt)
+            uncached = self._prompt.count - self._cached
+            if config.prefill_shared:
+                await seat.share_prefill(uncached)
+                deadline = time.monotonic() + config.ttft
+            else:
+                deadline += uncached / config.prefill_rate
         for piece in self._pieces:
             if cut is not None and piece.counted and record.tokens_sent >= cut:
                 break
@@ -285,9 +311,13 @@ class _Generation:
         first = now if first_at is None else first_at
         prefill = _ns(first - self._seat.prefill_start)  # the queue wait and the load excluded
         warm = min(self._config.load_duration_ns, prefill)
+        prompt = self._prompt
         return Summary(
             done_reason=self._done_reason,
-            prompt_eval_count=prompt_tokens(self._config, self._record.body),
+            prompt_eval_count=(
+                prompt_tokens(self._config, self._record.body) if prompt is None else prompt.count
+            ),
+            cached_tokens=None if prompt is None else self._cached,
             eval_count=sum(piece.counted for piece in sent),
             total_duration=_ns(now - self._record.started_at),
             load_duration=_ns(self._seat.load_seconds) + warm,

@@ -68,16 +68,34 @@ async def _tags(request: Request) -> ASGIApp:
 
 
 async def _ps(request: Request) -> ASGIApp:
-    """`GET /api/ps` (§6.4): the loaded models; all of them unless `cold_load` is set."""
+    """`GET /api/ps` (§6.4): the loaded models, latest `expires_at` first.
+
+    Without residency (`EmulatorConfig.resident`) every model unless `cold_load` is set, each
+    expiring 5 minutes from now; with it, the models loaded now, with their configured size
+    (`size` = `size_vram`: all on the GPU) and the end of their `keep_alive` after last use.
+    """
     state, config, _ = request_context(request)
-    expires = format_local_time(time.time() + 300)  # the default keep_alive, 5m
-    loaded = [name for name in config.models if state.capacity.runner(name).loaded(config)]
-    models = [
-        {**entry, "expires_at": expires, "size_vram": entry["size"]}
-        | {"context_length": config.context_length}
-        for entry in map(listing, loaded)
-    ]
-    return json_response(200, {"models": models})
+    capacity = state.capacity
+    capacity.expire(config)
+    now, wall = time.monotonic(), time.time()
+    entries: list[tuple[float, dict[str, Any]]] = []
+    for name in config.models:
+        runner = capacity.runner(name)
+        if not runner.loaded(config):
+            continue
+        entry = listing(name)
+        if config.resident:
+            entry["size"] = round(config.size_of(name) * 1e9)
+            keep = config.keep_alive
+            expires = wall + (keep - (now - runner.last_used) if keep >= 0 else 10 * 365 * 86400)
+            if runner.running:  # in use: the timer restarts when it is idle again
+                expires = wall + max(keep, 0)
+        else:
+            expires = wall + 300  # the default keep_alive, 5m
+        entry |= {"expires_at": format_local_time(expires), "size_vram": entry["size"]}
+        entries.append((expires, entry | {"context_length": config.context_length}))
+    entries.sort(key=lambda item: -item[0])
+    return json_response(200, {"models": [entry for _, entry in entries]})
 
 
 async def _show(request: Request) -> ASGIApp:

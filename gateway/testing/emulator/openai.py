@@ -55,15 +55,21 @@ def error_object(status: int, message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
-def _usage(summary: Summary | None) -> dict[str, int]:
-    """Map the native counts to OpenAI usage (`ToUsage`); a missing final chunk counts as zero."""
+def _usage(summary: Summary | None) -> dict[str, Any]:
+    """Map the native counts to OpenAI usage (`ToUsage`); a missing final chunk counts as zero.
+
+    With a prefix cache, `prompt_tokens_details.cached_tokens` as OpenAI and vLLM report it.
+    """
     prompt = summary.prompt_eval_count if summary else 0
     completion = summary.eval_count if summary else 0
-    return {
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    if summary is not None and summary.cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": summary.cached_tokens}
+    return usage
 
 
 def openai_tool_call(call: ToolCall, index: int = 0) -> dict[str, Any]:

@@ -89,6 +89,7 @@ class EmulatorState:
         self.booted_at = time.time()
         self.blobs: set[str] = set()
         self.capacity = Capacity()
+        self.capacity.preload(config)
         self._modified: dict[str, float] = {}
         self._arrived = threading.Condition()
         self._records: list[ReceivedRequest] = []
@@ -130,6 +131,12 @@ class EmulatorState:
         """Forget the requests seen (long benchmarks call this to bound memory)."""
         with self._arrived:
             self._records.clear()
+
+    def reset(self) -> None:
+        """Start over: no records, fresh runners (empty caches, zero counters), the preloads."""
+        self.clear()
+        self.capacity = Capacity()
+        self.capacity.preload(self.config)
 
     def next_id(self) -> int:
         """Return a per-app sequence number for `/v1` ids."""
