@@ -1,0 +1,187 @@
+"""Prompt prefixes: the rendered prompt's chained block hashes, and what went to which server.
+
+The prompt is rendered cheaply into one string (system and messages in order, each with its
+role; a generate request's system and prompt), cut into fixed-size blocks of characters, and
+each block hashed together with the hash of the blocks before it, as vLLM's automatic prefix
+caching names its KV blocks (a block's hash stands for the whole prefix up to it). The last,
+partial block is not hashed. Tools are left out: rendering them would cost a JSON encoding of
+tens of kilobytes per request, and the messages already tell conversations apart.
+
+`PrefixIndex` remembers, for each block hash recently sent, which servers were sent it (a
+bit per server), in one LRU of bounded size (the Gateway API Inference Extension's
+prefix-cache plugin keeps such an approximate index instead of reading the servers' caches).
+A server's match is the number of leading blocks of the prompt it was sent.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from gateway.neutral import GenerationRequest
+
+#: Separates a message's role from its text, and messages from one another.
+_ROLE_END = "\x1f"
+_MESSAGE_END = "\x1e"
+
+
+def render_prompt(request: GenerationRequest) -> str:
+    """The prompt as one string: what a server's prefix cache would hold, roughly.
+
+    Chat: each message's role and text in order (OpenAI content parts' `text` joined);
+    generate: `system` then `prompt`; embeddings: "" (no KV cache to reuse).
+    """
+    if request.operation == "embed":
+        return ""
+    body = request.body
+    messages = body.get("messages")
+    parts: list[str] = []
+    if isinstance(messages, list):
+        system = body.get("system")  # Ollama's chat may carry a top-level system too
+        if isinstance(system, str):
+            parts.append(system)
+        for message in messages:
+            if not isinstance(message, dict):
+                continue
+            parts.append(str(message.get("role")))
+            parts.append(_ROLE_END)
+            content = message.get("content")
+            if isinstance(content, str):
+                parts.append(content)
+            elif isinstance(content, list):
+                parts.extend(
+                    part["text"]
+                    for part in content
+                    if isinstance(part, dict) and isinstance(part.get("text"), str)
+                )
+            parts.append(_MESSAGE_END)
+        return "".join(parts)
+    for name in ("system", "prompt", "input"):
+        value = body.get(name)
+        if isinstance(value, str):
+            parts.append(value)
+            parts.append(_MESSAGE_END)
+    return "".join(parts)
+
+
+def block_hashes(text: str, block_chars: int, limit: int) -> list[int]:
+    """Chained hashes of the full `block_chars`-character blocks of `text`, at most `limit`.
+
+    Python's own `hash` (SipHash, salted per process): the index lives in one process, and a
+    collision only costs a worse choice.
+    """
+    count = min(len(text) // block_chars, limit)
+    hashes: list[int] = []
+    chained = 0
+    for start in range(0, count * block_chars, block_chars):
+        chained = hash((chained, text[start : start + block_chars]))
+        hashes.append(chained)
+    return hashes
+
+
+class PrefixIndex:
+    """Which servers were recently sent which prompt blocks; at most `capacity` blocks.
+
+    Each entry maps a block hash to a bit set of servers. Recording a prompt refreshes its
+    blocks in the LRU; past `capacity` entries, the least recently sent go first, so memory
+    is bounded whatever the traffic (a flood of unique prompts only cycles the LRU).
+
+    Args:
+        capacity: Most block hashes kept (`GATEWAY_ROUTING_PREFIX_BLOCKS`).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.capacity = capacity
+        self._blocks: OrderedDict[int, int] = OrderedDict()
+        self._bits: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def _bit(self, server: str) -> int:
+        bit = self._bits.get(server)
+        if bit is None:
+            bit = self._bits[server] = 1 << len(self._bits)
+        return bit
+
+    def match(self, hashes: list[int], servers: list[str]) -> dict[str, int]:
+        """Leading blocks of `hashes` each of `servers` was sent; servers with none left out."""
+        bits = {server: self._bit(server) for server in servers}
+        alive = 0
+        for bit in bits.values():
+            alive |= bit
+        found: dict[str, int] = {}
+        blocks = self._blocks
+        for index, block in enumerate(hashes):
+            holders = blocks.get(block, 0) & alive
+            if holders != alive:
+                for server, bit in bits.items():
+                    if alive & bit and not holders & bit and index:
+                        found[server] = index
+                alive = holders
+                if not alive:
+                    return found
+        for server, bit in bits.items():
+            if alive & bit and hashes:
+                found[server] = len(hashes)
+        return found
+
+    def record(self, hashes: list[int], server: str) -> None:
+        """`server` was sent a prompt of these blocks: note them as its, most recent."""
+        bit = self._bit(server)
+        blocks = self._blocks
+        for block in hashes:
+            held = blocks.get(block)
+            if held is None:
+                blocks[block] = bit
+            else:
+                blocks[block] = held | bit
+                blocks.move_to_end(block)
+        while len(blocks) > self.capacity:
+            blocks.popitem(last=False)
+
+    def forget(self, server: str) -> int:
+        """Drop everything noted for `server` (it restarted, or failed); returns blocks dropped.
+
+        Walks the whole index: rare (a failure, a restart), and bounded by `capacity`.
+        """
+        bit = self._bits.get(server)
+        if bit is None:
+            return 0
+        dropped = 0
+        for block, held in list(self._blocks.items()):
+            if held & bit:
+                dropped += 1
+                if held == bit:
+                    del self._blocks[block]
+                else:
+                    self._blocks[block] = held & ~bit
+        return dropped
+
+
+class SessionIndex:
+    """The server that last served each session key (hashed), at most `capacity` sessions."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._servers: OrderedDict[int, str] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._servers)
+
+    def get(self, session: int) -> str | None:
+        """The server that last served `session`, or None."""
+        return self._servers.get(session)
+
+    def record(self, session: int, server: str) -> None:
+        """`server` serves `session` now."""
+        self._servers[session] = server
+        self._servers.move_to_end(session)
+        while len(self._servers) > self.capacity:
+            self._servers.popitem(last=False)
+
+    def forget(self, server: str) -> None:
+        """Drop every session noted for `server`."""
+        for session in [s for s, name in self._servers.items() if name == server]:
+            del self._servers[session]
