@@ -49,6 +49,7 @@ from gateway.upstream.dialects.base import Dialect, ModelInfo
 from gateway.upstream.dialects.ollama import OllamaDialect
 from gateway.upstream.dialects.openai import OpenAIDialect
 from gateway.upstream.monitor import LoadedModel, UpstreamMonitor
+from gateway.upstream.scheduling.residency import MIN_LOAD_SECONDS
 from gateway.upstream.scheduling.scheduler import Scheduler
 from gateway.upstream.scheduling.ticket import RouteTicket
 from gateway.upstream.slots import UpstreamSlots
@@ -247,7 +248,7 @@ class UpstreamPool:
         upstream.in_flight -= 1
         if ticket is not None:
             upstream.tokens_in_flight -= ticket.tokens
-            if load_ns:
+            if load_ns and load_ns >= MIN_LOAD_SECONDS * 1e9:  # a real load, not a lookup
                 residency = self.scheduler.residency
                 size = residency.size(self.upstreams, ticket.model)
                 residency.learn(upstream.name, size, load_ns)

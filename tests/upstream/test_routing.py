@@ -115,6 +115,21 @@ def test_residency_from_ps_steers_requests_to_the_server_holding_the_model(
     assert metric_value(text, "gateway_route_cold_loads_total") == 0
 
 
+def test_each_model_goes_to_the_server_holding_it_without_a_cold_load(make_gateway, fleet):
+    first, second = fleet(2, cold_load=0.3, models=["alpha:latest", "beta:latest"])
+    gw = _gateway(make_gateway, [first, second])
+    for emulator, model in ((first, "alpha"), (second, "beta")):
+        body = {"model": model, "prompt": "x", "stream": False}
+        assert httpx.post(f"{emulator.url}/api/generate", json=body).status_code == 200
+    _wait(lambda: _loaded(gw, first) == 1 and _loaded(gw, second) == 1, "both /api/ps")
+    for _ in range(4):
+        _chat(gw, [{"role": "user", "content": "hi"}], model="alpha")
+        _chat(gw, [{"role": "user", "content": "hi"}], model="beta")
+    assert (_chats(first), _chats(second)) == (4, 4)
+    assert {r.body["model"] for r in first.state.records if r.path == "/api/chat"} == {"alpha"}
+    assert metric_value(gw.metrics_text(), "gateway_route_cold_loads_total") == 0
+
+
 def test_the_next_turn_goes_to_the_server_that_served_the_conversation(make_gateway, fleet, caplog):
     caplog.set_level("INFO", logger="gateway.access")
     emulators = fleet(3)
