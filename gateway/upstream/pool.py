@@ -129,7 +129,7 @@ class UpstreamPool:
             raise ValueError("at least one upstream is needed")
         self.upstreams = upstreams
         self._metrics = metrics
-        self.scheduler = Scheduler(scheduling or SchedulingPolicy(), metrics)
+        self.scheduler = Scheduler(scheduling or SchedulingPolicy(), metrics, len(upstreams))
         self._panicking = False
         self._probing: asyncio.Future[tuple[bool, dict[str, str]]] | None = None
         self._ready_until = 0.0  # monotonic time until which `_ready` answers `probe`

@@ -165,6 +165,15 @@ def test_the_index_stays_bounded_under_a_flood_of_unique_prompts():
     assert size < 200 * 500  # bytes: bounded with the entry count, not the traffic
 
 
+def test_an_evicted_prompt_leaves_its_prefix_not_a_hole():
+    index = PrefixIndex(10)
+    prompt = block_hashes(SYSTEM, 64, 8)
+    index.record(prompt, "a")
+    index.record(block_hashes("other " * 100, 64, 4), "b")  # 12 > 10: two of `prompt` go
+    assert len(index) == 10
+    assert index.match(prompt, ["a"]) == {"a": 6}  # its first six, not a broken chain
+
+
 def test_recently_sent_blocks_survive_the_lru_and_forget_drops_one_server_only():
     index = PrefixIndex(100)
     hot = block_hashes(SYSTEM, 64, 1000)[:10]

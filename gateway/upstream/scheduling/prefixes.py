@@ -128,10 +128,15 @@ class PrefixIndex:
         return found
 
     def record(self, hashes: list[int], server: str) -> None:
-        """`server` was sent a prompt of these blocks: note them as its, most recent."""
+        """`server` was sent a prompt of these blocks: note them as its, most recent.
+
+        Noted last to first, so a prompt's first blocks are its most recent and leave the LRU
+        last: what is left of a prompt is always a prefix of it (as a server evicts a
+        sequence's KV blocks from its tail), and a match never stops at an evicted hole.
+        """
         bit = self._bit(server)
         blocks = self._blocks
-        for block in hashes:
+        for block in reversed(hashes):
             held = blocks.get(block)
             if held is None:
                 blocks[block] = bit

@@ -80,11 +80,14 @@ class Scheduler:
         policy: The policy, its score weights, guard thresholds and prefix index bounds.
         metrics: `gateway_route_decisions_total`, `gateway_route_prefix_hit_tokens`,
             `gateway_route_cold_loads_total`.
+        servers: How many upstreams the pool has: with one, nothing is ever chosen, so no
+            prompt is hashed or noted.
     """
 
-    def __init__(self, policy: SchedulingPolicy, metrics: Metrics) -> None:
+    def __init__(self, policy: SchedulingPolicy, metrics: Metrics, servers: int = 2) -> None:
         self.policy = policy
         self.mode = policy.mode
+        self._learns = policy.mode == "scored" and servers > 1
         self.weights = dict(policy.weights)
         self.weights["session"] = self.weights.get("prefix", 0.0)
         self.prefixes = PrefixIndex(policy.prefix_blocks)
@@ -196,7 +199,7 @@ class Scheduler:
         self._decisions[reason].inc()
         if self.residency.state(server, ticket.model) is False:
             self._cold_loads.labels(server.name).inc()
-        if self.mode != "scored":
+        if not self._learns:
             return
         if self.weights.get("prefix", 0) > 0:
             self._prefix_hits.observe(ticket.prefix_tokens)
