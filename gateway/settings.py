@@ -271,7 +271,8 @@ class Settings(BaseSettings):
         1024,
         ge=16,
         le=65536,
-        description="`scored`: characters of rendered prompt per hashed block (about 256 tokens).",
+        description="`scored`: least characters of whole messages per hashed block (a prompt "
+        "string: exactly; about 256 tokens).",
     )
     max_connections: int = Field(
         256, ge=1, description="Upper bound on open connections to each upstream (the pool)."

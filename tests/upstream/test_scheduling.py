@@ -17,8 +17,8 @@ from gateway.upstream.monitor import LoadedModel
 from gateway.upstream.scheduling.prefixes import (
     PrefixIndex,
     SessionIndex,
-    block_hashes,
-    render_prompt,
+    prompt_blocks,
+    text_blocks,
 )
 from gateway.upstream.scheduling.residency import DEFAULT_LOAD_RATE, SERVED_TTL, Residency
 from gateway.upstream.scheduling.scheduler import Scheduler
@@ -35,6 +35,10 @@ from gateway.upstream.scheduling.ticket import RouteTicket, session_of
 from tests.support.metrics import metric_value
 
 MODEL = "qwen3:8b"
+
+
+def block_hashes(text: str, block_chars: int, limit: int) -> list[int]:
+    return text_blocks(text, block_chars, limit).hashes
 
 
 @dataclass
@@ -121,23 +125,41 @@ def test_block_hashes_are_chained_so_a_block_stands_for_its_whole_prefix():
     one = block_hashes("a" * 64 + "b" * 64, 64, 100)
     other = block_hashes("c" * 64 + "b" * 64, 64, 100)
     assert len(one) == 2
-    assert one[1] != other[1]
+    assert one[1] != other[1]  # same second block, different prefix
     assert block_hashes("a" * 64 + "b" * 64 + "tail", 64, 100) == one  # partial block left out
     assert block_hashes("a" * 640, 64, 3) == block_hashes("a" * 192, 64, 3)  # at most `limit`
+    assert text_blocks("a" * 130, 64, 100).ends == [64, 128]
 
 
-def test_the_rendered_prompt_has_roles_in_order_and_the_next_turn_extends_the_last():
-    first = render_prompt(_chat(SYSTEM, "ok"))
-    second = render_prompt(_chat(SYSTEM, "ok", "and now?"))
-    assert second.startswith(first)
-    assert render_prompt(_chat("ok", SYSTEM)) != render_prompt(_chat(SYSTEM, "ok"))
+def test_message_blocks_group_whole_messages_and_the_next_turn_repeats_them():
+    first = prompt_blocks(_chat(SYSTEM, "ok"), 64, 100)
+    second = prompt_blocks(_chat(SYSTEM, "ok", "and now? " * 10), 64, 100)
+    assert first.hashes == [second.hashes[0]]  # the system message, 1.3 kB: one block
+    assert len(second.hashes) == 2  # "ok" is short: it joins the next message's block
+    assert second.ends == [len(SYSTEM), second.chars]
+    swapped = prompt_blocks(_chat("ok" * 40, SYSTEM), 64, 100)
+    assert swapped.hashes[-1] != second.hashes[-1]
+    assert prompt_blocks(_chat(SYSTEM, "ok", "x" * 100), 64, 1).hashes == first.hashes
+    roles = _chat(SYSTEM)
+    roles.body["messages"][0]["role"] = "system"
+    assert prompt_blocks(roles, 64, 100).hashes != first.hashes  # the role counts
+
+
+def test_every_request_shape_has_its_prompt_blocks():
     parts = _chat("x")
     parts.body["messages"][0]["content"] = [{"type": "text", "text": SYSTEM}]
-    assert SYSTEM in render_prompt(parts)
+    assert prompt_blocks(parts, 64, 100).chars == len(SYSTEM)
     generate = GenerationRequest("ollama", "generate", {"prompt": SYSTEM, "system": "s"}, MODEL)
-    assert SYSTEM in render_prompt(generate)
+    assert len(prompt_blocks(generate, 64, 100).hashes) == (len(SYSTEM) + 2) // 64
     embed = GenerationRequest("openai", "embed", {"input": SYSTEM}, MODEL)
-    assert render_prompt(embed) == ""
+    assert prompt_blocks(embed, 64, 100).hashes == []
+    calls = _chat(SYSTEM, "")
+    calls.body["messages"][1]["tool_calls"] = [{"function": {"name": "a"}}]
+    other = _chat(SYSTEM, "")
+    other.body["messages"][1]["tool_calls"] = [{"function": {"name": "b"}}]
+    calls.body["messages"].append({"role": "tool", "content": "y" * 100})
+    other.body["messages"].append({"role": "tool", "content": "y" * 100})
+    assert prompt_blocks(calls, 64, 100).hashes[-1] != prompt_blocks(other, 64, 100).hashes[-1]
 
 
 def test_the_index_finds_the_longest_match_per_server():
@@ -213,7 +235,7 @@ def test_the_ticket_hashes_the_prompt_once_and_only_when_asked():
     ticket = RouteTicket(MODEL, request=_chat(SYSTEM))
     assert ticket._blocks is None
     first = ticket.blocks(64, 100)
-    assert first
+    assert first.hashes
     assert ticket.blocks(64, 100) is first
 
 

@@ -1,11 +1,15 @@
-"""Prompt prefixes: the rendered prompt's chained block hashes, and what went to which server.
+"""Prompt prefixes: the prompt's chained block hashes, and what went to which server.
 
-The prompt is rendered cheaply into one string (system and messages in order, each with its
-role; a generate request's system and prompt), cut into fixed-size blocks of characters, and
-each block hashed together with the hash of the blocks before it, as vLLM's automatic prefix
-caching names its KV blocks (a block's hash stands for the whole prefix up to it). The last,
-partial block is not hashed. Tools are left out: rendering them would cost a JSON encoding of
-tens of kilobytes per request, and the messages already tell conversations apart.
+A chat prompt is hashed message by message, each message's role and text together with the
+hash of the messages before it, as vLLM's automatic prefix caching names its KV blocks (a
+block's hash stands for the whole prefix up to it). Consecutive messages make one block once
+they hold at least `block_chars` characters; the block's hash is the chain's value at its
+last message, and its end is the characters up to there. So a conversation's next turn, which
+repeats the earlier messages, repeats their blocks; each message's text is hashed once, with
+no copy of the prompt. A prompt string (generate, completions) is cut into blocks of exactly
+`block_chars` characters. In both, what follows the last full block is not hashed. Tools are
+left out: their JSON would cost an encoding of tens of kilobytes per request, and the
+messages already tell conversations apart.
 
 `PrefixIndex` remembers, for each block hash recently sent, which servers were sent it (a
 bit per server), in one LRU of bounded size (the Gateway API Inference Extension's
@@ -16,66 +20,90 @@ A server's match is the number of leading blocks of the prompt it was sent.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any, NamedTuple
 
 from gateway.neutral import GenerationRequest
 
-#: Separates a message's role from its text, and messages from one another.
-_ROLE_END = "\x1f"
-_MESSAGE_END = "\x1e"
+
+class PromptBlocks(NamedTuple):
+    """A prompt's blocks: their chained hashes, the characters up to each one's end, in all."""
+
+    hashes: list[int]
+    ends: list[int]
+    chars: int
 
 
-def render_prompt(request: GenerationRequest) -> str:
-    """The prompt as one string: what a server's prefix cache would hold, roughly.
-
-    Chat: each message's role and text in order (OpenAI content parts' `text` joined);
-    generate: `system` then `prompt`; embeddings: "" (no KV cache to reuse).
-    """
-    if request.operation == "embed":
-        return ""
-    body = request.body
-    messages = body.get("messages")
-    parts: list[str] = []
-    if isinstance(messages, list):
-        system = body.get("system")  # Ollama's chat may carry a top-level system too
-        if isinstance(system, str):
-            parts.append(system)
-        for message in messages:
-            if not isinstance(message, dict):
-                continue
-            parts.append(str(message.get("role")))
-            parts.append(_ROLE_END)
-            content = message.get("content")
-            if isinstance(content, str):
-                parts.append(content)
-            elif isinstance(content, list):
-                parts.extend(
-                    part["text"]
-                    for part in content
-                    if isinstance(part, dict) and isinstance(part.get("text"), str)
-                )
-            parts.append(_MESSAGE_END)
-        return "".join(parts)
-    for name in ("system", "prompt", "input"):
-        value = body.get(name)
-        if isinstance(value, str):
-            parts.append(value)
-            parts.append(_MESSAGE_END)
-    return "".join(parts)
+NO_BLOCKS = PromptBlocks([], [], 0)
 
 
-def block_hashes(text: str, block_chars: int, limit: int) -> list[int]:
-    """Chained hashes of the full `block_chars`-character blocks of `text`, at most `limit`.
+def prompt_blocks(request: GenerationRequest, block_chars: int, limit: int) -> PromptBlocks:
+    """The prompt's blocks (module docstring), at most `limit`; none for embeddings.
 
     Python's own `hash` (SipHash, salted per process): the index lives in one process, and a
     collision only costs a worse choice.
     """
+    if request.operation == "embed":
+        return NO_BLOCKS
+    body = request.body
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return _message_blocks(body.get("system"), messages, block_chars, limit)
+    texts = [body.get(name) for name in ("system", "prompt", "input")]
+    return text_blocks("\x1e".join(t for t in texts if isinstance(t, str)), block_chars, limit)
+
+
+def _message_blocks(
+    system: object, messages: list[Any], block_chars: int, limit: int
+) -> PromptBlocks:
+    """Blocks of whole messages, each at least `block_chars` characters."""
+    hashes: list[int] = []
+    ends: list[int] = []
+    chained = hash(system) if isinstance(system, str) else 0  # Ollama's chat may have one
+    chars = pending = len(system) if isinstance(system, str) else 0
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        content = message.get("content")
+        if isinstance(content, list):  # OpenAI's content parts: their texts
+            content = tuple(
+                part["text"]
+                for part in content
+                if isinstance(part, dict) and isinstance(part.get("text"), str)
+            )
+            size = sum(map(len, content))
+        elif isinstance(content, str):
+            size = len(content)
+        else:
+            content, size = None, 0
+        calls = message.get("tool_calls")
+        chained = hash(
+            (
+                chained,
+                role if isinstance(role, str) else None,
+                content,
+                None if calls is None else str(calls),  # small, and tells calls apart
+            )
+        )
+        chars += size
+        pending += size
+        if pending >= block_chars and len(hashes) < limit:
+            hashes.append(chained)
+            ends.append(chars)
+            pending = 0
+    return PromptBlocks(hashes, ends, chars)
+
+
+def text_blocks(text: str, block_chars: int, limit: int) -> PromptBlocks:
+    """Chained hashes of the full `block_chars`-character blocks of `text`, at most `limit`."""
     count = min(len(text) // block_chars, limit)
     hashes: list[int] = []
     chained = 0
     for start in range(0, count * block_chars, block_chars):
         chained = hash((chained, text[start : start + block_chars]))
         hashes.append(chained)
-    return hashes
+    ends = list(range(block_chars, (count + 1) * block_chars, block_chars))
+    return PromptBlocks(hashes, ends, len(text))
 
 
 class PrefixIndex:

@@ -156,7 +156,7 @@ class Scheduler:
         if narrowed and reason in ("only", "load"):
             reason = "residency"  # the choice among warm servers with room was a tie
         if matched:
-            ticket.prefix_tokens = matched[best] * self.policy.prefix_block_chars // CHARS_PER_TOKEN
+            ticket.prefix_tokens = matched[best] // CHARS_PER_TOKEN
         rest = [c for i, c in enumerate(candidates) if i != best]
         return [candidates[best], *rest], reason
 
@@ -167,19 +167,20 @@ class Scheduler:
         ticket: RouteTicket,
         terms: dict[str, list[float]],
     ) -> list[int]:
-        """Add the `prefix` term (or `session`, when no server matches); the blocks matched."""
+        """Add the `prefix` term (or `session`, when no server matches); characters matched."""
         policy = self.policy
         blocks = ticket.blocks(policy.prefix_block_chars, policy.prefix_blocks)
         matched = [0] * len(candidates)
-        if blocks:
-            found = self.prefixes.match(blocks, [c.name for c in candidates])
+        if blocks.hashes:
+            found = self.prefixes.match(blocks.hashes, [c.name for c in candidates])
+            ends = blocks.ends
             # A server without the model loaded holds no KV cache for it, whatever it was sent.
             matched = [
-                0 if state is False else found.get(c.name, 0)
+                0 if state is False or not (count := found.get(c.name, 0)) else ends[count - 1]
                 for c, state in zip(candidates, states, strict=True)
             ]
         if any(matched):
-            terms["prefix"] = prefix_scores(matched, len(blocks))
+            terms["prefix"] = prefix_scores(matched, blocks.chars)
         elif ticket.session is not None:
             last = self.sessions.get(ticket.session)
             if last is not None:
@@ -204,8 +205,8 @@ class Scheduler:
         if self.weights.get("prefix", 0) > 0:
             self._prefix_hits.observe(ticket.prefix_tokens)
             blocks = ticket.blocks(self.policy.prefix_block_chars, self.policy.prefix_blocks)
-            if blocks:
-                self.prefixes.record(blocks, server.name)
+            if blocks.hashes:
+                self.prefixes.record(blocks.hashes, server.name)
                 self._noted.add(server.name)
             if ticket.session is not None:
                 self.sessions.record(ticket.session, server.name)

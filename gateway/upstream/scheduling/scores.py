@@ -4,7 +4,8 @@ Each score rates every candidate server in [0, 1], higher is better, as llm-d's 
 the policy adds them up weighted (`GATEWAY_ROUTING_SCORES`) and takes the best
 (`gateway.upstream.scheduling.scheduler`).
 
-- prefix: the share of the prompt's blocks the server was recently sent (the Gateway API
+- prefix: the share of the prompt (in characters, whole blocks) the server was recently
+  sent (the Gateway API
   Inference Extension's prefix-cache scorer);
 - load: the server's in-flight tokens and requests per weight, min-max normalised so the
   least loaded scores 1 and the most loaded 0 (its queue scorer's normalisation);
@@ -71,11 +72,11 @@ def load_scores(loads: Sequence[float]) -> list[float]:
     return [(high - load) / (high - low) for load in loads]
 
 
-def prefix_scores(matched: Sequence[int], blocks: int) -> list[float]:
-    """The share of the prompt's `blocks` each server already had (`matched` blocks each)."""
-    if blocks <= 0:
+def prefix_scores(matched: Sequence[int], chars: int) -> list[float]:
+    """The share of the prompt's `chars` each server already had (`matched` characters each)."""
+    if chars <= 0:
         return [0.0] * len(matched)
-    return [count / blocks for count in matched]
+    return [count / chars for count in matched]
 
 
 def residency_score(state: bool | None, load_seconds: float) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.neutral import GenerationRequest
-from gateway.upstream.scheduling.prefixes import block_hashes, render_prompt
+from gateway.upstream.scheduling.prefixes import NO_BLOCKS, PromptBlocks, prompt_blocks
 
 
 @dataclass(slots=True)
@@ -13,7 +13,7 @@ class RouteTicket:
     """One request's routing inputs and, once chosen, the choice (`gateway.upstream.scheduling`).
 
     The prompt's block hashes are computed at most once, and only when a policy asks for them
-    (`blocks`): the default policy never renders the prompt.
+    (`blocks`): the default policy never hashes the prompt.
 
     Attributes:
         model: The model that runs (after aliases).
@@ -21,7 +21,7 @@ class RouteTicket:
             load the request adds to its upstream while in flight.
         session: A hash of the client's session key (`x-claude-code-session-id`,
             `prompt_cache_key`, `user`), or None.
-        request: The neutral request the prompt is rendered from; None: no prompt (tests,
+        request: The neutral request whose prompt is hashed; None: no prompt (tests,
             model management).
         reason: Why the last choice went where it went (`REASONS`); None before a choice.
         prefix_tokens: Estimated prompt tokens the chosen upstream already had (0: none).
@@ -33,13 +33,15 @@ class RouteTicket:
     request: GenerationRequest | None = None
     reason: str | None = None
     prefix_tokens: int = 0
-    _blocks: list[int] | None = field(default=None, repr=False)
+    _blocks: PromptBlocks | None = field(default=None, repr=False)
 
-    def blocks(self, block_chars: int, limit: int) -> list[int]:
-        """The prompt's chained block hashes (`prefixes.block_hashes`), computed once."""
+    def blocks(self, block_chars: int, limit: int) -> PromptBlocks:
+        """The prompt's blocks (`prefixes.prompt_blocks`), computed once."""
         if self._blocks is None:
-            text = "" if self.request is None else render_prompt(self.request)
-            self._blocks = block_hashes(text, block_chars, limit)
+            request = self.request
+            self._blocks = (
+                NO_BLOCKS if request is None else prompt_blocks(request, block_chars, limit)
+            )
         return self._blocks
 
 
