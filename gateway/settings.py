@@ -29,6 +29,9 @@ from gateway.model_names import ModelAliases, model_aliases
 
 Dialect = Literal["ollama", "openai"]
 
+#: The routing policies (`GATEWAY_ROUTING`, `gateway.upstream.scheduling.scheduler`).
+ROUTING_POLICIES = ("least_in_flight", "round_robin", "scored")
+
 #: The scores of `GATEWAY_ROUTING=scored` (`gateway.upstream.scheduling.scores`).
 ROUTING_SCORES = ("prefix", "load", "residency")
 
@@ -679,6 +682,16 @@ class Settings(BaseSettings):
         ):
             raise ValueError(
                 "GATEWAY_MODEL_ALIASES must be a JSON object of model names to model names"
+            )
+        return value
+
+    @field_validator("routing", mode="before")
+    @classmethod
+    def _check_routing(cls, value: object) -> object:
+        """Name the variable and its choices when the policy is not one of them."""
+        if value not in ROUTING_POLICIES:
+            raise ValueError(
+                f"GATEWAY_ROUTING must be one of {', '.join(ROUTING_POLICIES)}, not {value!r}"
             )
         return value
 
