@@ -274,6 +274,8 @@ class RequestSummary:
         upstream: `host:port` of the upstream that answered last, or None if none was tried.
         tried: The upstreams the request went to before its first byte, in failover order
             (each once; retries on the same upstream are not repeated here); empty when none.
+        route_reason: Why `upstream` was chosen (`gateway_route_decisions_total`'s reasons),
+            or None if none was.
         outcome: `completed`, `client_disconnect`, `upstream_error`, `timeout`, ...
         status: The HTTP status the client got (499 when it left before the first byte).
         duration_s: Arrival to the end, seconds.
@@ -307,13 +309,17 @@ class RequestSummary:
     key_id: str | None = None
     requested_model: str | None = None
     tried: tuple[str, ...] = ()
+    route_reason: str | None = None
 
     def log_fields(self) -> dict[str, Any]:
         """The fields the access log line carries (docs/operations.md), rounded.
 
-        `tried` only when the request failed over: the upstreams in the order it tried them.
+        `tried` only when the request failed over: the upstreams in the order it tried them;
+        `route_reason` only when an upstream was chosen.
         """
         fields: dict[str, Any] = {"outcome": self.outcome, "upstream": self.upstream}
+        if self.route_reason is not None:
+            fields["route_reason"] = self.route_reason
         if len(self.tried) > 1:
             fields["tried"] = list(self.tried)
         return {

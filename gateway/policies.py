@@ -42,6 +42,42 @@ class UpstreamTimeouts:
 
 
 @dataclass(frozen=True, slots=True)
+class SchedulingPolicy:
+    """How the pool orders its candidates (`gateway.upstream.scheduling.scheduler`).
+
+    Attributes:
+        mode: `least_in_flight`, `round_robin` or `scored` (`GATEWAY_ROUTING`).
+        weights: Each score's weight, (name, weight) pairs; 0 or absent: off
+            (`GATEWAY_ROUTING_SCORES`).
+        balance_abs_threshold: Requests in flight the busiest upstream must have beyond the
+            idlest for the balance guard (`GATEWAY_ROUTING_BALANCE_ABS_THRESHOLD`).
+        balance_rel_threshold: And how many times the idlest's
+            (`GATEWAY_ROUTING_BALANCE_REL_THRESHOLD`).
+        prefix_blocks: Blocks the prefix index keeps (`GATEWAY_ROUTING_PREFIX_BLOCKS`).
+        prefix_block_chars: Characters per block (`GATEWAY_ROUTING_PREFIX_BLOCK_CHARS`).
+    """
+
+    mode: Literal["least_in_flight", "round_robin", "scored"] = "least_in_flight"
+    weights: tuple[tuple[str, float], ...] = (("prefix", 3.0), ("load", 2.0), ("residency", 2.0))
+    balance_abs_threshold: int = 4
+    balance_rel_threshold: float = 1.5
+    prefix_blocks: int = 32768
+    prefix_block_chars: int = 1024
+
+    @classmethod
+    def of(cls, settings: Settings) -> SchedulingPolicy:
+        """The view of `settings`."""
+        return cls(
+            mode=settings.routing,
+            weights=tuple(settings.routing_scores.items()),
+            balance_abs_threshold=settings.routing_balance_abs_threshold,
+            balance_rel_threshold=settings.routing_balance_rel_threshold,
+            prefix_blocks=settings.routing_prefix_blocks,
+            prefix_block_chars=settings.routing_prefix_block_chars,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class PoolPolicy:
     """What the upstream pool is built from (`gateway.upstream.pool.open_pool`).
 
@@ -58,6 +94,7 @@ class PoolPolicy:
         poll_interval: Seconds between two monitor polls (`GATEWAY_UPSTREAM_POLL_INTERVAL`).
         circuit_failures: Failures in a row that open an upstream's breaker.
         circuit_cooldown: Seconds an open breaker waits before a trial request.
+        scheduling: How the upstream of each request is chosen.
     """
 
     upstreams: tuple[UpstreamSpec, ...]
@@ -70,6 +107,7 @@ class PoolPolicy:
     poll_interval: float
     circuit_failures: int
     circuit_cooldown: float
+    scheduling: SchedulingPolicy = SchedulingPolicy()
 
     @classmethod
     def of(cls, settings: Settings) -> PoolPolicy:
@@ -85,6 +123,7 @@ class PoolPolicy:
             poll_interval=settings.upstream_poll_interval,
             circuit_failures=settings.circuit_failures,
             circuit_cooldown=settings.circuit_cooldown,
+            scheduling=SchedulingPolicy.of(settings),
         )
 
 

@@ -29,6 +29,12 @@ from gateway.model_names import ModelAliases, model_aliases
 
 Dialect = Literal["ollama", "openai"]
 
+#: The routing policies (`GATEWAY_ROUTING`, `gateway.upstream.scheduling.scheduler`).
+ROUTING_POLICIES = ("least_in_flight", "round_robin", "scored")
+
+#: The scores of `GATEWAY_ROUTING=scored` (`gateway.upstream.scheduling.scores`).
+ROUTING_SCORES = ("prefix", "load", "residency")
+
 #: A serialized origin as browsers send it (RFC 6454 section 6.2): `scheme://host[:port]`, lower
 #: case, no path; the host a DNS name (IDNs in their `xn--` form) or a bracketed IPv6 address.
 _ORIGIN = re.compile(
@@ -235,6 +241,41 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds between background probes of the upstream (health, model list, "
         "Ollama's loaded models).",
+    )
+    routing: Literal["least_in_flight", "round_robin", "scored"] = Field(
+        "least_in_flight",
+        description="How a request's upstream is chosen among those that can take it: "
+        "`least_in_flight` (fewest requests in flight per weight), `round_robin`, or `scored` "
+        "(model residency, prompt-prefix affinity and token load, docs/operations.md).",
+    )
+    routing_scores: Annotated[dict[str, float], NoDecode] = Field(
+        default_factory=lambda: {"prefix": 3.0, "load": 2.0, "residency": 2.0},
+        description="Weights of the `scored` policy's scores, `name=weight` separated by commas "
+        "(prefix, load, residency); 0 or leaving one out turns it off.",
+    )
+    routing_balance_abs_threshold: int = Field(
+        4,
+        ge=0,
+        description="`scored`: the least loaded upstream is taken when the busiest has more than "
+        "this many requests in flight beyond the idlest ...",
+    )
+    routing_balance_rel_threshold: float = Field(
+        1.5,
+        ge=1,
+        description="... and more than this many times as many (SGLang's balance guard).",
+    )
+    routing_prefix_blocks: int = Field(
+        32768,
+        ge=1,
+        description="`scored`: prompt blocks the prefix index remembers over all upstreams "
+        "(least recently sent forgotten first).",
+    )
+    routing_prefix_block_chars: int = Field(
+        1024,
+        ge=16,
+        le=65536,
+        description="`scored`: least characters of whole messages per hashed block (a prompt "
+        "string: exactly; about 256 tokens).",
     )
     max_connections: int = Field(
         256, ge=1, description="Upper bound on open connections to each upstream (the pool)."
@@ -642,6 +683,50 @@ class Settings(BaseSettings):
             raise ValueError(
                 "GATEWAY_MODEL_ALIASES must be a JSON object of model names to model names"
             )
+        return value
+
+    @field_validator("routing", mode="before")
+    @classmethod
+    def _check_routing(cls, value: object) -> object:
+        """Name the variable and its choices when the policy is not one of them."""
+        if value not in ROUTING_POLICIES:
+            raise ValueError(
+                f"GATEWAY_ROUTING must be one of {', '.join(ROUTING_POLICIES)}, not {value!r}"
+            )
+        return value
+
+    @field_validator("routing_scores", mode="before")
+    @classmethod
+    def _parse_routing_scores(cls, value: object) -> object:
+        """Read `prefix=3,load=2,residency=2` (a message naming the variable for anything else)."""
+        if not isinstance(value, str):
+            return value
+        weights: dict[str, float] = {}
+        for entry in value.split(","):
+            if not entry.strip():
+                continue
+            name, _, weight = entry.partition("=")
+            try:
+                weights[name.strip()] = float(weight)
+            except ValueError:
+                raise ValueError(
+                    f"GATEWAY_ROUTING_SCORES: {entry.strip()!r} is not name=weight, e.g. "
+                    "prefix=3,load=2,residency=2"
+                ) from None
+        return weights
+
+    @field_validator("routing_scores")
+    @classmethod
+    def _check_routing_scores(cls, value: dict[str, float]) -> dict[str, float]:
+        """Only the known scores, each weight finite and >= 0."""
+        for name, weight in value.items():
+            if name not in ROUTING_SCORES:
+                raise ValueError(
+                    f"GATEWAY_ROUTING_SCORES: unknown score {name!r}; the scores are "
+                    + ", ".join(ROUTING_SCORES)
+                )
+            if not 0 <= weight < float("inf"):
+                raise ValueError(f"GATEWAY_ROUTING_SCORES: {name}'s weight must be >= 0")
         return value
 
     @field_validator("model_aliases")

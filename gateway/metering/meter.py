@@ -48,6 +48,7 @@ class RequestMeter:
         outcome: `completed`, `client_disconnect`, `upstream_error`, `timeout`, ...
         upstream: The upstream tried last (`host:port`), or None.
         tried: Every upstream tried before the first byte, in order (`Generation.connect`).
+        route_reason: Why the last upstream was chosen (`gateway.upstream.scheduling`).
         key_id: The API key's id, carried into the summary (usage accounting).
         requested_model: The model the allow-list checked (an alias's target), into the summary.
         prompt_estimate: The request's estimated prompt tokens (`gateway.limits.estimate`):
@@ -70,6 +71,7 @@ class RequestMeter:
     status: int = 200
     upstream: str | None = None
     tried: list[str] = field(default_factory=list)
+    route_reason: str | None = None
     key_id: str | None = None
     requested_model: str | None = None
     prompt_estimate: int = 0
@@ -174,6 +176,7 @@ class RequestMeter:
             key=self.key,
             upstream=self.upstream,
             tried=tuple(self.tried),
+            route_reason=self.route_reason,
             outcome=outcome,
             status=self.status,
             duration_s=time.perf_counter() - self.arrival,

@@ -58,6 +58,10 @@ NO_KEY = "none"
 ALL_KEYS = "all"
 
 
+#: Bucket bounds of `gateway_route_prefix_hit_tokens`: a few blocks to a long agent history.
+PREFIX_HIT_BUCKETS = (0, 64, 256, 1024, 4096, 16384, 65536, 262144)
+
+
 class Metrics:
     """The gateway's Prometheus metrics in their own registry.
 
@@ -95,6 +99,9 @@ class Metrics:
         upstream_slots_in_use: Gauge `gateway_upstream_slots_in_use{upstream}`.
         upstream_connections_in_use: Gauge `gateway_upstream_connections_in_use{upstream}`,
             pooled connections held by open upstream responses (aiohttp transport only).
+        route_decisions: Counter `gateway_route_decisions_total{reason}`.
+        route_prefix_hit_tokens: Histogram `gateway_route_prefix_hit_tokens`.
+        route_cold_loads: Counter `gateway_route_cold_loads_total{upstream}`.
         live: This process's requests in flight and latest answers, for the admin API's live
             view (`gateway.metering.live`; not exported to Prometheus).
     """
@@ -219,6 +226,31 @@ class Metrics:
         )
         self._limit_metrics()
         self._batch_metrics()
+        self._routing_metrics()
+
+    def _routing_metrics(self) -> None:
+        """The upstream choice (gateway/upstream/scheduling)."""
+        r = self.registry
+        self.route_decisions = Counter(
+            "gateway_route_decisions",
+            "Upstream choices by the reason that decided them: only, least_in_flight, "
+            "round_robin, prefix, session, residency, load, balance_guard, failover, panic.",
+            ("reason",),
+            registry=r,
+        )
+        self.route_prefix_hit_tokens = Histogram(
+            "gateway_route_prefix_hit_tokens",
+            "Estimated prompt tokens the chosen upstream was recently sent already (the "
+            "scored policy's prefix match; 0: none).",
+            buckets=PREFIX_HIT_BUCKETS,
+            registry=r,
+        )
+        self.route_cold_loads = Counter(
+            "gateway_route_cold_loads",
+            "Requests sent to an upstream known not to have the model loaded.",
+            ("upstream",),
+            registry=r,
+        )
 
     def _batch_metrics(self) -> None:
         """Batch jobs (see gateway/batch)."""

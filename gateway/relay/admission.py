@@ -49,6 +49,7 @@ from gateway.relay.generation import Generation, Services
 from gateway.relay.surface import Endpoint
 from gateway.settings import Settings
 from gateway.upstream.headers import upstream_request_headers
+from gateway.upstream.scheduling.ticket import SESSION_HEADER, RouteTicket, session_of
 from gateway.wire.body import read_body
 from gateway.wire.json import parse_request_body
 
@@ -261,6 +262,13 @@ async def admit_generation(
         requested_model=request.model,
         prompt_estimate=0 if expected is None else expected.prompt,
     )
+    header = body.headers.get(SESSION_HEADER) if isinstance(body, Request) else None
+    routing = RouteTicket(
+        request.model,
+        tokens=0 if expected is None else expected.total,
+        session=session_of(request.body, header),
+        request=request,
+    )
     return Generation(
         services,
         context,
@@ -270,4 +278,5 @@ async def admit_generation(
         ticket.admission,
         key=principal.key_id,
         background=background,
+        routing=routing,
     )

@@ -40,6 +40,7 @@ from gateway.settings import Settings
 from gateway.tracing.spans import Tracing, end_upstream, end_upstream_failure
 from gateway.upstream.dialects.base import MAX_LINE_BYTES
 from gateway.upstream.pool import Upstream, UpstreamPool
+from gateway.upstream.scheduling.ticket import RouteTicket
 from gateway.wire.json import INLINE_PARSE_BYTES
 
 
@@ -79,6 +80,8 @@ class Generation:
             have caused (`gateway.upstream.breaker`).
         background: For a batch line (`gateway.batch.line`), its cancel scope: it takes
             only a spare upstream slot, and an interactive request may cancel it for the slot.
+        routing: What the upstream choice reads (`gateway.upstream.scheduling`), and the
+            reason of the last choice.
         span: The current upstream attempt's CLIENT span, when tracing (`gateway.tracing`);
             ended by the attempt's failure or by `finish`.
         observe: What each chunk passes through before the client gets it: the meter's
@@ -97,8 +100,10 @@ class Generation:
         *,
         key: str,
         background: anyio.CancelScope | None = None,
+        routing: RouteTicket | None = None,
     ) -> None:
         self.services = services
+        self.routing = RouteTicket(request.model) if routing is None else routing
         self.background = background
         self.key = key  # the API key's id: whose request an ambiguous upstream failure was
         self.context = context
@@ -146,7 +151,9 @@ class Generation:
         # After a busy answer no open circuit is tried (panic=False): the client gets that
         # answer's Retry-After at once rather than after a dead upstream's first-byte timeout.
         while (
-            upstream := services.pool.choose(self.request.model, tried, panic=busy is None)
+            upstream := services.pool.choose(
+                self.request.model, tried, panic=busy is None, ticket=self.routing
+            )
         ) is not None:
             if tried:
                 services.metrics.upstream_failovers.inc()
@@ -154,6 +161,7 @@ class Generation:
             self.meter.upstream_timings = upstream.dialect.reports_timings
             self.meter.upstream = upstream.name
             self.meter.tried.append(upstream.name)
+            self.meter.route_reason = self.routing.reason
             self.upstream = upstream
             exchange = None
             try:
@@ -169,7 +177,7 @@ class Generation:
                 headers = self.upstream_headers
                 if services.tracing is not None:  # the span starts once the upstream's slot is held
                     span = self.span = services.tracing.start_upstream(
-                        self.context.span, self.request, upstream
+                        self.context.span, self.request, upstream, self.routing.reason
                     )
                     headers = services.tracing.inject(span, headers)
                 self.exchange = exchange = Exchange(
@@ -184,7 +192,7 @@ class Generation:
                     and len(tried) == len(services.pool.upstreams),
                 )
                 await exchange.open()
-                services.pool.answering(upstream)
+                services.pool.answering(upstream, self.request.model)
             except UntranslatableRequestError as exc:
                 self._end_span(exc)
                 await self._release(None)  # another upstream's dialect may express it
@@ -298,7 +306,14 @@ class Generation:
                     )
                 elif self.holds_slot:
                     self.upstream.slots.release()
-                self.services.pool.finished(self.upstream, healthy, key)
+                final = self.meter.final
+                self.services.pool.finished(
+                    self.upstream,
+                    healthy,
+                    key,
+                    ticket=self.routing,
+                    load_ns=None if final is None or not healthy else final.load_duration,
+                )
         self.holds_slot = self.holds_background = False
         self.upstream = self.exchange = None
 

@@ -88,9 +88,17 @@ class Tracing:
         )
 
     def start_upstream(
-        self, parent: Span | None, request: GenerationRequest, upstream: Upstream
+        self,
+        parent: Span | None,
+        request: GenerationRequest,
+        upstream: Upstream,
+        reason: str | None = None,
     ) -> Span:
-        """Start the CLIENT span of one upstream attempt (`gateway.tracing`)."""
+        """Start the CLIENT span of one upstream attempt (`gateway.tracing`).
+
+        `reason` is why the upstream was chosen (`gateway.route.reason`,
+        `gateway.upstream.scheduling`).
+        """
         operation = _OPERATIONS.get(request.operation, request.operation)
         url = upstream.spec.url
         attributes: dict[str, Any] = {
@@ -100,6 +108,8 @@ class Tracing:
             "server.address": url.host or "",
             "server.port": url.port or 0,
         }
+        if reason is not None:
+            attributes["gateway.route.reason"] = reason
         if request.max_output_tokens:  # None: not set; 0: embeddings
             attributes["gen_ai.request.max_tokens"] = request.max_output_tokens
         temperature = _temperature(request)

@@ -10,6 +10,7 @@ Every `GATEWAY_UPSTREAM_POLL_INTERVAL` seconds the monitor sends the dialect's r
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -80,6 +81,11 @@ class UpstreamMonitor:
         #: The models loaded as the last `/api/ps` said; None: unknown (another dialect, no
         #: answer yet, the upstream down or `/api/ps` failing).
         self.loaded: list[LoadedModel] | None = None
+        #: `time.monotonic()` when the `/api/ps` that `loaded` holds was asked (0: none yet).
+        self.loaded_at = 0.0
+        #: Times a probe found the upstream down after it was up (or unknown): a server that
+        #: comes back may come back empty (`gateway.upstream.scheduling` forgets its notes).
+        self.downs = 0
 
     async def run(self) -> None:
         """Poll until cancelled (the app's lifespan cancels it on shutdown).
@@ -107,6 +113,8 @@ class UpstreamMonitor:
         except TimeoutError:
             up, detail = False, f"upstream did not answer within {self._budget:g} s"
         self._metrics.upstream_up.labels(self.name).set(1 if up else 0)
+        if not up and self.up is not False:
+            self.downs += 1
         self.up = up
         return up, detail
 
@@ -128,6 +136,7 @@ class UpstreamMonitor:
         return True
 
     async def _poll_loaded_models(self) -> None:
+        asked = time.monotonic()  # what was served after this may be missing from the answer
         try:
             with anyio.fail_after(self._budget):
                 response = await self._client.get("/api/ps", timeout=self._timeout)
@@ -156,6 +165,7 @@ class UpstreamMonitor:
             seen.append(LoadedModel(model, int(size), int(size_vram or 0), _moment(expires)))
         loaded.labels(self.name).set(count)
         self.loaded = seen
+        self.loaded_at = asked
 
 
 def _bytes(value: object) -> float | None:

@@ -4,8 +4,9 @@ For each request the pool picks, among the upstreams whose circuit lets a reques
 that are up (their monitor's last probe answered, or none ran yet; if none is, all of them), those
 that list the model
 (all of them when none does: the lists may be stale, and the upstream answers 404 itself); then
-the one with the fewest requests in flight per unit of weight. A failed choice is excluded and
-the next one tried (`gateway.relay.pipeline`).
+the first in the routing policy's order (`GATEWAY_ROUTING`, `gateway.upstream.scheduling`; by
+default the fewest requests in flight per unit of weight). A failed choice is excluded and
+the next one tried (`gateway.relay.generation`).
 
 An upstream that asked to be left alone (a 429 or 503 with `Retry-After`) is skipped until that
 time while another upstream is left to try. Panic mode (Envoy's panic threshold, at zero): when
@@ -29,12 +30,13 @@ import random
 import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from functools import cached_property
 
 import anyio
 import httpx
 
 from gateway.metering.metrics import OTHER_MODEL, Metrics
-from gateway.policies import PoolPolicy
+from gateway.policies import PoolPolicy, SchedulingPolicy
 from gateway.settings import UpstreamSpec
 from gateway.upstream.breaker import CircuitBreaker, CircuitState
 from gateway.upstream.catalog import ModelCatalog
@@ -46,7 +48,10 @@ from gateway.upstream.client import (
 from gateway.upstream.dialects.base import Dialect, ModelInfo
 from gateway.upstream.dialects.ollama import OllamaDialect
 from gateway.upstream.dialects.openai import OpenAIDialect
-from gateway.upstream.monitor import UpstreamMonitor
+from gateway.upstream.monitor import LoadedModel, UpstreamMonitor
+from gateway.upstream.scheduling.residency import MIN_LOAD_SECONDS
+from gateway.upstream.scheduling.scheduler import Scheduler
+from gateway.upstream.scheduling.ticket import RouteTicket
 from gateway.upstream.slots import UpstreamSlots
 
 logger = logging.getLogger("gateway.upstream")
@@ -65,13 +70,40 @@ class Upstream:
     slots: UpstreamSlots
     breaker: CircuitBreaker
     in_flight: int = 0
+    #: Estimated prompt and output tokens of the requests in flight (`RouteTicket.tokens`).
+    tokens_in_flight: int = 0
     #: `time.monotonic()` before which the upstream asked not to be sent requests (Retry-After).
     not_before: float = 0.0
 
-    @property
+    @cached_property
     def name(self) -> str:
-        """`host:port`, the `upstream` label."""
+        """`host:port`, the `upstream` label (kept: the spec computes it from its URL)."""
         return self.spec.name
+
+    @property
+    def weight(self) -> float:
+        """Its share of the load (`GATEWAY_UPSTREAMS` `weight`)."""
+        return self.spec.weight
+
+    @property
+    def capacity(self) -> int:
+        """Requests its gate lets through at once; 0: no gate."""
+        return self.slots.capacity
+
+    @property
+    def loaded(self) -> list[LoadedModel] | None:
+        """The models loaded as its last `/api/ps` said; None: unknown."""
+        return self.monitor.loaded
+
+    @property
+    def loaded_at(self) -> float:
+        """`time.monotonic()` when that `/api/ps` was asked."""
+        return self.monitor.loaded_at
+
+    @property
+    def downs(self) -> int:
+        """Times its monitor saw it go down."""
+        return self.monitor.downs
 
 
 READY_REUSE_SECONDS = 1.0
@@ -84,13 +116,20 @@ class UpstreamPool:
     Args:
         upstreams: At least one.
         metrics: For the per-upstream in-flight and circuit-state gauges.
+        scheduling: The routing policy (default: least in flight).
     """
 
-    def __init__(self, upstreams: list[Upstream], metrics: Metrics) -> None:
+    def __init__(
+        self,
+        upstreams: list[Upstream],
+        metrics: Metrics,
+        scheduling: SchedulingPolicy | None = None,
+    ) -> None:
         if not upstreams:
             raise ValueError("at least one upstream is needed")
         self.upstreams = upstreams
         self._metrics = metrics
+        self.scheduler = Scheduler(scheduling or SchedulingPolicy(), metrics, len(upstreams))
         self._panicking = False
         self._probing: asyncio.Future[tuple[bool, dict[str, str]]] | None = None
         self._ready_until = 0.0  # monotonic time until which `_ready` answers `probe`
@@ -108,8 +147,18 @@ class UpstreamPool:
                 return label
         return OTHER_MODEL
 
-    def choose(self, model: str, tried: set[str], *, panic: bool = True) -> Upstream | None:
+    def choose(
+        self,
+        model: str,
+        tried: set[str],
+        *,
+        panic: bool = True,
+        ticket: RouteTicket | None = None,
+    ) -> Upstream | None:
         """Pick the upstream for the next try, or None when none is left.
+
+        The routing policy orders the candidates (`gateway.upstream.scheduling`); `ticket`
+        carries what it needs and gets the choice's reason (`failover` on a later try).
 
         Takes the circuit's permission (a half-open circuit admits one trial at a time) and
         counts the request in flight to the chosen upstream at once, so that requests choosing
@@ -138,17 +187,25 @@ class UpstreamPool:
         usable = [u for u in usable if u.monitor.up is not False] or usable
         knowing = [u for u in usable if u.catalog.label(model) != OTHER_MODEL]
         candidates = knowing or usable
-        random.shuffle(candidates)  # ties go to a random upstream, not always the first
+        if not candidates:
+            return None
+        ticket = RouteTicket(model) if ticket is None else ticket
         if panic:
+            random.shuffle(candidates)  # ties go to a random upstream, not always the first
             order = sorted(
                 candidates, key=lambda u: (u.breaker.recovery_rank(), u.in_flight / u.spec.weight)
             )
+            reason = "panic"
+            ticket.prefix_tokens = 0  # not scored
         else:
-            order = sorted(candidates, key=lambda u: u.in_flight / u.spec.weight)
+            order, reason = self.scheduler.order(candidates, ticket)
+        if tried:
+            reason = "failover"
         for upstream in order:
             if panic or upstream.breaker.acquire():
                 self._set_state(upstream)
-                self._started(upstream)
+                self.scheduler.chosen(upstream, ticket, reason)
+                self._started(upstream, ticket)
                 return upstream
         return None
 
@@ -162,12 +219,21 @@ class UpstreamPool:
             else:
                 logger.info("panic mode over: a circuit lets requests through")
 
-    def _started(self, upstream: Upstream) -> None:
+    def _started(self, upstream: Upstream, ticket: RouteTicket) -> None:
         """A request was assigned to `upstream`."""
         upstream.in_flight += 1
+        upstream.tokens_in_flight += ticket.tokens
         self._metrics.upstream_in_flight.labels(upstream.name).set(upstream.in_flight)
 
-    def finished(self, upstream: Upstream, healthy: bool | None, key: str | None = None) -> None:
+    def finished(
+        self,
+        upstream: Upstream,
+        healthy: bool | None,
+        key: str | None = None,
+        *,
+        ticket: RouteTicket | None = None,
+        load_ns: int | None = None,
+    ) -> None:
         """A request to `upstream` ended: True answered well, False failed, None unknown.
 
         Args:
@@ -175,8 +241,19 @@ class UpstreamPool:
             healthy: The result for the circuit breaker.
             key: With `healthy=False`, the API key id of a request that may itself have caused
                 the failure (`CircuitBreaker.record_failure`); None when the upstream is at fault.
+            ticket: The ticket given to `choose` (its tokens leave the upstream's load).
+            load_ns: The answer's `load_duration` (nanoseconds), when it reported one: a
+                sample of the upstream's model load rate.
         """
         upstream.in_flight -= 1
+        if ticket is not None:
+            upstream.tokens_in_flight -= ticket.tokens
+            if load_ns and load_ns >= MIN_LOAD_SECONDS * 1e9:  # a real load, not a lookup
+                residency = self.scheduler.residency
+                size = residency.size(self.upstreams, ticket.model)
+                residency.learn(upstream.name, size, load_ns)
+        if healthy is False:  # it may come back empty: its prompts and models say nothing
+            self.scheduler.forget(upstream.name)
         self._metrics.upstream_in_flight.labels(upstream.name).set(upstream.in_flight)
         self._record(upstream, healthy, key)
 
@@ -206,13 +283,17 @@ class UpstreamPool:
             upstream.breaker.record_neutral()
         self._set_state(upstream)
 
-    def answering(self, upstream: Upstream) -> None:
+    def answering(self, upstream: Upstream, model: str | None = None) -> None:
         """`upstream` sent a request's first chunk: a success for its circuit breaker now.
+
+        With `model`, the upstream has that model loaded now (`Residency.served`).
 
         A half-open circuit closes at the trial's first chunk rather than at its end, so one
         long stream does not keep every other request away from a recovered upstream. A
         failure later in the stream is still recorded when the request ends.
         """
+        if model is not None:
+            self.scheduler.residency.served(upstream.name, model)
         if upstream.breaker.state is not CircuitState.CLOSED:
             upstream.breaker.record_success()
             self._set_state(upstream)
@@ -356,4 +437,4 @@ async def open_pool(
                 breaker=CircuitBreaker(policy.circuit_failures, policy.circuit_cooldown),
             )
         )
-    return UpstreamPool(upstreams, metrics)
+    return UpstreamPool(upstreams, metrics, policy.scheduling)

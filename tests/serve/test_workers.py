@@ -195,6 +195,7 @@ def test_metrics_count_every_request_whichever_worker_served_it(two_workers, emu
         assert metric_value(text, "gateway_output_tokens_total") == 36
         assert metric_value(text, "gateway_requests_in_flight") == 0
         assert metric_value(text, "gateway_request_duration_seconds_count") == 12
+        assert metric_value(text, "gateway_route_decisions_total", reason="only") == 12
     assert len([r for r in emulator.state.records if r.path == "/api/generate"]) == 12
 
 

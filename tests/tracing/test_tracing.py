@@ -153,6 +153,7 @@ def test_request_span_follows_the_http_and_genai_conventions(
         GEN_AI.GEN_AI_REQUEST_TEMPERATURE: 0.25,
         SERVER.SERVER_ADDRESS: "127.0.0.1",
         SERVER.SERVER_PORT: int(emulator.url.rsplit(":", 1)[1]),
+        "gateway.route.reason": "only",  # one upstream: no choice to make
         GEN_AI.GEN_AI_USAGE_INPUT_TOKENS: emulator.config.prompt_eval_count,
         GEN_AI.GEN_AI_USAGE_OUTPUT_TOKENS: emulator.config.tokens,
         GEN_AI.GEN_AI_RESPONSE_FINISH_REASONS: ("stop",),
@@ -472,6 +473,8 @@ def test_a_failover_has_one_client_span_per_upstream_tried(
     clients = by_kind(spans, SpanKind.CLIENT)
     ports = {int(url.rsplit(":", 1)[1]) for url in (emulator.url, second.url)}
     assert {span.attributes["server.port"] for span in clients if span.attributes} == ports
+    reasons = [span.attributes["gateway.route.reason"] for span in clients if span.attributes]
+    assert sorted(reasons) == ["failover", "least_in_flight"]
     for client in clients:
         assert client.parent is not None
         assert client.parent.span_id == server.context.span_id

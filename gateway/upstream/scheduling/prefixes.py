@@ -1,0 +1,220 @@
+"""Prompt prefixes: the prompt's chained block hashes, and what went to which server.
+
+A chat prompt is hashed message by message, each message's role and text together with the
+hash of the messages before it, as vLLM's automatic prefix caching names its KV blocks (a
+block's hash stands for the whole prefix up to it). Consecutive messages make one block once
+they hold at least `block_chars` characters; the block's hash is the chain's value at its
+last message, and its end is the characters up to there. So a conversation's next turn, which
+repeats the earlier messages, repeats their blocks; each message's text is hashed once, with
+no copy of the prompt. A prompt string (generate, completions) is cut into blocks of exactly
+`block_chars` characters. In both, what follows the last full block is not hashed. Tools are
+left out: their JSON would cost an encoding of tens of kilobytes per request, and the
+messages already tell conversations apart.
+
+`PrefixIndex` remembers, for each block hash recently sent, which servers were sent it (a
+bit per server), in one LRU of bounded size (the Gateway API Inference Extension's
+prefix-cache plugin keeps such an approximate index instead of reading the servers' caches).
+A server's match is the number of leading blocks of the prompt it was sent.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, NamedTuple
+
+from gateway.neutral import GenerationRequest
+
+
+class PromptBlocks(NamedTuple):
+    """A prompt's blocks: their chained hashes, the characters up to each one's end, in all."""
+
+    hashes: list[int]
+    ends: list[int]
+    chars: int
+
+
+NO_BLOCKS = PromptBlocks([], [], 0)
+
+
+def prompt_blocks(request: GenerationRequest, block_chars: int, limit: int) -> PromptBlocks:
+    """The prompt's blocks (module docstring), at most `limit`; none for embeddings.
+
+    Python's own `hash` (SipHash, salted per process): the index lives in one process, and a
+    collision only costs a worse choice.
+    """
+    if request.operation == "embed":
+        return NO_BLOCKS
+    body = request.body
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return _message_blocks(body.get("system"), messages, block_chars, limit)
+    texts = [body.get(name) for name in ("system", "prompt", "input")]
+    return text_blocks("\x1e".join(t for t in texts if isinstance(t, str)), block_chars, limit)
+
+
+def _message_blocks(
+    system: object, messages: list[Any], block_chars: int, limit: int
+) -> PromptBlocks:
+    """Blocks of whole messages, each at least `block_chars` characters."""
+    hashes: list[int] = []
+    ends: list[int] = []
+    chained = hash(system) if isinstance(system, str) else 0  # Ollama's chat may have one
+    chars = pending = len(system) if isinstance(system, str) else 0
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        content = message.get("content")
+        if isinstance(content, list):  # OpenAI's content parts: their texts
+            content = tuple(
+                part["text"]
+                for part in content
+                if isinstance(part, dict) and isinstance(part.get("text"), str)
+            )
+            size = sum(map(len, content))
+        elif isinstance(content, str):
+            size = len(content)
+        else:
+            content, size = None, 0
+        calls = message.get("tool_calls")
+        chained = hash(
+            (
+                chained,
+                role if isinstance(role, str) else None,
+                content,
+                None if calls is None else str(calls),  # small, and tells calls apart
+            )
+        )
+        chars += size
+        pending += size
+        if pending >= block_chars and len(hashes) < limit:
+            hashes.append(chained)
+            ends.append(chars)
+            pending = 0
+    return PromptBlocks(hashes, ends, chars)
+
+
+def text_blocks(text: str, block_chars: int, limit: int) -> PromptBlocks:
+    """Chained hashes of the full `block_chars`-character blocks of `text`, at most `limit`."""
+    count = min(len(text) // block_chars, limit)
+    hashes: list[int] = []
+    chained = 0
+    for start in range(0, count * block_chars, block_chars):
+        chained = hash((chained, text[start : start + block_chars]))
+        hashes.append(chained)
+    ends = list(range(block_chars, (count + 1) * block_chars, block_chars))
+    return PromptBlocks(hashes, ends, len(text))
+
+
+class PrefixIndex:
+    """Which servers were recently sent which prompt blocks; at most `capacity` blocks.
+
+    Each entry maps a block hash to a bit set of servers. Recording a prompt refreshes its
+    blocks in the LRU; past `capacity` entries, the least recently sent go first, so memory
+    is bounded whatever the traffic (a flood of unique prompts only cycles the LRU).
+
+    Args:
+        capacity: Most block hashes kept (`GATEWAY_ROUTING_PREFIX_BLOCKS`).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.capacity = capacity
+        self._blocks: OrderedDict[int, int] = OrderedDict()
+        self._bits: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def _bit(self, server: str) -> int:
+        bit = self._bits.get(server)
+        if bit is None:
+            bit = self._bits[server] = 1 << len(self._bits)
+        return bit
+
+    def match(self, hashes: list[int], servers: list[str]) -> dict[str, int]:
+        """Leading blocks of `hashes` each of `servers` was sent; servers with none left out."""
+        bits = {server: self._bit(server) for server in servers}
+        alive = 0
+        for bit in bits.values():
+            alive |= bit
+        found: dict[str, int] = {}
+        blocks = self._blocks
+        for index, block in enumerate(hashes):
+            holders = blocks.get(block, 0) & alive
+            if holders != alive:
+                for server, bit in bits.items():
+                    if alive & bit and not holders & bit and index:
+                        found[server] = index
+                alive = holders
+                if not alive:
+                    return found
+        for server, bit in bits.items():
+            if alive & bit and hashes:
+                found[server] = len(hashes)
+        return found
+
+    def record(self, hashes: list[int], server: str) -> None:
+        """`server` was sent a prompt of these blocks: note them as its, most recent.
+
+        Noted last to first, so a prompt's first blocks are its most recent and leave the LRU
+        last: what is left of a prompt is always a prefix of it (as a server evicts a
+        sequence's KV blocks from its tail), and a match never stops at an evicted hole.
+        """
+        bit = self._bit(server)
+        blocks = self._blocks
+        for block in reversed(hashes):
+            held = blocks.get(block)
+            if held is None:
+                blocks[block] = bit
+            else:
+                blocks[block] = held | bit
+                blocks.move_to_end(block)
+        while len(blocks) > self.capacity:
+            blocks.popitem(last=False)
+
+    def forget(self, server: str) -> int:
+        """Drop everything noted for `server` (it restarted, or failed); returns blocks dropped.
+
+        Walks the whole index: rare (a failure, a restart), and bounded by `capacity`.
+        """
+        bit = self._bits.get(server)
+        if bit is None:
+            return 0
+        dropped = 0
+        for block, held in list(self._blocks.items()):
+            if held & bit:
+                dropped += 1
+                if held == bit:
+                    del self._blocks[block]
+                else:
+                    self._blocks[block] = held & ~bit
+        return dropped
+
+
+class SessionIndex:
+    """The server that last served each session key (hashed), at most `capacity` sessions."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._servers: OrderedDict[int, str] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._servers)
+
+    def get(self, session: int) -> str | None:
+        """The server that last served `session`, or None."""
+        return self._servers.get(session)
+
+    def record(self, session: int, server: str) -> None:
+        """`server` serves `session` now."""
+        self._servers[session] = server
+        self._servers.move_to_end(session)
+        while len(self._servers) > self.capacity:
+            self._servers.popitem(last=False)
+
+    def forget(self, server: str) -> None:
+        """Drop every session noted for `server`."""
+        for session in [s for s, name in self._servers.items() if name == server]:
+            del self._servers[session]

@@ -1,0 +1,116 @@
+"""Whether a server has a model loaded, and what loading it there would cost.
+
+Ollama says which models it holds (`/api/ps`, read by the monitor every poll). A model the
+gateway was answered for since that read counts as loaded too (it has just been loaded).
+Another server (the OpenAI dialect: llama.cpp, vLLM) says nothing: a model counts as loaded
+there for `SERVED_TTL` after the gateway was last answered for it, then as unknown.
+
+A cold load costs the model's size over the server's load rate: the size as some server's
+`/api/ps` reports it, the rate learned from Ollama's `load_duration` in final chunks (an
+exponential average per server), `DEFAULT_LOAD_RATE` before any.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+from gateway.upstream.monitor import LoadedModel
+
+#: Seconds a model counts as loaded after an answer, where the server does not say: Ollama's
+#: default `keep_alive` (5 minutes); llama.cpp and vLLM keep their one model loaded anyway.
+SERVED_TTL = 300.0
+
+#: Bytes per second a server loads a model at before one was measured: about what a GGUF of
+#: a few GB takes from a local NVMe disk into GPU memory (an order of magnitude, then learned).
+DEFAULT_LOAD_RATE = 1e9
+
+#: Seconds a cold load costs when the model's size is unknown anywhere.
+DEFAULT_LOAD_SECONDS = 5.0
+
+#: Weight of a new measurement in the learned load rate (an exponential moving average).
+RATE_ALPHA = 0.3
+
+#: A `load_duration` shorter than this was no load (the model was already in memory).
+MIN_LOAD_SECONDS = 0.05
+
+
+class Holder(Protocol):
+    """What residency reads of a server (`gateway.upstream.pool.Upstream` is one)."""
+
+    @property
+    def name(self) -> str:
+        """`host:port`."""
+        ...
+
+    @property
+    def loaded(self) -> Sequence[LoadedModel] | None:
+        """Its loaded models as its last `/api/ps` said; None: unknown."""
+        ...
+
+    @property
+    def loaded_at(self) -> float:
+        """`time.monotonic()` of that `/api/ps` answer."""
+        ...
+
+
+def _tagged(model: str) -> str:
+    """`model` with Ollama's implicit `:latest` tag when it names none."""
+    return model if ":" in model.rsplit("/", 1)[-1] else f"{model}:latest"
+
+
+class Residency:
+    """What the gateway knows of where each model is loaded, and the servers' load rates."""
+
+    def __init__(self) -> None:
+        self._served: dict[tuple[str, str], float] = {}
+        self._rates: dict[str, float] = {}
+
+    def state(self, server: Holder, model: str, now: float | None = None) -> bool | None:
+        """True: `model` is loaded on `server`; False: it is not; None: unknown."""
+        now = time.monotonic() if now is None else now
+        served = self._served.get((server.name, model))
+        loaded = server.loaded
+        if loaded is not None:
+            tagged = _tagged(model)
+            if any(entry.model in (model, tagged) for entry in loaded):
+                return True
+            return served is not None and served >= server.loaded_at
+        if served is not None and now - served < SERVED_TTL:
+            return True
+        return None
+
+    def served(self, server: str, model: str, now: float | None = None) -> None:
+        """`server` answered for `model` (its first chunk came): it has it loaded now."""
+        self._served[(server, model)] = time.monotonic() if now is None else now
+
+    def forget(self, server: str) -> None:
+        """`server` restarted or failed: what it was answered for no longer says anything."""
+        for key in [key for key in self._served if key[0] == server]:
+            del self._served[key]
+
+    def size(self, servers: Sequence[Holder], model: str) -> int | None:
+        """The model's size in bytes as some server's `/api/ps` reports it, or None."""
+        tagged = _tagged(model)
+        for server in servers:
+            for entry in server.loaded or ():
+                if entry.model in (model, tagged):
+                    return entry.size
+        return None
+
+    def learn(self, server: str, size: int | None, load_ns: int | None) -> None:
+        """Fold one measured load (`size` bytes in `load_ns` nanoseconds) into `server`'s rate."""
+        if not size or not load_ns or load_ns < MIN_LOAD_SECONDS * 1e9:
+            return
+        rate = size / (load_ns / 1e9)
+        known = self._rates.get(server)
+        self._rates[server] = rate if known is None else known + RATE_ALPHA * (rate - known)
+
+    def rate(self, server: str) -> float:
+        """`server`'s load rate in bytes per second (learned, else `DEFAULT_LOAD_RATE`)."""
+        return self._rates.get(server, DEFAULT_LOAD_RATE)
+
+    def load_seconds(self, server: str, size: int | None) -> float:
+        """Seconds a cold load of a `size`-byte model would take on `server`."""
+        return DEFAULT_LOAD_SECONDS if size is None else size / self.rate(server)

@@ -1,0 +1,225 @@
+"""The routing policy (`GATEWAY_ROUTING`): the order in which a request tries its candidates.
+
+`UpstreamPool.choose` hands over the candidates it filtered (circuit, up, lists the model),
+in the pool's order, and tries them in the order returned, the first whose circuit admits it:
+
+- `least_in_flight` (the default): the fewest requests in flight per weight, ties at random;
+- `round_robin`: each choice starts one candidate further along;
+- `scored`: first, where the model is loaded on a server with a free slot, only such servers
+  (a cold load is never started while a warm server has room); then SGLang's balance guard
+  (the least loaded when one server is far busier); else the best weighted sum of the scores
+  (`scores`): prefix affinity, or the session's last server when no server has a prefix
+  match, load, and residency (`GATEWAY_ROUTING_SCORES`).
+
+Each choice has a reason (`REASONS`), counted in `gateway_route_decisions_total{reason}`,
+logged with the request and set on its span. What the policy learns comes back through the
+pool: the prompt and session noted at the choice, the model noted as loaded at the first
+chunk, a server's notes dropped when it fails or its monitor sees it go down.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
+
+from gateway.metering.metrics import Metrics
+from gateway.policies import SchedulingPolicy
+from gateway.upstream.scheduling.prefixes import PrefixIndex, SessionIndex
+from gateway.upstream.scheduling.residency import Residency
+from gateway.upstream.scheduling.scores import (
+    Server,
+    has_free_slot,
+    imbalanced,
+    load_scores,
+    pick,
+    prefix_scores,
+    residency_score,
+    server_load,
+)
+from gateway.upstream.scheduling.ticket import RouteTicket
+
+#: Every reason a choice may give (the `reason` label's values).
+REASONS = (
+    "only",
+    "least_in_flight",
+    "round_robin",
+    "prefix",
+    "session",
+    "residency",
+    "load",
+    "balance_guard",
+    "failover",
+    "panic",
+)
+
+#: Session keys remembered (a few hundred bytes each at most).
+SESSIONS = 4096
+
+#: Estimated characters per token (`gateway.limits.estimate.BYTES_PER_TOKEN`, for ASCII).
+CHARS_PER_TOKEN = 4
+
+
+class Monitored(Server, Protocol):
+    """A server whose monitor counts the times it was seen going down."""
+
+    @property
+    def downs(self) -> int:
+        """Times its monitor saw it go down."""
+        ...
+
+
+S = TypeVar("S", bound=Monitored)
+
+
+class Scheduler:
+    """Orders the candidates of each choice, and learns from what happens after.
+
+    Args:
+        policy: The policy, its score weights, guard thresholds and prefix index bounds.
+        metrics: `gateway_route_decisions_total`, `gateway_route_prefix_hit_tokens`,
+            `gateway_route_cold_loads_total`.
+        servers: How many upstreams the pool has: with one, nothing is ever chosen, so no
+            prompt is hashed or noted.
+    """
+
+    def __init__(self, policy: SchedulingPolicy, metrics: Metrics, servers: int = 2) -> None:
+        self.policy = policy
+        self.mode = policy.mode
+        self._learns = policy.mode == "scored" and servers > 1
+        self.weights = dict(policy.weights)
+        self.weights["session"] = self.weights.get("prefix", 0.0)
+        self.prefixes = PrefixIndex(policy.prefix_blocks)
+        self.sessions = SessionIndex(SESSIONS)
+        self.residency = Residency()
+        self._turn = 0
+        self._downs: dict[str, int] = {}
+        self._noted: set[str] = set()  # servers the indexes hold something for
+        self._decisions = {reason: metrics.route_decisions.labels(reason) for reason in REASONS}
+        self._prefix_hits = metrics.route_prefix_hit_tokens
+        self._cold_loads = metrics.route_cold_loads
+
+    def order(self, candidates: list[S], ticket: RouteTicket) -> tuple[list[S], str]:
+        """The order to try `candidates` in (the pool's order, not empty), and why."""
+        if len(candidates) == 1:
+            return candidates, "only"
+        if self.mode == "round_robin":
+            turn = self._turn % len(candidates)
+            self._turn += 1
+            return candidates[turn:] + candidates[:turn], "round_robin"
+        if self.mode == "scored":
+            # Ties go to a random upstream: a random rotation (cheaper than a shuffle).
+            turn = random.randrange(len(candidates))  # noqa: S311 - load spreading, not secrets
+            return self._scored(candidates[turn:] + candidates[:turn], ticket)
+        random.shuffle(candidates)  # ties go to a random upstream, not always the first
+        return sorted(candidates, key=_in_flight), "least_in_flight"
+
+    def _scored(self, candidates: list[S], ticket: RouteTicket) -> tuple[list[S], str]:
+        """The `scored` order: warm servers with room, the balance guard, the best total."""
+        ticket.prefix_tokens = 0
+        self._notice_downs(candidates)
+        weights = self.weights
+        now = time.monotonic()
+        state = self.residency.state
+        states = [state(c, ticket.model, now) for c in candidates]
+        narrowed = False
+        if weights.get("residency", 0) > 0 and any(states):
+            warm = [i for i, c in enumerate(candidates) if states[i] and has_free_slot(c)]
+            if warm and len(warm) < len(candidates):
+                candidates = [candidates[i] for i in warm]
+                states = [states[i] for i in warm]
+                narrowed = True
+        if len(candidates) == 1:
+            return candidates, "residency"
+        policy = self.policy
+        if imbalanced(candidates, policy.balance_abs_threshold, policy.balance_rel_threshold):
+            return sorted(candidates, key=_in_flight), "balance_guard"
+        # A score equal everywhere cannot change the choice: it is left out (cheaper).
+        terms: dict[str, list[float]] = {}
+        if weights.get("load", 0) > 0:
+            loads = [server_load(c) for c in candidates]
+            if max(loads) != min(loads):
+                terms["load"] = load_scores(loads)
+        matched: list[int] = []
+        if weights.get("prefix", 0) > 0:
+            matched = self._prefix_terms(candidates, states, ticket, terms)
+        if weights.get("residency", 0) > 0 and states.count(states[0]) != len(states):
+            size = self.residency.size(candidates, ticket.model)
+            terms["residency"] = [
+                residency_score(state, self.residency.load_seconds(c.name, size))
+                for c, state in zip(candidates, states, strict=True)
+            ]
+        if not terms:  # a tie: the rotation already put a random one first
+            return candidates, "residency" if narrowed else "load"
+        best, reason = pick(terms, weights)
+        if narrowed and reason in ("only", "load"):
+            reason = "residency"  # the choice among warm servers with room was a tie
+        if matched:
+            ticket.prefix_tokens = matched[best] // CHARS_PER_TOKEN
+        rest = [c for i, c in enumerate(candidates) if i != best]
+        return [candidates[best], *rest], reason
+
+    def _prefix_terms(
+        self,
+        candidates: Sequence[S],
+        states: Sequence[bool | None],
+        ticket: RouteTicket,
+        terms: dict[str, list[float]],
+    ) -> list[int]:
+        """Add the `prefix` term (or `session`, when no server matches); characters matched."""
+        policy = self.policy
+        blocks = ticket.blocks(policy.prefix_block_chars, policy.prefix_blocks)
+        matched = [0] * len(candidates)
+        if blocks.hashes:
+            found = self.prefixes.match(blocks.hashes, [c.name for c in candidates])
+            ends = blocks.ends
+            # A server without the model loaded holds no KV cache for it, whatever it was sent.
+            matched = [
+                0 if state is False or not (count := found.get(c.name, 0)) else ends[count - 1]
+                for c, state in zip(candidates, states, strict=True)
+            ]
+        if any(matched):
+            terms["prefix"] = prefix_scores(matched, blocks.chars)
+        elif ticket.session is not None:
+            last = self.sessions.get(ticket.session)
+            if last is not None:
+                terms["session"] = [1.0 if c.name == last else 0.0 for c in candidates]
+        return matched
+
+    def _notice_downs(self, servers: Sequence[Monitored]) -> None:
+        """Forget what a server was sent once its monitor saw it go down (back, it is empty)."""
+        for server in servers:
+            if self._downs.get(server.name, 0) != server.downs:
+                self._downs[server.name] = server.downs
+                self.forget(server.name)
+
+    def chosen(self, server: Server, ticket: RouteTicket, reason: str) -> None:
+        """`server` takes the request, chosen for `reason`: count it, note its prompt."""
+        ticket.reason = reason
+        self._decisions[reason].inc()
+        if self.residency.state(server, ticket.model) is False:
+            self._cold_loads.labels(server.name).inc()
+        if not self._learns:
+            return
+        if self.weights.get("prefix", 0) > 0:
+            self._prefix_hits.observe(ticket.prefix_tokens)
+            blocks = ticket.blocks(self.policy.prefix_block_chars, self.policy.prefix_blocks)
+            if blocks.hashes:
+                self.prefixes.record(blocks.hashes, server.name)
+                self._noted.add(server.name)
+            if ticket.session is not None:
+                self.sessions.record(ticket.session, server.name)
+                self._noted.add(server.name)
+
+    def forget(self, server: str) -> None:
+        """Drop the prompts, sessions and loaded models noted for `server`."""
+        self.residency.forget(server)
+        if server in self._noted:
+            self._noted.discard(server)
+            self.prefixes.forget(server)
+            self.sessions.forget(server)
+
+
+def _in_flight(server: Server) -> float:
+    return server.in_flight / server.weight

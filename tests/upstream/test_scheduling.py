@@ -1,0 +1,410 @@
+"""The routing policy's scores, balance guard, prefix index and residency as pure units."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+from prometheus_client import generate_latest
+from pydantic import ValidationError
+
+from gateway.metering.metrics import Metrics
+from gateway.neutral import GenerationRequest
+from gateway.policies import SchedulingPolicy
+from gateway.settings import Settings
+from gateway.upstream.monitor import LoadedModel
+from gateway.upstream.scheduling.prefixes import (
+    PrefixIndex,
+    SessionIndex,
+    prompt_blocks,
+    text_blocks,
+)
+from gateway.upstream.scheduling.residency import DEFAULT_LOAD_RATE, SERVED_TTL, Residency
+from gateway.upstream.scheduling.scheduler import Scheduler
+from gateway.upstream.scheduling.scores import (
+    has_free_slot,
+    imbalanced,
+    load_scores,
+    pick,
+    prefix_scores,
+    residency_score,
+    server_load,
+)
+from gateway.upstream.scheduling.ticket import RouteTicket, session_of
+from tests.support.metrics import metric_value
+
+MODEL = "qwen3:8b"
+
+
+def block_hashes(text: str, block_chars: int, limit: int) -> list[int]:
+    return text_blocks(text, block_chars, limit).hashes
+
+
+@dataclass
+class FakeServer:
+    name: str
+    in_flight: int = 0
+    tokens_in_flight: int = 0
+    weight: float = 1.0
+    capacity: int = 0
+    loaded: list[LoadedModel] | None = None
+    loaded_at: float = 0.0
+    downs: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def _loaded(*models: str, size: int = 4_000_000_000) -> list[LoadedModel]:
+    return [LoadedModel(model, size, size, None) for model in models]
+
+
+def _chat(*messages: str, model: str = MODEL, **body) -> GenerationRequest:
+    turns = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": text}
+        for i, text in enumerate(messages)
+    ]
+    return GenerationRequest("openai", "chat", {"model": model, "messages": turns, **body}, model)
+
+
+SYSTEM = "You are a careful coding agent. " * 40  # ~1.3 kB, several blocks
+
+
+# --- scores ---------------------------------------------------------------------------------
+
+
+def test_load_scores_are_min_max_normalised_and_equal_loads_all_score_one():
+    assert load_scores([0.0, 5.0, 10.0]) == [1.0, 0.5, 0.0]
+    assert load_scores([3.0, 3.0]) == [1.0, 1.0]
+
+
+def test_server_load_counts_tokens_and_requests_per_weight():
+    light = FakeServer("a", in_flight=1, tokens_in_flight=100, weight=2.0)
+    assert server_load(light) == (100 + 256) / 2
+
+
+def test_prefix_scores_are_the_share_of_the_prompt_matched():
+    assert prefix_scores([0, 5, 10], 10) == [0.0, 0.5, 1.0]
+    assert prefix_scores([0, 0], 0) == [0.0, 0.0]
+
+
+def test_residency_scores_warm_over_unknown_over_cold_and_a_longer_load_scores_less():
+    quick, slow = residency_score(False, 1.0), residency_score(False, 60.0)
+    assert residency_score(True, 0) > residency_score(None, 0) > quick > slow > 0
+
+
+def test_a_free_slot_is_below_the_gate_or_below_ollamas_default_parallel():
+    assert has_free_slot(FakeServer("a", in_flight=3))
+    assert not has_free_slot(FakeServer("a", in_flight=4))
+    assert has_free_slot(FakeServer("a", in_flight=7, capacity=8))
+    assert not has_free_slot(FakeServer("a", in_flight=2, capacity=2))
+
+
+def test_the_balance_guard_needs_both_the_absolute_and_the_relative_gap():
+    def servers(*loads: int) -> list[FakeServer]:
+        return [FakeServer(str(i), in_flight=n) for i, n in enumerate(loads)]
+
+    assert imbalanced(servers(6, 1), 4, 1.5)  # 5 more, and 6x
+    assert not imbalanced(servers(5, 1), 4, 1.5)  # only 4 more
+    assert not imbalanced(servers(20, 15), 4, 1.5)  # 5 more, but only 1.33x
+    assert imbalanced(servers(23, 15), 4, 1.5)
+
+
+def test_pick_takes_the_best_weighted_sum_and_names_the_term_that_decided():
+    terms = {"prefix": [1.0, 0.0], "load": [0.0, 1.0]}
+    assert pick(terms, {"prefix": 3, "load": 2}) == (0, "prefix")
+    assert pick(terms, {"prefix": 1, "load": 2}) == (1, "load")
+    assert pick(terms, {"prefix": 0, "load": 2}) == (1, "load")  # weight 0: off
+    assert pick({"load": [1.0, 1.0]}, {"load": 2}) == (0, "load")  # a tie
+    assert pick({"load": [1.0]}, {"load": 2}) == (0, "only")
+
+
+# --- prompt blocks and the prefix index -------------------------------------------------------
+
+
+def test_block_hashes_are_chained_so_a_block_stands_for_its_whole_prefix():
+    one = block_hashes("a" * 64 + "b" * 64, 64, 100)
+    other = block_hashes("c" * 64 + "b" * 64, 64, 100)
+    assert len(one) == 2
+    assert one[1] != other[1]  # same second block, different prefix
+    assert block_hashes("a" * 64 + "b" * 64 + "tail", 64, 100) == one  # partial block left out
+    assert block_hashes("a" * 640, 64, 3) == block_hashes("a" * 192, 64, 3)  # at most `limit`
+    assert text_blocks("a" * 130, 64, 100).ends == [64, 128]
+
+
+def test_message_blocks_group_whole_messages_and_the_next_turn_repeats_them():
+    first = prompt_blocks(_chat(SYSTEM, "ok"), 64, 100)
+    second = prompt_blocks(_chat(SYSTEM, "ok", "and now? " * 10), 64, 100)
+    assert first.hashes == [second.hashes[0]]  # the system message, 1.3 kB: one block
+    assert len(second.hashes) == 2  # "ok" is short: it joins the next message's block
+    assert second.ends == [len(SYSTEM), second.chars]
+    swapped = prompt_blocks(_chat("ok" * 40, SYSTEM), 64, 100)
+    assert swapped.hashes[-1] != second.hashes[-1]
+    assert prompt_blocks(_chat(SYSTEM, "ok", "x" * 100), 64, 1).hashes == first.hashes
+    roles = _chat(SYSTEM)
+    roles.body["messages"][0]["role"] = "system"
+    assert prompt_blocks(roles, 64, 100).hashes != first.hashes  # the role counts
+
+
+def test_every_request_shape_has_its_prompt_blocks():
+    parts = _chat("x")
+    parts.body["messages"][0]["content"] = [{"type": "text", "text": SYSTEM}]
+    assert prompt_blocks(parts, 64, 100).chars == len(SYSTEM)
+    generate = GenerationRequest("ollama", "generate", {"prompt": SYSTEM, "system": "s"}, MODEL)
+    assert len(prompt_blocks(generate, 64, 100).hashes) == (len(SYSTEM) + 2) // 64
+    embed = GenerationRequest("openai", "embed", {"input": SYSTEM}, MODEL)
+    assert prompt_blocks(embed, 64, 100).hashes == []
+    calls = _chat(SYSTEM, "")
+    calls.body["messages"][1]["tool_calls"] = [{"function": {"name": "a"}}]
+    other = _chat(SYSTEM, "")
+    other.body["messages"][1]["tool_calls"] = [{"function": {"name": "b"}}]
+    calls.body["messages"].append({"role": "tool", "content": "y" * 100})
+    other.body["messages"].append({"role": "tool", "content": "y" * 100})
+    assert prompt_blocks(calls, 64, 100).hashes[-1] != prompt_blocks(other, 64, 100).hashes[-1]
+
+
+def test_the_index_finds_the_longest_match_per_server():
+    index = PrefixIndex(1000)
+    history = block_hashes(SYSTEM, 64, 1000)
+    index.record(history[:10], "a")
+    index.record(history[:4], "b")
+    assert index.match(history, ["a", "b", "c"]) == {"a": 10, "b": 4}
+    assert index.match(block_hashes("other " * 100, 64, 100), ["a", "b"]) == {}
+    index.record(history, "c")
+    assert index.match(history, ["a", "c"]) == {"a": 10, "c": len(history)}
+
+
+def test_the_index_stays_bounded_under_a_flood_of_unique_prompts():
+    index = PrefixIndex(500)
+    keep = block_hashes(SYSTEM, 64, 1000)
+    index.record(keep, "a")
+    for n in range(2000):
+        index.record(block_hashes(f"unique prompt {n} " * 40, 64, 1000), "b")
+        assert len(index) <= 500
+    assert len(index) == 500
+    # What was sent longest ago went first: the old prompt is gone.
+    assert index.match(keep, ["a"]) == {}
+    size = sys.getsizeof(index._blocks)
+    assert size < 200 * 500  # bytes: bounded with the entry count, not the traffic
+
+
+def test_an_evicted_prompt_leaves_its_prefix_not_a_hole():
+    index = PrefixIndex(10)
+    prompt = block_hashes(SYSTEM, 64, 8)
+    index.record(prompt, "a")
+    index.record(block_hashes("other " * 100, 64, 4), "b")  # 12 > 10: two of `prompt` go
+    assert len(index) == 10
+    assert index.match(prompt, ["a"]) == {"a": 6}  # its first six, not a broken chain
+
+
+def test_recently_sent_blocks_survive_the_lru_and_forget_drops_one_server_only():
+    index = PrefixIndex(100)
+    hot = block_hashes(SYSTEM, 64, 1000)[:10]
+    index.record(hot, "a")
+    index.record(hot, "b")
+    for n in range(50):
+        index.record(block_hashes(f"cold {n} " * 20, 64, 2), "c")
+        index.record(hot, "a")  # kept fresh
+    assert index.match(hot, ["a", "b"]) == {"a": 10, "b": 10}
+    assert index.forget("a") == 10
+    assert index.match(hot, ["a", "b"]) == {"b": 10}
+    assert index.forget("nobody") == 0
+
+
+def test_the_session_index_is_bounded_and_forgets_a_server():
+    sessions = SessionIndex(2)
+    sessions.record(1, "a")
+    sessions.record(2, "b")
+    sessions.record(3, "a")
+    assert len(sessions) == 2
+    assert sessions.get(1) is None
+    sessions.forget("a")
+    assert sessions.get(3) is None
+    assert sessions.get(2) == "b"
+
+
+def test_the_session_key_comes_from_the_header_then_the_body():
+    assert session_of({}, "abc") == session_of({"user": "zzz"}, "abc")
+    assert session_of({"prompt_cache_key": "k"}, None) == hash("k")
+    assert session_of({"user": "u"}, None) == hash("u")
+    assert session_of({"metadata": {"user_id": "m"}}, None) == hash("m")
+    assert session_of({"user": 5}, None) is None
+    assert session_of({}, None) is None
+
+
+def test_the_ticket_hashes_the_prompt_once_and_only_when_asked():
+    ticket = RouteTicket(MODEL, request=_chat(SYSTEM))
+    assert ticket._blocks is None
+    first = ticket.blocks(64, 100)
+    assert first.hashes
+    assert ticket.blocks(64, 100) is first
+
+
+# --- residency -----------------------------------------------------------------------------
+
+
+def test_residency_from_ps_then_from_what_was_served_since():
+    residency = Residency()
+    server = FakeServer("a", loaded=_loaded("qwen3:8b", "llama3:latest"), loaded_at=100.0)
+    assert residency.state(server, "qwen3:8b", now=101) is True
+    assert residency.state(server, "llama3", now=101) is True  # the implicit :latest
+    assert residency.state(server, "gemma3:1b", now=101) is False
+    residency.served("a", "gemma3:1b", now=99.0)  # before that /api/ps: it was unloaded since
+    assert residency.state(server, "gemma3:1b", now=101) is False
+    residency.served("a", "gemma3:1b", now=100.5)  # after it: loaded now
+    assert residency.state(server, "gemma3:1b", now=101) is True
+
+
+def test_residency_without_ps_is_what_was_served_within_the_ttl_else_unknown():
+    residency = Residency()
+    server = FakeServer("vllm:8000")
+    assert residency.state(server, MODEL, now=10) is None
+    residency.served("vllm:8000", MODEL, now=10)
+    assert residency.state(server, MODEL, now=10 + SERVED_TTL - 1) is True
+    assert residency.state(server, MODEL, now=10 + SERVED_TTL + 1) is None
+    residency.served("vllm:8000", MODEL, now=10)
+    residency.forget("vllm:8000")
+    assert residency.state(server, MODEL, now=11) is None
+
+
+def test_the_load_rate_is_learned_from_load_duration():
+    residency = Residency()
+    assert residency.rate("a") == DEFAULT_LOAD_RATE
+    residency.learn("a", 4_000_000_000, 2_000_000_000)  # 4 GB in 2 s
+    assert residency.rate("a") == 2e9
+    residency.learn("a", 4_000_000_000, 1_000_000)  # 1 ms: no load, not a sample
+    assert residency.rate("a") == 2e9
+    residency.learn("a", 4_000_000_000, 4_000_000_000)  # 1 GB/s folds in
+    assert 1e9 < residency.rate("a") < 2e9
+    assert residency.load_seconds("a", None) > 0
+    warm = FakeServer("b", loaded=_loaded(MODEL, size=123))
+    assert residency.size([FakeServer("a"), warm], MODEL) == 123
+
+
+# --- the scheduler -------------------------------------------------------------------------
+
+
+def _scheduler(mode: str = "scored", **changes) -> tuple[Scheduler, Metrics]:
+    metrics = Metrics()
+    policy = SchedulingPolicy(mode=mode, prefix_block_chars=64, **changes)  # type: ignore[arg-type]
+    return Scheduler(policy, metrics), metrics
+
+
+def _choose(scheduler: Scheduler, servers: list[FakeServer], ticket: RouteTicket) -> FakeServer:
+    order, reason = scheduler.order(list(servers), ticket)
+    scheduler.chosen(order[0], ticket, reason)
+    return order[0]
+
+
+def test_scored_sends_the_next_turn_where_the_conversation_went():
+    scheduler, metrics = _scheduler()
+    servers = [FakeServer("a"), FakeServer("b"), FakeServer("c")]
+    first = _choose(scheduler, servers, RouteTicket(MODEL, request=_chat(SYSTEM)))
+    for _ in range(5):
+        ticket = RouteTicket(MODEL, request=_chat(SYSTEM, "ok", "more"))
+        assert _choose(scheduler, servers, ticket) is first
+        assert ticket.reason == "prefix"
+        assert ticket.prefix_tokens > 0
+    text = generate_latest(metrics.registry).decode()
+    assert metric_value(text, "gateway_route_decisions_total", reason="prefix") == 5
+
+
+def test_scored_prefers_the_server_holding_the_model_and_never_starts_a_cold_load_beside_room():
+    scheduler, metrics = _scheduler()
+    warm = FakeServer("warm", loaded=_loaded(MODEL), in_flight=3)
+    cold = FakeServer("cold", loaded=[])
+    ticket = RouteTicket(MODEL)
+    assert _choose(scheduler, [cold, warm], ticket) is warm
+    assert ticket.reason == "residency"
+    warm.in_flight = 4  # full: the cold one may be used now
+    assert _choose(scheduler, [cold, warm], RouteTicket(MODEL)) is cold
+    text = generate_latest(metrics.registry).decode()
+    assert metric_value(text, "gateway_route_cold_loads_total", upstream="cold") == 1
+
+
+def test_the_balance_guard_overrides_affinity():
+    scheduler, _ = _scheduler()
+    servers = [FakeServer("a"), FakeServer("b")]
+    first = _choose(scheduler, servers, RouteTicket(MODEL, request=_chat(SYSTEM)))
+    other = next(s for s in servers if s is not first)
+    first.in_flight = 6
+    ticket = RouteTicket(MODEL, request=_chat(SYSTEM, "ok", "more"))
+    assert _choose(scheduler, servers, ticket) is other
+    assert ticket.reason == "balance_guard"
+
+
+def test_a_session_key_keeps_short_prompts_together_when_no_prefix_matches():
+    scheduler, _ = _scheduler()
+    servers = [FakeServer("a"), FakeServer("b"), FakeServer("c")]
+    first = _choose(scheduler, servers, RouteTicket(MODEL, session=7, request=_chat("hi")))
+    for _ in range(5):
+        ticket = RouteTicket(MODEL, session=7, request=_chat("hi", "yo", "?"))
+        assert _choose(scheduler, servers, ticket) is first
+        assert ticket.reason == "session"
+
+
+def test_a_server_seen_down_loses_its_prefixes():
+    scheduler, _ = _scheduler()
+    servers = [FakeServer("a"), FakeServer("b")]
+    first = _choose(scheduler, servers, RouteTicket(MODEL, request=_chat(SYSTEM)))
+    first.downs += 1
+    first.in_flight = 1  # a little busier: without its prefixes it loses on load
+    ticket = RouteTicket(MODEL, request=_chat(SYSTEM, "ok", "more"))
+    assert _choose(scheduler, servers, ticket) is not first
+    assert ticket.reason == "load"
+
+
+@pytest.mark.parametrize("off", ["prefix", "load", "residency"])
+def test_each_score_can_be_turned_off(off):
+    weights = tuple((name, 0.0 if name == off else 1.0) for name in ("prefix", "load", "residency"))
+    scheduler, _ = _scheduler(weights=weights)
+    warm = FakeServer("warm", loaded=_loaded(MODEL), in_flight=2)
+    cold = FakeServer("cold", loaded=[])
+    seen = set()
+    for _ in range(4):
+        ticket = RouteTicket(MODEL, request=_chat(SYSTEM))
+        seen.add(_choose(scheduler, [warm, cold], ticket).name)
+        assert ticket.reason != off
+    if off == "residency":  # load alone then prefers the idle cold one
+        assert "cold" in seen
+    else:
+        assert seen == {"warm"}
+
+
+def test_least_in_flight_and_round_robin_orders():
+    scheduler, _ = _scheduler("least_in_flight")
+    servers = [FakeServer("a", in_flight=2), FakeServer("b", in_flight=0, weight=1)]
+    servers.append(FakeServer("c", in_flight=2, weight=4))
+    order, reason = scheduler.order(list(servers), RouteTicket(MODEL))
+    assert [s.name for s in order] == ["b", "c", "a"]
+    assert reason == "least_in_flight"
+    ticket = RouteTicket(MODEL, request=_chat(SYSTEM))
+    scheduler.chosen(order[0], ticket, reason)
+    assert ticket._blocks is None  # the default policy never renders the prompt
+    robin, _ = _scheduler("round_robin")
+    firsts = [robin.order(list(servers), RouteTicket(MODEL))[0][0].name for _ in range(6)]
+    assert firsts == ["a", "b", "c", "a", "b", "c"]
+
+
+# --- settings ------------------------------------------------------------------------------
+
+
+def test_routing_scores_parse_and_bad_ones_are_refused_naming_the_variable():
+    settings = Settings(_env_file=None, routing="scored", routing_scores="prefix=1, load=0")
+    assert SchedulingPolicy.of(settings).weights == (("prefix", 1.0), ("load", 0.0))
+    assert SchedulingPolicy.of(settings).mode == "scored"
+    for bad in ("prefix", "prefix=x", "kv=1", "load=-1"):
+        with pytest.raises(ValidationError, match="GATEWAY_ROUTING_SCORES"):
+            Settings(_env_file=None, routing_scores=bad)
+    with pytest.raises(ValidationError, match="GATEWAY_ROUTING must be one of least_in_flight"):
+        Settings(_env_file=None, routing="fastest")
+    assert Settings(_env_file=None).routing == "least_in_flight"
+
+
+def test_the_metrics_are_exposed():
+    scheduler, metrics = _scheduler()
+    _choose(
+        scheduler, [FakeServer("a"), FakeServer("b")], RouteTicket(MODEL, request=_chat(SYSTEM))
+    )
+    text = generate_latest(metrics.registry).decode()
+    assert metric_value(text, "gateway_route_prefix_hit_tokens_count") == 1
+    assert "gateway_route_decisions_total" in text
