@@ -249,9 +249,9 @@ class Settings(BaseSettings):
         "(model residency, prompt-prefix affinity and token load, docs/operations.md).",
     )
     routing_scores: Annotated[dict[str, float], NoDecode] = Field(
-        default_factory=lambda: {"prefix": 3.0, "load": 2.0, "residency": 2.0},
-        description="Weights of the `scored` policy's scores, `name=weight` separated by commas "
-        "(prefix, load, residency); 0 or leaving one out turns it off.",
+        default_factory=lambda: {"prefix": 1.0, "load": 1.0, "residency": 1.0},
+        description="Weights of the `scored` policy's costs (in tokens), `name=weight` separated "
+        "by commas (prefix, load, residency); 0 or leaving one out turns it off.",
     )
     routing_balance_abs_threshold: int = Field(
         4,
@@ -698,7 +698,7 @@ class Settings(BaseSettings):
     @field_validator("routing_scores", mode="before")
     @classmethod
     def _parse_routing_scores(cls, value: object) -> object:
-        """Read `prefix=3,load=2,residency=2` (a message naming the variable for anything else)."""
+        """Read `prefix=1,load=1,residency=1` (a message naming the variable for anything else)."""
         if not isinstance(value, str):
             return value
         weights: dict[str, float] = {}
@@ -711,7 +711,7 @@ class Settings(BaseSettings):
             except ValueError:
                 raise ValueError(
                     f"GATEWAY_ROUTING_SCORES: {entry.strip()!r} is not name=weight, e.g. "
-                    "prefix=3,load=2,residency=2"
+                    "prefix=1,load=1,residency=1"
                 ) from None
         return weights
 

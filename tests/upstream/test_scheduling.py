@@ -25,10 +25,10 @@ from gateway.upstream.scheduling.scheduler import Scheduler
 from gateway.upstream.scheduling.scores import (
     has_free_slot,
     imbalanced,
-    load_scores,
+    load_costs,
     pick,
-    prefix_scores,
-    residency_score,
+    prefix_costs,
+    residency_cost,
     server_load,
 )
 from gateway.upstream.scheduling.ticket import RouteTicket, session_of
@@ -72,9 +72,11 @@ SYSTEM = "You are a careful coding agent. " * 40  # ~1.3 kB, several blocks
 # --- scores ---------------------------------------------------------------------------------
 
 
-def test_load_scores_are_min_max_normalised_and_equal_loads_all_score_one():
-    assert load_scores([0.0, 5.0, 10.0]) == [1.0, 0.5, 0.0]
-    assert load_scores([3.0, 3.0]) == [1.0, 1.0]
+def test_load_costs_are_each_servers_work_in_tokens_and_the_wait_for_a_slot():
+    servers = [FakeServer("a"), FakeServer("b", in_flight=2, tokens_in_flight=1000)]
+    assert load_costs(servers) == [0.0, 1000 + 2 * 256]
+    full = FakeServer("c", in_flight=2, capacity=2)
+    assert load_costs([full]) == [2 * 256 + 1 * 2.5 * 2000]  # one slot's wait
 
 
 def test_server_load_counts_tokens_and_requests_per_weight():
@@ -82,14 +84,15 @@ def test_server_load_counts_tokens_and_requests_per_weight():
     assert server_load(light) == (100 + 256) / 2
 
 
-def test_prefix_scores_are_the_share_of_the_prompt_matched():
-    assert prefix_scores([0, 5, 10], 10) == [0.0, 0.5, 1.0]
-    assert prefix_scores([0, 0], 0) == [0.0, 0.0]
+def test_prefix_costs_are_the_prompt_tokens_left_to_prefill():
+    assert prefix_costs([0, 400, 800], 800) == [200.0, 100.0, 0.0]
+    assert prefix_costs([0, 0], 0) == [0.0, 0.0]
 
 
-def test_residency_scores_warm_over_unknown_over_cold_and_a_longer_load_scores_less():
-    quick, slow = residency_score(False, 1.0), residency_score(False, 60.0)
-    assert residency_score(True, 0) > residency_score(None, 0) > quick > slow > 0
+def test_residency_costs_warm_under_unknown_and_a_longer_load_costs_more():
+    quick, slow = residency_cost(False, 1.0), residency_cost(False, 60.0)
+    assert residency_cost(True, 0) == 0 < quick < slow
+    assert 0 < residency_cost(None, 0) < slow
 
 
 def test_a_free_slot_is_below_the_gate_or_below_ollamas_default_parallel():
@@ -109,13 +112,30 @@ def test_the_balance_guard_needs_both_the_absolute_and_the_relative_gap():
     assert imbalanced(servers(23, 15), 4, 1.5)
 
 
-def test_pick_takes_the_best_weighted_sum_and_names_the_term_that_decided():
-    terms = {"prefix": [1.0, 0.0], "load": [0.0, 1.0]}
-    assert pick(terms, {"prefix": 3, "load": 2}) == (0, "prefix")
+def test_pick_takes_the_cheapest_weighted_sum_and_names_the_term_that_decided():
+    # Server 0 holds the prompt's prefix (no prefill left) but is busier.
+    terms = {"prefix": [0.0, 1000.0], "load": [600.0, 0.0]}
+    assert pick(terms, {"prefix": 1, "load": 1}) == (0, "prefix")
     assert pick(terms, {"prefix": 1, "load": 2}) == (1, "load")
-    assert pick(terms, {"prefix": 0, "load": 2}) == (1, "load")  # weight 0: off
+    assert pick(terms, {"prefix": 0, "load": 1}) == (1, "load")  # weight 0: off
     assert pick({"load": [1.0, 1.0]}, {"load": 2}) == (0, "load")  # a tie
     assert pick({"load": [1.0]}, {"load": 2}) == (0, "only")
+
+
+def test_a_prefix_every_server_holds_decides_nothing_so_load_spreads_the_conversations():
+    """Two conversations behind one shared system prompt go to two servers, each staying."""
+    scheduler, _ = _scheduler()
+    servers = [FakeServer("a"), FakeServer("b")]
+    first = _choose(scheduler, servers, RouteTicket(MODEL, request=_chat(SYSTEM + "one")))
+    first.in_flight, first.tokens_in_flight = 1, 400
+    ticket = RouteTicket(MODEL, request=_chat(SYSTEM + "two"))
+    second = _choose(scheduler, servers, ticket)
+    assert second is not first  # not piled behind the first for a prefix both could cache
+    second.in_flight, second.tokens_in_flight = 1, 400
+    for server, text in ((first, "one"), (second, "two")):
+        ticket = RouteTicket(MODEL, request=_chat(SYSTEM + text, "ok", "more"))
+        assert _choose(scheduler, servers, ticket) is server
+        assert ticket.reason == "prefix"
 
 
 # --- prompt blocks and the prefix index -------------------------------------------------------
@@ -315,7 +335,9 @@ def test_scored_prefers_the_server_holding_the_model_and_never_starts_a_cold_loa
     ticket = RouteTicket(MODEL)
     assert _choose(scheduler, [cold, warm], ticket) is warm
     assert ticket.reason == "residency"
-    warm.in_flight = 4  # full: the cold one may be used now
+    warm.in_flight = 4  # full: one more waits for a slot (2.5 s), less than the cold load (4 s)
+    assert _choose(scheduler, [cold, warm], RouteTicket(MODEL)) is warm
+    warm.in_flight = 6  # three would wait: the cold load costs less now
     assert _choose(scheduler, [cold, warm], RouteTicket(MODEL)) is cold
     text = generate_latest(metrics.registry).decode()
     assert metric_value(text, "gateway_route_cold_loads_total", upstream="cold") == 1

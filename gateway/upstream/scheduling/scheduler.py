@@ -7,9 +7,10 @@ in the pool's order, and tries them in the order returned, the first whose circu
 - `round_robin`: each choice starts one candidate further along;
 - `scored`: first, where the model is loaded on a server with a free slot, only such servers
   (a cold load is never started while a warm server has room); then SGLang's balance guard
-  (the least loaded when one server is far busier); else the best weighted sum of the scores
-  (`scores`): prefix affinity, or the session's last server when no server has a prefix
-  match, load, and residency (`GATEWAY_ROUTING_SCORES`).
+  (the least loaded when one server is far busier); else the lowest weighted sum of the costs
+  in tokens (`scores`): the prompt tokens a server must still prefill (none at the session's
+  last server when no server has a prefix match), its load, and a cold load
+  (`GATEWAY_ROUTING_SCORES`).
 
 Each choice has a reason (`REASONS`), counted in `gateway_route_decisions_total{reason}`,
 logged with the request and set on its span. What the policy learns comes back through the
@@ -29,14 +30,14 @@ from gateway.policies import SchedulingPolicy
 from gateway.upstream.scheduling.prefixes import PrefixIndex, SessionIndex
 from gateway.upstream.scheduling.residency import Residency
 from gateway.upstream.scheduling.scores import (
+    CHARS_PER_TOKEN,
     Server,
     has_free_slot,
     imbalanced,
-    load_scores,
+    load_costs,
     pick,
-    prefix_scores,
-    residency_score,
-    server_load,
+    prefix_costs,
+    residency_cost,
 )
 from gateway.upstream.scheduling.ticket import RouteTicket
 
@@ -56,9 +57,6 @@ REASONS = (
 
 #: Session keys remembered (a few hundred bytes each at most).
 SESSIONS = 4096
-
-#: Estimated characters per token (`gateway.limits.estimate.BYTES_PER_TOKEN`, for ASCII).
-CHARS_PER_TOKEN = 4
 
 
 class Monitored(Server, Protocol):
@@ -135,19 +133,19 @@ class Scheduler:
         policy = self.policy
         if imbalanced(candidates, policy.balance_abs_threshold, policy.balance_rel_threshold):
             return sorted(candidates, key=_in_flight), "balance_guard"
-        # A score equal everywhere cannot change the choice: it is left out (cheaper).
+        # A cost equal everywhere cannot change the choice: it is left out (cheaper).
         terms: dict[str, list[float]] = {}
         if weights.get("load", 0) > 0:
-            loads = [server_load(c) for c in candidates]
+            loads = load_costs(candidates)
             if max(loads) != min(loads):
-                terms["load"] = load_scores(loads)
+                terms["load"] = loads
         matched: list[int] = []
         if weights.get("prefix", 0) > 0:
             matched = self._prefix_terms(candidates, states, ticket, terms)
         if weights.get("residency", 0) > 0 and states.count(states[0]) != len(states):
             size = self.residency.size(candidates, ticket.model)
             terms["residency"] = [
-                residency_score(state, self.residency.load_seconds(c.name, size))
+                residency_cost(state, self.residency.load_seconds(c.name, size))
                 for c, state in zip(candidates, states, strict=True)
             ]
         if not terms:  # a tie: the rotation already put a random one first
@@ -167,7 +165,7 @@ class Scheduler:
         ticket: RouteTicket,
         terms: dict[str, list[float]],
     ) -> list[int]:
-        """Add the `prefix` term (or `session`, when no server matches); characters matched."""
+        """Add the `prefix` cost (or `session`, when no server matches); characters matched."""
         policy = self.policy
         blocks = ticket.blocks(policy.prefix_block_chars, policy.prefix_blocks)
         matched = [0] * len(candidates)
@@ -180,11 +178,14 @@ class Scheduler:
                 for c, state in zip(candidates, states, strict=True)
             ]
         if any(matched):
-            terms["prefix"] = prefix_scores(matched, blocks.chars)
+            if matched.count(matched[0]) != len(matched):
+                terms["prefix"] = prefix_costs(matched, blocks.chars)
         elif ticket.session is not None:
             last = self.sessions.get(ticket.session)
             if last is not None:
-                terms["session"] = [1.0 if c.name == last else 0.0 for c in candidates]
+                # The session's server is taken to hold the prompt; the others to lack it.
+                whole = blocks.chars / CHARS_PER_TOKEN
+                terms["session"] = [0.0 if c.name == last else whole for c in candidates]
         return matched
 
     def _notice_downs(self, servers: Sequence[Monitored]) -> None:

@@ -1,16 +1,24 @@
-"""The scores a scored choice is made of, and the balance guard: pure functions, no state.
+"""The costs a scored choice is made of, and the balance guard: pure functions, no state.
 
-Each score rates every candidate server in [0, 1], higher is better, as llm-d's scorers do;
-the policy adds them up weighted (`GATEWAY_ROUTING_SCORES`) and takes the best
-(`gateway.upstream.scheduling.scheduler`).
+Each term is a cost in tokens of work, per candidate server, lower is better; the policy adds
+them up weighted (`GATEWAY_ROUTING_SCORES`) and takes the cheapest
+(`gateway.upstream.scheduling.scheduler`). Costs in one unit, not scores normalised per term,
+as NVIDIA Dynamo's KV router weighs a worker (`overlap_score_weight` x the prefill blocks a
+request still needs there + the worker's active decode blocks, ai-dynamo/dynamo docs "KV cache
+routing"): a prompt prefix another server must prefill again is then weighed against the work
+already running where the prefix is, so a shared system prompt cached everywhere decides
+nothing, and a busy server loses a conversation only when its queue outweighs the history the
+others would have to prefill. (Scores min-max normalised per term, as llm-d's scorers are,
+made the smallest load difference weigh as much as the largest: on the routing benchmark the
+policy then did exactly what least-in-flight does.)
 
-- prefix: the share of the prompt (in characters, whole blocks) the server was recently
-  sent (the Gateway API
-  Inference Extension's prefix-cache scorer);
-- load: the server's in-flight tokens and requests per weight, min-max normalised so the
-  least loaded scores 1 and the most loaded 0 (its queue scorer's normalisation);
-- residency: 1 where the model is loaded, 0.5 where unknown, at most 0.25 where a cold load is
-  needed, the longer the load the less.
+- prefix: the prompt's estimated tokens the server was not recently sent (whole blocks);
+- load: the server's in-flight tokens plus `REQUEST_TOKENS` per request, per weight, and,
+  for a request that would wait for a slot, the wait (`SLOT_WAIT_SECONDS` per request ahead of
+  it in the queue, at `LOAD_TOKENS_PER_SECOND`);
+- residency: 0 where the model is loaded; where it must load, its load time at
+  `LOAD_TOKENS_PER_SECOND` (the prefill a GPU server could have done meanwhile), half a
+  `LOAD_SCALE_SECONDS` load where the state is unknown.
 """
 
 from __future__ import annotations
@@ -28,11 +36,20 @@ REQUEST_TOKENS = 256
 #: picks 4 (or 1 with little memory) by default (Ollama FAQ); past it, requests queue.
 DEFAULT_SLOTS = 4
 
-#: Seconds of cold load that halve a cold server's residency score.
+#: Seconds of cold load assumed where nobody knows whether the model is loaded (half of it is
+#: the expected cost: loaded or not, even odds).
 LOAD_SCALE_SECONDS = 10.0
 
-#: Residency scores: loaded, unknown; a cold server scores below unknown.
-WARM, UNKNOWN = 1.0, 0.5
+#: Tokens a second of cold load costs: the prefill a GPU server does meanwhile (thousands of
+#: tokens/s for an 8B model: the emulator's preset, gateway.testing.emulator.profiles).
+LOAD_TOKENS_PER_SECOND = 2000.0
+
+#: Seconds a request waits per request queued before it for a slot: one answer's decode
+#: (about 256 tokens at 10 ms a token), turned into tokens at `LOAD_TOKENS_PER_SECOND`.
+SLOT_WAIT_SECONDS = 2.5
+
+#: Estimated characters per token (`gateway.limits.estimate.BYTES_PER_TOKEN`, for ASCII).
+CHARS_PER_TOKEN = 4
 
 
 class Server(Holder, Protocol):
@@ -64,28 +81,35 @@ def server_load(server: Server) -> float:
     return (server.tokens_in_flight + server.in_flight * REQUEST_TOKENS) / server.weight
 
 
-def load_scores(loads: Sequence[float]) -> list[float]:
-    """`(max - load) / (max - min)` for each load; all 1.0 when they are equal."""
-    high, low = max(loads), min(loads)
-    if high == low:
-        return [1.0] * len(loads)
-    return [(high - load) / (high - low) for load in loads]
+def queue_cost(server: Server) -> float:
+    """One more request's wait for a slot, in tokens.
+
+    0 while a slot is free (below `capacity`, else `DEFAULT_SLOTS`).
+    """
+    waiting = server.in_flight + 1 - (server.capacity or DEFAULT_SLOTS)
+    return max(0, waiting) * SLOT_WAIT_SECONDS * LOAD_TOKENS_PER_SECOND / server.weight
 
 
-def prefix_scores(matched: Sequence[int], chars: int) -> list[float]:
-    """The share of the prompt's `chars` each server already had (`matched` characters each)."""
-    if chars <= 0:
-        return [0.0] * len(matched)
-    return [count / chars for count in matched]
+def load_costs(servers: Sequence[Server]) -> list[float]:
+    """Each server's work in tokens (`server_load`) and one more request's wait for a slot."""
+    return [server_load(server) + queue_cost(server) for server in servers]
 
 
-def residency_score(state: bool | None, load_seconds: float) -> float:
-    """`WARM` when loaded, `UNKNOWN` when not known, else less, the longer the cold load."""
+def prefix_costs(matched: Sequence[int], chars: int) -> list[float]:
+    """The prompt's tokens each server must still prefill (`matched` of its `chars` it had)."""
+    return [max(0, chars - count) / CHARS_PER_TOKEN for count in matched]
+
+
+def residency_cost(state: bool | None, load_seconds: float) -> float:
+    """A cold load's cost in tokens: its seconds at `LOAD_TOKENS_PER_SECOND`.
+
+    0 when the model is loaded; half a `LOAD_SCALE_SECONDS` load when nobody knows.
+    """
     if state is True:
-        return WARM
+        return 0.0
     if state is None:
-        return UNKNOWN
-    return UNKNOWN * LOAD_SCALE_SECONDS / (LOAD_SCALE_SECONDS + load_seconds) / 2
+        return LOAD_SCALE_SECONDS * LOAD_TOKENS_PER_SECOND / 2
+    return load_seconds * LOAD_TOKENS_PER_SECOND
 
 
 def has_free_slot(server: Server) -> bool:
@@ -108,16 +132,16 @@ def imbalanced(servers: Sequence[Server], abs_threshold: int, rel_threshold: flo
 
 
 def pick(terms: dict[str, list[float]], weights: dict[str, float]) -> tuple[int, str]:
-    """The best candidate by the weighted sum of `terms`, and the term that decided it.
+    """The cheapest candidate by the weighted sum of `terms`, and the term that decided it.
 
     Args:
-        terms: Each score's values, one per candidate, in the candidates' order.
+        terms: Each cost's values in tokens, one per candidate, in the candidates' order.
         weights: Each term's weight (a term without one, or with 0, is not counted).
 
     Returns:
-        (index, reason): the first candidate with the highest total (the caller shuffles, so
-        ties go to a random one); reason is the term whose weighted difference from the
-        runner-up is the largest (`load` when every total is equal).
+        (index, reason): the first candidate with the lowest total (the caller rotates the
+        candidates at random, so ties go to a random one); reason is the term that saves the
+        most, weighted, against the runner-up (`load` when every total is equal).
     """
     used = [(name, weights.get(name, 0.0), values) for name, values in terms.items()]
     used = [(name, weight, values) for name, weight, values in used if weight > 0]
@@ -126,14 +150,14 @@ def pick(terms: dict[str, list[float]], weights: dict[str, float]) -> tuple[int,
     for _, weight, values in used:
         for i in range(count):
             totals[i] += weight * values[i]
-    best = max(range(count), key=totals.__getitem__)
+    best = min(range(count), key=totals.__getitem__)
     if count < 2:
         return best, "only"
-    second = max((i for i in range(count) if i != best), key=totals.__getitem__)
-    if totals[second] >= totals[best]:
+    second = min((i for i in range(count) if i != best), key=totals.__getitem__)
+    if totals[second] <= totals[best]:
         return best, "load"
     reason, margin = "load", 0.0
     for name, weight, values in used:
-        if weight * (values[best] - values[second]) > margin:
-            reason, margin = name, weight * (values[best] - values[second])
+        if weight * (values[second] - values[best]) > margin:
+            reason, margin = name, weight * (values[second] - values[best])
     return best, reason
