@@ -30,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 #: What uvicorn gives connections asked to shut down before its graceful wait (its fixed sleep).
 _CONNECTIONS_CLOSE = 0.1
+#: Seconds between looks at the connections while they close.
+_POLL = 0.005
 
 
 class PromptServer(uvicorn.Server):
@@ -70,6 +72,15 @@ class PromptServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """Shut down as uvicorn does, waiting for closed connections instead of a fixed 0.1 s."""
+        # asyncio makes an accepted connection's transport in a task of its own
+        # (`_accept_connection2`), which fails once the listener is closed and leaves the socket
+        # open: stop accepting first (cancelling an accept queued on this turn), then let the
+        # tasks already queued make their transports, and only then close the listener.
+        loop = asyncio.get_running_loop()
+        for server in self.servers:
+            for listener in server.sockets:
+                loop.remove_reader(listener.fileno())
+        await asyncio.sleep(0)
         for server in self.servers:
             server.close()
         for sock in sockets or []:
@@ -77,10 +88,13 @@ class PromptServer(uvicorn.Server):
         for connection in list(self.server_state.connections):
             connection.shutdown()
         # An idle connection closes on the loop's next turns; a busy one finishes its answer in
-        # uvicorn's graceful wait below, as without this class. No event marks a closed one.
+        # uvicorn's graceful wait below, as without this class. The first pause also lets the
+        # connections just accepted be made (and counted), so none is open when the loop ends.
+        # No event marks a closed connection: poll.
         deadline = time.monotonic() + _CONNECTIONS_CLOSE
+        await asyncio.sleep(_POLL)
         while self.server_state.connections and time.monotonic() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(_POLL)
         try:
             async with asyncio.timeout(self.config.timeout_graceful_shutdown):
                 await self._wait_tasks_to_complete()
