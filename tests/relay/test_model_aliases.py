@@ -150,9 +150,10 @@ def test_usage_and_the_access_log_record_the_model_that_ran(
     (docs/keys.md#model-aliases), so what a key is charged for is what its allow-list checked."""
     gw = make_gateway(model_aliases=ALIASES, usage_flush_seconds=0.2)
     emulator.config.ttft = emulator.config.inter_token = 0.001
-    with caplog.at_level(logging.INFO, logger="gateway.access"):
-        body = {"model": "claude-haiku-4-5", "messages": MESSAGES}
-        assert _post(gw, "/v1/chat/completions", body).status_code == 200
+    # For the whole test: the access line is written after the client has the answer's end.
+    caplog.set_level(logging.INFO, logger="gateway.access")
+    body = {"model": "claude-haiku-4-5", "messages": MESSAGES}
+    assert _post(gw, "/v1/chat/completions", body).status_code == 200
 
     async def models() -> list[str]:
         store = KeyStore.from_url(gw.database_url)
@@ -166,8 +167,14 @@ def test_usage_and_the_access_log_record_the_model_that_ran(
         assert time.monotonic() < deadline, "usage never recorded the request"
         time.sleep(0.1)
     assert rows == [TARGET]
-    logged = [json.loads(r.getMessage()) for r in caplog.records if r.name == "gateway.access"]
-    assert [line["model"] for line in logged if line["route"] == "/v1/chat/completions"] == [TARGET]
+
+    def models_logged() -> list[str]:
+        logged = [json.loads(r.getMessage()) for r in caplog.records if r.name == "gateway.access"]
+        return [line["model"] for line in logged if line["route"] == "/v1/chat/completions"]
+
+    while not models_logged() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert models_logged() == [TARGET]
 
 
 def test_count_tokens_checks_the_allow_list_on_the_target(gw: Gateway) -> None:
