@@ -369,6 +369,7 @@ def test_an_upstream_that_never_answers_its_health_probe_is_unready_in_bounded_t
         silent.close()
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_an_upstream_that_trickles_its_probe_answer_cannot_hold_probes_or_connections(
     make_gateway: Callable[..., Gateway],
 ):
@@ -427,6 +428,7 @@ def test_a_compressed_answer_is_refused_not_inflated(weird_gateway, stream):
     assert response.json() == {"error": "upstream sent a compressed answer (gzip)"}
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_an_upstream_lingering_after_done_does_not_hold_the_answer(weird_gateway):
     upstream, gw = weird_gateway
     upstream.linger = 8.0  # with the default 60 s idle timeout the answer used to wait it out

@@ -235,6 +235,7 @@ def test_management_is_refused_to_an_ordinary_key(gateway: Gateway, emulator, me
     assert not _sent(emulator, method, path)
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_pull_streams_the_upstream_progress_as_it_comes(gateway: Gateway, emulator, admin):
     emulator.config.inter_token = 0.2
     arrivals: list[tuple[float, dict[str, object]]] = []
@@ -614,6 +615,7 @@ def test_show_counts_against_the_keys_rpm(make_gateway, emulator: Emulator):
         ("HEAD", f"/api/blobs/sha256:{'0' * 64}", None, "/api/blobs/sha256:" + "0" * 64),
     ],
 )
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_model_lists_and_management_count_against_the_keys_rpm(
     make_gateway, emulator: Emulator, method: str, path: str, body, upstream_path
 ):

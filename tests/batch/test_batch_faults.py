@@ -89,6 +89,7 @@ def _assert_full_text(output: list[dict]) -> None:
 @pytest.mark.parametrize(
     ("fault", "status"), [("busy", 503), ("status_before", 429)], ids=["busy", "429"]
 )
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_transient_faults_are_retried_until_every_line_succeeds(
     make_gateway: Callable[..., Gateway],
     emulator: Emulator,
@@ -160,6 +161,7 @@ def test_a_persistent_500_fails_every_line_once_after_max_attempts(
     assert metric_value(metrics, "gateway_batch_lines_total", outcome="retried") == 4
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_a_hung_upstream_times_out_and_the_lines_succeed_on_retry(
     make_gateway: Callable[..., Gateway],
     emulator: Emulator,
@@ -183,6 +185,7 @@ def test_a_hung_upstream_times_out_and_the_lines_succeed_on_retry(
     assert metric_value(gw.metrics_text(), "gateway_batch_lines_total", outcome="retried") > 0
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_a_dropped_stream_is_retried_and_the_output_is_whole(
     make_gateway: Callable[..., Gateway],
     emulator: Emulator,
@@ -206,6 +209,7 @@ def test_a_dropped_stream_is_retried_and_the_output_is_whole(
     assert metric_value(gw.metrics_text(), "gateway_batch_lines_total", outcome="retried") > 0
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_cancel_keeps_finished_lines_and_marks_the_rest_cancelled(
     make_gateway: Callable[..., Gateway],
     emulator: Emulator,
@@ -237,6 +241,7 @@ def test_cancel_keeps_finished_lines_and_marks_the_rest_cancelled(
     assert finished == {f"c-{i}" for i in range(len(output))}  # lines run in order
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_a_batch_past_its_window_expires_with_its_finished_lines(
     make_gateway: Callable[..., Gateway],
     emulator: Emulator,

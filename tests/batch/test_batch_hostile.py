@@ -55,6 +55,7 @@ def _create(gw: Gateway, file_id: str, **extra: object) -> httpx.Response:
         "/v1/files/..%2f..%2fetc%2fpasswd",
     ],
 )
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_a_malformed_id_is_a_404(gw: Gateway, path: str) -> None:
     response = httpx.get(f"{gw.url}{path}", headers=gw.headers())
     assert response.status_code == 404, response.text

@@ -38,6 +38,7 @@ def client(gw: Gateway) -> Iterator[openai.OpenAI]:
         yield sdk
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_a_batch_runs_to_completion_and_its_output_is_in_openai_shape(
     client: openai.OpenAI, gw: Gateway
 ) -> None:

@@ -156,6 +156,7 @@ async def test_slots_are_per_model(client, state):
     assert all(0.19 <= run.ttft <= 0.35 for run in runs)
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 async def test_a_full_queue_answers_503_busy_at_once_on_both_faces(client, state):
     state.config = EmulatorConfig(parallel=1, max_queue=1, ttft=0.3, inter_token=0.05, tokens=6)
     async with anyio.create_task_group() as group:
@@ -189,6 +190,7 @@ async def test_a_client_leaving_the_queue_frees_its_place(client, state):
 # --- the decode rate grows with the batch ----------------------------------------------------
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 async def test_per_token_time_grows_with_the_batch_within_3_percent(client, state):
     inter_token, k, tokens = 0.04, 0.5, 20
     state.config = EmulatorConfig(
@@ -208,6 +210,7 @@ async def test_per_token_time_grows_with_the_batch_within_3_percent(client, stat
             assert final["eval_duration"] / 1e9 == pytest.approx(spent, abs=0.02)
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 async def test_a_change_of_batch_takes_effect_at_the_next_token(client, state):
     state.config = EmulatorConfig(ttft=0.05, inter_token=0.04, batch_slowdown=1.0, tokens=30)
     async with anyio.create_task_group() as group:
@@ -232,6 +235,7 @@ async def test_a_change_of_batch_takes_effect_at_the_next_token(client, state):
 # --- cold load ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 async def test_a_cold_load_is_paid_once_and_again_after_an_unload(client, state):
     state.config = EmulatorConfig(cold_load=0.4, ttft=0.1, inter_token=0.02, tokens=3)
     assert (await client.get("/api/ps")).json() == {"models": []}
@@ -267,6 +271,7 @@ async def test_a_cold_load_is_paid_once_and_again_after_an_unload(client, state)
 # --- the OpenAI face ------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 async def test_openai_face_queues_and_reports_llamacpp_timings(client, state):
     state.config = EmulatorConfig(
         parallel=1, ttft=0.1, inter_token=0.05, tokens=10, llamacpp_timings=True

@@ -229,6 +229,7 @@ def _head_only(
             return b"no answer: the gateway waited for the body"
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_admin_requests_are_refused_before_their_body_is_read(make_gateway) -> None:
     off = make_gateway()
     on = make_gateway(admin_jwt_secret=SECRET)

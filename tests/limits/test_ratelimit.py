@@ -163,6 +163,7 @@ def test_tpm_counts_non_streamed_and_cut_streams(make_gateway, emulator: Emulato
     assert int(_post(gw).headers["x-ratelimit-tokens-remaining"]) == 1000 - 50 - 50 - 7
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_max_concurrent_caps_requests_in_flight_per_key(make_gateway, emulator: Emulator):
     gw = make_gateway(default_max_concurrent=1)
     emulator.config.tokens = 10
@@ -177,6 +178,7 @@ def test_max_concurrent_caps_requests_in_flight_per_key(make_gateway, emulator: 
     assert metric_value(gw.metrics_text(), "gateway_rate_limited_total", kind="concurrency") == 1
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_upstream_gate_queues_then_refuses_when_full_or_too_slow(make_gateway, emulator: Emulator):
     gw = make_gateway(upstream_max_concurrent=1, upstream_queue_size=1, upstream_queue_timeout=0.6)
     emulator.config.tokens = 20
@@ -201,6 +203,7 @@ def test_upstream_gate_queues_then_refuses_when_full_or_too_slow(make_gateway, e
     assert metric_value(text, "gateway_upstream_queue_length") == 0
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_a_queued_request_gets_the_slot_when_it_frees(make_gateway, emulator: Emulator):
     gw = make_gateway(upstream_max_concurrent=1, upstream_queue_size=4, upstream_queue_timeout=10)
     emulator.config.tokens = 5
@@ -512,6 +515,7 @@ def _served_again_soon(gw: Gateway) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_a_request_admitted_during_a_redis_stall_leaves_no_slot_behind(
     make_gateway, emulator: Emulator, redis_prefix: str
 ):
@@ -537,6 +541,7 @@ def test_a_request_admitted_during_a_redis_stall_leaves_no_slot_behind(
         assert slow.result().status_code == 200
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_a_release_lost_to_a_cut_connection_is_retried_once_redis_answers(
     make_gateway, emulator: Emulator, redis_prefix: str
 ):

@@ -89,6 +89,7 @@ def _assert_bounded(emulator: Emulator, responses: list[httpx.Response], tpm: in
     assert int(refused.headers["retry-after"]) >= 1
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_parallel_requests_share_the_tpm_window_instead_of_overshooting(
     make_gateway, emulator: Emulator
 ):
@@ -99,6 +100,7 @@ def test_parallel_requests_share_the_tpm_window_instead_of_overshooting(
     _assert_bounded(emulator, _burst([gw], gw.key, 50, num_predict=10), tpm=50)
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 @pytest.mark.skipif(not _redis_up(), reason="Redis is not running on 127.0.0.1:6379")
 def test_two_gateways_on_one_redis_share_the_reservations(make_gateway, emulator: Emulator):
     """The same burst spread over two gateways sharing one Redis and one key store."""
@@ -115,6 +117,7 @@ def test_two_gateways_on_one_redis_share_the_reservations(make_gateway, emulator
     _assert_bounded(emulator, _burst([a, b], a.key, 50, num_predict=10), tpm=50)
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_a_reservation_holds_while_running_and_is_refunded_when_it_ends(
     make_gateway, emulator: Emulator
 ):
@@ -184,6 +187,7 @@ def test_a_bound_above_the_whole_tpm_is_served_with_the_bound_a_window_holds(
         assert 40 <= bound < 50, upstream_body  # 50 less the prompt's few tokens
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("dialect", ["ollama", "openai"])
 def test_fifty_agents_declaring_32000_share_the_window_and_spend_at_most_twice_the_tpm(
     make_gateway, emulator: Emulator, dialect: str
@@ -479,6 +483,7 @@ def _tool(description: str, parameters: dict[str, Any] | None = None) -> dict[st
         "openai-new-field",
     ],
 )
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_every_field_the_model_prefills_counts_in_the_prompt_bound(
     make_gateway, emulator: Emulator, path: str, body: dict[str, Any], openai_shaped: bool
 ):
@@ -658,6 +663,7 @@ def _usage_input_tokens(gw: Gateway) -> int:
     "how",
     ["stream-ollama", "stream-openai", "before-first-byte", "non-streamed-mid-answer"],
 )
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_a_client_that_hangs_up_is_charged_the_prompt_the_upstream_took(
     make_gateway, emulator: Emulator, how: str
 ):
@@ -689,6 +695,7 @@ def test_a_client_that_hangs_up_is_charged_the_prompt_the_upstream_took(
     assert _usage_input_tokens(gw) >= 1000
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_a_client_that_leaves_before_its_request_is_sent_is_charged_nothing(
     make_gateway, emulator: Emulator
 ):

@@ -99,6 +99,7 @@ def test_streamed_ttft_and_decode_rate_match_the_truth(make_gateway, emulator: E
     assert exported["prefill_count"] == (1 if dialect == "ollama" else 0)
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("dialect", ["ollama", "openai"])
 def test_non_streamed_ttft_is_the_first_token_at_the_gateway(
     make_gateway, emulator: Emulator, dialect
@@ -127,6 +128,7 @@ def test_empty_first_chunk_does_not_start_the_ttft_clock_early(
     assert_ttft(exported["ttft"], client["ttft"], None)
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_thinking_counts_as_the_first_token(gateway: Gateway, emulator: Emulator):
     """F-16 (c): documented choice: a thinking token is a generated token (docs/metrics.md)."""
     _warm_up(gateway, emulator)

@@ -300,6 +300,7 @@ def test_a_non_streamed_answer_over_the_cap_is_the_requests_fault(make_gateway, 
     assert len(lines) == 35
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_batch_lines_too_large_for_their_inputs_fail_at_once_and_leave_the_circuit_closed(
     make_gateway, upstream
 ):

@@ -49,6 +49,7 @@ def test_generate_streams_ollama_ndjson_with_final_metrics(gateway: Gateway, emu
     assert "".join(line["response"] for line in lines[:-1]).strip()
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_stream_is_relayed_as_each_line_arrives(gateway: Gateway, emulator: Emulator):
     """F-01: 20 tokens 250 ms apart reach the client spread out, the first within ~300 ms."""
     emulator.config.tokens = 20
@@ -85,6 +86,7 @@ def test_non_streaming_generate_returns_one_aggregated_object(gateway: Gateway, 
     assert "prompt_eval_count" in body
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_non_streaming_chat_aggregates_message_content(gateway: Gateway, emulator: Emulator):
     emulator.config.tokens = 4
     body = {"model": "llama3.2", "messages": [{"role": "user", "content": "x"}], "stream": False}
@@ -144,6 +146,7 @@ def test_revoked_key_is_rejected_at_once_without_the_key_cache(make_gateway):
     assert "revoked" in response.json()["error"]
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_revocation_reaches_every_replica_within_the_key_cache_bound(make_gateway):
     # F-27: two replicas share one key store; a key revoked there is refused by both within
     # GATEWAY_KEY_CACHE_SECONDS, though both had it cached.
@@ -292,6 +295,7 @@ def test_upstream_down_gets_502(make_gateway):
     assert httpx.get(f"{gw.url}/healthz").status_code == 200
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_silent_upstream_gets_504_after_the_first_byte_timeout(make_gateway, emulator: Emulator):
     """F-07: a hang before headers gives 504 after the first-byte timeout; upstream closed."""
     gw = make_gateway(first_byte_timeout=1.0)
@@ -306,6 +310,7 @@ def test_silent_upstream_gets_504_after_the_first_byte_timeout(make_gateway, emu
     assert record.outcome == "client_disconnect"
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_idle_timeout_mid_stream_ends_with_an_error_line(make_gateway, emulator: Emulator):
     gw = make_gateway(idle_timeout=0.5)
     emulator.config.fault = "hang_midstream"
@@ -420,6 +425,7 @@ def test_unknown_route_gets_404_in_ollama_shape(gateway: Gateway):
     assert "error" in response.json()
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_metrics_record_ttft_and_decode_rate(gateway: Gateway, emulator: Emulator):
     emulator.config.tokens = 10
     emulator.config.ttft = 0.2

@@ -160,6 +160,7 @@ def test_connection_refused_is_retried_then_502(make_gateway, upstream_client):
     assert metric_value(gw.metrics_text(), "gateway_upstream_retries_total", reason="connect") == 2
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("stream", [True, False])
 def test_the_whole_request_is_bounded_by_the_request_timeout(
     make_gateway,
@@ -352,6 +353,7 @@ def test_a_busy_upstream_with_retry_after_is_not_asked_sooner_but_fails_over(
     assert _retries(gw, "status") == 0
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_a_silent_upstream_is_not_asked_again_but_fails_over(make_gateway, flaky, spare):
     """Row: timeout before the first byte. One try, then the next upstream."""
     upstream, url = flaky
@@ -393,6 +395,7 @@ def test_a_500_gets_its_one_more_try_on_another_upstream(make_gateway, flaky, sp
     assert _retries(gw, "status") == 0
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_a_second_500_ends_the_request_whatever_upstreams_are_left(make_gateway, flaky, spare):
     """Row: 500 with three upstreams, each answering 500: two tries in all, then 502."""
     upstream, url = flaky
@@ -435,6 +438,7 @@ def test_what_the_request_caused_is_never_retried_nor_failed_over(
     assert metric_value(text, "gateway_upstream_failovers_total") == 0
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_the_requests_own_deadline_is_not_failed_over(make_gateway, flaky, spare):
     """Row: the request's own `GATEWAY_REQUEST_TIMEOUT` runs out before the first byte. No
     other upstream is tried: the request has no time left, and the upstream is not to blame."""

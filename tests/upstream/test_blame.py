@@ -106,6 +106,7 @@ def _in_front_of(make_gateway: Callable[..., Gateway], *urls: str, **settings: A
 # --- class 1: failures a client causes do not open the circuit ------------------------------
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_a_non_ascii_user_agent_is_served_without_it_and_never_opens_the_circuit(
     make_gateway, emulator
 ):
@@ -129,6 +130,7 @@ def test_an_over_long_forwarded_header_is_not_forwarded(gateway, emulator):
     assert "accept-language" not in emulator.state.records[-1].headers
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_one_keys_ambiguous_500s_do_not_eject_the_upstream_for_other_keys(scripted, make_gateway):
     upstream, url = scripted
     upstream.answers["crash me"] = (500, {"error": CRASH}, {})
@@ -234,6 +236,7 @@ def test_when_every_circuit_is_open_requests_reach_the_open_upstreams(make_gatew
     assert _circuit(gw, emulator.url) == 0  # A's success closed its circuit
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_a_busy_upstream_is_skipped_without_opening_its_circuit(make_gateway, emulator, second):
     gw = _in_front_of(make_gateway, emulator.url, second.url, retry_backoff=0.01, **OPEN_AT_ONE)
     emulator.config.fault = "busy"  # Ollama's 503 "server busy"
@@ -264,6 +267,7 @@ def test_an_upstream_429_passes_its_retry_after_to_the_client(scripted, make_gat
     )
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_an_upstream_429_sends_requests_elsewhere_until_its_retry_after(
     scripted, make_gateway, emulator
 ):
@@ -311,6 +315,7 @@ def test_the_breaker_counts_ambiguous_failures_only_from_two_keys():
 # --- the half-open trial: it proves something, or it is handed on -----------------------------
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_a_trial_that_proves_nothing_hands_the_trial_to_the_next_request(emulator, make_gateway):
     """A half-open circuit whose trial ends without a verdict (here: a busy 503) must not stay
     half-open: that refused every request of every key for as long as the process ran."""
@@ -327,6 +332,7 @@ def test_a_trial_that_proves_nothing_hands_the_trial_to_the_next_request(emulato
     assert _circuit(gw, emulator.url) == 0
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_a_long_trial_stream_does_not_hold_other_keys_off(emulator, make_gateway):
     """The trial closes the circuit with its first chunk, not when its stream ends."""
     gw = make_gateway(circuit_failures=1, circuit_cooldown=0.3, retry_attempts=1)

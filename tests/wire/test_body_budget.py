@@ -125,6 +125,7 @@ def _generate(gw: Gateway, key: str, prompt: str = "hi") -> httpx.Response:
     )
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_a_key_holding_bodies_is_refused_past_its_share_while_others_are_served(
     make_gateway: Callable[..., Gateway],
 ) -> None:
@@ -277,6 +278,7 @@ def test_a_declared_body_charges_only_what_arrives(
         assert _generate(gw, gw.key, "c" * (700 * KIB)).status_code == 200
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_a_trickled_body_is_cut_at_the_minimum_pace(make_gateway: Callable[..., Gateway]) -> None:
     """A body that keeps arriving, but slower than `GATEWAY_BODY_MIN_BYTES_PER_SECOND` after
     the grace (`GATEWAY_BODY_TIMEOUT`), gets 408 and gives its bytes back: before, a byte

@@ -127,6 +127,7 @@ async def _rows(gw: Gateway) -> int:
         await engine.dispose()
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("dialect", ["ollama", "openai"])
 def test_a_conversation_by_previous_response_id_stops_at_the_body_limit(
     make_gateway: Callable[..., Gateway], dialect: str

@@ -281,6 +281,7 @@ def _parse(page: str) -> _Page:
     return parser
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_the_html_report_is_self_contained_and_holds_the_tables() -> None:
     pytest.importorskip("matplotlib")
     hostile = 'x<script>alert(1)</script><img src="https://evil.example/p.png">'
@@ -327,6 +328,7 @@ def test_the_html_report_without_matplotlib_still_holds_the_tables(
 # --- the tutorial's table in one command ---------------------------------------------------
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_two_builds_in_one_command_show_size_speed_knee_and_quality(
     emulator: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -272,6 +272,7 @@ def one_slot_gateway(make_gateway: Any) -> Any:
     return make_gateway(upstream_max_concurrent=1)
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 async def test_monitor_through_the_gateway_sees_in_flight_queue_and_waits(
     one_slot_gateway: Any, emulator: Any
 ) -> None:

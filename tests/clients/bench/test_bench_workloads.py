@@ -247,6 +247,7 @@ def test_the_schedules_realise_their_rate():
     assert achieved_rate([1.0, 1.5, 2.0]) == pytest.approx(2.0)
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("arrivals", ["poisson", "constant"])
 async def test_the_achieved_rate_is_the_requested_one(emulator: Emulator, arrivals):
     """400 arrivals at 50/s (8 s): the realised schedule is within 1% of 50/s for this seed
@@ -364,6 +365,7 @@ async def test_a_failed_turn_ends_its_conversation(emulator: Emulator):
 # --- the command line ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_the_command_line_runs_each_new_mode(emulator: Emulator, tmp_path: Path, capsys):
     emulator.state.config = EmulatorConfig(ttft=0.002, inter_token=0.001, tokens=1000)
     base = ["run", "--target", emulator.url, "--model", MODEL, "--no-gpu"]
