@@ -4,12 +4,12 @@ There is no module-level instance: `create_app(settings=None)` and the CLI build
 their own `Settings(...)`. Every field is listed with its default in `.env.example` and explained in
 `docs/configuration.md`.
 
-One class of ~80 fields, over the ~300 lines a module aims at, on purpose: pydantic-settings
-reads every `GATEWAY_*` variable into one model, the cross-field checks (`_check_body_budget`,
-`_check_admin_jwks`, ...) need the fields side by side, and `unknown_variables` reads their
-names from this one class; mixins per group would scatter what a reader looks up together.
-The units of `upstream/`, `limits/` and `batch/` do not take this class: they take the narrow
-frozen views in `gateway.policies`, each built from it by `View.of(settings)`.
+Over ~300 lines for one reason: one class of ~80 fields. pydantic-settings reads every `GATEWAY_*`
+variable into one model, the cross-field checks (`_check_body_budget`, `_check_admin_jwks`, ...)
+need the fields side by side, and `unknown_variables` reads their names from this one class; mixins
+per group would scatter what a reader looks up together. The units of `upstream/`, `limits/` and
+`batch/` do not take this class: they take the narrow frozen views in `gateway.policies`, each built
+from it by `View.of(settings)`.
 """
 
 from __future__ import annotations

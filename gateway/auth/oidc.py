@@ -15,6 +15,11 @@ authorization endpoint with PKCE (RFC 7636) and gets a code back; the gateway th
 
 Verifying the token that becomes the page's bearer token is `gateway.auth.jwt`'s job, as for
 any admin token. Codes, verifiers and tokens are never logged nor put in an error message.
+
+Over ~300 lines for one reason: `OidcClient` is the code flow's client side, and its steps share
+state: the exchange needs the cached discovery document's token endpoint, `check_id_token` the
+configured issuer and client id, and every request goes through one bounded `_request`; the error
+classes are what its callers answer.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ outcome decides what happens next:
 - the request's own fault (400, 403, 404, 413, 422, or any failure blamed on the request, such as
   its own `GATEWAY_REQUEST_TIMEOUT` running out): `failed` at once.
 
-Just over ~300 lines: the loop and the outcome table above are one concern.
+Over ~300 lines for one reason: `BatchRunner`'s loop and the outcome table above are one concern:
+each outcome decides the line's next state and what the loop may claim at its next look.
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ loaded: the command may run on any machine that can reach the gateway.
 
 Exit codes: 0 success (with `--wait`: the batch completed), 1 the batch ended failed, expired
 or cancelled, 2 an error (one line on stderr, the server's message included).
+
+Over ~300 lines for one reason: one subcommand per Batch API operation, each a few lines over the
+shared `Api` client, `read_key` and `_escape`, with the exit-code rule above and `add_parser`
+declaring them together; split per command, every part would import the same client and rules back.
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@
 Times are UTC: `UTCDateTime` converts on the way in and makes every value read back
 timezone-aware, because SQLite keeps no zone and returns naive datetimes. The migrations in
 `gateway.db.migrations` create and upgrade these tables; a change here needs a migration there.
+
+Over ~300 lines for one reason: every table is declared on one `Base.metadata`, the schema the
+migrations in `gateway.db.migrations` must produce, and each row class is only its columns and
+constraints; one file is where a reader sees the whole schema and its shared `UTCDateTime`.
 """
 
 from __future__ import annotations

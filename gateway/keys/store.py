@@ -6,6 +6,10 @@ never logged. Errors: `KeyNotFoundError` (admin operation on an unknown id) and 
 (a presented key cannot be used), both defined with the rules for field values in
 `gateway.keys.validation`. The table lives in `gateway.db.tables`, its record in
 `gateway.keys.schema`; `create_schema` runs the migrations (`gateway.db.migrate`).
+
+Over ~300 lines for one reason: `KeyStore`'s reads and `authenticate` share the engine, the session
+factory and the row-to-record rules, and `authenticate`'s constant-cost lookup (`_STAND_IN`,
+`_LOOKUP`) takes about seventy lines of its own; the changes are in `gateway.keys.changes` already.
 """
 
 from __future__ import annotations

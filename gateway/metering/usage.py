@@ -22,6 +22,10 @@ except for a request that failed for a model no upstream lists (the `model` labe
 is recorded under `other`, as Prometheus counts it, so made-up model names cannot make a row
 each (one key could otherwise add thousands of rows a minute); the rows per key and day stay
 bounded by the catalog.
+
+Over ~300 lines for one reason: `UsageSink`'s adds on the request path and its flushes share the
+pending sums and their bound, and the exactness rules above hold only across both (the sums leave
+memory after the commit, a failed batch is put back, drops are counted).
 """
 
 from __future__ import annotations

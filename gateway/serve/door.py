@@ -2,9 +2,7 @@
 
 Owns `DoorProtocol` (uvicorn's httptools protocol behind these limits; `gateway.serve.coalesce`
 builds the protocol passed as `http=` on it) and its `DoorLimits`; what it counts across a
-server's connections (refusals, connections per address) is `gateway.serve.tallies`'. Over
-~300 lines for one reason: `DoorProtocol` is one state machine over uvicorn's callbacks
-(connection, head, body, response, timers), and its parts read each other's state.
+server's connections (refusals, connections per address) is `gateway.serve.tallies`'.
 
 **The door.** uvicorn's httptools protocol keeps a connection that sends nothing, or sends its
 headers a byte at a time, for ever: its keep-alive timer starts only once a response is
@@ -37,6 +35,9 @@ on the OpenAI API, Ollama's `{"error": ...}` elsewhere and before any path arriv
 `Connection: close`; where the client may still be sending, the gateway reads and discards for
 up to `LINGER` seconds after its answer (nginx's lingering close), so the answer is not lost to
 a TCP reset.
+
+Over ~300 lines for one reason: `DoorProtocol` is one state machine over uvicorn's callbacks
+(connection, head, body, response, timers), and its parts read each other's state.
 """
 
 from __future__ import annotations

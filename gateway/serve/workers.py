@@ -20,6 +20,11 @@ What the workers share, and where (docs/operations.md, "Scaling up and out"):
   workers start and removed when the parent exits; a dead worker's live gauges are dropped
   (`mark_process_dead`), its counters stay in the totals (gateway.metering.metrics).
 * The database (keys, usage, batches) is shared as it is between replicas.
+
+Over ~300 lines for one reason: everything `--workers N` changes is here: the count
+(`worker_count`), what may run with it (`refusal`), each worker's share of the upstream gate
+(`share`, `worker_settings`), and the `Worker` and `Supervisor` that start the processes with those
+settings and keep the metrics directory right.
 """
 
 from __future__ import annotations

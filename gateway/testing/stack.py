@@ -3,6 +3,10 @@
 Each is a context manager that starts a subprocess in its own process group on a free loopback
 port, waits until it answers, and on exit stops the whole group (SIGTERM, then SIGKILL after a
 grace period), so nothing is left behind even when the caller is interrupted.
+
+Over ~300 lines for one reason: `ManagedProcess` is the one way these tests start a process and know
+it is gone, and each server after it (`model_server`, `matrix_model_server`, `gateway_process`) is a
+short recipe on top of it, with the model files it needs.
 """
 
 from __future__ import annotations

@@ -11,6 +11,11 @@ never an error. docs/api.md lists every field (translated, ignored, refused).
 
 Shape errors are 400 `invalid_request_error`, as Anthropic answers them (Messages API
 reference, "Errors"; ../shared/reference/agent-clients.md, "Claude Code" and "`anthropic`").
+
+Over ~300 lines for one reason: `to_chat_body` is one translation, written as one helper per
+Messages field or block (`_turn`, `_user`, `_assistant`, `_tool_result`, `_image`, `_tools`,
+`_tool_choice`, `_effort`); split, a block's translation would sit apart from the body translation
+that orders the chat messages it makes.
 """
 
 from __future__ import annotations

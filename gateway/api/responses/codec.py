@@ -20,6 +20,11 @@ what Codex reads: ../shared/reference/agent-clients.md, "OpenAI Codex CLI"): `ev
 Deltas are written as their chunks arrive (the codec runs per upstream read). `usage` is the
 upstream's own counts (`Stats`); `reasoning_tokens` counts the chunks that carried thinking
 (one token each from Ollama and the OpenAI-compatible servers, which stream a token a chunk).
+
+Over ~300 lines for one reason: `ResponsesCodec` is one state machine over the event stream above:
+the open item, its text so far and the sequence number are read by every event it writes, and the
+`response` object it ends with is built from the same items (the item builders after it are its
+own).
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ the `response` object before the client receives its last bytes, so a next turn 
 receipt always finds it, on any replica.
 `GET /v1/responses/{id}`, `GET /v1/responses/{id}/input_items` and `DELETE /v1/responses/{id}`
 read and delete the key's own stored responses; another key's are 404.
+
+Over ~300 lines for one reason: the routes of `/v1/responses` share one store and one rule, a key
+reaches only its own responses: `POST` saves them (`_KeptBeforeEnd`) and loads the previous turn
+(`_Continued`) from the same `ResponseStore` that `GET`, `input_items` and `DELETE` read.
 """
 
 from __future__ import annotations

@@ -30,6 +30,11 @@ https://platform.openai.com/docs/api-reference/responses/create, and what Codex 
 
 Shape errors are 422 (or 400 for what the gateway refuses to do) with OpenAI's error object
 (`gateway.errors`), naming the parameter.
+
+Over ~300 lines for one reason: `parse_responses` is one translation whose parts share the flat tool
+names: `_tools` makes them (`ToolName`), `_messages` and `_tool_choice` map the client's names to
+them, and the `Plan` carries them to the codec; split, that one mapping would be spread over
+modules.
 """
 
 from __future__ import annotations

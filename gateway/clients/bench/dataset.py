@@ -26,6 +26,11 @@ A bad record fails the whole load with `WorkloadError` naming `file:line` (JSONL
 tokenizers give 1 to 1.5 tokens per English word) and in tokens for answers (`max_tokens`).
 Everything drawn (lengths, synthetic words) comes from one `random.Random(seed)`: the same
 options give the same workload, and the same digest.
+
+Over ~300 lines for one reason: `build_workload` turns every source into a `Workload` with one
+seeded `random.Random`, and the format readers (`_record`, `_multi_turn`, `_sharegpt`, `_mooncake`)
+feed the same length rules and draws (`_with_lengths`, `synthetic_text`); split by format, what
+makes a workload repeatable would be spread out.
 """
 
 from __future__ import annotations

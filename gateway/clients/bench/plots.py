@@ -10,6 +10,11 @@ A run document is input: values matplotlib cannot draw (a knee of 1e308) end in 
 not a traceback; each PNG is written to a new temporary file in the directory and renamed over
 its name, so a symlink planted at `<model>-throughput.png` is replaced, never written through;
 at most `MAX_MODELS` models are plotted.
+
+Over ~300 lines for one reason: the figures (`_throughput`, `_latency`, `_matrix`, `_matrix_load`)
+share the axis, label and legend helpers that make them read alike, the lazy matplotlib import and
+the safe file writing they all go through; split per figure, those helpers would be imported back by
+each.
 """
 
 from __future__ import annotations

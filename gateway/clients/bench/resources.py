@@ -11,11 +11,14 @@ read against memory and queue length at the same moment:
   (the part on the GPU; `size_vram < size` is a partial CPU offload, 0 is CPU only). Ollama
   dialect only: the OpenAI API has no such route.
 - `gateway` (`gateway.clients.bench.gateway_metrics`): the gateway's own `/metrics`, when the
-benchmark
-  runs through it.
+  benchmark runs through it.
 
 A sampler that cannot run (no GPU, no `/api/ps`, `/metrics` refused) adds one line to `notes`
 and the others go on: a missing resource never fails a benchmark.
+
+Over ~300 lines for one reason: the three samplers share one clock and one failure rule (a note,
+never an error), and `loaded_memory` and `disk_size` read the same `/api/ps` and `/api/tags` answers
+through the same bounded `get_json` and `model_matches` as the `ps` sampler.
 """
 
 from __future__ import annotations

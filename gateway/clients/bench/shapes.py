@@ -18,6 +18,11 @@ The knee search doubles the load from `start` (1, 2, 4, ...) until throughput st
 knee (the lowest level whose next level grows less than `knee_gain` per doubling, so the knee
 and the level above it are both measured) and for the SLO limit (the highest level that meets
 it, with the level above missing it).
+
+Over ~300 lines for one reason: the shapes are built from one point measurement (`measure_point`)
+and one stop rule (`_check`, `_stop`), and the knee search's bracketing and bisections (`_raise`,
+`_bisect_knee`, `_bisect_slo`) read the same measured points; split, the stop rule would sit apart
+from the shapes it stops.
 """
 
 from __future__ import annotations

@@ -9,6 +9,11 @@ keys, each with `across_repeats` (median, min, max, spread) and its confidence i
 (`gateway.clients.bench.intervals`: Student's t over the repeats; with one repeat, the interval
 within the run where its requests are independent samples). Percentiles are
 `gateway.clients.bench.quantiles.percentile`, below this module and the SLOs it takes.
+
+Over ~300 lines for one reason: `summarize` and `point_summary` write the two halves of the run
+document's statistics, and must name every metric and statistic alike (`distribution`,
+`across_repeats`, the intervals, `CONVERGENCE_KEYS`); split, the keys one writes and the other folds
+would be defined apart.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ the whole run, so a JSONL line may not carry a `max_tokens`; a prompt's own outp
 (`Prompt.max_tokens`) comes only from `gateway.clients.bench.dataset` (a data set's
 `output_tokens_count` / `output_length`, or one drawn from a seeded distribution), fixed per
 prompt and part of the digest. `Turn` and `Conversation` hold multi-turn workloads.
+
+Over ~300 lines for one reason: about a hundred of them are the built-in suite's prompts
+(`BUILTIN`), data that belongs beside the `Prompt`, `Conversation` and `Workload` types whose digest
+covers it; the types, the suite and the JSONL reader are one concern, what a run asks.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ chunk reports. What the chunks say is planned by `gateway.testing.emulator.conte
 look is the `Dialect`'s business (`gateway.testing.emulator.dialect`). `Endpoint` lets routes
 return raw ASGI apps, `refusal` gives other routes the same faults before the first byte, and
 `run_cancellable` gives other streams the same disconnect handling.
+
+Over ~300 lines for one reason: `_Generation` is one timed answer: the deadline its chunks keep, the
+mid-stream faults, the disconnect watch and the final chunk's counts read the same schedule, and
+`answer`, `refusal` and `run_cancellable` are the ways into the same rules.
 """
 
 from __future__ import annotations

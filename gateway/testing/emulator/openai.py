@@ -11,6 +11,10 @@ the answer says is `content`'s. Timing, faults and framing (`data: ...` events) 
 `Dialect` protocol (`gateway.testing.emulator.dialect`); the engine imports nothing from here,
 so the dependency runs one way. `/v1/models` and `/v1/embeddings` live in `models` and
 `embed`.
+
+Over ~300 lines for one reason: the two dialect classes share the envelope, usage, finish reason and
+tool-call rendering above them, and the routes at the end (`_openai`) only pick one and hand it to
+the engine; split, the shapes of reference §7 would be spread over modules.
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ neutral chunks, and a final chunk carries `done_reason` and `Stats`: `prompt_eva
 measured by the gateway: `prompt_eval_duration` from sending the request to the first token,
 `eval_duration` from the measured decode rate (see `SseDecoder._eval_seconds`),
 `total_duration` from the request's arrival.
+
+Over ~300 lines for one reason: `SseDecoder` decodes what `OpenAIDialect.build_request` asked for (a
+stream, with usage), and its `Stats` rely on that request (the upstream's usage, counted chunks as
+the fallback); the translation of Ollama bodies is in `openai_request` already.
 """
 
 from __future__ import annotations
