@@ -3,8 +3,7 @@
 A module under `gateway/` longer than that says why in its docstring, in a paragraph that opens
 `Over ~300 lines for one reason:` and names the one concern that splitting would pull apart
 (as `gateway/upstream/pool.py` does). A module that crosses the line without a reason fails
-here, and is either split or given its reason. `SPLIT_PENDING` lists the long modules found to
-hold two concerns: they are to be split, not excused, and leave the list when they are.
+here, and is either split or given its reason.
 """
 
 from __future__ import annotations
@@ -15,13 +14,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 MAX_LINES = 300
 REASON = "Over ~300 lines"
-#: Over `MAX_LINES` with two concerns (issue 25): path -> the split they wait for.
-SPLIT_PENDING = {
-    "gateway/api/ollama/models.py": "the body check every Ollama route uses (`parse_body`, "
-    "`requested_model`, imported by `manage`) beside the metadata routes",
-    "gateway/clients/bench/quality.py": "the question set and its scoring rule (pure) beside "
-    "asking a target over HTTP (`ask`, `probe_quality`)",
-}
 
 
 def unexplained_long_modules(package: Path) -> list[str]:
@@ -41,16 +33,11 @@ def unexplained_long_modules(package: Path) -> list[str]:
 
 
 def test_every_long_module_says_why_in_its_docstring() -> None:
-    unexplained = set(unexplained_long_modules(ROOT / "gateway")) - SPLIT_PENDING.keys()
+    unexplained = unexplained_long_modules(ROOT / "gateway")
     assert not unexplained, (
         f"over {MAX_LINES} lines with no `{REASON} for one reason:` paragraph in the module "
         "docstring (split the module, or name its one concern): " + ", ".join(sorted(unexplained))
     )
-
-
-def test_the_modules_pending_a_split_still_need_it() -> None:
-    """An entry leaves `SPLIT_PENDING` once its module is split (or given its reason)."""
-    assert set(SPLIT_PENDING) <= set(unexplained_long_modules(ROOT / "gateway"))
 
 
 def test_the_check_flags_a_long_module_without_its_reason(tmp_path: Path) -> None:

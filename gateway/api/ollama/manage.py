@@ -52,7 +52,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from starlette.requests import ClientDisconnect
 
 from gateway.api.auth import PrincipalDep, require_principal
-from gateway.api.ollama.models import parse_body, requested_model
+from gateway.api.ollama.body import parse_body, requested_model
 from gateway.api.ollama.passthrough import (
     ProgressResponse,
     error_of,

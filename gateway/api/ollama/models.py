@@ -17,6 +17,11 @@ the key's RPM and in-flight limits (`KeyLimiter.admitted`), as a generation does
 `/api/show` answers 404 `model '<name:tag>' not found` both for a model no upstream has and for
 one the key may not use: like `/v1/models/{model}`, a key does not learn which models exist
 beyond its own.
+
+Over ~300 lines for one reason: the five metadata routes share one way of asking the upstreams
+(`_fetch`, `_union`: each upstream in parallel within one budget, failures left out and logged)
+and of answering from the catalogue for OpenAI-style ones; split by route, each would carry its
+own copy of that merge or reach into the others'.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import PlainTextResponse
 
 from gateway.api.auth import PrincipalDep, require_principal
+from gateway.api.ollama.body import parse_body, requested_model
 from gateway.api.ollama.passthrough import error_of, fetch, transport_error
 from gateway.auth.principal import Principal
 from gateway.context import request_context
@@ -41,16 +47,14 @@ from gateway.errors import (
     BadRequestError,
     GatewayError,
     NotFoundError,
-    UnprocessableError,
     UpstreamUnavailableError,
 )
 from gateway.metering.metrics import OTHER_MODEL
 from gateway.settings import Settings
 from gateway.upstream.dialects.base import ModelInfo
-from gateway.upstream.dialects.framing import THREADED_JSON
 from gateway.upstream.pool import Upstream, UpstreamPool
 from gateway.wire.body import read_body
-from gateway.wire.json import parse_listing, parse_object, parse_request_body
+from gateway.wire.json import parse_listing, parse_request_body
 
 logger = logging.getLogger("gateway.api")
 
@@ -69,40 +73,6 @@ router = APIRouter(prefix="/api", dependencies=[Depends(require_principal)])
 def json_answer(value: Any, status: int = 200) -> Response:
     """A JSON response as Ollama sends it (gin `c.JSON`)."""
     return Response(json.dumps(value).encode(), status, media_type=JSON_TYPE)
-
-
-def parse_body(raw: bytes, settings: Settings) -> dict[str, Any]:
-    """Check a JSON body as every route does (`parse_object`), with `model` optional.
-
-    Which field names the model is the route's to say: `/api/show` and the management routes
-    also take the deprecated `name`, `/api/copy` has `source` and `destination`.
-
-    Raises:
-        BadRequestError, UnprocessableError: as `parse_object`, except for a missing model.
-    """
-    try:
-        return parse_object(
-            raw, max_depth=settings.max_json_depth, max_values=settings.max_json_values
-        )
-    except UnprocessableError:
-        # Raised only after the body parsed. For an object, every check before the model's
-        # passed; an absent or empty `model` is then the one thing left to tell apart.
-        body = THREADED_JSON.decode(raw.decode())  # Python hooks: may run in a worker thread
-        model = body.get("model") if isinstance(body, dict) else None
-        if not isinstance(body, dict) or (isinstance(model, str) and model.strip()):
-            raise
-    if "stream" in body and not isinstance(body["stream"], bool):
-        raise UnprocessableError("stream must be true or false")
-    return body
-
-
-def requested_model(body: dict[str, Any]) -> str | None:
-    """The model a body names: `model`, else the deprecated `name` (Go's `cmp.Or`), or None."""
-    for field in ("model", "name"):
-        value = body.get(field)
-        if isinstance(value, str) and value:
-            return value
-    return None
 
 
 def tagged(model: str) -> str:

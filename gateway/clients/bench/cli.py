@@ -41,7 +41,8 @@ from gateway.clients.bench.health import DOWN_AFTER
 from gateway.clients.bench.intervals import parse_confidence
 from gateway.clients.bench.lengths import Lengths, parse_lengths
 from gateway.clients.bench.protocol import Api, Target
-from gateway.clients.bench.quality import QualityProbe, load_questions
+from gateway.clients.bench.quality import QualityProbe
+from gateway.clients.bench.questions import load_questions
 from gateway.clients.bench.runner import Mode, Plan, error_verdict, redact, run_benchmark
 from gateway.clients.bench.shapes import Shape, ShapeOptions
 from gateway.clients.bench.sizes import SizeHint, parse_size

@@ -26,12 +26,8 @@ from gateway.clients.bench.cli import main
 from gateway.clients.bench.html import render_html, write_report
 from gateway.clients.bench.progress import LevelProgress, level_label
 from gateway.clients.bench.protocol import Target
-from gateway.clients.bench.quality import (
-    QUESTION_SET,
-    QuestionFileError,
-    load_questions,
-    probe_quality,
-)
+from gateway.clients.bench.quality import probe_quality
+from gateway.clients.bench.questions import QUESTION_SET, QuestionFileError, load_questions
 from gateway.clients.bench.runner import Plan, run_benchmark
 from gateway.clients.bench.sizes import SizeHint, model_size, parse_size
 from gateway.clients.bench.workload import Sampling, load_workload

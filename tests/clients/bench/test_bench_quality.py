@@ -11,13 +11,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from gateway.clients.bench.quality import (
-    QUESTION_SET,
-    QUESTIONS,
-    is_correct,
-    normalise,
-    probe_quality,
-)
+from gateway.clients.bench.quality import probe_quality
+from gateway.clients.bench.questions import QUESTION_SET, QUESTIONS, is_correct, normalise
 from gateway.testing.server import LoopbackServer
 from gateway.testing.stack import free_port
 
