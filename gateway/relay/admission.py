@@ -49,7 +49,7 @@ from gateway.relay.generation import Generation, Services
 from gateway.relay.surface import Endpoint
 from gateway.settings import Settings
 from gateway.upstream.headers import upstream_request_headers
-from gateway.upstream.scheduling.ticket import SESSION_HEADER, RouteTicket, session_of
+from gateway.upstream.scheduling.ticket import SESSION_HEADER, RouteTicket, capped, session_of
 from gateway.wire.body import read_body
 from gateway.wire.json import parse_request_body
 
@@ -265,9 +265,10 @@ async def admit_generation(
     header = body.headers.get(SESSION_HEADER) if isinstance(body, Request) else None
     routing = RouteTicket(
         request.model,
-        tokens=0 if expected is None else expected.total,
-        session=session_of(request.body, header),
+        tokens=0 if expected is None else capped(expected.total),
+        session=session_of(request.body, header, principal.key_id),
         request=request,
+        scope=principal.key_id,
     )
     return Generation(
         services,

@@ -252,10 +252,13 @@ class UpstreamPool:
                 residency = self.scheduler.residency
                 size = residency.size(self.upstreams, ticket.model)
                 residency.learn(upstream.name, size, load_ns)
-        if healthy is False:  # it may come back empty: its prompts and models say nothing
-            self.scheduler.forget(upstream.name)
         self._metrics.upstream_in_flight.labels(upstream.name).set(upstream.in_flight)
         self._record(upstream, healthy, key)
+        # The upstream's own failure, or one that opened its circuit: it may come back empty,
+        # so its prompts and models say nothing now. A failure one key may have caused
+        # (`key`) leaves everyone's routing alone, as it leaves the circuit closed.
+        if healthy is False and (key is None or upstream.breaker.state is not CircuitState.CLOSED):
+            self.scheduler.forget(upstream.name)
 
     def defer(self, upstream: Upstream, seconds: float) -> None:
         """Send `upstream` nothing for `seconds` (its `Retry-After`); it stays healthy."""
@@ -292,7 +295,9 @@ class UpstreamPool:
         long stream does not keep every other request away from a recovered upstream. A
         failure later in the stream is still recorded when the request ends.
         """
-        if model is not None:
+        # A name the upstream's list lacks says nothing about what it holds (and a client could
+        # vary it without end).
+        if model is not None and upstream.catalog.label(model) != OTHER_MODEL:
             self.scheduler.residency.served(upstream.name, model)
         if upstream.breaker.state is not CircuitState.CLOSED:
             upstream.breaker.record_success()
@@ -436,5 +441,14 @@ async def open_pool(
                 ),
                 breaker=CircuitBreaker(policy.circuit_failures, policy.circuit_cooldown),
             )
+        )
+    if len(upstreams) > 1:
+        scheduling = policy.scheduling
+        weights = ",".join(f"{name}={weight:g}" for name, weight in scheduling.weights)
+        logger.info(
+            "routing over %d upstreams: %s%s",
+            len(upstreams),
+            scheduling.mode,
+            f" ({weights})" if scheduling.mode == "scored" else "",
         )
     return UpstreamPool(upstreams, metrics, policy.scheduling)

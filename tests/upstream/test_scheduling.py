@@ -3,25 +3,33 @@
 from __future__ import annotations
 
 import sys
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
+import httpx
 import pytest
 from prometheus_client import generate_latest
 from pydantic import ValidationError
 
 from gateway.metering.metrics import Metrics
 from gateway.neutral import GenerationRequest
-from gateway.policies import SchedulingPolicy
+from gateway.policies import PoolPolicy, SchedulingPolicy
 from gateway.settings import Settings
 from gateway.upstream.monitor import LoadedModel
+from gateway.upstream.pool import UpstreamPool, open_pool
 from gateway.upstream.scheduling.prefixes import (
     PrefixIndex,
     SessionIndex,
     prompt_blocks,
     text_blocks,
 )
-from gateway.upstream.scheduling.residency import DEFAULT_LOAD_RATE, SERVED_TTL, Residency
-from gateway.upstream.scheduling.scheduler import Scheduler
+from gateway.upstream.scheduling.residency import (
+    DEFAULT_LOAD_RATE,
+    MAX_SERVED,
+    SERVED_TTL,
+    Residency,
+)
+from gateway.upstream.scheduling.scheduler import Scheduler, prompt_limit
 from gateway.upstream.scheduling.scores import (
     has_free_slot,
     imbalanced,
@@ -31,7 +39,7 @@ from gateway.upstream.scheduling.scores import (
     residency_cost,
     server_load,
 )
-from gateway.upstream.scheduling.ticket import RouteTicket, session_of
+from gateway.upstream.scheduling.ticket import MAX_TICKET_TOKENS, RouteTicket, capped, session_of
 from tests.support.metrics import metric_value
 
 MODEL = "qwen3:8b"
@@ -244,11 +252,51 @@ def test_the_session_index_is_bounded_and_forgets_a_server():
 
 def test_the_session_key_comes_from_the_header_then_the_body():
     assert session_of({}, "abc") == session_of({"user": "zzz"}, "abc")
-    assert session_of({"prompt_cache_key": "k"}, None) == hash("k")
-    assert session_of({"user": "u"}, None) == hash("u")
-    assert session_of({"metadata": {"user_id": "m"}}, None) == hash("m")
+    assert session_of({"prompt_cache_key": "k"}, None) == session_of({"user": "k"}, None)
+    assert session_of({"user": "u"}, None) != session_of({"user": "v"}, None)
+    assert session_of({"metadata": {"user_id": "m"}}, None) == session_of({"user": "m"}, None)
     assert session_of({"user": 5}, None) is None
     assert session_of({}, None) is None
+
+
+def test_a_keys_prompts_and_sessions_never_match_another_keys():
+    """The index is per key: one key cannot learn, or steer by, another key's prompts."""
+    request = _chat(SYSTEM, "ok", "more")
+    mine = prompt_blocks(request, 256, 100, scope="key-a")
+    theirs = prompt_blocks(request, 256, 100, scope="key-b")
+    assert mine.hashes
+    assert theirs.hashes
+    assert not set(mine.hashes) & set(theirs.hashes)
+    assert prompt_blocks(request, 256, 100, scope="key-a").hashes == mine.hashes
+    assert session_of({"user": "u"}, None, "key-a") != session_of({"user": "u"}, None, "key-b")
+    scheduler, _ = _scheduler()
+    servers = [FakeServer("a"), FakeServer("b")]
+    first = _choose(scheduler, servers, RouteTicket(MODEL, request=_chat(SYSTEM), scope="key-b"))
+    ticket = RouteTicket(MODEL, request=_chat(SYSTEM, "ok", "more"), scope="key-a")
+    _choose(scheduler, servers, ticket)
+    assert ticket.reason != "prefix"
+    assert ticket.prefix_tokens == 0
+    ticket = RouteTicket(MODEL, request=_chat(SYSTEM, "ok", "more"), scope="key-b")
+    assert _choose(scheduler, servers, ticket) is first
+    assert ticket.reason == "prefix"
+
+
+def test_one_prompt_takes_at_most_a_sixteenth_of_the_index():
+    assert prompt_limit(32768) == 512
+    assert prompt_limit(1024) == 64
+    assert prompt_limit(4) == 1
+    scheduler, _ = _scheduler()
+    huge = GenerationRequest(
+        "ollama", "generate", {"model": MODEL, "prompt": "x" * 10_000_000}, MODEL
+    )
+    ticket = RouteTicket(MODEL, request=huge)
+    _choose(scheduler, [FakeServer("a"), FakeServer("b")], ticket)
+    assert len(ticket.blocks(1024, prompt_limit(32768)).hashes) <= 512
+
+
+def test_a_ticket_counts_at_most_its_cap_of_tokens():
+    assert capped(10**9) == MAX_TICKET_TOKENS
+    assert capped(100) == 100
 
 
 def test_the_ticket_hashes_the_prompt_once_and_only_when_asked():
@@ -430,3 +478,42 @@ def test_the_metrics_are_exposed():
     text = generate_latest(metrics.registry).decode()
     assert metric_value(text, "gateway_route_prefix_hit_tokens_count") == 1
     assert "gateway_route_decisions_total" in text
+
+
+def test_the_served_table_stays_bounded_however_many_names_a_client_varies():
+    residency = Residency()
+    for i in range(3 * MAX_SERVED):
+        residency.served("a:1", f"Model-{i}", now=float(i))
+    assert len(residency._served) <= MAX_SERVED
+    assert residency.state(FakeServer("a:1"), f"Model-{3 * MAX_SERVED - 1}", now=3.0 * MAX_SERVED)
+
+
+@pytest.mark.anyio
+async def test_a_failure_one_key_may_have_caused_leaves_the_routing_state_alone():
+    """Only the upstream's own failure (or one that opens its circuit) drops what it was sent."""
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    settings = Settings(upstreams=[{"url": url} for url in urls], routing="scored")
+    transport = httpx.MockTransport(lambda _: httpx.Response(500))
+    async with AsyncExitStack() as stack:
+        pool = await open_pool(PoolPolicy.of(settings), Metrics(), stack, transport)
+        ticket = RouteTicket(MODEL, request=_chat(SYSTEM), scope="k")
+        upstream = pool.choose(MODEL, set(), ticket=ticket)
+        assert upstream is not None
+        pool.finished(upstream, True, ticket=ticket)
+        noted = _noted(pool, ticket)
+        assert noted == {upstream.name}
+        busy = pool.choose(MODEL, set(), ticket=ticket)
+        assert busy is upstream
+        pool.finished(upstream, False, "some-key", ticket=ticket)  # blamed on a key
+        assert _noted(pool, ticket) == {upstream.name}
+        again = pool.choose(MODEL, set(), ticket=ticket)
+        assert again is upstream
+        pool.finished(upstream, False, None, ticket=ticket)  # the upstream's own fault
+        assert _noted(pool, ticket) == set()
+
+
+def _noted(pool: UpstreamPool, ticket: RouteTicket) -> set[str]:
+    policy = pool.scheduler.policy
+    blocks = ticket.blocks(policy.prefix_block_chars, prompt_limit(policy.prefix_blocks))
+    found = pool.scheduler.prefixes.match(blocks.hashes, [u.name for u in pool.upstreams])
+    return {name for name, count in found.items() if count}

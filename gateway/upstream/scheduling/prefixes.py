@@ -36,29 +36,34 @@ class PromptBlocks(NamedTuple):
 NO_BLOCKS = PromptBlocks([], [], 0)
 
 
-def prompt_blocks(request: GenerationRequest, block_chars: int, limit: int) -> PromptBlocks:
+def prompt_blocks(
+    request: GenerationRequest, block_chars: int, limit: int, *, scope: str | None = None
+) -> PromptBlocks:
     """The prompt's blocks (module docstring), at most `limit`; none for embeddings.
 
     Python's own `hash` (SipHash, salted per process): the index lives in one process, and a
-    collision only costs a worse choice.
+    collision only costs a worse choice. `scope` (the API key's id) starts every chain, so the
+    same prompt from two keys gives two chains (`RouteTicket.scope`).
     """
     if request.operation == "embed":
         return NO_BLOCKS
     body = request.body
     messages = body.get("messages")
     if isinstance(messages, list):
-        return _message_blocks(body.get("system"), messages, block_chars, limit)
+        return _message_blocks(body.get("system"), messages, block_chars, limit, hash(scope))
     texts = [body.get(name) for name in ("system", "prompt", "input")]
-    return text_blocks("\x1e".join(t for t in texts if isinstance(t, str)), block_chars, limit)
+    text = "\x1e".join(t for t in texts if isinstance(t, str))
+    return text_blocks(text, block_chars, limit, hash(scope))
 
 
 def _message_blocks(
-    system: object, messages: list[Any], block_chars: int, limit: int
+    system: object, messages: list[Any], block_chars: int, limit: int, start: int = 0
 ) -> PromptBlocks:
-    """Blocks of whole messages, each at least `block_chars` characters."""
+    """Blocks of whole messages, each at least `block_chars` characters; chained from `start`."""
     hashes: list[int] = []
     ends: list[int] = []
-    chained = hash(system) if isinstance(system, str) else 0  # Ollama's chat may have one
+    # Ollama's chat may have a system field
+    chained = hash((start, system)) if isinstance(system, str) else start
     chars = pending = len(system) if isinstance(system, str) else 0
     for message in messages:
         if not isinstance(message, dict):
@@ -94,11 +99,14 @@ def _message_blocks(
     return PromptBlocks(hashes, ends, chars)
 
 
-def text_blocks(text: str, block_chars: int, limit: int) -> PromptBlocks:
-    """Chained hashes of the full `block_chars`-character blocks of `text`, at most `limit`."""
+def text_blocks(text: str, block_chars: int, limit: int, start: int = 0) -> PromptBlocks:
+    """Chained hashes of the full `block_chars`-character blocks of `text`, at most `limit`.
+
+    The chain starts from `start` (the scope's hash: `prompt_blocks`).
+    """
     count = min(len(text) // block_chars, limit)
     hashes: list[int] = []
-    chained = 0
+    chained = start
     for start in range(0, count * block_chars, block_chars):
         chained = hash((chained, text[start : start + block_chars]))
         hashes.append(chained)

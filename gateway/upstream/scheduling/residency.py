@@ -22,6 +22,10 @@ from gateway.upstream.monitor import LoadedModel
 #: default `keep_alive` (5 minutes); llama.cpp and vLLM keep their one model loaded anyway.
 SERVED_TTL = 300.0
 
+#: (server, model) pairs remembered at most: past it, the expired ones go, then the oldest
+#: half, so model names a client varies (case, tags) cannot grow the table without bound.
+MAX_SERVED = 4096
+
 #: Bytes per second a server loads a model at before one was measured: about what a GGUF of
 #: a few GB takes from a local NVMe disk into GPU memory (an order of magnitude, then learned).
 DEFAULT_LOAD_RATE = 1e9
@@ -83,7 +87,14 @@ class Residency:
 
     def served(self, server: str, model: str, now: float | None = None) -> None:
         """`server` answered for `model` (its first chunk came): it has it loaded now."""
-        self._served[(server, model)] = time.monotonic() if now is None else now
+        now = time.monotonic() if now is None else now
+        self._served[(server, model)] = now
+        if len(self._served) > MAX_SERVED:
+            fresh = {k: t for k, t in self._served.items() if now - t < SERVED_TTL}
+            if len(fresh) > MAX_SERVED // 2:
+                newest = sorted(fresh.items(), key=lambda item: item[1])[-(MAX_SERVED // 2) :]
+                fresh = dict(newest)
+            self._served = fresh
 
     def forget(self, server: str) -> None:
         """`server` restarted or failed: what it was answered for no longer says anything."""

@@ -58,6 +58,16 @@ REASONS = (
 #: Session keys remembered (a few hundred bytes each at most).
 SESSIONS = 4096
 
+#: The most blocks one prompt is hashed into: a sixteenth of the index at most, and never more
+#: than 512 (half a megabyte of text at the default block size, a longer context than local
+#: models run), so a few huge prompts cannot flush everyone's prefixes out of the index.
+PROMPT_BLOCKS = 512
+
+
+def prompt_limit(index_blocks: int) -> int:
+    """The blocks one prompt may take in an index of `index_blocks` (`PROMPT_BLOCKS`)."""
+    return max(1, min(PROMPT_BLOCKS, index_blocks // 16))
+
 
 class Monitored(Server, Protocol):
     """A server whose monitor counts the times it was seen going down."""
@@ -89,6 +99,7 @@ class Scheduler:
         self.weights = dict(policy.weights)
         self.weights["session"] = self.weights.get("prefix", 0.0)
         self.prefixes = PrefixIndex(policy.prefix_blocks)
+        self._prompt_blocks = prompt_limit(policy.prefix_blocks)
         self.sessions = SessionIndex(SESSIONS)
         self.residency = Residency()
         self._turn = 0
@@ -167,7 +178,7 @@ class Scheduler:
     ) -> list[int]:
         """Add the `prefix` cost (or `session`, when no server matches); characters matched."""
         policy = self.policy
-        blocks = ticket.blocks(policy.prefix_block_chars, policy.prefix_blocks)
+        blocks = ticket.blocks(policy.prefix_block_chars, self._prompt_blocks)
         matched = [0] * len(candidates)
         if blocks.hashes:
             found = self.prefixes.match(blocks.hashes, [c.name for c in candidates])
@@ -205,7 +216,7 @@ class Scheduler:
             return
         if self.weights.get("prefix", 0) > 0:
             self._prefix_hits.observe(ticket.prefix_tokens)
-            blocks = ticket.blocks(self.policy.prefix_block_chars, self.policy.prefix_blocks)
+            blocks = ticket.blocks(self.policy.prefix_block_chars, self._prompt_blocks)
             if blocks.hashes:
                 self.prefixes.record(blocks.hashes, server.name)
                 self._noted.add(server.name)
