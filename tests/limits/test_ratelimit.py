@@ -178,17 +178,24 @@ def test_max_concurrent_caps_requests_in_flight_per_key(make_gateway, emulator: 
     assert metric_value(gw.metrics_text(), "gateway_rate_limited_total", kind="concurrency") == 1
 
 
+def _wait_metric(gw, name: str, value: float, within: float = 10.0) -> None:
+    """Wait (polling `/metrics`) until the gauge `name` reads `value`, or fail after `within` s."""
+    deadline = time.monotonic() + within
+    while metric_value(gw.metrics_text(), name) != value:
+        assert time.monotonic() < deadline, f"{name} never reached {value}"
+        time.sleep(0.02)
+
+
 @pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_upstream_gate_queues_then_refuses_when_full_or_too_slow(make_gateway, emulator: Emulator):
-    gw = make_gateway(upstream_max_concurrent=1, upstream_queue_size=1, upstream_queue_timeout=0.6)
-    emulator.config.tokens = 20
-    emulator.config.inter_token = 0.1  # ~2 s per answer
+    gw = make_gateway(upstream_max_concurrent=1, upstream_queue_size=1, upstream_queue_timeout=3)
+    emulator.config.tokens = 40
+    emulator.config.inter_token = 0.1  # ~4 s per answer: longer than the queue's 3 s
     with ThreadPoolExecutor(2) as pool:
         holder = pool.submit(_post, gw)
-        time.sleep(0.3)
+        _wait_metric(gw, "gateway_upstream_slots_in_use", 1)
         waiter = pool.submit(_post, gw)
-        time.sleep(0.2)
-        assert metric_value(gw.metrics_text(), "gateway_upstream_queue_length") == 1
+        _wait_metric(gw, "gateway_upstream_queue_length", 1)
         full = _post(gw)
         assert full.status_code == 503
         assert full.headers["retry-after"]
