@@ -6,15 +6,33 @@ import asyncio
 import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
 from gateway.cli import main
+from gateway.keys import usage_cli
 from gateway.keys.store import KeyStore
 from gateway.metering.usage import UsageSink
 from tests.metering.test_usage import SUMMARY
 
-TODAY = datetime.now(UTC).date()
+#: Noon of a fixed UTC day: the sink and the CLI both read this clock, so a run that crosses
+#: midnight (CI did, once) cannot put the seeded rows and the CLI's "today" on different days.
+NOON = datetime(2030, 1, 2, 12, tzinfo=UTC)
+TODAY = NOON.date()
+
+
+class _FrozenDatetime(datetime):
+    """`datetime` whose `now()` is `NOON`, for the CLI's default `--until`."""
+
+    @classmethod
+    def now(cls, tz: Any = None) -> Any:
+        return NOON if tz is None else NOON.astimezone(tz)
+
+
+@pytest.fixture(autouse=True)
+def _frozen_today(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(usage_cli, "datetime", _FrozenDatetime)
 
 
 def _seed(url: str) -> tuple[str, str]:
@@ -26,7 +44,7 @@ def _seed(url: str) -> tuple[str, str]:
             await store.create_schema()
             alice, _ = await store.create_key("alice")
             bob, _ = await store.create_key("bob")
-            sink = UsageSink(store.engine)
+            sink = UsageSink(store.engine, clock=NOON.timestamp)
             sink.record(replace(SUMMARY, key_id=alice.id))
             sink.record(replace(SUMMARY, key_id=alice.id, outcome="upstream_error", ttft_s=0.75))
             sink.record(replace(SUMMARY, key_id=bob.id, requested_model="qwen2.5:7b"))
