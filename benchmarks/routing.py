@@ -12,6 +12,11 @@ point. One table per workload:
   its history, with a 1,500-word system prompt shared by every user, 3 of 4 conversations on
   one model and 1 on a second; both models preloaded on every server. The shared prompt is soon
   cached everywhere; each conversation's own history only where it was served.
+* `agents`: sessions of 10 turns of 400 words (an agent's tool outputs), a pause of 2 s on
+  average between them (the tool running, exponential), behind the same shared system prompt
+  and model mix. With the pause, the turn that just ended no longer hands its own server to the
+  next turn (it is least loaded only by accident, without one), and the histories (up to 7,000
+  tokens each) outgrow a server's prefix cache when every server serves every session.
 * `unique`: single-turn 600-word prompts, each unique from its first token: no prefix to
   reuse, so affinity can only cost.
 * `models`: three models over 2 servers, each preloading one of the first two; the third is
@@ -54,6 +59,7 @@ MODELS = ("llama3.1:8b", "qwen2.5:7b", "gemma3:4b")
 
 WORKLOADS = {
     "shared": Workload("shared", ((MODELS[0], 3), (MODELS[1], 1)), 6, 1500, 300, 48),
+    "agents": Workload("agents", ((MODELS[0], 3), (MODELS[1], 1)), 10, 1500, 400, 48, 2.0),
     "unique": Workload("unique", ((MODELS[0], 1),), 1, 0, 600, 48),
     "models": Workload("models", ((MODELS[0], 2), (MODELS[1], 2), (MODELS[2], 1)), 1, 0, 100, 48),
 }
@@ -118,8 +124,27 @@ def _state_at(events: list[dict[str, Any]], model: str, moment: float) -> tuple[
     return loaded, slots
 
 
+#: Seconds after a cold load's start in which a slot taken on another server was already
+#: taken: the gateway counts a request from its choice, a server from the request's arrival,
+#: so a request on its way (tens of milliseconds on a busy 2-core machine) shows there late.
+IN_TRANSIT = 0.1
+
+
+def _held_until(events: list[dict[str, Any]], model: str, start: float, end: float) -> int:
+    """The most slots of `model` held at any moment in [start, end], from one journal."""
+    _, most = _state_at(events, model, start)
+    for event in events:
+        if start <= event["t"] <= end and event["model"] == model and event["kind"] == "slots":
+            most = max(most, int(event["value"]))
+    return most
+
+
 def avoidable_loads(journals: list[list[dict[str, Any]]], parallel: int) -> int:
-    """Cold loads started while another server had the model loaded and a slot of it free."""
+    """Cold loads started while another server had the model loaded and a slot of it free.
+
+    Free means free at the load's start and for `IN_TRANSIT` seconds after (a request then
+    arriving there was already on its way when the load was decided).
+    """
     count = 0
     for index, events in enumerate(journals):
         for event in events:
@@ -128,8 +153,9 @@ def avoidable_loads(journals: list[list[dict[str, Any]]], parallel: int) -> int:
             for other, their in enumerate(journals):
                 if other == index:
                     continue
-                loaded, slots = _state_at(their, event["model"], event["t"])
-                if loaded and slots < parallel:
+                model, moment = event["model"], event["t"]
+                loaded, _ = _state_at(their, model, moment)
+                if loaded and _held_until(their, model, moment, moment + IN_TRANSIT) < parallel:
                     count += 1
                     break
     return count

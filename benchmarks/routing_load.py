@@ -68,6 +68,11 @@ class Workload:
         system_words: Words of the system prompt every conversation shares (0: none).
         user_words: Words of each user message.
         answer_tokens: Tokens per answer (`num_predict`).
+        think_s: Mean seconds between an answer and the conversation's next turn (exponential:
+            a person reading and typing, an agent running its tool); 0 sends the next turn at
+            once. Without it a closed loop flatters least-in-flight: the turn that just ended
+            freed a slot on exactly its own server, so the next turn finds that server the
+            least loaded and returns to its cache by accident.
     """
 
     name: str
@@ -76,6 +81,7 @@ class Workload:
     system_words: int
     user_words: int
     answer_tokens: int
+    think_s: float = 0.0
 
     def conversations(self, seed: int) -> Iterator[tuple[str, list[str], str | None]]:
         """Endless `(model, user turns, system prompt)`; every text unique to `seed`."""
@@ -157,10 +163,11 @@ async def drive(
 ) -> Result:
     """Run `concurrency` closed-loop workers for `seconds` against `url` (`/api/chat`).
 
-    Each worker takes the next conversation and plays its turns; a failed turn ends the
-    conversation. No request starts after `seconds`; those running then finish and count (so a
-    slow request, e.g. one behind a cold load, is not left out of the TTFT percentiles), and
-    `Result.seconds` runs to the last one's end, at most `DRAIN` seconds later.
+    Each worker takes the next conversation and plays its turns, pausing `workload.think_s`
+    on average between them; a failed turn ends the conversation. No request starts after
+    `seconds`; those running then finish and count (so a slow request, e.g. one behind a cold
+    load, is not left out of the TTFT percentiles), and `Result.seconds` runs to the last
+    one's end, at most `DRAIN` seconds later.
     """
     result = Result()
     source = workload.conversations(seed)
@@ -171,11 +178,14 @@ async def drive(
         base_url=url, headers=headers, limits=limits, timeout=timeout
     ) as client:
 
-        async def worker() -> None:
+        async def worker(number: int) -> None:
+            pause = random.Random(seed * 1000 + number)  # noqa: S311 - think time, not a secret
             while time.monotonic() < stop_at:
                 model, turns, system = next(source)
                 history = [{"role": "system", "content": system}] if system else []
                 for text in turns:
+                    if len(history) > 1 and workload.think_s:
+                        await anyio.sleep(pause.expovariate(1 / workload.think_s))
                     if time.monotonic() >= stop_at:
                         return
                     history.append({"role": "user", "content": text})
@@ -197,7 +207,7 @@ async def drive(
         stop_at = start + seconds
         with anyio.move_on_after(seconds + DRAIN):
             async with anyio.create_task_group() as group:
-                for _ in range(concurrency):
-                    group.start_soon(worker)
+                for number in range(concurrency):
+                    group.start_soon(worker, number)
         result.seconds = time.monotonic() - start
     return result

@@ -192,7 +192,7 @@ class Generation:
                     and len(tried) == len(services.pool.upstreams),
                 )
                 await exchange.open()
-                services.pool.answering(upstream, self.request.model)
+                services.pool.answering(upstream, self.request.model, self.routing)
             except UntranslatableRequestError as exc:
                 self._end_span(exc)
                 await self._release(None)  # another upstream's dialect may express it

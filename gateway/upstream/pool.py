@@ -29,7 +29,7 @@ import math
 import random
 import time
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import anyio
@@ -70,8 +70,13 @@ class Upstream:
     slots: UpstreamSlots
     breaker: CircuitBreaker
     in_flight: int = 0
-    #: Estimated prompt and output tokens of the requests in flight (`RouteTicket.tokens`).
+    #: Estimated tokens of work the requests in flight brought it: their prompt tokens it did
+    #: not hold (the prefix matched at the choice is cached there) and their expected output
+    #: (`RouteTicket.work`).
     tokens_in_flight: int = 0
+    #: Requests in flight per model as clients named it (no entry at 0: as many entries as
+    #: models in flight, so a client varying names cannot grow it past its own requests).
+    models_in_flight: dict[str, int] = field(default_factory=dict)
     #: `time.monotonic()` before which the upstream asked not to be sent requests (Retry-After).
     not_before: float = 0.0
 
@@ -89,6 +94,10 @@ class Upstream:
     def capacity(self) -> int:
         """Requests its gate lets through at once; 0: no gate."""
         return self.slots.capacity
+
+    def model_in_flight(self, model: str) -> int:
+        """Requests in flight to it for `model`."""
+        return self.models_in_flight.get(model, 0)
 
     @property
     def loaded(self) -> list[LoadedModel] | None:
@@ -222,7 +231,10 @@ class UpstreamPool:
     def _started(self, upstream: Upstream, ticket: RouteTicket) -> None:
         """A request was assigned to `upstream`."""
         upstream.in_flight += 1
-        upstream.tokens_in_flight += ticket.tokens
+        ticket.charged = ticket.work
+        upstream.tokens_in_flight += ticket.charged
+        models = upstream.models_in_flight
+        models[ticket.model] = models.get(ticket.model, 0) + 1
         self._metrics.upstream_in_flight.labels(upstream.name).set(upstream.in_flight)
 
     def finished(
@@ -247,7 +259,16 @@ class UpstreamPool:
         """
         upstream.in_flight -= 1
         if ticket is not None:
-            upstream.tokens_in_flight -= ticket.tokens
+            upstream.tokens_in_flight -= ticket.charged
+            models = upstream.models_in_flight
+            left = models.get(ticket.model, 0) - 1
+            if left > 0:
+                models[ticket.model] = left
+            else:
+                models.pop(ticket.model, None)
+            if healthy and ticket.answered_at is not None:
+                self.scheduler.held(upstream.name, time.monotonic() - ticket.answered_at)
+            ticket.answered_at = None  # a failover's next try measures its own
             if load_ns and load_ns >= MIN_LOAD_SECONDS * 1e9:  # a real load, not a lookup
                 residency = self.scheduler.residency
                 size = residency.size(self.upstreams, ticket.model)
@@ -286,10 +307,13 @@ class UpstreamPool:
             upstream.breaker.record_neutral()
         self._set_state(upstream)
 
-    def answering(self, upstream: Upstream, model: str | None = None) -> None:
+    def answering(
+        self, upstream: Upstream, model: str | None = None, ticket: RouteTicket | None = None
+    ) -> None:
         """`upstream` sent a request's first chunk: a success for its circuit breaker now.
 
-        With `model`, the upstream has that model loaded now (`Residency.served`).
+        With `model`, the upstream has that model loaded now (`Residency.served`); with
+        `ticket`, the answer's start is noted on it (the slot's hold is measured at the end).
 
         A half-open circuit closes at the trial's first chunk rather than at its end, so one
         long stream does not keep every other request away from a recovered upstream. A
@@ -299,6 +323,8 @@ class UpstreamPool:
         # vary it without end).
         if model is not None and upstream.catalog.label(model) != OTHER_MODEL:
             self.scheduler.residency.served(upstream.name, model)
+        if ticket is not None:
+            ticket.answered_at = time.monotonic()
         if upstream.breaker.state is not CircuitState.CLOSED:
             upstream.breaker.record_success()
             self._set_state(upstream)

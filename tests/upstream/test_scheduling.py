@@ -25,6 +25,7 @@ from gateway.upstream.scheduling.prefixes import (
 )
 from gateway.upstream.scheduling.residency import (
     DEFAULT_LOAD_RATE,
+    LOAD_GRACE,
     MAX_SERVED,
     SERVED_TTL,
     Residency,
@@ -60,6 +61,11 @@ class FakeServer:
     loaded_at: float = 0.0
     downs: int = 0
     extra: dict = field(default_factory=dict)
+    #: Requests in flight per model; a model not listed has all of `in_flight`.
+    by_model: dict[str, int] = field(default_factory=dict)
+
+    def model_in_flight(self, model: str) -> int:
+        return self.by_model.get(model, self.in_flight)
 
 
 def _loaded(*models: str, size: int = 4_000_000_000) -> list[LoadedModel]:
@@ -82,9 +88,15 @@ SYSTEM = "You are a careful coding agent. " * 40  # ~1.3 kB, several blocks
 
 def test_load_costs_are_each_servers_work_in_tokens_and_the_wait_for_a_slot():
     servers = [FakeServer("a"), FakeServer("b", in_flight=2, tokens_in_flight=1000)]
-    assert load_costs(servers) == [0.0, 1000 + 2 * 256]
+    assert load_costs(servers, MODEL) == [0.0, 1000 + 2 * 256]
     full = FakeServer("c", in_flight=2, capacity=2)
-    assert load_costs([full]) == [2 * 256 + 1 * 2.5 * 2000]  # one slot's wait
+    # One request ahead: a slot frees every hold (10 s before one is measured) / 2 slots.
+    assert load_costs([full], MODEL) == [2 * 256 + 10 / 2 * 2000]
+    assert load_costs([full], MODEL, {"c": 1.0}) == [2 * 256 + 1.0 / 2 * 2000]  # learned
+    # Without a gate, the slots are Ollama's per model: another model's requests wait apart.
+    mixed = FakeServer("d", in_flight=6, by_model={MODEL: 2, "other": 4})
+    assert load_costs([mixed], MODEL) == [6 * 256]
+    assert load_costs([mixed], "other") == [6 * 256 + 1 * 2.5 * 2000]
 
 
 def test_server_load_counts_tokens_and_requests_per_weight():
@@ -104,10 +116,16 @@ def test_residency_costs_warm_under_unknown_and_a_longer_load_costs_more():
 
 
 def test_a_free_slot_is_below_the_gate_or_below_ollamas_default_parallel():
-    assert has_free_slot(FakeServer("a", in_flight=3))
-    assert not has_free_slot(FakeServer("a", in_flight=4))
-    assert has_free_slot(FakeServer("a", in_flight=7, capacity=8))
-    assert not has_free_slot(FakeServer("a", in_flight=2, capacity=2))
+    assert has_free_slot(FakeServer("a", in_flight=3), MODEL)
+    assert not has_free_slot(FakeServer("a", in_flight=4), MODEL)
+    assert has_free_slot(FakeServer("a", in_flight=7, capacity=8), MODEL)
+    assert not has_free_slot(FakeServer("a", in_flight=2, capacity=2), MODEL)
+    # Ollama's OLLAMA_NUM_PARALLEL counts per model: four of another model leave room.
+    busy = FakeServer("a", in_flight=6, by_model={MODEL: 2, "other": 4})
+    assert has_free_slot(busy, MODEL)
+    assert not has_free_slot(busy, "other")
+    # A gate counts the server's requests, whatever their models.
+    assert not has_free_slot(FakeServer("a", in_flight=2, capacity=2, by_model={"x": 2}), MODEL)
 
 
 def test_the_balance_guard_needs_both_the_absolute_and_the_relative_gap():
@@ -391,6 +409,56 @@ def test_scored_prefers_the_server_holding_the_model_and_never_starts_a_cold_loa
     assert metric_value(text, "gateway_route_cold_loads_total", upstream="cold") == 1
 
 
+def test_a_load_under_way_is_joined_not_started_again_on_another_server():
+    scheduler, metrics = _scheduler()
+    a = FakeServer("a", loaded=_loaded("other:1b", size=8_000_000_000), loaded_at=0.0)
+    b = FakeServer("b", loaded=_loaded("other:2b", size=8_000_000_000), loaded_at=0.0)
+    first = _choose(scheduler, [a, b], RouteTicket(MODEL))
+    assert first.loaded is not None
+    assert MODEL not in [m.model for m in first.loaded]
+    first.in_flight += 2  # it loads; another request arrives before /api/ps lists the model
+    other = b if first is a else a
+    for _ in range(3):
+        assert _choose(scheduler, [a, b], RouteTicket(MODEL)) is first
+    text = generate_latest(metrics.registry).decode()
+    assert metric_value(text, "gateway_route_cold_loads_total", upstream=first.name) == 1
+    assert not metric_value(text, "gateway_route_cold_loads_total", upstream=other.name)
+    scheduler.residency.served(first.name, MODEL)  # its first chunk: loaded, no longer loading
+    assert scheduler.residency.loading(first.name, MODEL) is None
+
+
+def test_a_load_under_way_counts_its_time_left_and_is_dropped_after_its_grace():
+    residency = Residency()
+    assert residency.loading("a", MODEL, now=0.0) is None
+    residency.started("a", MODEL, 4.0, now=10.0)
+    assert residency.loading("a", MODEL, now=11.0) == 3.0
+    assert residency.loading("a", MODEL, now=15.0) == 0.0  # late: still under way
+    assert residency.loading("a", MODEL, now=10.0 + LOAD_GRACE * 4.0 + 0.1) is None
+    residency.started("a", MODEL, 4.0, now=20.0)
+    residency.forget("a")
+    assert residency.loading("a", MODEL, now=21.0) is None
+    for i in range(3 * MAX_SERVED):
+        residency.started("a", f"Model-{i}", 100.0, now=float(i))
+    assert len(residency._loading) <= MAX_SERVED
+
+
+def test_the_slot_hold_is_learned_per_server_and_short_answers_make_queueing_cheap():
+    scheduler, _ = _scheduler()
+    for _ in range(50):
+        scheduler.held("warm", 0.4)  # 48-token answers at 120 tokens/s
+    assert scheduler.holds["warm"] == pytest.approx(0.4, rel=0.01)
+    warm = FakeServer("warm", loaded=_loaded(MODEL), in_flight=6)  # two wait for a slot
+    cold = FakeServer("cold", loaded=[])
+    ticket = RouteTicket(MODEL)
+    assert _choose(scheduler, [cold, warm], ticket) is warm  # 0.2 s beats a load
+    assert ticket.reason == "balance_guard"  # 6 to 0 in flight, but the guard counts the load
+    unlearned, _ = _scheduler()
+    assert _choose(unlearned, [cold, warm], RouteTicket(MODEL)) is cold  # 5 s did not
+    least, _ = _scheduler("least_in_flight")
+    least.held("warm", 0.4)
+    assert least.holds == {}  # only the scored policy reads it
+
+
 def test_the_balance_guard_overrides_affinity():
     scheduler, _ = _scheduler()
     servers = [FakeServer("a"), FakeServer("b")]
@@ -499,7 +567,9 @@ async def test_a_failure_one_key_may_have_caused_leaves_the_routing_state_alone(
         ticket = RouteTicket(MODEL, request=_chat(SYSTEM), scope="k")
         upstream = pool.choose(MODEL, set(), ticket=ticket)
         assert upstream is not None
+        assert upstream.models_in_flight == {MODEL: 1}
         pool.finished(upstream, True, ticket=ticket)
+        assert upstream.models_in_flight == {}  # no entry left behind at 0
         noted = _noted(pool, ticket)
         assert noted == {upstream.name}
         busy = pool.choose(MODEL, set(), ticket=ticket)

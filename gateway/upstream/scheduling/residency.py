@@ -5,6 +5,12 @@ gateway was answered for since that read counts as loaded too (it has just been 
 Another server (the OpenAI dialect: llama.cpp, vLLM) says nothing: a model counts as loaded
 there for `SERVED_TTL` after the gateway was last answered for it, then as unknown.
 
+A load the gateway itself started (it sent a model to a server that did not hold it) counts as
+under way until that server answers for the model, or its expected end (`LOAD_GRACE` times the
+load's expected seconds) passes: a second request for the model then waits for that load (its
+cost is the time left) rather than starting a second one elsewhere while the server's
+`/api/ps` does not list the model yet.
+
 A cold load costs the model's size over the server's load rate: the size as some server's
 `/api/ps` reports it, the rate learned from Ollama's `load_duration` in final chunks (an
 exponential average per server), `DEFAULT_LOAD_RATE` before any.
@@ -39,6 +45,10 @@ RATE_ALPHA = 0.3
 #: A `load_duration` shorter than this was no load (the model was already in memory).
 MIN_LOAD_SECONDS = 0.05
 
+#: A load under way counts until this many times its expected seconds have passed (a slow
+#: disk, a larger model than thought), then as never started.
+LOAD_GRACE = 2.0
+
 
 class Holder(Protocol):
     """What residency reads of a server (`gateway.upstream.pool.Upstream` is one)."""
@@ -70,6 +80,9 @@ class Residency:
     def __init__(self) -> None:
         self._served: dict[tuple[str, str], float] = {}
         self._rates: dict[str, float] = {}
+        # (server, model) -> (monotonic start, expected seconds) of loads the gateway started.
+        self._loading: dict[tuple[str, str], tuple[float, float]] = {}
+        self._sizes: dict[str, int] = {}
 
     def state(self, server: Holder, model: str, now: float | None = None) -> bool | None:
         """True: `model` is loaded on `server`; False: it is not; None: unknown."""
@@ -85,10 +98,41 @@ class Residency:
             return True
         return None
 
+    def loading(self, server: str, model: str, now: float | None = None) -> float | None:
+        """Seconds left of a load of `model` the gateway started on `server`; None: none.
+
+        0.0 once the expected end has passed (the load is late, still counted as under way
+        until `LOAD_GRACE` times its expected seconds).
+        """
+        entry = self._loading.get((server, model))
+        if entry is None:
+            return None
+        now = time.monotonic() if now is None else now
+        start, seconds = entry
+        if now - start > LOAD_GRACE * seconds:
+            del self._loading[(server, model)]
+            return None
+        return max(0.0, start + seconds - now)
+
+    def started(self, server: str, model: str, seconds: float, now: float | None = None) -> None:
+        """The gateway sent `model` to `server`, which must load it: `seconds` expected.
+
+        Bounded as `served` is: past `MAX_SERVED` entries, those past their grace go first,
+        then the oldest half.
+        """
+        now = time.monotonic() if now is None else now
+        self._loading[(server, model)] = (now, seconds)
+        if len(self._loading) > MAX_SERVED:
+            live = {k: (t, s) for k, (t, s) in self._loading.items() if now - t <= LOAD_GRACE * s}
+            if len(live) > MAX_SERVED // 2:
+                live = dict(sorted(live.items(), key=lambda item: item[1][0])[-(MAX_SERVED // 2) :])
+            self._loading = live
+
     def served(self, server: str, model: str, now: float | None = None) -> None:
         """`server` answered for `model` (its first chunk came): it has it loaded now."""
         now = time.monotonic() if now is None else now
         self._served[(server, model)] = now
+        self._loading.pop((server, model), None)
         if len(self._served) > MAX_SERVED:
             fresh = {k: t for k, t in self._served.items() if now - t < SERVED_TTL}
             if len(fresh) > MAX_SERVED // 2:
@@ -100,15 +144,23 @@ class Residency:
         """`server` restarted or failed: what it was answered for no longer says anything."""
         for key in [key for key in self._served if key[0] == server]:
             del self._served[key]
+        for key in [key for key in self._loading if key[0] == server]:
+            del self._loading[key]
 
     def size(self, servers: Sequence[Holder], model: str) -> int | None:
-        """The model's size in bytes as some server's `/api/ps` reports it, or None."""
+        """The model's size in bytes as some server's `/api/ps` reports it, or None.
+
+        The last size read is remembered (for the names `served` remembers at most), so a
+        model that no server holds any more still has one.
+        """
         tagged = _tagged(model)
         for server in servers:
             for entry in server.loaded or ():
                 if entry.model in (model, tagged):
+                    if len(self._sizes) < MAX_SERVED or model in self._sizes:
+                        self._sizes[model] = entry.size
                     return entry.size
-        return None
+        return self._sizes.get(model)
 
     def learn(self, server: str, size: int | None, load_ns: int | None) -> None:
         """Fold one measured load (`size` bytes in `load_ns` nanoseconds) into `server`'s rate."""

@@ -6,11 +6,12 @@ in the pool's order, and tries them in the order returned, the first whose circu
 - `least_in_flight` (the default): the fewest requests in flight per weight, ties at random;
 - `round_robin`: each choice starts one candidate further along;
 - `scored`: first, where the model is loaded on a server with a free slot, only such servers
-  (a cold load is never started while a warm server has room); then SGLang's balance guard
-  (the least loaded when one server is far busier); else the lowest weighted sum of the costs
-  in tokens (`scores`): the prompt tokens a server must still prefill (none at the session's
-  last server when no server has a prefix match), its load, and a cold load
-  (`GATEWAY_ROUTING_SCORES`).
+  (a cold load is never started while a warm server has room), else where a load the gateway
+  started is under way with room (never a second load beside it); then SGLang's balance guard
+  (the least loaded, a cold load counted, when one server is far busier); else the lowest
+  weighted sum of the costs in tokens (`scores`): the prompt tokens a server must still
+  prefill (none at the session's last server when no server has a prefix match), its load,
+  and a cold load (`GATEWAY_ROUTING_SCORES`).
 
 Each choice has a reason (`REASONS`), counted in `gateway_route_decisions_total{reason}`,
 logged with the request and set on its span. What the policy learns comes back through the
@@ -54,6 +55,9 @@ REASONS = (
     "failover",
     "panic",
 )
+
+#: Weight of a new sample in a server's learned slot hold (an exponential moving average).
+HOLD_ALPHA = 0.1
 
 #: Session keys remembered (a few hundred bytes each at most).
 SESSIONS = 4096
@@ -103,6 +107,8 @@ class Scheduler:
         self.sessions = SessionIndex(SESSIONS)
         self.residency = Residency()
         self._turn = 0
+        #: Seconds a request holds its slot, per server: an exponential average (`held`).
+        self.holds: dict[str, float] = {}
         self._downs: dict[str, int] = {}
         self._noted: set[str] = set()  # servers the indexes hold something for
         self._decisions = {reason: metrics.route_decisions.labels(reason) for reason in REASONS}
@@ -133,8 +139,19 @@ class Scheduler:
         state = self.residency.state
         states = [state(c, ticket.model, now) for c in candidates]
         narrowed = False
-        if weights.get("residency", 0) > 0 and any(states):
-            warm = [i for i, c in enumerate(candidates) if states[i] and has_free_slot(c)]
+        if weights.get("residency", 0) > 0:
+            warm = [
+                i for i, c in enumerate(candidates) if states[i] and has_free_slot(c, ticket.model)
+            ]
+            if not warm:  # a load under way with room beats a second load elsewhere
+                loading = self.residency.loading
+                warm = [
+                    i
+                    for i, c in enumerate(candidates)
+                    if states[i] is False
+                    and has_free_slot(c, ticket.model)
+                    and loading(c.name, ticket.model, now) is not None
+                ]
             if warm and len(warm) < len(candidates):
                 candidates = [candidates[i] for i in warm]
                 states = [states[i] for i in warm]
@@ -143,22 +160,20 @@ class Scheduler:
             return candidates, "residency"
         policy = self.policy
         if imbalanced(candidates, policy.balance_abs_threshold, policy.balance_rel_threshold):
-            return sorted(candidates, key=_in_flight), "balance_guard"
+            return self._guarded(candidates, states, ticket.model, now), "balance_guard"
         # A cost equal everywhere cannot change the choice: it is left out (cheaper).
         terms: dict[str, list[float]] = {}
         if weights.get("load", 0) > 0:
-            loads = load_costs(candidates)
+            loads = load_costs(candidates, ticket.model, self.holds)
             if max(loads) != min(loads):
                 terms["load"] = loads
         matched: list[int] = []
         if weights.get("prefix", 0) > 0:
             matched = self._prefix_terms(candidates, states, ticket, terms)
-        if weights.get("residency", 0) > 0 and states.count(states[0]) != len(states):
-            size = self.residency.size(candidates, ticket.model)
-            terms["residency"] = [
-                residency_cost(state, self.residency.load_seconds(c.name, size))
-                for c, state in zip(candidates, states, strict=True)
-            ]
+        if weights.get("residency", 0) > 0 and (False in states or None in states):
+            costs = self._residency_costs(candidates, states, ticket.model, now)
+            if max(costs) != min(costs):
+                terms["residency"] = costs
         if not terms:  # a tie: the rotation already put a random one first
             return candidates, "residency" if narrowed else "load"
         best, reason = pick(terms, weights)
@@ -168,6 +183,37 @@ class Scheduler:
             ticket.prefix_tokens = matched[best] // CHARS_PER_TOKEN
         rest = [c for i, c in enumerate(candidates) if i != best]
         return [candidates[best], *rest], reason
+
+    def _guarded(
+        self, candidates: list[S], states: Sequence[bool | None], model: str, now: float
+    ) -> list[S]:
+        """The balance guard's order: the least loaded, a cold load still counted.
+
+        The guard overrides affinity (prefix, session), not residency: a cold load is work
+        the idle server must do first, and sending it one to balance the counts would evict
+        a model its own requests need.
+        """
+        costs: list[float] = []
+        if self.weights.get("residency", 0) > 0 and (False in states or None in states):
+            costs = self._residency_costs(candidates, states, model, now)
+        if not costs or max(costs) == min(costs):
+            return sorted(candidates, key=_in_flight)
+        terms = {"load": load_costs(candidates, model, self.holds), "residency": costs}
+        best, _ = pick(terms, {"load": 1.0, "residency": self.weights["residency"]})
+        return [candidates[best], *(c for i, c in enumerate(candidates) if i != best)]
+
+    def _residency_costs(
+        self, candidates: Sequence[S], states: Sequence[bool | None], model: str, now: float
+    ) -> list[float]:
+        """Each candidate's cold-load cost: none, the time left of a load under way, or one."""
+        residency = self.residency
+        size = residency.size(candidates, model)
+        costs = []
+        for server, state in zip(candidates, states, strict=True):
+            left = residency.loading(server.name, model, now) if state is False else None
+            seconds = residency.load_seconds(server.name, size) if left is None else left
+            costs.append(residency_cost(state, seconds))
+        return costs
 
     def _prefix_terms(
         self,
@@ -210,8 +256,14 @@ class Scheduler:
         """`server` takes the request, chosen for `reason`: count it, note its prompt."""
         ticket.reason = reason
         self._decisions[reason].inc()
-        if self.residency.state(server, ticket.model) is False:
+        residency = self.residency
+        if (
+            residency.state(server, ticket.model) is False
+            and residency.loading(server.name, ticket.model) is None
+        ):
             self._cold_loads.labels(server.name).inc()
+            size = residency.size([server], ticket.model)
+            residency.started(server.name, ticket.model, residency.load_seconds(server.name, size))
         if not self._learns:
             return
         if self.weights.get("prefix", 0) > 0:
@@ -223,6 +275,17 @@ class Scheduler:
             if ticket.session is not None:
                 self.sessions.record(ticket.session, server.name)
                 self._noted.add(server.name)
+
+    def held(self, server: str, seconds: float) -> None:
+        """A request on `server` held its slot `seconds` (its answer's start to its end).
+
+        Folded into the server's average (`HOLD_ALPHA`), which the load cost's slot wait
+        uses; learned only by the `scored` policy, the one that reads it.
+        """
+        if not self._learns or seconds < 0:
+            return
+        known = self.holds.get(server)
+        self.holds[server] = seconds if known is None else known + HOLD_ALPHA * (seconds - known)
 
     def forget(self, server: str) -> None:
         """Drop the prompts, sessions and loaded models noted for `server`."""

@@ -14,8 +14,9 @@ policy then did exactly what least-in-flight does.)
 
 - prefix: the prompt's estimated tokens the server was not recently sent (whole blocks);
 - load: the server's in-flight tokens plus `REQUEST_TOKENS` per request, per weight, and,
-  for a request that would wait for a slot, the wait (`SLOT_WAIT_SECONDS` per request ahead of
-  it in the queue, at `LOAD_TOKENS_PER_SECOND`);
+  for a request that would wait for a slot, the wait (a slot's hold, learned per server, over
+  the slots, per request ahead of it, at `LOAD_TOKENS_PER_SECOND`; the slots are the gate's,
+  else Ollama's per model);
 - residency: 0 where the model is loaded; where it must load, its load time at
   `LOAD_TOKENS_PER_SECOND` (the prefill a GPU server could have done meanwhile), half a
   `LOAD_SCALE_SECONDS` load where the state is unknown.
@@ -23,7 +24,7 @@ policy then did exactly what least-in-flight does.)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from gateway.upstream.scheduling.residency import Holder
@@ -32,8 +33,10 @@ from gateway.upstream.scheduling.residency import Holder
 #: batch beyond its tokens, so that many short requests still count as load.
 REQUEST_TOKENS = 256
 
-#: Requests a server without a configured gate runs at once: Ollama's `OLLAMA_NUM_PARALLEL`
-#: picks 4 (or 1 with little memory) by default (Ollama FAQ); past it, requests queue.
+#: Requests of one model a server without a configured gate runs at once: Ollama's
+#: `OLLAMA_NUM_PARALLEL`, "the maximum number of parallel requests each model will process at
+#: the same time", picks 4 (or 1 with little memory) by default (Ollama FAQ); past it, that
+#: model's requests queue while another loaded model's may still start.
 DEFAULT_SLOTS = 4
 
 #: Seconds of cold load assumed where nobody knows whether the model is loaded (half of it is
@@ -44,9 +47,10 @@ LOAD_SCALE_SECONDS = 10.0
 #: tokens/s for an 8B model: the emulator's preset, gateway.testing.emulator.profiles).
 LOAD_TOKENS_PER_SECOND = 2000.0
 
-#: Seconds a request waits per request queued before it for a slot: one answer's decode
-#: (about 256 tokens at 10 ms a token), turned into tokens at `LOAD_TOKENS_PER_SECOND`.
-SLOT_WAIT_SECONDS = 2.5
+#: Seconds a request holds its slot, from the server's answer to its end, before one was
+#: measured on a server (`Scheduler.held` learns it per server): a 256-token answer at about
+#: 25 tokens/s, a local 8B model's decode with its slots busy.
+DEFAULT_HOLD_SECONDS = 10.0
 
 #: Estimated characters per token (`gateway.limits.estimate.BYTES_PER_TOKEN`, for ASCII).
 CHARS_PER_TOKEN = 4
@@ -75,24 +79,57 @@ class Server(Holder, Protocol):
         """Requests its gate lets through at once; 0: no gate."""
         ...
 
+    def model_in_flight(self, model: str) -> int:
+        """Requests in flight to it from this process for `model` (as the client named it)."""
+        ...
+
 
 def server_load(server: Server) -> float:
     """In-flight tokens plus `REQUEST_TOKENS` per request, per unit of weight."""
     return (server.tokens_in_flight + server.in_flight * REQUEST_TOKENS) / server.weight
 
 
-def queue_cost(server: Server) -> float:
-    """One more request's wait for a slot, in tokens.
+def _waiting(server: Server, model: str) -> int:
+    """Requests ahead of one more for `model` once the slots are taken (<= 0: one is free).
 
-    0 while a slot is free (below `capacity`, else `DEFAULT_SLOTS`).
+    With a gate (`capacity`), its slots are the server's; without one, Ollama's per model
+    (`DEFAULT_SLOTS`).
     """
-    waiting = server.in_flight + 1 - (server.capacity or DEFAULT_SLOTS)
-    return max(0, waiting) * SLOT_WAIT_SECONDS * LOAD_TOKENS_PER_SECOND / server.weight
+    if server.capacity:
+        return server.in_flight + 1 - server.capacity
+    return server.model_in_flight(model) + 1 - DEFAULT_SLOTS
 
 
-def load_costs(servers: Sequence[Server]) -> list[float]:
-    """Each server's work in tokens (`server_load`) and one more request's wait for a slot."""
-    return [server_load(server) + queue_cost(server) for server in servers]
+def queue_cost(server: Server, model: str, hold_seconds: float = DEFAULT_HOLD_SECONDS) -> float:
+    """One more request's wait for a slot for `model`, in tokens; 0 while a slot is free.
+
+    Each request ahead of it waits a slot's hold (`hold_seconds`) shared by the slots (one
+    frees every hold / slots seconds, on average), turned into tokens at
+    `LOAD_TOKENS_PER_SECOND`.
+    """
+    waiting = _waiting(server, model)
+    if waiting <= 0:
+        return 0.0
+    slots = server.capacity or DEFAULT_SLOTS
+    return waiting * hold_seconds / slots * LOAD_TOKENS_PER_SECOND / server.weight
+
+
+def load_costs(
+    servers: Sequence[Server], model: str, holds: Mapping[str, float] | None = None
+) -> list[float]:
+    """Each server's work in tokens (`server_load`) and one more request's wait for a slot.
+
+    Args:
+        servers: The candidates.
+        model: The request's model (slots without a gate are per model).
+        holds: Seconds a request holds a slot, per server name, where measured.
+    """
+    holds = holds or {}
+    return [
+        server_load(server)
+        + queue_cost(server, model, holds.get(server.name, DEFAULT_HOLD_SECONDS))
+        for server in servers
+    ]
 
 
 def prefix_costs(matched: Sequence[int], chars: int) -> list[float]:
@@ -112,9 +149,9 @@ def residency_cost(state: bool | None, load_seconds: float) -> float:
     return load_seconds * LOAD_TOKENS_PER_SECOND
 
 
-def has_free_slot(server: Server) -> bool:
-    """Whether another request would start at once: below its gate, or `DEFAULT_SLOTS`."""
-    return server.in_flight < (server.capacity or DEFAULT_SLOTS)
+def has_free_slot(server: Server, model: str) -> bool:
+    """Whether another request for `model` would start at once (`_waiting`)."""
+    return _waiting(server, model) <= 0
 
 
 def imbalanced(servers: Sequence[Server], abs_threshold: int, rel_threshold: float) -> bool:

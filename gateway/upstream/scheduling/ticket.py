@@ -26,6 +26,10 @@ class RouteTicket:
             model management).
         reason: Why the last choice went where it went (`REASONS`); None before a choice.
         prefix_tokens: Estimated prompt tokens the chosen upstream already had (0: none).
+        charged: The tokens it added to its upstream's load at the choice (`work` then), taken
+            off again when it ends.
+        answered_at: `time.monotonic()` when the chosen upstream answered (None: not yet),
+            so the slot's hold can be measured at the end (`Scheduler.held`).
         scope: Whose prompts these are (the API key's id): the prefix chain and the session
             start from it, so a key matches only its own earlier prompts. Shared across keys,
             the index would tell one key, through routing, timing and
@@ -39,7 +43,18 @@ class RouteTicket:
     reason: str | None = None
     prefix_tokens: int = 0
     scope: str | None = None
+    answered_at: float | None = None
+    charged: int = 0
     _blocks: PromptBlocks | None = field(default=None, repr=False)
+
+    @property
+    def work(self) -> int:
+        """Tokens of work it brings the chosen upstream: `tokens` less the prefix it holds.
+
+        A conversation's next turn, sent where its history is cached, costs that server only
+        its new tail and the answer, which is what the next request there waits behind.
+        """
+        return max(0, self.tokens - self.prefix_tokens)
 
     def blocks(self, block_chars: int, limit: int) -> PromptBlocks:
         """The prompt's blocks (`prefixes.prompt_blocks`), computed once."""

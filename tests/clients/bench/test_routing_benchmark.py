@@ -30,6 +30,15 @@ def test_a_cold_load_is_avoidable_only_while_another_server_holds_the_model_with
     assert avoidable_loads([evicted, other], parallel=2) == 0
     loading = [event(0, "m1", "load", 2.0)]  # still loading at t=1: not a holder yet
     assert avoidable_loads([loading, [event(1, "m1", "load", 5.0)]], parallel=2) == 0
+    # A request already on its way to the holder takes its last slot 50 ms after the load.
+    arriving = [
+        event(0, "m1", "ready"),
+        event(0.5, "m1", "slots", 1),
+        event(1.05, "m1", "slots", 2),
+    ]
+    assert avoidable_loads([arriving, [event(1, "m1", "load", 3.0)]], parallel=2) == 0
+    later = [event(0, "m1", "ready"), event(0.5, "m1", "slots", 1), event(1.5, "m1", "slots", 2)]
+    assert avoidable_loads([later, [event(1, "m1", "load", 3.0)]], parallel=2) == 1
 
 
 def test_the_gateway_is_told_the_policy_only_when_it_is_not_the_default():
@@ -48,12 +57,13 @@ def test_the_quick_run_prints_one_table_per_workload_and_the_shared_prefix_hits(
     status = main(argv)
     rows = {row["workload"]: row for row in json.loads(out.read_text())}
     assert status == 0, {name: row["failures"] for name, row in rows.items()}
-    assert list(rows) == ["shared", "unique", "models"]
+    assert list(rows) == ["shared", "agents", "unique", "models"]
     for row in rows.values():
         assert (row["servers"], row["policy"], row["concurrency"]) == (2, DEFAULT_POLICY, 4)
         assert row["requests"] > 0
         assert row["ttft_p50"] is not None
     assert rows["shared"]["prefix_hit_rate"] > 0.3  # the shared system prompt and histories
+    assert rows["agents"]["prefix_hit_rate"] > 0.3
     assert rows["unique"]["prefix_hit_rate"] == 0
     assert rows["models"]["cold_loads"] >= 1  # the third model is preloaded nowhere
     printed = capsys.readouterr().out
