@@ -17,6 +17,7 @@ from gateway.policies import PoolPolicy, SchedulingPolicy
 from gateway.settings import Settings
 from gateway.upstream.monitor import LoadedModel
 from gateway.upstream.pool import UpstreamPool, open_pool
+from gateway.upstream.reported import ServerReport
 from gateway.upstream.scheduling.prefixes import (
     PrefixIndex,
     SessionIndex,
@@ -59,6 +60,7 @@ class FakeServer:
     loaded: list[LoadedModel] | None = None
     loaded_at: float = 0.0
     downs: int = 0
+    report: ServerReport | None = None
     extra: dict = field(default_factory=dict)
 
 

@@ -5,12 +5,13 @@ in the pool's order, and tries them in the order returned, the first whose circu
 
 - `least_in_flight` (the default): the fewest requests in flight per weight, ties at random;
 - `round_robin`: each choice starts one candidate further along;
-- `scored`: first, where the model is loaded on a server with a free slot, only such servers
-  (a cold load is never started while a warm server has room); then SGLang's balance guard
-  (the least loaded when one server is far busier); else the lowest weighted sum of the costs
-  in tokens (`scores`): the prompt tokens a server must still prefill (none at the session's
-  last server when no server has a prefix match), its load, and a cold load
-  (`GATEWAY_ROUTING_SCORES`).
+- `scored`: first, where the model is loaded on a server with a free slot (and no queue of
+  its own, as it reports it), only such servers (a cold load is never started while a warm
+  server has room); then SGLang's balance guard (the least loaded when one server is far
+  busier); else the lowest weighted sum of the costs in tokens (`scores`): the prompt tokens
+  a server must still prefill (none at the session's last server when no server has a prefix
+  match), its load, a cold load, and the load the server itself reports beyond this
+  gateway's own (`reported`) (`GATEWAY_ROUTING_SCORES`).
 
 Each choice has a reason (`REASONS`), counted in `gateway_route_decisions_total{reason}`,
 logged with the request and set on its span. What the policy learns comes back through the
@@ -28,6 +29,7 @@ from typing import Protocol, TypeVar
 from gateway.metering.metrics import Metrics
 from gateway.policies import SchedulingPolicy
 from gateway.upstream.scheduling.prefixes import PrefixIndex, SessionIndex
+from gateway.upstream.scheduling.reported import Reporting, queued_beyond, server_costs
 from gateway.upstream.scheduling.residency import Residency
 from gateway.upstream.scheduling.scores import (
     CHARS_PER_TOKEN,
@@ -50,6 +52,7 @@ REASONS = (
     "session",
     "residency",
     "load",
+    "server",
     "balance_guard",
     "failover",
     "panic",
@@ -69,8 +72,8 @@ def prompt_limit(index_blocks: int) -> int:
     return max(1, min(PROMPT_BLOCKS, index_blocks // 16))
 
 
-class Monitored(Server, Protocol):
-    """A server whose monitor counts the times it was seen going down."""
+class Monitored(Reporting, Protocol):
+    """A server whose monitor counts the times it was seen going down (and keeps its report)."""
 
     @property
     def downs(self) -> int:
@@ -134,7 +137,13 @@ class Scheduler:
         states = [state(c, ticket.model, now) for c in candidates]
         narrowed = False
         if weights.get("residency", 0) > 0 and any(states):
-            warm = [i for i, c in enumerate(candidates) if states[i] and has_free_slot(c)]
+            # A server that reports its own queue has no free slot, whatever this gateway sent.
+            reports = weights.get("server", 0) > 0
+            warm = [
+                i
+                for i, c in enumerate(candidates)
+                if states[i] and has_free_slot(c) and not (reports and queued_beyond(c, now))
+            ]
             if warm and len(warm) < len(candidates):
                 candidates = [candidates[i] for i in warm]
                 states = [states[i] for i in warm]
@@ -150,6 +159,10 @@ class Scheduler:
             loads = load_costs(candidates)
             if max(loads) != min(loads):
                 terms["load"] = loads
+        if weights.get("server", 0) > 0:
+            reported = server_costs(candidates, ticket.tokens, now)
+            if max(reported) != min(reported):
+                terms["server"] = reported
         matched: list[int] = []
         if weights.get("prefix", 0) > 0:
             matched = self._prefix_terms(candidates, states, ticket, terms)
