@@ -81,22 +81,38 @@ def server_cost(
     Returns:
         A cost of at least 0: 0 without a fresh reading.
     """
-    if report is None or not report.fresh(now):
+    return _cost(report, in_flight, slots, weight, tokens, now)
+
+
+#: One queued request's wait, in tokens (`scores.queue_cost`'s unit).
+_WAIT_TOKENS = SLOT_WAIT_SECONDS * LOAD_TOKENS_PER_SECOND
+
+
+def _cost(
+    report: ServerReport | None, in_flight: int, slots: int, weight: float, tokens: int, now: float
+) -> float:
+    """`server_cost`, positional and without `max` calls: it runs per candidate per request."""
+    if report is None or now > report.fresh_until:
         return 0.0
-    waiting, running = report.waiting or 0.0, report.running or 0.0
+    waiting = report.waiting or 0.0
     extra = _extra(waiting, in_flight, slots)
-    foreign = max(0.0, waiting + running - in_flight)
-    cost = extra * SLOT_WAIT_SECONDS * LOAD_TOKENS_PER_SECOND
-    cost = (cost + max(0.0, foreign - extra) * REQUEST_TOKENS) / weight
+    foreign = waiting + (report.running or 0.0) - in_flight
+    cost = extra * _WAIT_TOKENS
+    if foreign > extra:
+        cost += (foreign - extra) * REQUEST_TOKENS
+    cost /= weight
     kv = report.kv_usage
     if kv is not None and kv > KV_FULL_FROM:
-        cost += max(tokens, REQUEST_TOKENS) * (min(kv, 1.0) - KV_FULL_FROM) / (1 - KV_FULL_FROM)
+        need = tokens if tokens > REQUEST_TOKENS else REQUEST_TOKENS
+        cost += need * ((kv if kv < 1.0 else 1.0) - KV_FULL_FROM) / (1 - KV_FULL_FROM)
     return cost
 
 
 def _extra(waiting: float, in_flight: int, slots: int) -> float:
     """Requests queued beyond the ones `scores.queue_cost` charges (module docstring)."""
-    return max(0.0, waiting - max(0, in_flight - slots))
+    queued = in_flight - slots
+    extra = waiting - queued if queued > 0 else waiting
+    return extra if extra > 0 else 0.0
 
 
 def queued_beyond(server: Reporting, now: float) -> float:
@@ -107,7 +123,7 @@ def queued_beyond(server: Reporting, now: float) -> float:
     rule keeps only warm servers with room).
     """
     report = server.report
-    if report is None or not report.fresh(now) or not report.waiting:
+    if report is None or now > report.fresh_until or not report.waiting:
         return 0.0
     return _extra(report.waiting, server.in_flight, server.capacity or DEFAULT_SLOTS)
 
@@ -115,13 +131,6 @@ def queued_beyond(server: Reporting, now: float) -> float:
 def server_costs(servers: Sequence[Reporting], tokens: int, now: float) -> list[float]:
     """Each server's `server_cost` for a request of `tokens`, in the servers' order."""
     return [
-        server_cost(
-            server.report,
-            in_flight=server.in_flight,
-            slots=server.capacity or DEFAULT_SLOTS,
-            weight=server.weight,
-            tokens=tokens,
-            now=now,
-        )
-        for server in servers
+        _cost(s.report, s.in_flight, s.capacity or DEFAULT_SLOTS, s.weight, tokens, now)
+        for s in servers
     ]
