@@ -46,8 +46,9 @@ from prometheus_client.parser import text_string_to_metric_families
 #: The path every server above serves its metrics on.
 METRICS_PATH = "/metrics"
 
-#: The most bytes of a `/metrics` answer read: vLLM's with a few models is tens of kilobytes.
-#: A longer one is not a server this reads (and cannot make the gateway buffer more).
+#: The most bytes of a `/metrics` answer read: room for a model server's histograms over
+#: several models and engines, and a bound on what a server (or anything at its address)
+#: can make each poll buffer. A longer one is not a server this reads.
 MAX_METRICS_BYTES = 512 * 1024
 
 #: Seconds before a server found not to publish is asked again (unless seen down and back).
