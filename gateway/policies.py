@@ -58,7 +58,12 @@ class SchedulingPolicy:
     """
 
     mode: Literal["least_in_flight", "round_robin", "scored"] = "least_in_flight"
-    weights: tuple[tuple[str, float], ...] = (("prefix", 1.0), ("load", 1.0), ("residency", 1.0))
+    weights: tuple[tuple[str, float], ...] = (
+        ("prefix", 1.0),
+        ("load", 1.0),
+        ("residency", 1.0),
+        ("server", 1.0),
+    )
     balance_abs_threshold: int = 4
     balance_rel_threshold: float = 1.5
     prefix_blocks: int = 32768

@@ -33,7 +33,7 @@ Dialect = Literal["ollama", "openai"]
 ROUTING_POLICIES = ("least_in_flight", "round_robin", "scored")
 
 #: The scores of `GATEWAY_ROUTING=scored` (`gateway.upstream.scheduling.scores`).
-ROUTING_SCORES = ("prefix", "load", "residency")
+ROUTING_SCORES = ("prefix", "load", "residency", "server")
 
 #: A serialized origin as browsers send it (RFC 6454 section 6.2): `scheme://host[:port]`, lower
 #: case, no path; the host a DNS name (IDNs in their `xn--` form) or a bracketed IPv6 address.
@@ -240,7 +240,7 @@ class Settings(BaseSettings):
         15.0,
         gt=0,
         description="Seconds between background probes of the upstream (health, model list, "
-        "Ollama's loaded models).",
+        "Ollama's loaded models, another server's own /metrics).",
     )
     routing: Literal["least_in_flight", "round_robin", "scored"] = Field(
         "least_in_flight",
@@ -249,9 +249,10 @@ class Settings(BaseSettings):
         "(model residency, prompt-prefix affinity and token load, docs/operations.md).",
     )
     routing_scores: Annotated[dict[str, float], NoDecode] = Field(
-        default_factory=lambda: {"prefix": 1.0, "load": 1.0, "residency": 1.0},
+        default_factory=lambda: {"prefix": 1.0, "load": 1.0, "residency": 1.0, "server": 1.0},
         description="Weights of the `scored` policy's costs (in tokens), `name=weight` separated "
-        "by commas (prefix, load, residency); 0 or leaving one out turns it off.",
+        "by commas (prefix, load, residency, server: the queue and KV usage a server reports on "
+        "its own /metrics beyond this gateway's requests); 0 or leaving one out turns it off.",
     )
     routing_balance_abs_threshold: int = Field(
         4,
@@ -698,7 +699,7 @@ class Settings(BaseSettings):
     @field_validator("routing_scores", mode="before")
     @classmethod
     def _parse_routing_scores(cls, value: object) -> object:
-        """Read `prefix=1,load=1,residency=1` (a message naming the variable for anything else)."""
+        """Read `prefix=1,load=1,residency=1,server=1` (a message naming the variable otherwise)."""
         if not isinstance(value, str):
             return value
         weights: dict[str, float] = {}
@@ -711,7 +712,7 @@ class Settings(BaseSettings):
             except ValueError:
                 raise ValueError(
                     f"GATEWAY_ROUTING_SCORES: {entry.strip()!r} is not name=weight, e.g. "
-                    "prefix=1,load=1,residency=1"
+                    "prefix=1,load=1,residency=1,server=1"
                 ) from None
         return weights
 

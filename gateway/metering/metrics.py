@@ -18,6 +18,8 @@ and `exposition` serves them all, in one process or many; the declarations are m
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -86,6 +88,10 @@ class Metrics:
         upstream_models_loaded: Gauge `gateway_upstream_models_loaded{upstream}` (Ollama /api/ps).
         upstream_model_memory: Gauge `gateway_upstream_model_memory_bytes{upstream, model, kind}`,
             `kind` is `total` (`size`) or `vram` (`size_vram`), from Ollama's /api/ps.
+        upstream_reported_waiting: Gauge `gateway_upstream_reported_waiting{upstream}`,
+            `upstream_reported_running` `gateway_upstream_reported_running{upstream}` and
+            `upstream_kv_cache_usage` `gateway_upstream_kv_cache_usage_ratio{upstream}`: what
+            the server's own `/metrics` says (`gateway.upstream.reported`, `set_reported`).
         rate_limited: Counter `gateway_rate_limited_total{kind}`.
         address_limited: Counter `gateway_address_limited_total{budget}`.
         door_refused: Counter `gateway_door_refused_total{reason}`, connections and requests
@@ -224,9 +230,59 @@ class Metrics:
             multiprocess_mode="livemostrecent",
             registry=r,
         )
+        self._reported_metrics()
         self._limit_metrics()
         self._batch_metrics()
         self._routing_metrics()
+
+    def _reported_metrics(self) -> None:
+        """What each model server says of its own load (gateway/upstream/reported.py)."""
+        r = self.registry
+        self.upstream_reported_waiting = Gauge(
+            "gateway_upstream_reported_waiting",
+            "Requests queued at the upstream from every client, as its own /metrics says "
+            "(vllm:num_requests_waiting, llamacpp:requests_deferred, sglang:num_queue_reqs).",
+            ("upstream",),
+            multiprocess_mode="livemostrecent",
+            registry=r,
+        )
+        self.upstream_reported_running = Gauge(
+            "gateway_upstream_reported_running",
+            "Requests the upstream runs now from every client, as its own /metrics says.",
+            ("upstream",),
+            multiprocess_mode="livemostrecent",
+            registry=r,
+        )
+        self.upstream_kv_cache_usage = Gauge(
+            "gateway_upstream_kv_cache_usage_ratio",
+            "The upstream's KV cache usage, 0 to 1, as its own /metrics says "
+            "(vllm:kv_cache_usage_perc).",
+            ("upstream",),
+            multiprocess_mode="livemostrecent",
+            registry=r,
+        )
+
+    def set_reported(
+        self, upstream: str, waiting: float | None, running: float | None, kv: float | None
+    ) -> None:
+        """Show an upstream's own reading; a None drops its series (no reading, or stale).
+
+        With workers a series cannot be removed (`forget_model_memory`): it is set to NaN, as
+        0 would read as an idle server.
+        """
+        gauges = (
+            (self.upstream_reported_waiting, waiting),
+            (self.upstream_reported_running, running),
+            (self.upstream_kv_cache_usage, kv),
+        )
+        for gauge, value in gauges:
+            if value is not None:
+                gauge.labels(upstream).set(value)
+            elif self.multiprocess_dir is not None:
+                gauge.labels(upstream).set(math.nan)
+            else:
+                with contextlib.suppress(KeyError):  # no series yet
+                    gauge.remove(upstream)
 
     def _routing_metrics(self) -> None:
         """The upstream choice (gateway/upstream/scheduling)."""

@@ -1,17 +1,22 @@
-"""Background polling of the upstream: health, and the models Ollama has loaded in memory.
+"""Background polling of the upstream: health, Ollama's loaded models, a server's own load.
 
 Every `GATEWAY_UPSTREAM_POLL_INTERVAL` seconds the monitor sends the dialect's readiness probe
 (`gateway_upstream_up`), refreshes the model catalog, and for the Ollama dialect reads
 `GET /api/ps` (reference section 6.4): each loaded model's `size` (total bytes) and `size_vram`
 (bytes resident on the GPU; `size_vram < size` means partial CPU offload) and `expires_at`
-(when it unloads unless used again), kept for the admin API's live view (`loaded`).
+(when it unloads unless used again), kept for the admin API's live view (`loaded`). Any other
+server (vLLM, llama.cpp, SGLang) may publish its own queue, running requests and KV cache
+usage on `/metrics`: read each poll once it was found to (`gateway.upstream.reported`), kept
+as `report` for the routing policy and the live view, and shown as
+`gateway_upstream_reported_waiting`, `gateway_upstream_reported_running` and
+`gateway_upstream_kv_cache_usage_ratio`. Ollama publishes none and is never asked.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,6 +26,7 @@ import httpx
 from gateway.metering.metrics import Metrics
 from gateway.upstream.catalog import ModelCatalog
 from gateway.upstream.dialects.base import Dialect
+from gateway.upstream.reported import STALE_POLLS, ReportReader, ServerReport
 from gateway.wire.json import parse_listing
 
 logger = logging.getLogger("gateway.upstream")
@@ -53,9 +59,9 @@ class UpstreamMonitor:
         catalog: Refreshed on every poll so model labels follow the upstream.
         metrics: Where the gauges live.
         interval: Seconds between polls.
-        timeout: Seconds allowed for each probe, and for each `/api/ps` call, from sending to the
-            last byte: an upstream that trickles bytes cannot hold a probe (or its connection)
-            longer.
+        timeout: Seconds allowed for each probe, and for each `/api/ps` or `/metrics` call,
+            from sending to the last byte: an upstream that trickles bytes cannot hold a probe
+            (or its connection) longer.
     """
 
     def __init__(
@@ -86,6 +92,10 @@ class UpstreamMonitor:
         #: Times a probe found the upstream down after it was up (or unknown): a server that
         #: comes back may come back empty (`gateway.upstream.scheduling` forgets its notes).
         self.downs = 0
+        #: The server's own load as its `/metrics` last said; None: it does not publish, has
+        #: not answered yet, is down, or the last reading aged out (`STALE_POLLS`).
+        self.report: ServerReport | None = None
+        self._reader = None if dialect.name == "ollama" else ReportReader(client, timeout)
 
     async def run(self) -> None:
         """Poll until cancelled (the app's lifespan cancels it on shutdown).
@@ -115,6 +125,8 @@ class UpstreamMonitor:
         self._metrics.upstream_up.labels(self.name).set(1 if up else 0)
         if not up and self.up is not False:
             self.downs += 1
+            if self._reader is not None:
+                self._reader.server_restarted()
         self.up = up
         return up, detail
 
@@ -126,6 +138,7 @@ class UpstreamMonitor:
             self._metrics.forget_model_memory()
             self._metrics.upstream_models_loaded.labels(self.name).set(0)
             self.loaded = None
+            self._set_report(None)
             return False
         try:
             await self._catalog.refresh()
@@ -133,7 +146,29 @@ class UpstreamMonitor:
             logger.warning("upstream %s: model list unavailable", self.name)
         if self._dialect.name == "ollama":
             await self._poll_loaded_models()
+        elif self._reader is not None:
+            await self._poll_report(self._reader)
         return True
+
+    async def _poll_report(self, reader: ReportReader) -> None:
+        """Read the server's `/metrics`; keep an older reading until it ages out."""
+        asked = time.monotonic()
+        report = await reader.read()
+        if report is not None:
+            fresh_until = asked + STALE_POLLS * self._interval
+            self._set_report(replace(report, at=asked, fresh_until=fresh_until))
+        elif reader.publishes is False or (
+            self.report is not None and not self.report.fresh(time.monotonic())
+        ):
+            self._set_report(None)
+
+    def _set_report(self, report: ServerReport | None) -> None:
+        """Keep `report` and show it in the gauges (a value it lacks leaves its series)."""
+        self.report = report
+        if report is None:
+            self._metrics.set_reported(self.name, None, None, None)
+        else:
+            self._metrics.set_reported(self.name, report.waiting, report.running, report.kv_usage)
 
     async def _poll_loaded_models(self) -> None:
         asked = time.monotonic()  # what was served after this may be missing from the answer

@@ -49,6 +49,7 @@ from gateway.upstream.dialects.base import Dialect, ModelInfo
 from gateway.upstream.dialects.ollama import OllamaDialect
 from gateway.upstream.dialects.openai import OpenAIDialect
 from gateway.upstream.monitor import LoadedModel, UpstreamMonitor
+from gateway.upstream.reported import ServerReport
 from gateway.upstream.scheduling.residency import MIN_LOAD_SECONDS
 from gateway.upstream.scheduling.scheduler import Scheduler
 from gateway.upstream.scheduling.ticket import RouteTicket
@@ -108,6 +109,11 @@ class Upstream:
     def loaded_at(self) -> float:
         """`time.monotonic()` when that `/api/ps` was asked."""
         return self.monitor.loaded_at
+
+    @property
+    def report(self) -> ServerReport | None:
+        """Its own load as its `/metrics` last said (`UpstreamMonitor.report`); None: none."""
+        return self.monitor.report
 
     @property
     def downs(self) -> int:

@@ -17,6 +17,7 @@ from gateway.policies import PoolPolicy, SchedulingPolicy
 from gateway.settings import Settings
 from gateway.upstream.monitor import LoadedModel
 from gateway.upstream.pool import UpstreamPool, open_pool
+from gateway.upstream.reported import ServerReport
 from gateway.upstream.scheduling.prefixes import (
     PrefixIndex,
     SessionIndex,
@@ -60,6 +61,7 @@ class FakeServer:
     loaded: list[LoadedModel] | None = None
     loaded_at: float = 0.0
     downs: int = 0
+    report: ServerReport | None = None
     extra: dict = field(default_factory=dict)
     #: Requests in flight per model; a model not listed has all of `in_flight`.
     by_model: dict[str, int] = field(default_factory=dict)

@@ -109,6 +109,14 @@ class LoadedView(BaseModel):
     expires_at: datetime | None
 
 
+class ReportedView(BaseModel):
+    """What the server's own `/metrics` said at the monitor's last poll (vLLM, llama.cpp)."""
+
+    waiting: float | None
+    running: float | None
+    kv_cache_usage: float | None
+
+
 class UpstreamView(BaseModel):
     """One upstream as this process sees it."""
 
@@ -122,11 +130,13 @@ class UpstreamView(BaseModel):
     capacity: int
     models: list[str]
     loaded: list[LoadedView] | None
+    reported: ReportedView | None = None
 
     @classmethod
     def of(cls, upstream: Upstream) -> UpstreamView:
         """Read one upstream's counters, breaker, gate, catalog and monitor (no I/O)."""
         loaded = upstream.monitor.loaded
+        report = upstream.monitor.report
         return cls(
             upstream=upstream.name,
             url=public_url(upstream.spec.base),
@@ -145,6 +155,11 @@ class UpstreamView(BaseModel):
                 )
                 for m in loaded
             ],
+            reported=None
+            if report is None
+            else ReportedView(
+                waiting=report.waiting, running=report.running, kv_cache_usage=report.kv_usage
+            ),
         )
 
 

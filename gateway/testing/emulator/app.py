@@ -18,7 +18,8 @@ each in its own `gateway.testing` module, in the order data flows through them:
   over one `runner` per model;
 * `prefix`: prompt tokens and the per-model prefix (KV) cache of the GPU mode, `profiles` its
   named presets (`--gpu-profile`), `counters` and `control` what it served
-  (`/emulator/stats`, `/emulator/events`, `/emulator/reset`, off Ollama's paths);
+  (`/emulator/stats`, `/emulator/events`, `/emulator/reset`, off Ollama's paths), `exporter`
+  the GPU mode's own load on `/metrics` under vLLM's names (waiting, running, KV usage);
 * `wire`: Go-style JSON, error texts and timestamps; `state`: config, records.
 
 Fidelity items (reference §11 "Emulator"):
@@ -59,7 +60,16 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from gateway.testing.emulator import control, embed, models, native, openai, profiles, transfer
+from gateway.testing.emulator import (
+    control,
+    embed,
+    exporter,
+    models,
+    native,
+    openai,
+    profiles,
+    transfer,
+)
 from gateway.testing.emulator.config import FAULTS, EmulatorConfig, Fault
 from gateway.testing.emulator.front_door import FrontDoor
 from gateway.testing.emulator.state import EmulatorState, Outcome, ReceivedRequest
@@ -102,6 +112,7 @@ def create_emulator_app(config: EmulatorConfig | None = None) -> Starlette:
         embed.ROUTES,
         openai.ROUTES,
         control.ROUTES,
+        exporter.ROUTES,
     )
     app = Starlette(
         routes=[route for family in routes for route in family],

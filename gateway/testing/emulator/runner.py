@@ -105,6 +105,11 @@ class Runner:
         return now - self._busy_since if self.running else 0.0
 
     @property
+    def waiting(self) -> int:
+        """Generations queued for a slot (`vllm:num_requests_waiting` on `/metrics`)."""
+        return len(self._queue)
+
+    @property
     def idle(self) -> bool:
         """No generation holds a slot or waits for one."""
         return self.running == 0 and not self._queue

@@ -5,18 +5,25 @@ in the pool's order, and tries them in the order returned, the first whose circu
 
 - `least_in_flight` (the default): the fewest requests in flight per weight, ties at random;
 - `round_robin`: each choice starts one candidate further along;
-- `scored`: first, where the model is loaded on a server with a free slot, only such servers
-  (a cold load is never started while a warm server has room), else where a load the gateway
-  started is under way with room (never a second load beside it); then SGLang's balance guard
-  (the least loaded, a cold load counted, when one server is far busier); else the lowest
-  weighted sum of the costs in tokens (`scores`): the prompt tokens a server must still
-  prefill (none at the session's last server when no server has a prefix match), its load,
-  and a cold load (`GATEWAY_ROUTING_SCORES`).
+- `scored`: first, where the model is loaded on a server with a free slot (and no queue of
+  its own, as it reports it), only such servers (a cold load is never started while a warm
+  server has room), else where a load the gateway started is under way with room (never a
+  second load beside it); then SGLang's balance guard (the least loaded, a cold load
+  counted, when one server is far busier); else the lowest weighted sum of the costs in
+  tokens (`scores`): the prompt tokens a server must still prefill (none at the session's
+  last server when no server has a prefix match), its load, a cold load, and the load the
+  server itself reports beyond this gateway's own (`reported`) (`GATEWAY_ROUTING_SCORES`).
 
 Each choice has a reason (`REASONS`), counted in `gateway_route_decisions_total{reason}`,
 logged with the request and set on its span. What the policy learns comes back through the
 pool: the prompt and session noted at the choice, the model noted as loaded at the first
 chunk, a server's notes dropped when it fails or its monitor sees it go down.
+
+Over ~300 lines for one reason: the order of one choice is a sequence of rules (residency
+and loads under way, the guard, the weighted costs) that read the same candidates, states
+and learned notes (prefixes, sessions, loads, slot holds); the costs themselves are pure
+functions elsewhere (`scores`, `reported`), and what remains is their sequence, kept in one
+place so the order they apply in can be read top to bottom.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import Protocol, TypeVar
 from gateway.metering.metrics import Metrics
 from gateway.policies import SchedulingPolicy
 from gateway.upstream.scheduling.prefixes import PrefixIndex, SessionIndex
+from gateway.upstream.scheduling.reported import Reporting, queued_beyond, server_costs
 from gateway.upstream.scheduling.residency import Residency
 from gateway.upstream.scheduling.scores import (
     CHARS_PER_TOKEN,
@@ -51,6 +59,7 @@ REASONS = (
     "session",
     "residency",
     "load",
+    "server",
     "balance_guard",
     "failover",
     "panic",
@@ -73,8 +82,8 @@ def prompt_limit(index_blocks: int) -> int:
     return max(1, min(PROMPT_BLOCKS, index_blocks // 16))
 
 
-class Monitored(Server, Protocol):
-    """A server whose monitor counts the times it was seen going down."""
+class Monitored(Reporting, Protocol):
+    """A server whose monitor counts the times it was seen going down (and keeps its report)."""
 
     @property
     def downs(self) -> int:
@@ -140,17 +149,20 @@ class Scheduler:
         states = [state(c, ticket.model, now) for c in candidates]
         narrowed = False
         if weights.get("residency", 0) > 0:
-            warm = [
-                i for i, c in enumerate(candidates) if states[i] and has_free_slot(c, ticket.model)
-            ]
+            # A server that reports its own queue has no free slot, whatever this gateway sent.
+            reports = weights.get("server", 0) > 0
+            model = ticket.model
+
+            def room(server: S) -> bool:
+                return has_free_slot(server, model) and not (reports and queued_beyond(server, now))
+
+            warm = [i for i, c in enumerate(candidates) if states[i] and room(c)]
             if not warm:  # a load under way with room beats a second load elsewhere
                 loading = self.residency.loading
                 warm = [
                     i
                     for i, c in enumerate(candidates)
-                    if states[i] is False
-                    and has_free_slot(c, ticket.model)
-                    and loading(c.name, ticket.model, now) is not None
+                    if states[i] is False and room(c) and loading(c.name, model, now) is not None
                 ]
             if warm and len(warm) < len(candidates):
                 candidates = [candidates[i] for i in warm]
@@ -167,6 +179,10 @@ class Scheduler:
             loads = load_costs(candidates, ticket.model, self.holds)
             if max(loads) != min(loads):
                 terms["load"] = loads
+        if weights.get("server", 0) > 0:
+            reported = server_costs(candidates, ticket.tokens, now)
+            if max(reported) != min(reported):
+                terms["server"] = reported
         matched: list[int] = []
         if weights.get("prefix", 0) > 0:
             matched = self._prefix_terms(candidates, states, ticket, terms)

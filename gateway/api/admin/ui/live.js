@@ -38,6 +38,16 @@ function loaded(models) {
     model.expires_at ? [' until ', time(model.expires_at, { seconds: true })] : ' (kept loaded)')));
 }
 
+function reported(report) {
+  // What the server's own /metrics says (vLLM, llama.cpp, SGLang): it counts every client.
+  if (!report) return h('span', { class: 'muted' }, 'not told');
+  const parts = [];
+  if (report.waiting != null) parts.push(`${count(report.waiting)} waiting`);
+  if (report.running != null) parts.push(`${count(report.running)} running`);
+  if (report.kv_cache_usage != null) parts.push(`KV ${number(report.kv_cache_usage * 100)}%`);
+  return parts.length ? parts.join(' · ') : h('span', { class: 'muted' }, 'nothing');
+}
+
 function render(live) {
   const flight = live.in_flight || {};
   const recent = live.recent || {};
@@ -54,12 +64,13 @@ function render(live) {
       tile('TTFT', seconds(recent.ttft_mean_s), `median ${seconds(recent.ttft_p50_s)}`),
       tile('Decode', recent.decode_tokens_per_s == null ? '—' : `${number(recent.decode_tokens_per_s)} tokens/s`)),
     h('h2', {}, 'Upstreams'),
-    table('Upstreams', [['Upstream'], ['Circuit'], ['In flight', 'num'], ['Models'], ['Loaded now']],
+    table('Upstreams', [['Upstream'], ['Circuit'], ['In flight', 'num'], ['Server says'], ['Models'], ['Loaded now']],
       upstreams.map((upstream) => h('tr', {},
         h('th', { scope: 'row' }, h('span', { class: 'name' }, upstream.upstream),
           h('div', { class: 'muted small' }, upstream.url, ' · ', upstream.dialect)),
         h('td', {}, circuit(upstream.circuit)),
         h('td', { class: 'num' }, count(upstream.in_flight)),
+        h('td', {}, reported(upstream.reported)),
         h('td', { class: 'models' }, (upstream.models || []).join(', ')),
         h('td', {}, loaded(upstream.loaded)))),
       'No upstream configured.'),
