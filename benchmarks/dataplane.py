@@ -17,10 +17,12 @@ other architectures (`benchmarks.relays`), side by side in one run with nginx an
 | `protocols/asyncio` (e) | the same on the standard library's event loop |
 | `granian-rsgi` (d) | granian (Rust server, PyPI wheel), RSGI, the raw upstream client |
 | `granian-asgi` (d) | granian with ASGI, the app of `uvicorn-raw` |
-| `gateway` | `gateway serve` as shipped (a real key with limits, metrics), for scale |
+| `protocols-sse` | c plus the gateway's per-chunk SSE translation (`/api/chat` to OpenAI) |
+| `protocols-sse-orjson` | the same translation with orjson (Rust, the dev lock) for `json` |
+| `gateway`, `gw-sse` | `gateway serve` as shipped, `/v1/generate` and `/v1/chat/completions` |
 
 Each relay runs as its own process in front of one emulator (TTFT 50 ms, 10 ms a token, 64
-tokens: 65 NDJSON lines an answer); nginx (one worker, `proxy_buffering off`,
+tokens: 65 chunks an answer, NDJSON lines or SSE events); nginx (one worker, `proxy_buffering off`,
 `benchmarks.servers`) is the reference. A round runs every row once at every level (16 and 64
 streams, `--per-stream` answers per stream), the row order rotated from round to round so that
 a neighbour's burst does not always land on the same row. A row's CPU is its processes'
@@ -28,17 +30,17 @@ user + system seconds from /proc over the requests it completed (`benchmarks.mea
 table gives the least and the median over the rounds and their ratio to nginx's, and the
 median of the per-round ratios (row over nginx in the same round, which cancels most of
 what other work on the machine adds). Every run must complete all its requests with no error
-and deliver exactly 65 lines an answer, the count direct delivers: a relay that dropped or
-merged lines would be cheaper and wrong.
+and deliver exactly 65 chunks an answer, as direct does: a relay that dropped or merged lines
+would be cheaper and wrong.
 
 granian is not in the project's lock: the granian rows run from a scratch virtualenv
 (`--granian PATH/TO/granian`; the default looks beside this interpreter and on `PATH`) with
 this tree on `PYTHONPATH`, and are skipped with a note when there is none. Make one with
 `python3.11 -m venv /tmp/dp-venv && /tmp/dp-venv/bin/pip install granian uvloop httptools`.
 
-The default (5 rounds, 12 answers a stream, 13 rows, 2 levels) takes about 25 minutes on 2
-cores; `--quick` (1 round, 16 streams, 4 answers a stream, the relays but `protocols-sse`)
-about one.
+The default (5 rounds, 12 answers a stream, 14 rows, 2 levels) takes about 23 minutes on 2
+cores; `--quick` (1 round, 16 streams, 4 answers a stream, the relays but the SSE ones) about
+one.
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ RELAYS = {
     "protocols": ("protocols", "uvloop"),
     "protocols/asyncio": ("protocols", "asyncio"),
     "protocols-sse": ("protocols-sse", "uvloop"),
+    "protocols-sse-orjson": ("protocols-sse-orjson", "uvloop"),
     "granian-rsgi": ("granian", "rsgi"),
     "granian-asgi": ("granian", "asgi"),
 }
@@ -107,7 +110,7 @@ RELAYS = {
 GATEWAY_ROWS = ("gateway", "gw-sse")
 """The gateway as shipped: `/v1/generate` (NDJSON) and `/v1/chat/completions` (SSE)."""
 
-SSE_ROWS = ("protocols-sse", "gw-sse")
+SSE_ROWS = ("protocols-sse", "protocols-sse-orjson", "gw-sse")
 """Rows asked `/api/chat`'s body that answer OpenAI SSE: 64 delta events and the finish event."""
 
 
@@ -338,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.quick:
         args.rounds, args.levels, args.per_stream = 1, "16", 4
-        args.rows = args.rows or [row for row in RELAYS if row != "protocols-sse"]
+        args.rows = args.rows or [row for row in RELAYS if not row.startswith("protocols-sse")]
     unknown = set(args.rows or ()) - {*RELAYS, *GATEWAY_ROWS}
     if unknown:
         build_parser().error(f"unknown rows: {', '.join(sorted(unknown))}")

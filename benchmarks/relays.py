@@ -15,12 +15,12 @@ They differ only in how the bytes cross the process:
 - `floor` (a) on another event loop: `benchmarks.floor.build_app` (uvicorn + aiohttp).
 
 `python -m benchmarks.relays VARIANT --port P --upstream URL [--loop uvloop|asyncio]` serves
-`floor`, `uvicorn-raw`, `protocols` or `protocols-sse` (`TranslatingRelay`, the SSE translation
-of `/v1/chat/completions` on top of c); granian serves the other two from its own command line
-(`granian --interface rsgi --factory benchmarks.relays:granian_rsgi`, the upstream in
-`DATAPLANE_UPSTREAM`). Nothing here imports the project (only httptools, uvloop and, per
-variant, uvicorn, aiohttp or granian), so a scratch virtualenv holding granian can run it with
-this tree on `PYTHONPATH`.
+`floor`, `uvicorn-raw`, `protocols`, `protocols-sse` (`TranslatingRelay`: the SSE translation
+of `/v1/chat/completions` on top of c) or `protocols-sse-orjson` (the same with orjson);
+granian serves the other two from its own command line (`granian --interface rsgi --factory
+benchmarks.relays:granian_rsgi`, the upstream in `DATAPLANE_UPSTREAM`). Nothing here imports
+the project (only httptools, uvloop and, per variant, uvicorn, aiohttp, orjson or granian), so
+a scratch virtualenv holding granian can run it with this tree on `PYTHONPATH`.
 
 Simplifications every variant shares, as the floor: one request at a time per connection (no
 pipelining), the answer's `content-type` is the only header relayed, an upstream failure closes
@@ -39,6 +39,7 @@ import asyncio
 import json
 import os
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from http import HTTPStatus
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -390,6 +391,12 @@ class RelayServer(asyncio.Protocol):
             self.transport.close()
 
 
+Codec = tuple[Callable[[bytes], Any], Callable[[Any], bytes]]
+"""Decode one NDJSON line, encode one event."""
+
+STDLIB_JSON: Codec = (json.loads, lambda event: json.dumps(event).encode())
+
+
 class TranslatingRelay(RelayServer):
     """Variant c plus the gateway's per-chunk work on `/v1/chat/completions` (row `protocols-sse`).
 
@@ -397,10 +404,12 @@ class TranslatingRelay(RelayServer):
     `chat.completion.chunk` event, decoded and encoded with the standard library's `json` as
     the gateway does; the `done` line becomes the finish event and `data: [DONE]`. What this
     row costs over `protocols` is the translation's share of a per-chunk budget nginx never pays.
+    `codec` decodes a line and encodes an event (orjson's for row `protocols-sse-orjson`).
     """
 
-    def __init__(self, upstream: Upstream) -> None:
+    def __init__(self, upstream: Upstream, codec: Codec = STDLIB_JSON) -> None:
         super().__init__(upstream)
+        self.codec = codec
         self.rest = b""
 
     def head(self, status: int, content_type: bytes) -> None:  # noqa: D102
@@ -409,24 +418,27 @@ class TranslatingRelay(RelayServer):
 
     def body(self, piece: bytes) -> None:  # noqa: D102
         *lines, self.rest = (self.rest + piece).split(b"\n")
+        loads, dumps = self.codec
         events = []
         for line in lines:
             if not line.strip():
                 continue
-            data = json.loads(line)
+            data = loads(line)
             done = bool(data.get("done"))
             delta = {} if done else {"content": data["message"]["content"]}
             choice = {"index": 0, "delta": delta, "finish_reason": "stop" if done else None}
             event = {"id": "chatcmpl-0", "object": "chat.completion.chunk", "created": 0}
             event |= {"model": data["model"], "choices": [choice]}
-            events.append(b"data: " + json.dumps(event).encode() + b"\n\n")
+            events.append(b"data: " + dumps(event) + b"\n\n")
             if done:
                 events.append(b"data: [DONE]\n\n")
         if events:
             super().body(b"".join(events))
 
 
-async def serve_protocols(port: int, upstream_url: str, relay: type[RelayServer]) -> None:
+async def serve_protocols(
+    port: int, upstream_url: str, relay: Callable[[Upstream], RelayServer]
+) -> None:
     """Serve variant c (`relay`: `RelayServer` or `TranslatingRelay`) on 127.0.0.1:`port`."""
     upstream = Upstream(upstream_url)
     loop = asyncio.get_running_loop()
@@ -438,7 +450,7 @@ async def serve_protocols(port: int, upstream_url: str, relay: type[RelayServer]
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve one variant on 127.0.0.1 until stopped."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.relays", description=__doc__)
-    variants = ["floor", "uvicorn-raw", "protocols", "protocols-sse"]
+    variants = ["floor", "uvicorn-raw", "protocols", "protocols-sse", "protocols-sse-orjson"]
     parser.add_argument("variant", choices=variants)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True, help="upstream base URL")
@@ -446,7 +458,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     upstream = args.upstream.rstrip("/")
     if args.variant.startswith("protocols"):
-        relay = TranslatingRelay if args.variant == "protocols-sse" else RelayServer
+        relay: Callable[[Upstream], RelayServer] = RelayServer
+        if args.variant == "protocols-sse":
+            relay = TranslatingRelay
+        elif args.variant == "protocols-sse-orjson":
+            import orjson  # a compiled JSON codec (Rust), in the project's dev lock
+
+            relay = partial(TranslatingRelay, codec=(orjson.loads, orjson.dumps))
         serving = serve_protocols(args.port, upstream, relay)
         if args.loop == "uvloop":
             import uvloop
