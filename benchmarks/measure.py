@@ -127,6 +127,7 @@ def summarise(
         "window_seconds": round(window, 3),
         "requests": sum(r["requests"] for r in reports),
         "requests_per_second": sum(r["requests"] for r in reports) / window,
+        "chunks": sum(r["chunks"] for r in reports),
         "chunks_per_second": sum(r["chunks"] for r in reports) / window,
         "tokens_per_second": sum(r["tokens"] for r in reports) / window,
         "ttft_ms": {f"p{q}": percentile(ttfts, q) for q in (50, 95, 99)},
