@@ -38,6 +38,7 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
@@ -167,6 +168,9 @@ def point(
     """Reset the emulators, drive one run, and read back what the servers did."""
     for url in urls:
         httpx.post(f"{url}/emulator/reset", timeout=10).raise_for_status()
+    # A reset is a restart the gateway cannot see (the server never went down): until its
+    # monitor polls `/api/ps` again it still holds the previous point's loaded models.
+    time.sleep(SETTLE)
     load = WORKLOADS[workload]
     result = anyio.run(
         lambda: drive(gateway, key, load, concurrency=level, seconds=seconds, seed=level)
@@ -195,11 +199,18 @@ def point(
     )
 
 
+#: Seconds `GATEWAY_UPSTREAM_POLL_INTERVAL` is set to in the benchmarked gateways.
+POLL_INTERVAL = 1.0
+
+#: Seconds waited after the emulators' reset: two polls, so every gateway read them anew.
+SETTLE = 2.5 * POLL_INTERVAL
+
+
 def gateway_env(urls: list[str], policy: str) -> dict[str, str]:
     """The gateway's upstreams and, unless it is the default, its routing policy."""
     env = {
         "GATEWAY_UPSTREAMS": json.dumps([{"url": url} for url in urls]),
-        "GATEWAY_UPSTREAM_POLL_INTERVAL": "1",
+        "GATEWAY_UPSTREAM_POLL_INTERVAL": str(POLL_INTERVAL),
     }
     if policy != DEFAULT_POLICY:
         env["GATEWAY_ROUTING"] = policy

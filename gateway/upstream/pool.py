@@ -50,7 +50,7 @@ from gateway.upstream.dialects.ollama import OllamaDialect
 from gateway.upstream.dialects.openai import OpenAIDialect
 from gateway.upstream.monitor import LoadedModel, UpstreamMonitor
 from gateway.upstream.reported import ServerReport
-from gateway.upstream.scheduling.residency import MIN_LOAD_SECONDS
+from gateway.upstream.scheduling.residency import MIN_LOAD_SECONDS, slot_key
 from gateway.upstream.scheduling.scheduler import Scheduler
 from gateway.upstream.scheduling.ticket import RouteTicket
 from gateway.upstream.slots import UpstreamSlots
@@ -75,8 +75,8 @@ class Upstream:
     #: not hold (the prefix matched at the choice is cached there) and their expected output
     #: (`RouteTicket.work`).
     tokens_in_flight: int = 0
-    #: Requests in flight per model as clients named it (no entry at 0: as many entries as
-    #: models in flight, so a client varying names cannot grow it past its own requests).
+    #: Requests in flight per model (`slot_key`: spellings of one model counted together; no
+    #: entry at 0, so a client varying names cannot grow it past its own requests).
     models_in_flight: dict[str, int] = field(default_factory=dict)
     #: `time.monotonic()` before which the upstream asked not to be sent requests (Retry-After).
     not_before: float = 0.0
@@ -97,8 +97,8 @@ class Upstream:
         return self.slots.capacity
 
     def model_in_flight(self, model: str) -> int:
-        """Requests in flight to it for `model`."""
-        return self.models_in_flight.get(model, 0)
+        """Requests in flight to it for `model`, however the clients spelled it (`slot_key`)."""
+        return self.models_in_flight.get(slot_key(model), 0)
 
     @property
     def loaded(self) -> list[LoadedModel] | None:
@@ -219,7 +219,12 @@ class UpstreamPool:
         for upstream in order:
             if panic or upstream.breaker.acquire():
                 self._set_state(upstream)
-                self.scheduler.chosen(upstream, ticket, reason)
+                self.scheduler.chosen(
+                    upstream,
+                    ticket,
+                    reason,
+                    catalogued=upstream.catalog.label(model) != OTHER_MODEL,
+                )
                 self._started(upstream, ticket)
                 return upstream
         return None
@@ -240,7 +245,8 @@ class UpstreamPool:
         ticket.charged = ticket.work
         upstream.tokens_in_flight += ticket.charged
         models = upstream.models_in_flight
-        models[ticket.model] = models.get(ticket.model, 0) + 1
+        slot = slot_key(ticket.model)
+        models[slot] = models.get(slot, 0) + 1
         self._metrics.upstream_in_flight.labels(upstream.name).set(upstream.in_flight)
 
     def finished(
@@ -267,11 +273,15 @@ class UpstreamPool:
         if ticket is not None:
             upstream.tokens_in_flight -= ticket.charged
             models = upstream.models_in_flight
-            left = models.get(ticket.model, 0) - 1
+            slot = slot_key(ticket.model)
+            left = models.get(slot, 0) - 1
             if left > 0:
-                models[ticket.model] = left
+                models[slot] = left
             else:
-                models.pop(ticket.model, None)
+                models.pop(slot, None)
+            if healthy is False and ticket.answered_at is None:
+                # The server failed before answering: whatever load it began is not under way.
+                self.scheduler.residency.failed(upstream.name, ticket.model)
             if healthy and ticket.answered_at is not None:
                 self.scheduler.held(upstream.name, time.monotonic() - ticket.answered_at)
             ticket.answered_at = None  # a failover's next try measures its own

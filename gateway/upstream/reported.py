@@ -102,6 +102,12 @@ class ServerReport:
         return now <= self.fresh_until
 
 
+#: The most lines naming a read metric (samples, HELP and TYPE) one body may hold: a server
+#: lists a few per model it serves; a body past it publishes nothing usable (parsing it on the
+#: event loop could stall every request for a large part of a second, each poll).
+MAX_READ_LINES = 512
+
+
 def parse_metrics(text: str) -> ServerReport | None:
     """Read a `/metrics` body in the Prometheus text format.
 
@@ -111,14 +117,18 @@ def parse_metrics(text: str) -> ServerReport | None:
     Returns:
         The readings it holds (`at` 0, fresh forever: the caller stamps them; a reading it
         declares without a value, or lacks, is None), or None when it names none of
-        `METRICS` or is not the text format. Values that are not finite,
-        or negative, are left out; a KV ratio above 1 counts as 1.
+        `METRICS` or is not the text format, or holds more than `MAX_READ_LINES` lines of
+        them. Values that are not finite, or negative, are left out, and so is a sum that
+        is not finite; a KV ratio above 1 counts as 1.
     """
-    wanted = "\n".join(
+    lines = [
         line
         for line in text.splitlines()
         if line.startswith(_PREFIXES) or line.startswith(_COMMENTS)
-    )
+    ]
+    if len(lines) > MAX_READ_LINES:  # a label explosion, or a body made to stall the parser
+        return None
+    wanted = "\n".join(lines)
     sums: dict[str, float] = {}
     named = False  # a family read here was declared, even without a sample yet
     try:
@@ -137,6 +147,8 @@ def parse_metrics(text: str) -> ServerReport | None:
         return None
     if not sums and not named:
         return None
+    # Finite samples can still add up to infinity (two of 1.7e308): such a sum says nothing.
+    sums = {name: value for name, value in sums.items() if math.isfinite(value)}
     return ServerReport(sums.get("waiting"), sums.get("running"), sums.get("kv_usage"))
 
 

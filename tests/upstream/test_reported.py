@@ -29,6 +29,7 @@ from gateway.upstream.dialects.openai import OpenAIDialect
 from gateway.upstream.monitor import LoadedModel, UpstreamMonitor
 from gateway.upstream.reported import (
     MAX_METRICS_BYTES,
+    MAX_READ_LINES,
     ReportReader,
     ServerReport,
     parse_metrics,
@@ -156,6 +157,27 @@ def test_values_that_are_not_finite_or_negative_are_left_out_and_kv_is_capped_at
         "vllm:kv_cache_usage_perc 1.7\n"
     )
     assert _readings(body) == (None, None, 1.0)
+
+
+def test_finite_samples_that_add_up_to_infinity_are_no_reading():
+    body = (
+        'vllm:num_requests_waiting{model_name="a"} 1.7e308\n'
+        'vllm:num_requests_waiting{model_name="b"} 1.7e308\n'
+        "vllm:num_requests_running 2\n"
+    )
+    assert _readings(body) == (None, 2.0, None)
+
+
+def test_a_body_of_too_many_read_lines_is_no_report():
+    """A label explosion (or a body made to stall the parser on the event loop)."""
+    many = "".join(
+        f'vllm:num_requests_waiting{{model_name="m{i}"}} 1\n' for i in range(MAX_READ_LINES + 1)
+    )
+    assert parse_metrics(many) is None
+    enough = "".join(
+        f'vllm:num_requests_waiting{{model_name="m{i}"}} 1\n' for i in range(MAX_READ_LINES)
+    )
+    assert _readings(enough) == (float(MAX_READ_LINES), None, None)
 
 
 def test_a_family_declared_without_samples_still_publishes_with_nothing_said():

@@ -31,7 +31,12 @@ from gateway.upstream.scheduling.residency import (
     SERVED_TTL,
     Residency,
 )
-from gateway.upstream.scheduling.scheduler import Scheduler, prompt_limit
+from gateway.upstream.scheduling.scheduler import (
+    HOLD_MAX_SECONDS,
+    HOLD_MIN_SECONDS,
+    Scheduler,
+    prompt_limit,
+)
 from gateway.upstream.scheduling.scores import (
     has_free_slot,
     imbalanced,
@@ -447,18 +452,39 @@ def test_a_load_under_way_counts_its_time_left_and_is_dropped_after_its_grace():
 def test_the_slot_hold_is_learned_per_server_and_short_answers_make_queueing_cheap():
     scheduler, _ = _scheduler()
     for _ in range(50):
-        scheduler.held("warm", 0.4)  # 48-token answers at 120 tokens/s
-    assert scheduler.holds["warm"] == pytest.approx(0.4, rel=0.01)
+        scheduler.held("warm", 0.8)  # 96-token answers at 120 tokens/s
+    assert scheduler.holds["warm"] == pytest.approx(0.8, rel=0.01)
     warm = FakeServer("warm", loaded=_loaded(MODEL), in_flight=6)  # two wait for a slot
     cold = FakeServer("cold", loaded=[])
     ticket = RouteTicket(MODEL)
-    assert _choose(scheduler, [cold, warm], ticket) is warm  # 0.2 s beats a load
+    assert _choose(scheduler, [cold, warm], ticket) is warm  # 0.4 s beats a load
     assert ticket.reason == "balance_guard"  # 6 to 0 in flight, but the guard counts the load
     unlearned, _ = _scheduler()
     assert _choose(unlearned, [cold, warm], RouteTicket(MODEL)) is cold  # 5 s did not
     least, _ = _scheduler("least_in_flight")
-    least.held("warm", 0.4)
+    least.held("warm", 0.8)
     assert least.holds == {}  # only the scored policy reads it
+
+
+def test_one_request_moves_the_learned_hold_by_a_tenth_of_its_bounds_at_most():
+    scheduler, _ = _scheduler()
+    for _ in range(200):
+        scheduler.held("a", 0.0)  # a flood of one-token answers
+    assert scheduler.holds["a"] == pytest.approx(HOLD_MIN_SECONDS)
+    scheduler.held("a", 3600.0)  # one hour-long answer
+    assert scheduler.holds["a"] <= HOLD_MIN_SECONDS + 0.1 * HOLD_MAX_SECONDS
+
+
+def test_a_made_up_model_or_a_failed_load_leaves_no_load_under_way():
+    scheduler, _ = _scheduler()
+    cold = FakeServer("cold", loaded=[])
+    scheduler.chosen(cold, RouteTicket("made-up"), "load", catalogued=False)
+    assert scheduler.residency.loading("cold", "made-up") is None
+    scheduler.chosen(cold, RouteTicket(MODEL), "load")
+    assert scheduler.residency.loading("cold", MODEL) is not None
+    assert scheduler.residency.loading("cold", MODEL.upper()) is not None  # one spelling
+    scheduler.residency.failed("cold", MODEL)
+    assert scheduler.residency.loading("cold", MODEL) is None
 
 
 def test_the_balance_guard_overrides_affinity():
@@ -572,6 +598,12 @@ async def test_a_failure_one_key_may_have_caused_leaves_the_routing_state_alone(
         assert upstream.models_in_flight == {MODEL: 1}
         pool.finished(upstream, True, ticket=ticket)
         assert upstream.models_in_flight == {}  # no entry left behind at 0
+        spelled = RouteTicket("Qwen3", scope="k")  # one model, however a client spells it
+        chosen = pool.choose("Qwen3", set(), ticket=spelled)
+        assert chosen is not None
+        assert chosen.model_in_flight("qwen3:latest") == chosen.model_in_flight("qwen3") == 1
+        pool.finished(chosen, True, ticket=spelled)
+        assert chosen.models_in_flight == {}
         noted = _noted(pool, ticket)
         assert noted == {upstream.name}
         busy = pool.choose(MODEL, set(), ticket=ticket)

@@ -74,6 +74,17 @@ def _tagged(model: str) -> str:
     return model if ":" in model.rsplit("/", 1)[-1] else f"{model}:latest"
 
 
+def slot_key(model: str) -> str:
+    """The name a server's requests and loads of `model` are counted under.
+
+    Ollama's implicit `:latest` added and the case folded, so `llama3.2`, `llama3.2:latest`
+    and `Llama3.2` share one count: a client's spelling must not make a full server look
+    free for the same model (counting two different models together could only make a
+    server look busier, the safe side).
+    """
+    return _tagged(model).casefold()
+
+
 class Residency:
     """What the gateway knows of where each model is loaded, and the servers' load rates."""
 
@@ -104,13 +115,14 @@ class Residency:
         0.0 once the expected end has passed (the load is late, still counted as under way
         until `LOAD_GRACE` times its expected seconds).
         """
-        entry = self._loading.get((server, model))
+        key = (server, slot_key(model))
+        entry = self._loading.get(key)
         if entry is None:
             return None
         now = time.monotonic() if now is None else now
         start, seconds = entry
         if now - start > LOAD_GRACE * seconds:
-            del self._loading[(server, model)]
+            del self._loading[key]
             return None
         return max(0.0, start + seconds - now)
 
@@ -121,7 +133,7 @@ class Residency:
         then the oldest half.
         """
         now = time.monotonic() if now is None else now
-        self._loading[(server, model)] = (now, seconds)
+        self._loading[(server, slot_key(model))] = (now, seconds)
         if len(self._loading) > MAX_SERVED:
             live = {k: (t, s) for k, (t, s) in self._loading.items() if now - t <= LOAD_GRACE * s}
             if len(live) > MAX_SERVED // 2:
@@ -132,13 +144,17 @@ class Residency:
         """`server` answered for `model` (its first chunk came): it has it loaded now."""
         now = time.monotonic() if now is None else now
         self._served[(server, model)] = now
-        self._loading.pop((server, model), None)
+        self._loading.pop((server, slot_key(model)), None)
         if len(self._served) > MAX_SERVED:
             fresh = {k: t for k, t in self._served.items() if now - t < SERVED_TTL}
             if len(fresh) > MAX_SERVED // 2:
                 newest = sorted(fresh.items(), key=lambda item: item[1])[-(MAX_SERVED // 2) :]
                 fresh = dict(newest)
             self._served = fresh
+
+    def failed(self, server: str, model: str) -> None:
+        """A request for `model` failed on `server` before its answer: no load is under way."""
+        self._loading.pop((server, slot_key(model)), None)
 
     def forget(self, server: str) -> None:
         """`server` restarted or failed: what it was answered for no longer says anything."""

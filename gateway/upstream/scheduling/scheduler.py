@@ -68,6 +68,11 @@ REASONS = (
 #: Weight of a new sample in a server's learned slot hold (an exponential moving average).
 HOLD_ALPHA = 0.1
 
+#: The bounds of one slot-hold sample, in seconds (`Scheduler.held`): a sample outside them
+#: counts as the bound, so no single request moves the average by more than a tenth of them.
+HOLD_MIN_SECONDS = 0.5
+HOLD_MAX_SECONDS = 60.0
+
 #: Session keys remembered (a few hundred bytes each at most).
 SESSIONS = 4096
 
@@ -186,7 +191,7 @@ class Scheduler:
         matched: list[int] = []
         if weights.get("prefix", 0) > 0:
             matched = self._prefix_terms(candidates, states, ticket, terms)
-        if weights.get("residency", 0) > 0 and (False in states or None in states):
+        if weights.get("residency", 0) > 0 and _may_differ(states):
             costs = self._residency_costs(candidates, states, ticket.model, now)
             if max(costs) != min(costs):
                 terms["residency"] = costs
@@ -210,7 +215,7 @@ class Scheduler:
         a model its own requests need.
         """
         costs: list[float] = []
-        if self.weights.get("residency", 0) > 0 and (False in states or None in states):
+        if self.weights.get("residency", 0) > 0 and _may_differ(states):
             costs = self._residency_costs(candidates, states, model, now)
         if not costs or max(costs) == min(costs):
             return sorted(candidates, key=_in_flight)
@@ -268,8 +273,14 @@ class Scheduler:
                 self._downs[server.name] = server.downs
                 self.forget(server.name)
 
-    def chosen(self, server: Server, ticket: RouteTicket, reason: str) -> None:
-        """`server` takes the request, chosen for `reason`: count it, note its prompt."""
+    def chosen(
+        self, server: Server, ticket: RouteTicket, reason: str, *, catalogued: bool = True
+    ) -> None:
+        """`server` takes the request, chosen for `reason`: count it, note its prompt.
+
+        A cold load is noted as under way only for a model the server lists (`catalogued`):
+        a name made up by a client must not pin other requests to a load that never starts.
+        """
         ticket.reason = reason
         self._decisions[reason].inc()
         residency = self.residency
@@ -278,8 +289,10 @@ class Scheduler:
             and residency.loading(server.name, ticket.model) is None
         ):
             self._cold_loads.labels(server.name).inc()
-            size = residency.size([server], ticket.model)
-            residency.started(server.name, ticket.model, residency.load_seconds(server.name, size))
+            if catalogued:
+                size = residency.size([server], ticket.model)
+                seconds = residency.load_seconds(server.name, size)
+                residency.started(server.name, ticket.model, seconds)
         if not self._learns:
             return
         if self.weights.get("prefix", 0) > 0:
@@ -295,11 +308,15 @@ class Scheduler:
     def held(self, server: str, seconds: float) -> None:
         """A request on `server` held its slot `seconds` (its answer's start to its end).
 
-        Folded into the server's average (`HOLD_ALPHA`), which the load cost's slot wait
-        uses; learned only by the `scored` policy, the one that reads it.
+        Folded, within `HOLD_MIN_SECONDS` and `HOLD_MAX_SECONDS`, into the server's average
+        (`HOLD_ALPHA`), which the load cost's slot wait uses; learned only by the `scored`
+        policy, the one that reads it.
         """
         if not self._learns or seconds < 0:
             return
+        # Any key's requests teach every key's routing: one key's flood of one-token answers,
+        # or one hour-long answer, must not make a server's queue look free or hopeless.
+        seconds = min(max(seconds, HOLD_MIN_SECONDS), HOLD_MAX_SECONDS)
         known = self.holds.get(server)
         self.holds[server] = seconds if known is None else known + HOLD_ALPHA * (seconds - known)
 
@@ -310,6 +327,16 @@ class Scheduler:
             self._noted.discard(server)
             self.prefixes.forget(server)
             self.sessions.forget(server)
+
+
+def _may_differ(states: Sequence[bool | None]) -> bool:
+    """Whether residency costs may differ: not all loaded, and not all unknown alike.
+
+    Servers that all lack the model may still differ (a load under way, a faster load rate).
+    """
+    if False in states:
+        return True
+    return None in states and states.count(None) != len(states)
 
 
 def _in_flight(server: Server) -> float:
