@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import timedelta
 
 import httpx
@@ -45,6 +45,7 @@ from gateway.upstream.scheduling.ticket import RouteTicket
 from tests.support.client import MODEL
 from tests.support.metrics import metric_value, wait_polled
 from tests.support.stack import Emulator, Gateway
+from tests.upstream.test_scheduling import FakeServer
 from tests.upstream.test_upstreams import _access_line
 
 SECRET = "k7Qy2mVn8RwT4pZs6XbJ3cLd9FhGa5Ue1NoKi0Mt"
@@ -358,22 +359,6 @@ def test_kv_pressure_charges_the_requests_tokens_from_the_threshold_to_full():
 
 
 # --- the policy -----------------------------------------------------------------------------
-
-
-@dataclass
-class FakeServer:
-    name: str
-    in_flight: int = 0
-    tokens_in_flight: int = 0
-    weight: float = 1.0
-    capacity: int = 0
-    loaded: list | None = None
-    loaded_at: float = 0.0
-    downs: int = 0
-    report: ServerReport | None = None
-
-    def model_in_flight(self, model: str) -> int:
-        return self.in_flight
 
 
 def _order(mode: str, servers: list[FakeServer], **changes) -> tuple[list[str], str]:

@@ -70,6 +70,8 @@ class FakeServer:
     extra: dict = field(default_factory=dict)
     #: Requests in flight per model; a model not listed has all of `in_flight`.
     by_model: dict[str, int] = field(default_factory=dict)
+    #: What it reports of its own load on `/metrics` (tests/upstream/test_reported.py).
+    report: ServerReport | None = None
 
     def model_in_flight(self, model: str) -> int:
         return self.by_model.get(model, self.in_flight)
