@@ -69,7 +69,6 @@ def server_cost(
     weight: float,
     tokens: int,
     now: float,
-    hold_seconds: float = DEFAULT_HOLD_SECONDS,
 ) -> float:
     """The `server` cost of one server, in tokens (module docstring).
 
@@ -80,12 +79,11 @@ def server_cost(
         weight: Its share of the load (`GATEWAY_UPSTREAMS` `weight`, above 0).
         tokens: The request's estimated prompt and output tokens (`RouteTicket.tokens`).
         now: `time.monotonic()`; a reading past its `fresh_until` costs 0.
-        hold_seconds: Seconds a queued request is taken to hold a slot there.
 
     Returns:
         A cost of at least 0: 0 without a fresh reading.
     """
-    return _cost(report, in_flight, slots, weight, tokens, now, hold_seconds)
+    return _cost(report, in_flight, slots, weight, tokens, now)
 
 
 def _cost(
@@ -95,7 +93,6 @@ def _cost(
     weight: float,
     tokens: int,
     now: float,
-    hold_seconds: float,
 ) -> float:
     """`server_cost`, positional and without `max` calls: it runs per candidate per request."""
     if report is None or now > report.fresh_until:
@@ -103,7 +100,7 @@ def _cost(
     waiting = report.waiting or 0.0
     extra = _extra(waiting, in_flight, slots)
     foreign = waiting + (report.running or 0.0) - in_flight
-    cost = extra * hold_seconds / slots * LOAD_TOKENS_PER_SECOND
+    cost = extra * DEFAULT_HOLD_SECONDS / slots * LOAD_TOKENS_PER_SECOND
     if foreign > extra:
         cost += (foreign - extra) * REQUEST_TOKENS
     cost /= weight
@@ -144,7 +141,6 @@ def server_costs(servers: Sequence[Reporting], tokens: int, now: float) -> list[
             s.weight,
             tokens,
             now,
-            DEFAULT_HOLD_SECONDS,
         )
         for s in servers
     ]
