@@ -26,6 +26,7 @@ from gateway.settings import Settings
 from gateway.wire.json import JsonLimitError, count_values, parse_json
 from tests.support.client import MODEL
 from tests.support.emulator import emulator_process
+from tests.support.stack import Gateway
 
 #: Just under the 16 MiB default body limit.
 SIZE = 16 * 1024 * 1024 - 4096
