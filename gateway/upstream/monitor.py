@@ -96,6 +96,8 @@ class UpstreamMonitor:
         #: not answered yet, is down, or the last reading aged out (`STALE_POLLS`).
         self.report: ServerReport | None = None
         self._reader = None if dialect.name == "ollama" else ReportReader(client, timeout)
+        self._down_since = 0.0  # time.monotonic() of the probe that found it down
+        self._down_detail: str | None = None  # why, as last logged; None while up
 
     async def run(self) -> None:
         """Poll until cancelled (the app's lifespan cancels it on shutdown).
@@ -131,10 +133,24 @@ class UpstreamMonitor:
         return up, detail
 
     async def poll(self) -> bool:
-        """Probe, refresh the model list and loaded models; returns whether the upstream is up."""
+        """Probe, refresh the model list and loaded models; returns whether the upstream is up.
+
+        Logs the changes, not every poll: a warning when the upstream goes down (or its reason
+        changes), one line when it is back up with how long it was down. A fleet with a server
+        down for an hour logs two lines, not 360.
+        """
+        was_up, was_detail = self.up, self._down_detail
         up, detail = await self.probe()
+        if up and was_up is False:
+            down_for = time.monotonic() - self._down_since
+            logger.info("upstream %s is back up after %.0f s down", self.name, down_for)
+            self._down_detail = None
         if not up:
-            logger.warning("upstream %s is down: %s", self.name, detail)
+            if was_up is not False:
+                self._down_since = time.monotonic()
+            if detail != was_detail:
+                logger.warning("upstream %s is down: %s", self.name, detail)
+            self._down_detail = detail
             self._metrics.forget_model_memory()
             self._metrics.upstream_models_loaded.labels(self.name).set(0)
             self.loaded = None

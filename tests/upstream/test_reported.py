@@ -6,6 +6,7 @@ over real sockets: emulated GPU servers (vLLM's names on `/metrics`) behind a re
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -590,3 +591,44 @@ def test_readings_show_per_upstream_and_in_the_live_view(make_gateway, gpus):
     exposed = generate_latest(registry.registry).decode()
     assert 'gateway_upstream_reported_running{upstream="a:1"} 3.0' in exposed
     assert 'gateway_upstream_reported_waiting{upstream="a:1"}' not in exposed
+
+
+@pytest.mark.anyio
+async def test_the_monitor_logs_going_down_and_coming_back_once_each(caplog):
+    status = {"code": 200}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(404)
+        if request.url.path == "/v1/models" and status["code"] != 200:
+            return httpx.Response(status["code"])
+        return httpx.Response(200, json={"object": "list", "data": []})
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(answer), base_url="http://model")
+    dialect = OpenAIDialect()
+    monitor = UpstreamMonitor(
+        name="model:80",
+        client=client,
+        dialect=dialect,
+        catalog=ModelCatalog(dialect, client, timeout=1.0),
+        metrics=Metrics(),
+        interval=10.0,
+        timeout=1.0,
+    )
+    caplog.set_level(logging.INFO, logger="gateway.upstream")
+    assert await monitor.poll()
+    status["code"] = 503
+    for _ in range(3):
+        assert not await monitor.poll()
+    status["code"] = 500  # another reason: said once more
+    assert not await monitor.poll()
+    assert not await monitor.poll()
+    status["code"] = 200
+    assert await monitor.poll()
+    assert await monitor.poll()
+    lines = [r.getMessage() for r in caplog.records if r.name == "gateway.upstream"]
+    assert lines == [
+        "upstream model:80 is down: upstream answered 503",
+        "upstream model:80 is down: upstream answered 500",
+        "upstream model:80 is back up after 0 s down",
+    ]
