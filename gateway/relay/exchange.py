@@ -63,7 +63,13 @@ from gateway.upstream.dialects.base import (
     StreamDecoder,
     requested_vectors,
 )
-from gateway.upstream.errors import ERROR_BODY_LIMIT, error_message, status_kind, transport_error
+from gateway.upstream.errors import (
+    ERROR_BODY_LIMIT,
+    error_message,
+    log_status_error,
+    status_kind,
+    transport_error,
+)
 from gateway.wire.json import INLINE_PARSE_BYTES, json_thread_limiter
 
 logger = logging.getLogger("gateway.relay")
@@ -380,7 +386,7 @@ class Exchange:
             if len(raw) >= ERROR_BODY_LIMIT:
                 break
         message = error_message(raw)
-        logger.warning("upstream answered %s: %s", response.status_code, message[:200])
+        log_status_error(logger, response.status_code, message)
         retry_after = parse_retry_after(response.headers.get("retry-after"))
         error = UpstreamStatusError(response.status_code, message, retry_after=retry_after)
         self._note_server_error(error)

@@ -13,6 +13,7 @@ error body's message is found.
 from __future__ import annotations
 
 import json
+import logging
 
 import httpx
 
@@ -107,3 +108,27 @@ def error_message(raw: bytes, *, nested: bool = True) -> str:
     if nested and isinstance(error, dict):
         error = error.get("message")
     return str(error) if error else ""
+
+
+def log_status_error(logger: logging.Logger, status: int, message: str) -> None:
+    """Log an upstream's error status; its message only at debug level.
+
+    An upstream's error text may echo the request: vLLM's and other FastAPI servers' 400s carry
+    pydantic's `input` (the messages themselves), so by default the line names the status and
+    the message's length, not its text (no prompt text in logs by default). At
+    `GATEWAY_LOG_LEVEL=debug` the first 200 characters are logged with it (escaped, like every
+    line: `gateway.serve.logs`). The client gets the whole message in its error either way.
+
+    Args:
+        logger: The caller's logger (`gateway.relay`, `gateway.api`).
+        status: The upstream's HTTP status.
+        message: `error_message` of its body.
+    """
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.warning("upstream answered %s: %s", status, message[:200])
+    else:
+        logger.warning(
+            "upstream answered %s (a %d-character message, logged at debug level only)",
+            status,
+            len(message),
+        )

@@ -7,6 +7,7 @@ Every test runs over real loopback sockets (issue 11, classes 1, 7 and 8; docs/o
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -354,3 +355,41 @@ def test_a_long_trial_stream_does_not_hold_other_keys_off(emulator, make_gateway
         _, other = gw.create_key("other")
         assert _generate(gw, other).status_code == 200  # served while the trial streams
         assert _circuit(gw, emulator.url) == 0
+
+
+@pytest.mark.parametrize("level", [logging.INFO, logging.DEBUG])
+def test_an_upstream_error_message_that_echoes_the_request_is_not_logged_by_default(
+    make_gateway, emulator: Emulator, caplog: pytest.LogCaptureFixture, level: int
+) -> None:
+    # vLLM's 400s carry pydantic's `input`, the messages themselves: the client gets the
+    # message, the log only its length unless debug logging is on. Both relay paths: the
+    # generation engine and the Ollama surface's model management (`/api/delete`).
+    gw = make_gateway(retry_attempts=1)
+    echoed = "Field required, input: {'content': 'my secret plans for Q3'}"
+    emulator.config.fault, emulator.config.fault_status = "status_before", 400
+    emulator.config.fault_message = echoed
+    caplog.set_level(level, logger="gateway")
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    response = httpx.post(f"{gw.url}/api/chat", json=chat, headers=gw.headers(), timeout=10)
+    assert (response.status_code, response.json()) == (400, {"error": echoed})
+    manager = gw.create_key("manager", manage_models=True)[1]
+    response = httpx.request(
+        "DELETE",
+        f"{gw.url}/api/delete",
+        json={"model": "secret-plans:q3"},
+        headers=gw.headers(manager),
+        timeout=10,
+    )
+    assert response.status_code == 404
+    missing = response.json()["error"]
+    assert "secret-plans" in missing
+    logged = [r.getMessage() for r in caplog.records if "upstream answered" in r.getMessage()]
+    if level == logging.DEBUG:
+        assert logged == [f"upstream answered 400: {echoed}", f"upstream answered 404: {missing}"]
+    else:
+        tail = "-character message, logged at debug level only)"
+        assert logged == [
+            f"upstream answered 400 (a {len(echoed)}{tail}",
+            f"upstream answered 404 (a {len(missing)}{tail}",
+        ]
+        assert "secret plans" not in caplog.text  # (the model name is in the access line)

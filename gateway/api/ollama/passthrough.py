@@ -30,7 +30,7 @@ from gateway.errors import (
 from gateway.lifecycle import Lifecycle
 from gateway.neutral import Outcome
 from gateway.relay.disconnect import watch_disconnect
-from gateway.upstream.errors import ERROR_BODY_LIMIT, error_message
+from gateway.upstream.errors import ERROR_BODY_LIMIT, error_message, log_status_error
 from gateway.upstream.errors import transport_error as classify
 
 logger = logging.getLogger("gateway.api")
@@ -42,7 +42,7 @@ CLIENT_CLOSED_REQUEST = 499
 def status_error(response: httpx.Response, raw: bytes) -> UpstreamStatusError:
     """The client's error for an upstream error status, with the message of its body `raw`."""
     message = error_message(raw, nested=False)
-    logger.warning("upstream answered %s: %s", response.status_code, message[:200])
+    log_status_error(logger, response.status_code, message)
     return UpstreamStatusError(response.status_code, message)
 
 
