@@ -226,12 +226,8 @@ class UpstreamPool:
         for upstream in order:
             if panic or upstream.breaker.acquire():
                 self._set_state(upstream)
-                self.scheduler.chosen(
-                    upstream,
-                    ticket,
-                    reason,
-                    catalogued=upstream.catalog.label(model) != OTHER_MODEL,
-                )
+                # The candidates are the upstreams that list the model, when any does.
+                self.scheduler.chosen(upstream, ticket, reason, catalogued=bool(knowing))
                 self._started(upstream, ticket)
                 return upstream
         return None

@@ -250,8 +250,8 @@ class Scheduler:
         policy = self.policy
         blocks = ticket.blocks(policy.prefix_block_chars, self._prompt_blocks)
         matched = [0] * len(candidates)
-        if blocks.hashes:
-            found = self.prefixes.match(blocks.hashes, [c.name for c in candidates])
+        found = self.prefixes.match(blocks.hashes, [c.name for c in candidates])
+        if found:
             ends = blocks.ends
             # A server without the model loaded holds no KV cache for it, whatever it was sent.
             matched = [

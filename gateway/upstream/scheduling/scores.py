@@ -194,15 +194,21 @@ def pick(terms: dict[str, list[float]], weights: dict[str, float]) -> tuple[int,
         candidates at random, so ties go to a random one); reason is the term that saves the
         most, weighted, against the runner-up (`load` when every total is equal).
     """
-    used = [
-        (name, weight, values)
-        for name, values in terms.items()
-        if (weight := weights.get(name, 0.0)) > 0
-    ]
-    count = len(next(iter(terms.values()))) if terms else 0
-    totals = [0.0] * count
-    for _, weight, values in used:
-        totals = [total + weight * value for total, value in zip(totals, values, strict=True)]
+    used = []
+    totals: list[float] | None = None
+    for name, values in terms.items():
+        weight = weights.get(name, 0.0)
+        if weight > 0:
+            used.append((name, weight, values))
+            if totals is None:
+                totals = [0.0 + weight * value for value in values]
+            else:
+                totals = [
+                    total + weight * value for total, value in zip(totals, values, strict=True)
+                ]
+    if totals is None:
+        totals = [0.0] * (len(next(iter(terms.values()))) if terms else 0)
+    count = len(totals)
     lowest = min(totals)
     best = totals.index(lowest)
     if count < 2:
