@@ -11,7 +11,9 @@ of multi-turn conversations (a shared system prompt, a history growing by a turn
 64 conversations), in two sizes: a chat (~4 kB) and a coding agent (~50 kB, Claude Code's
 system prompt and tools' order of size). `scored` hashes each prompt once, message by message;
 a string caches its hash, so the columns that reuse their request objects leave out hashing
-the text itself, which `agent, new` (each request parsed anew, untimed) counts.
+the text itself, which `agent, new` (each request parsed anew, untimed) counts. `200
+messages`: coding-agent sessions deep in their work (a tool call and its result per turn),
+where hashing costs per message.
 """
 
 from __future__ import annotations
@@ -48,6 +50,34 @@ def _conversations(system_chars: int, turn_chars: int, turns: int) -> list[Gener
                 text = (f"conversation {talk} turn {n}: " + "words " * turn_chars)[:turn_chars]
                 messages.append({"role": "user" if n % 2 == 0 else "assistant", "content": text})
             body = {"model": MODEL, "messages": messages}
+            requests.append(GenerationRequest("openai", "chat", body, MODEL))
+    return requests
+
+
+def _tool_sessions(system_chars: int, calls: int, turns: int) -> list[GenerationRequest]:
+    """`STREAMS` coding-agent sessions deep in their work: `calls` tool calls and results each.
+
+    Each request is one of a session's last `turns` turns: the system prompt, then an OpenAI
+    `tool_calls` message and its result per call made so far (about 2 * `calls` messages).
+    """
+    system = ("You are a coding agent; read before you edit. " * 10_000)[:system_chars]
+    sessions = []
+    for talk in range(STREAMS):
+        messages: list[dict[str, object]] = [{"role": "system", "content": system}]
+        for n in range(calls):
+            call = {
+                "id": f"call_{talk}_{n}",
+                "type": "function",
+                "function": {"name": "Read", "arguments": json.dumps({"path": f"/src/m{n}.py"})},
+            }
+            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            result = f"def f{n}(x):  # module {n} of session {talk}\n    return x\n" * 8
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+        sessions.append(messages)
+    requests = []
+    for turn in range(turns, 0, -1):  # one request per session and turn, as `_conversations`
+        for messages in sessions:
+            body = {"model": MODEL, "messages": messages[: len(messages) - 2 * (turn - 1)]}
             requests.append(GenerationRequest("openai", "chat", body, MODEL))
     return requests
 
@@ -124,6 +154,7 @@ async def _run(choices: int, upstreams: int) -> None:
         "chat ~4 kB": (chat, False),
         "agent ~50 kB": (agent, False),
         "agent, new": (agent, True),
+        "200 messages": (_tool_sessions(20_000, 100, 5), False),
     }
     print(f"{upstreams} upstreams, {STREAMS} in flight; microseconds per request (choose+finish)")
     print(f"{'policy':<16}" + "".join(f"{name:>16}" for name in workloads))
