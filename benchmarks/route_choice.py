@@ -9,13 +9,18 @@ chosen (`UpstreamPool.choose`), and finished (`UpstreamPool.finished`), while on
 in flight finishes and another starts, so the in-flight counts move. The prompts are those
 of multi-turn conversations (a shared system prompt, a history growing by a turn per request,
 64 conversations), in two sizes: a chat (~4 kB) and a coding agent (~50 kB, Claude Code's
-system prompt and tools' order of size). `scored` renders and hashes each prompt once.
+system prompt and tools' order of size). `scored` hashes each prompt once, message by message;
+a string caches its hash, so the columns that reuse their request objects leave out hashing
+the text itself, which `agent, new` (each request parsed anew, untimed) counts. `200
+messages`: coding-agent sessions deep in their work (a tool call and its result per turn),
+where hashing costs per message.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
@@ -49,6 +54,34 @@ def _conversations(system_chars: int, turn_chars: int, turns: int) -> list[Gener
     return requests
 
 
+def _tool_sessions(system_chars: int, calls: int, turns: int) -> list[GenerationRequest]:
+    """`STREAMS` coding-agent sessions deep in their work: `calls` tool calls and results each.
+
+    Each request is one of a session's last `turns` turns: the system prompt, then an OpenAI
+    `tool_calls` message and its result per call made so far (about 2 * `calls` messages).
+    """
+    system = ("You are a coding agent; read before you edit. " * 10_000)[:system_chars]
+    sessions = []
+    for talk in range(STREAMS):
+        messages: list[dict[str, object]] = [{"role": "system", "content": system}]
+        for n in range(calls):
+            call = {
+                "id": f"call_{talk}_{n}",
+                "type": "function",
+                "function": {"name": "Read", "arguments": json.dumps({"path": f"/src/m{n}.py"})},
+            }
+            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            result = f"def f{n}(x):  # module {n} of session {talk}\n    return x\n" * 8
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+        sessions.append(messages)
+    requests = []
+    for turn in range(turns, 0, -1):  # one request per session and turn, as `_conversations`
+        for messages in sessions:
+            body = {"model": MODEL, "messages": messages[: len(messages) - 2 * (turn - 1)]}
+            requests.append(GenerationRequest("openai", "chat", body, MODEL))
+    return requests
+
+
 async def _pool(mode: str, upstreams: int, stack: AsyncExitStack) -> UpstreamPool:
     settings = Settings(
         _env_file=None,
@@ -62,34 +95,49 @@ async def _pool(mode: str, upstreams: int, stack: AsyncExitStack) -> UpstreamPoo
     return pool
 
 
-def _cost(pool: UpstreamPool, requests: list[GenerationRequest], choices: int) -> float:
+def _cost(
+    pool: UpstreamPool, requests: list[GenerationRequest], choices: int, *, fresh: bool = False
+) -> float:
     """Mean seconds of ticket + choose + finished, with `STREAMS` requests in flight.
 
     CPU time of this process (`time.process_time`), the best of `ROUNDS` rounds: the
     machine's other work only ever adds time, and a wall clock counts the time it waits.
+    Timed by batches of `STREAMS` requests; with `fresh`, each batch's requests are parsed
+    anew from JSON first (untimed), so their strings are new objects, as a request's are: a
+    string caches its hash, and a reused request would hash its prompt only the first time.
     """
     held = []
     for n in range(STREAMS):
         ticket = RouteTicket(MODEL, tokens=500, request=requests[n % len(requests)])
         upstream = pool.choose(MODEL, set(), ticket=ticket)
         held.append((upstream, ticket))
+    raw = [json.dumps(request.body) for request in requests] if fresh else []
     per_round = max(choices // ROUNDS, 1)
     best = float("inf")
     for first in range(0, per_round * ROUNDS, per_round):
-        started = time.process_time()
-        _requests(pool, requests, held, range(first, first + per_round))
-        best = min(best, (time.process_time() - started) / per_round)
+        spent = 0.0
+        for start in range(first, first + per_round, STREAMS):
+            numbers = range(start, min(start + STREAMS, first + per_round))
+            batch = [requests[n % len(requests)] for n in numbers]
+            if fresh:
+                batch = [
+                    GenerationRequest("openai", "chat", json.loads(raw[n % len(raw)]), MODEL)
+                    for n in numbers
+                ]
+            started = time.process_time()
+            _requests(pool, batch, held, numbers)
+            spent += time.process_time() - started
+        best = min(best, spent / per_round)
     return best
 
 
 def _requests(
     pool: UpstreamPool,
-    requests: list[GenerationRequest],
+    batch: list[GenerationRequest],
     held: list[tuple[Upstream | None, RouteTicket]],
     numbers: range,
 ) -> None:
-    for n in numbers:
-        request = requests[n % len(requests)]
+    for request, n in zip(batch, numbers, strict=True):
         ticket = RouteTicket(MODEL, tokens=request.prompt_bytes // 4 + 256, request=request)
         upstream = pool.choose(MODEL, set(), ticket=ticket)
         assert upstream is not None  # noqa: S101
@@ -100,18 +148,22 @@ def _requests(
 
 
 async def _run(choices: int, upstreams: int) -> None:
+    chat = _conversations(2_000, 400, 5)
+    agent = _conversations(48_000, 1_000, 5)
     workloads = {
-        "chat ~4 kB": _conversations(2_000, 400, 5),
-        "agent ~50 kB": _conversations(48_000, 1_000, 5),
+        "chat ~4 kB": (chat, False),
+        "agent ~50 kB": (agent, False),
+        "agent, new": (agent, True),
+        "200 messages": (_tool_sessions(20_000, 100, 5), False),
     }
     print(f"{upstreams} upstreams, {STREAMS} in flight; microseconds per request (choose+finish)")
     print(f"{'policy':<16}" + "".join(f"{name:>16}" for name in workloads))
     for mode in ("least_in_flight", "round_robin", "scored"):
         row = f"{mode:<16}"
-        for requests in workloads.values():
+        for requests, fresh in workloads.values():
             async with AsyncExitStack() as stack:
                 pool = await _pool(mode, upstreams, stack)
-                row += f"{_cost(pool, requests, choices) * 1e6:>16.1f}"
+                row += f"{_cost(pool, requests, choices, fresh=fresh) * 1e6:>16.1f}"
         print(row)
 
 

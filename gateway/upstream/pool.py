@@ -143,8 +143,15 @@ class UpstreamPool:
         if not upstreams:
             raise ValueError("at least one upstream is needed")
         self.upstreams = upstreams
-        self._metrics = metrics
         self.scheduler = Scheduler(scheduling or SchedulingPolicy(), metrics, len(upstreams))
+        # Each upstream's series, bound once: `labels` takes a lock and builds a key, and these
+        # two are set several times per request (neither series is ever removed).
+        self._in_flight_gauges = {
+            u.name: metrics.upstream_in_flight.labels(u.name) for u in upstreams
+        }
+        self._state_gauges = {
+            u.name: metrics.upstream_circuit_state.labels(u.name) for u in upstreams
+        }
         self._panicking = False
         self._probing: asyncio.Future[tuple[bool, dict[str, str]]] | None = None
         self._ready_until = 0.0  # monotonic time until which `_ready` answers `probe`
@@ -219,12 +226,8 @@ class UpstreamPool:
         for upstream in order:
             if panic or upstream.breaker.acquire():
                 self._set_state(upstream)
-                self.scheduler.chosen(
-                    upstream,
-                    ticket,
-                    reason,
-                    catalogued=upstream.catalog.label(model) != OTHER_MODEL,
-                )
+                # The candidates are the upstreams that list the model, when any does.
+                self.scheduler.chosen(upstream, ticket, reason, catalogued=bool(knowing))
                 self._started(upstream, ticket)
                 return upstream
         return None
@@ -247,7 +250,7 @@ class UpstreamPool:
         models = upstream.models_in_flight
         slot = slot_key(ticket.model)
         models[slot] = models.get(slot, 0) + 1
-        self._metrics.upstream_in_flight.labels(upstream.name).set(upstream.in_flight)
+        self._in_flight_gauges[upstream.name].set(upstream.in_flight)
 
     def finished(
         self,
@@ -289,7 +292,7 @@ class UpstreamPool:
                 residency = self.scheduler.residency
                 size = residency.size(self.upstreams, ticket.model)
                 residency.learn(upstream.name, size, load_ns)
-        self._metrics.upstream_in_flight.labels(upstream.name).set(upstream.in_flight)
+        self._in_flight_gauges[upstream.name].set(upstream.in_flight)
         self._record(upstream, healthy, key)
         # The upstream's own failure, or one that opened its circuit: it may come back empty,
         # so its prompts and models say nothing now. A failure one key may have caused
@@ -346,7 +349,7 @@ class UpstreamPool:
             self._set_state(upstream)
 
     def _set_state(self, upstream: Upstream) -> None:
-        self._metrics.upstream_circuit_state.labels(upstream.name).set(upstream.breaker.state)
+        self._state_gauges[upstream.name].set(upstream.breaker.state)
 
     async def catalogued_models(self) -> list[ModelInfo]:
         """Every upstream's model list as its monitor last fetched it, merged by id.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import sys
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -38,11 +39,13 @@ from gateway.upstream.scheduling.scheduler import (
     prompt_limit,
 )
 from gateway.upstream.scheduling.scores import (
+    DEFAULT_HOLD_SECONDS,
     has_free_slot,
     imbalanced,
     load_costs,
     pick,
     prefix_costs,
+    queue_cost,
     residency_cost,
     server_load,
 )
@@ -108,6 +111,29 @@ def test_load_costs_are_each_servers_work_in_tokens_and_the_wait_for_a_slot():
     assert load_costs([mixed], "other") == [6 * 256 + 1 * 2.5 * 2000]
 
 
+def test_load_costs_are_server_load_and_queue_cost_to_the_bit():
+    rng = random.Random(3)  # noqa: S311 - test data, not secrets
+    servers = [
+        FakeServer(
+            f"s{n}",
+            in_flight=rng.randint(0, 12),
+            tokens_in_flight=rng.randint(0, 50_000),
+            weight=rng.choice([0.5, 1.0, 3.0]),
+            capacity=rng.choice([0, 0, 2, 8]),
+            by_model={MODEL: rng.randint(0, 8)},
+        )
+        for n in range(200)
+    ]
+    holds = {f"s{n}": rng.uniform(0.5, 60) for n in range(0, 200, 3)}
+    unrolled = load_costs(servers, MODEL, holds)
+    expected = [
+        server_load(s) + queue_cost(s, MODEL, holds.get(s.name, DEFAULT_HOLD_SECONDS))
+        for s in servers
+    ]
+    assert unrolled == expected  # exact: the choice compares these totals
+    assert any(queue_cost(s, MODEL) > 0 for s in servers)  # the wait was exercised
+
+
 def test_server_load_counts_tokens_and_requests_per_weight():
     light = FakeServer("a", in_flight=1, tokens_in_flight=100, weight=2.0)
     assert server_load(light) == (100 + 256) / 2
@@ -155,6 +181,16 @@ def test_pick_takes_the_cheapest_weighted_sum_and_names_the_term_that_decided():
     assert pick(terms, {"prefix": 0, "load": 1}) == (1, "load")  # weight 0: off
     assert pick({"load": [1.0, 1.0]}, {"load": 2}) == (0, "load")  # a tie
     assert pick({"load": [1.0]}, {"load": 2}) == (0, "only")
+
+
+def test_pick_picks_the_first_cheapest_and_the_first_runner_up_among_ties():
+    # Ties on the best and on the runner-up: the first of each counts.
+    terms = {"load": [5.0, 1.0, 3.0, 1.0, 3.0], "prefix": [0.0, 2.0, 0.0, 2.0, 0.0]}
+    assert pick(terms, {"load": 1, "prefix": 1}) == (1, "load")  # 3.0 vs 3.0 (index 2)
+    # Best last, runner-up before it: the term that saves most against index 0.
+    terms = {"load": [4.0, 9.0, 1.0], "prefix": [0.0, 0.0, 2.0]}
+    assert pick(terms, {"load": 1, "prefix": 1}) == (2, "load")
+    assert pick({"prefix": [0.0, 8.0, 0.0]}, {"prefix": 1}) == (0, "load")  # tied best
 
 
 def test_a_prefix_every_server_holds_decides_nothing_so_load_spreads_the_conversations():
@@ -226,6 +262,47 @@ def test_the_index_finds_the_longest_match_per_server():
     assert index.match(block_hashes("other " * 100, 64, 100), ["a", "b"]) == {}
     index.record(history, "c")
     assert index.match(history, ["a", "c"]) == {"a": 10, "c": len(history)}
+
+
+def _chain(rng: random.Random, prompts: list[list[int]]) -> list[int]:
+    """A new prompt's chained hashes: a random prefix of an earlier prompt, then new blocks."""
+    base = rng.choice(prompts) if prompts and rng.random() < 0.8 else []
+    hashes = base[: rng.randint(0, len(base))]
+    for _ in range(rng.randint(0 if hashes else 1, 40)):
+        hashes.append(hash((hashes[-1] if hashes else 0, rng.random())))
+    return hashes
+
+
+def _scanned(index: PrefixIndex, hashes: list[int], servers: list[str]) -> dict[str, int]:
+    """The match as a linear scan of every block (what `PrefixIndex.match` did before)."""
+    found = {}
+    for server in servers:
+        bit = index._bits.get(server, 0)
+        count = 0
+        while count < len(hashes) and index._blocks.get(hashes[count], 0) & bit:
+            count += 1
+        if count:
+            found[server] = count
+    return found
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_binary_search_match_equals_a_linear_scan_on_random_chains(seed: int) -> None:
+    rng = random.Random(seed)  # noqa: S311 - test data, not secrets
+    index = PrefixIndex(300)  # small: the LRU evicts all along
+    servers = ["a", "b", "c", "d"]
+    prompts: list[list[int]] = []
+    matched = 0
+    for _ in range(600):
+        prompt = _chain(rng, prompts)
+        found = index.match(prompt, servers)
+        assert found == _scanned(index, prompt, servers)
+        matched += bool(found)
+        index.record(prompt, rng.choice(servers))
+        prompts.append(prompt)
+        if rng.random() < 0.01:
+            index.forget(rng.choice(servers))
+    assert matched > 100  # the prompts shared prefixes: the search had work to do
 
 
 def test_the_index_stays_bounded_under_a_flood_of_unique_prompts():

@@ -142,25 +142,45 @@ class PrefixIndex:
         return bit
 
     def match(self, hashes: list[int], servers: list[str]) -> dict[str, int]:
-        """Leading blocks of `hashes` each of `servers` was sent; servers with none left out."""
-        bits = {server: self._bit(server) for server in servers}
-        alive = 0
-        for bit in bits.values():
-            alive |= bit
+        """Leading blocks of `hashes` each of `servers` was sent; servers with none left out.
+
+        A binary search per server, over the index's entries for `hashes` (each read once):
+        what a server holds of a chain is always a prefix of it (`record`), so whether it
+        holds block i falls from yes to no once along the prompt. So a 512-block prompt
+        costs a few dozen lookups, not 512; the first and the last block answer the common
+        cases (nobody has it, or everybody all of it) in one lookup each.
+        """
         found: dict[str, int] = {}
+        count = len(hashes)
+        if not count:
+            return found
+        bits = self._bits
         blocks = self._blocks
-        for index, block in enumerate(hashes):
-            holders = blocks.get(block, 0) & alive
-            if holders != alive:
-                for server, bit in bits.items():
-                    if alive & bit and not holders & bit and index:
-                        found[server] = index
-                alive = holders
-                if not alive:
-                    return found
-        for server, bit in bits.items():
-            if alive & bit and hashes:
-                found[server] = len(hashes)
+        first = blocks.get(hashes[0], 0)
+        if not first:
+            return found
+        last = blocks.get(hashes[-1], 0)
+        seen = {0: first, count - 1: last}
+        for server in servers:
+            bit = bits.get(server)
+            if bit is None:
+                bit = self._bit(server)
+            if not first & bit:
+                continue
+            if last & bit:
+                found[server] = count
+                continue
+            low, high = 1, count - 1  # it holds block low - 1, not block high
+            while low < high:
+                middle = (low + high) // 2
+                held = seen.get(middle)
+                if held is None:
+                    held = seen[middle] = blocks.get(hashes[middle], 0)
+                if held & bit:
+                    low = middle + 1
+                else:
+                    high = middle
+            found[server] = low
         return found
 
     def record(self, hashes: list[int], server: str) -> None:

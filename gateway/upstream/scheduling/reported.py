@@ -133,14 +133,13 @@ def queued_beyond(server: Reporting, now: float) -> float:
 
 def server_costs(servers: Sequence[Reporting], tokens: int, now: float) -> list[float]:
     """Each server's `server_cost` for a request of `tokens`, in the servers' order."""
-    return [
-        _cost(
-            s.report,
-            s.in_flight,
-            s.capacity or DEFAULT_SLOTS,
-            s.weight,
-            tokens,
-            now,
-        )
-        for s in servers
-    ]
+    costs = []
+    for s in servers:
+        report = s.report
+        if report is None or now > report.fresh_until:  # `_cost`'s 0, without the call
+            costs.append(0.0)
+        else:
+            costs.append(
+                _cost(report, s.in_flight, s.capacity or DEFAULT_SLOTS, s.weight, tokens, now)
+            )
+    return costs

@@ -18,6 +18,7 @@ exponential average per server), `DEFAULT_LOAD_RATE` before any.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from typing import Protocol
@@ -74,13 +75,15 @@ def _tagged(model: str) -> str:
     return model if ":" in model.rsplit("/", 1)[-1] else f"{model}:latest"
 
 
+@functools.lru_cache(maxsize=1024)
 def slot_key(model: str) -> str:
     """The name a server's requests and loads of `model` are counted under.
 
     Ollama's implicit `:latest` added and the case folded, so `llama3.2`, `llama3.2:latest`
     and `Llama3.2` share one count: a client's spelling must not make a full server look
     free for the same model (counting two different models together could only make a
-    server look busier, the safe side).
+    server look busier, the safe side). Cached (a few names in use, looked up several times
+    per request; bounded, as a client may vary the name without end).
     """
     return _tagged(model).casefold()
 

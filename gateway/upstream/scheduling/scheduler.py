@@ -116,6 +116,8 @@ class Scheduler:
         self._learns = policy.mode == "scored" and servers > 1
         self.weights = dict(policy.weights)
         self.weights["session"] = self.weights.get("prefix", 0.0)
+        # The terms weighed at all (read once: `_scored` runs per request).
+        self._weighed = {name for name, weight in self.weights.items() if weight > 0}
         self.prefixes = PrefixIndex(policy.prefix_blocks)
         self._prompt_blocks = prompt_limit(policy.prefix_blocks)
         self.sessions = SessionIndex(SESSIONS)
@@ -148,15 +150,16 @@ class Scheduler:
         """The `scored` order: warm servers with room, the balance guard, the best total."""
         ticket.prefix_tokens = 0
         self._notice_downs(candidates)
-        weights = self.weights
+        weighed = self._weighed
+        model = ticket.model
         now = time.monotonic()
         state = self.residency.state
-        states = [state(c, ticket.model, now) for c in candidates]
+        states = [state(c, model, now) for c in candidates]
         narrowed = False
-        if weights.get("residency", 0) > 0:
+        # Warm servers, or loads under way, only where some state is known (cheaper).
+        if "residency" in weighed and states.count(None) != len(states):
             # A server that reports its own queue has no free slot, whatever this gateway sent.
-            reports = weights.get("server", 0) > 0
-            model = ticket.model
+            reports = "server" in weighed
 
             def room(server: S) -> bool:
                 return has_free_slot(server, model) and not (reports and queued_beyond(server, now))
@@ -177,27 +180,27 @@ class Scheduler:
             return candidates, "residency"
         policy = self.policy
         if imbalanced(candidates, policy.balance_abs_threshold, policy.balance_rel_threshold):
-            return self._guarded(candidates, states, ticket.model, now), "balance_guard"
+            return self._guarded(candidates, states, model, now), "balance_guard"
         # A cost equal everywhere cannot change the choice: it is left out (cheaper).
         terms: dict[str, list[float]] = {}
-        if weights.get("load", 0) > 0:
-            loads = load_costs(candidates, ticket.model, self.holds)
+        if "load" in weighed:
+            loads = load_costs(candidates, model, self.holds)
             if max(loads) != min(loads):
                 terms["load"] = loads
-        if weights.get("server", 0) > 0:
+        if "server" in weighed:
             reported = server_costs(candidates, ticket.tokens, now)
             if max(reported) != min(reported):
                 terms["server"] = reported
         matched: list[int] = []
-        if weights.get("prefix", 0) > 0:
+        if "prefix" in weighed:
             matched = self._prefix_terms(candidates, states, ticket, terms)
-        if weights.get("residency", 0) > 0 and _may_differ(states):
-            costs = self._residency_costs(candidates, states, ticket.model, now)
+        if "residency" in weighed and _may_differ(states):
+            costs = self._residency_costs(candidates, states, model, now)
             if max(costs) != min(costs):
                 terms["residency"] = costs
         if not terms:  # a tie: the rotation already put a random one first
             return candidates, "residency" if narrowed else "load"
-        best, reason = pick(terms, weights)
+        best, reason = pick(terms, self.weights)
         if narrowed and reason in ("only", "load"):
             reason = "residency"  # the choice among warm servers with room was a tie
         if matched:
@@ -247,8 +250,8 @@ class Scheduler:
         policy = self.policy
         blocks = ticket.blocks(policy.prefix_block_chars, self._prompt_blocks)
         matched = [0] * len(candidates)
-        if blocks.hashes:
-            found = self.prefixes.match(blocks.hashes, [c.name for c in candidates])
+        found = self.prefixes.match(blocks.hashes, [c.name for c in candidates])
+        if found:
             ends = blocks.ends
             # A server without the model loaded holds no KV cache for it, whatever it was sent.
             matched = [
@@ -295,7 +298,7 @@ class Scheduler:
                 residency.started(server.name, ticket.model, seconds)
         if not self._learns:
             return
-        if self.weights.get("prefix", 0) > 0:
+        if "prefix" in self._weighed:
             self._prefix_hits.observe(ticket.prefix_tokens)
             blocks = ticket.blocks(self.policy.prefix_block_chars, self._prompt_blocks)
             if blocks.hashes:

@@ -119,17 +119,31 @@ def load_costs(
 ) -> list[float]:
     """Each server's work in tokens (`server_load`) and one more request's wait for a slot.
 
+    The same sums as `server_load` + `queue_cost`, to the last bit, written out: it runs per
+    candidate per request, and reads each server's counts once.
+
     Args:
         servers: The candidates.
         model: The request's model (slots without a gate are per model).
         holds: Seconds a request holds a slot, per server name, where measured.
     """
     holds = holds or {}
-    return [
-        server_load(server)
-        + queue_cost(server, model, holds.get(server.name, DEFAULT_HOLD_SECONDS))
-        for server in servers
-    ]
+    costs = []
+    for server in servers:
+        in_flight = server.in_flight
+        weight = server.weight
+        cost = (server.tokens_in_flight + in_flight * REQUEST_TOKENS) / weight
+        capacity = server.capacity
+        if capacity:
+            waiting = in_flight + 1 - capacity
+        else:
+            waiting = server.model_in_flight(model) + 1 - DEFAULT_SLOTS
+            capacity = DEFAULT_SLOTS
+        if waiting > 0:
+            hold = holds.get(server.name, DEFAULT_HOLD_SECONDS)
+            cost += waiting * hold / capacity * LOAD_TOKENS_PER_SECOND / weight
+        costs.append(cost)
+    return costs
 
 
 def prefix_costs(matched: Sequence[int], chars: int) -> list[float]:
@@ -180,21 +194,34 @@ def pick(terms: dict[str, list[float]], weights: dict[str, float]) -> tuple[int,
         candidates at random, so ties go to a random one); reason is the term that saves the
         most, weighted, against the runner-up (`load` when every total is equal).
     """
-    used = [(name, weights.get(name, 0.0), values) for name, values in terms.items()]
-    used = [(name, weight, values) for name, weight, values in used if weight > 0]
-    count = len(next(iter(terms.values()))) if terms else 0
-    totals = [0.0] * count
-    for _, weight, values in used:
-        for i in range(count):
-            totals[i] += weight * values[i]
-    best = min(range(count), key=totals.__getitem__)
+    used = []
+    totals: list[float] | None = None
+    for name, values in terms.items():
+        weight = weights.get(name, 0.0)
+        if weight > 0:
+            used.append((name, weight, values))
+            if totals is None:
+                totals = [0.0 + weight * value for value in values]
+            else:
+                totals = [
+                    total + weight * value for total, value in zip(totals, values, strict=True)
+                ]
+    if totals is None:
+        totals = [0.0] * (len(next(iter(terms.values()))) if terms else 0)
+    count = len(totals)
+    lowest = min(totals)
+    best = totals.index(lowest)
     if count < 2:
         return best, "only"
-    second = min((i for i in range(count) if i != best), key=totals.__getitem__)
-    if totals[second] <= totals[best]:
+    others = totals[:best] + totals[best + 1 :]
+    runner_up = min(others)
+    second = others.index(runner_up)
+    second += second >= best
+    if runner_up <= lowest:
         return best, "load"
     reason, margin = "load", 0.0
     for name, weight, values in used:
-        if weight * (values[second] - values[best]) > margin:
-            reason, margin = name, weight * (values[second] - values[best])
+        saved = weight * (values[second] - values[best])
+        if saved > margin:
+            reason, margin = name, saved
     return best, reason
