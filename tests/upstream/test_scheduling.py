@@ -253,6 +253,45 @@ def test_every_request_shape_has_its_prompt_blocks():
     assert prompt_blocks(calls, 64, 100).hashes[-1] != prompt_blocks(other, 64, 100).hashes[-1]
 
 
+@pytest.mark.parametrize(
+    ("one", "two"),
+    [
+        # OpenAI's shape (the Anthropic and Responses surfaces' translation): id, name, arguments
+        (
+            {"id": "call_1", "type": "function", "function": {"name": "a", "arguments": "{}"}},
+            {"id": "call_2", "type": "function", "function": {"name": "a", "arguments": "{}"}},
+        ),
+        (
+            {"id": "call_1", "function": {"name": "a", "arguments": '{"path": "x"}'}},
+            {"id": "call_1", "function": {"name": "a", "arguments": '{"path": "y"}'}},
+        ),
+        # Ollama's: arguments an object
+        (
+            {"function": {"name": "a", "arguments": {"p": 1}}},
+            {"function": {"name": "a", "arguments": {"p": 2}}},
+        ),
+        # odd shapes a client may send: still hashable, still told apart
+        (
+            {"id": ["x"], "function": {"name": "a", "arguments": "{}"}},
+            {"id": ["y"], "function": {"name": "a", "arguments": "{}"}},
+        ),
+        ("call", ["call"]),
+    ],
+)
+def test_tool_calls_that_differ_give_different_chains(one: object, two: object):
+    chains = []
+    for call in (one, two):
+        request = _chat(SYSTEM, "")
+        request.body["messages"][1]["tool_calls"] = [call]
+        request.body["messages"].append({"role": "tool", "content": "y" * 100})
+        chains.append(prompt_blocks(request, 64, 100).hashes)
+    assert chains[0][-1] != chains[1][-1]
+    again = _chat(SYSTEM, "")
+    again.body["messages"][1]["tool_calls"] = [one]
+    again.body["messages"].append({"role": "tool", "content": "y" * 100})
+    assert prompt_blocks(again, 64, 100).hashes == chains[0]
+
+
 def test_the_index_finds_the_longest_match_per_server():
     index = PrefixIndex(1000)
     history = block_hashes(SYSTEM, 64, 1000)

@@ -87,7 +87,7 @@ def _message_blocks(
                 chained,
                 role if isinstance(role, str) else None,
                 content,
-                None if calls is None else str(calls),  # small, and tells calls apart
+                None if calls is None else _calls_key(calls),
             )
         )
         chars += size
@@ -97,6 +97,26 @@ def _message_blocks(
             ends.append(chars)
             pending = 0
     return PromptBlocks(hashes, ends, chars)
+
+
+def _calls_key(calls: object) -> object:
+    """A hashable stand-in for a message's `tool_calls` that tells calls apart.
+
+    OpenAI's shape (which the Anthropic and Responses surfaces translate to) as the strings
+    it holds: id, name and the arguments' JSON text, about a fifth of the cost of `str()` of
+    the list (which escapes every argument), per message of an agent's long history. Any
+    other shape (Ollama's arguments are an object) falls back to `str()`.
+    """
+    if not isinstance(calls, list):
+        return str(calls)
+    key: list[object] = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+            key.append((str(call.get("id")), str(function.get("name")), function["arguments"]))
+        else:
+            key.append(str(call))
+    return tuple(key)
 
 
 def text_blocks(text: str, block_chars: int, limit: int, start: int = 0) -> PromptBlocks:
