@@ -341,6 +341,12 @@ class UpstreamPool:
             self.scheduler.residency.served(upstream.name, model)
         if ticket is not None:
             ticket.answered_at = time.monotonic()
+            # Prefilled: its prompt is no longer work a request sent there would wait behind,
+            # only its output is (a long history counted to its end made every session homed
+            # on that server look expensive for the whole answer, and move).
+            left = min(ticket.charged, ticket.output)
+            upstream.tokens_in_flight -= ticket.charged - left
+            ticket.charged = left
         if upstream.breaker.state is not CircuitState.CLOSED:
             upstream.breaker.record_success()
             self._set_state(upstream)

@@ -18,8 +18,10 @@ class RouteTicket:
     Attributes:
         model: The model that runs (after aliases).
         tokens: Estimated prompt + expected output tokens (`gateway.limits.estimate`), the
-            load the request adds to its upstream while in flight; at most
+            load the request adds to its upstream until its first chunk; at most
             `MAX_TICKET_TOKENS` (`capped`).
+        output: The expected output tokens among them: the load it leaves there from its first
+            chunk on, the prompt being prefilled by then.
         session: A hash of the client's session key (`x-claude-code-session-id`,
             `prompt_cache_key`, `user`), or None.
         request: The neutral request whose prompt is hashed; None: no prompt (tests,
@@ -38,6 +40,7 @@ class RouteTicket:
 
     model: str
     tokens: int = 0
+    output: int = 0
     session: int | None = None
     request: GenerationRequest | None = None
     reason: str | None = None
