@@ -61,6 +61,7 @@ class FakeServer:
     name: str
     in_flight: int = 0
     tokens_in_flight: int = 0
+    prefills: list[int] = field(default_factory=list)
     weight: float = 1.0
     capacity: int = 0
     loaded: list[LoadedModel] | None = None
@@ -111,6 +112,17 @@ def test_load_costs_are_each_servers_work_in_tokens_and_the_wait_for_a_slot():
 def test_server_load_counts_tokens_and_requests_per_weight():
     light = FakeServer("a", in_flight=1, tokens_in_flight=100, weight=2.0)
     assert server_load(light) == (100 + 256) / 2
+
+
+def test_a_long_prompt_being_prefilled_delays_a_newcomer_by_the_newcomers_size_at_most():
+    # 6,000 tokens of a moved history being prefilled, and 200 of answers decoding.
+    busy = FakeServer("a", in_flight=2, tokens_in_flight=6200, prefills=[6000])
+    assert server_load(busy) == 6200 + 2 * 256
+    assert server_load(busy, prefill=700) == 900 + 2 * 256  # a turn's tail: shares the GPU
+    assert server_load(busy, prefill=9000) == 6200 + 2 * 256  # a longer one waits it all
+    idle = FakeServer("b", in_flight=1, tokens_in_flight=700, prefills=[700])
+    costs = load_costs([busy, idle], MODEL, prefills=[700, 6700])
+    assert costs == [900 + 2 * 256, 700 + 256]
 
 
 def test_prefix_costs_are_the_prompt_tokens_left_to_prefill():
@@ -659,8 +671,10 @@ async def test_a_request_weighs_its_prompt_until_its_first_chunk_then_its_output
         upstream = pool.choose(MODEL, set(), ticket=ticket)
         assert upstream is not None
         assert upstream.tokens_in_flight == 6048  # nothing of it cached there yet
+        assert upstream.prefills == [6000]
         pool.answering(upstream, MODEL, ticket)  # prefilled: a newcomer waits on its answer only
         assert upstream.tokens_in_flight == 48
+        assert upstream.prefills == []
         pool.finished(upstream, True, ticket=ticket)
         assert upstream.tokens_in_flight == 0
         short = RouteTicket(MODEL, tokens=30, output=48, scope="k")  # less work than its output
@@ -669,3 +683,8 @@ async def test_a_request_weighs_its_prompt_until_its_first_chunk_then_its_output
         pool.answering(upstream, MODEL, short)
         pool.finished(upstream, True, ticket=short)
         assert upstream.tokens_in_flight == 0  # never below what it added
+        failed = RouteTicket(MODEL, tokens=500, output=48, scope="k")
+        upstream = pool.choose(MODEL, set(), ticket=failed)
+        assert upstream is not None
+        pool.finished(upstream, False, ticket=failed)  # never answered: its prefill ends too
+        assert (upstream.tokens_in_flight, upstream.prefills) == (0, [])

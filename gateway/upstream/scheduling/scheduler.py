@@ -186,18 +186,23 @@ class Scheduler:
         if imbalanced(candidates, policy.balance_abs_threshold, policy.balance_rel_threshold):
             return self._guarded(candidates, states, ticket.model, now), "balance_guard"
         # A cost equal everywhere cannot change the choice: it is left out (cheaper).
+        affinity: dict[str, list[float]] = {}
+        matched: list[int] = []
+        if weights.get("prefix", 0) > 0:
+            matched = self._prefix_terms(candidates, states, ticket, affinity)
         terms: dict[str, list[float]] = {}
         if weights.get("load", 0) > 0:
-            loads = load_costs(candidates, ticket.model, self.holds)
+            # The request's own prefill on each: its prompt less what that server holds.
+            prompt = max(0, ticket.tokens - ticket.output)
+            prefills = [max(0, prompt - m // CHARS_PER_TOKEN) for m in matched] or None
+            loads = load_costs(candidates, ticket.model, self.holds, prefills)
             if max(loads) != min(loads):
                 terms["load"] = loads
         if weights.get("server", 0) > 0:
             reported = server_costs(candidates, ticket.tokens, now)
             if max(reported) != min(reported):
                 terms["server"] = reported
-        matched: list[int] = []
-        if weights.get("prefix", 0) > 0:
-            matched = self._prefix_terms(candidates, states, ticket, terms)
+        terms.update(affinity)
         if weights.get("residency", 0) > 0 and _may_differ(states):
             costs = self._residency_costs(candidates, states, ticket.model, now)
             if max(costs) != min(costs):

@@ -30,6 +30,7 @@ class RouteTicket:
         prefix_tokens: Estimated prompt tokens the chosen upstream already had (0: none).
         charged: The tokens it added to its upstream's load at the choice (`work` then), taken
             off again when it ends.
+        prefill: Of those, its prompt tokens until its first chunk (0 after, or not sent).
         answered_at: `time.monotonic()` when the chosen upstream answered (None: not yet),
             so the slot's hold can be measured at the end (`Scheduler.held`).
         scope: Whose prompts these are (the API key's id): the prefix chain and the session
@@ -48,6 +49,7 @@ class RouteTicket:
     scope: str | None = None
     answered_at: float | None = None
     charged: int = 0
+    prefill: int = 0
     _blocks: PromptBlocks | None = field(default=None, repr=False)
 
     @property
