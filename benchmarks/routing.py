@@ -17,6 +17,15 @@ point. One table per workload:
   and model mix. With the pause, the turn that just ended no longer hands its own server to the
   next turn (it is least loaded only by accident, without one), and the histories (up to 7,000
   tokens each) outgrow a server's prefix cache when every server serves every session.
+* `agents8k`: `agents` cut to 8 turns, the most whose last prompt (8,119 tokens) fits the
+  preset's context of 8,192 tokens (`num_ctx` 8192, whose KV cache x 4 slots is the 32,768
+  tokens a server caches): a real Ollama truncates the history past it (its `truncate`
+  defaults to true), so `agents`' turns 9 and 10 (8,835 and 9,540 tokens) could not be sent
+  whole to the server the preset describes. Everything else is `agents`': a coding agent's
+  session as Claude Code sends it (the same system prompt and tools first in every session,
+  then a history that grows by a tool result a turn, short tool-call answers), its shared
+  part cut from Claude Code's 49 KB (about 12,000 tokens, more than the whole context here)
+  to `agents`' 2,400 tokens.
 * `unique`: single-turn 600-word prompts, each unique from its first token: no prefix to
   reuse, so affinity can only cost.
 * `models`: three models over 2 servers, each preloading one of the first two; the third is
@@ -26,10 +35,11 @@ point. One table per workload:
 Columns: TTFT p50/p90 seen by the clients (sent to first content chunk) of every request started
 in the run (those running at its end finish and count), output tokens/s over the run and that
 drain, prefix hit rate (cached / prompt tokens, the emulators'
-counters), cold loads, and load imbalance (the busiest server's requests / the mean). The
-default run (2 and 4 servers, levels 2, 4 and 8 per server: the last past the 4 slots per model
-of the preset, three policies, 10 s a point) takes about 10 minutes; `--quick` (2 servers, level
-2, 4 s) about one.
+counters), cold loads, and load imbalance (the busiest server's requests / the mean); under
+each row, the gateway's route decisions in the point per reason
+(`gateway_route_decisions_total`), also in `--out`. The default run (2 and 4 servers, levels 2,
+4 and 8 per server: the last past the 4 slots per model of the preset, three policies, 10 s a
+point) takes over 10 minutes; `--quick` (2 servers, level 2, 4 s) about one.
 """
 
 from __future__ import annotations
@@ -61,6 +71,7 @@ MODELS = ("llama3.1:8b", "qwen2.5:7b", "gemma3:4b")
 WORKLOADS = {
     "shared": Workload("shared", ((MODELS[0], 3), (MODELS[1], 1)), 6, 1500, 300, 48),
     "agents": Workload("agents", ((MODELS[0], 3), (MODELS[1], 1)), 10, 1500, 400, 48, 2.0),
+    "agents8k": Workload("agents8k", ((MODELS[0], 3), (MODELS[1], 1)), 8, 1500, 400, 48, 2.0),
     "unique": Workload("unique", ((MODELS[0], 1),), 1, 0, 600, 48),
     "models": Workload("models", ((MODELS[0], 2), (MODELS[1], 2), (MODELS[2], 1)), 1, 0, 100, 48),
 }
@@ -85,6 +96,7 @@ class Row:
     avoidable_loads: int
     imbalance: float
     failures: dict[str, int]
+    decisions: dict[str, int]
 
 
 def preloads(workload: str, index: int) -> str:
@@ -162,6 +174,18 @@ def avoidable_loads(journals: list[list[dict[str, Any]]], parallel: int) -> int:
     return count
 
 
+def decisions(gateway: str) -> dict[str, int]:
+    """The gateway's route decisions so far, per reason (`gateway_route_decisions_total`)."""
+    text = httpx.get(f"{gateway}/metrics", timeout=10).text
+    counts: dict[str, int] = {}
+    for line in text.splitlines():
+        if line.startswith("gateway_route_decisions_total{"):
+            labels, _, value = line.rpartition(" ")
+            reason = labels.split('reason="', 1)[1].split('"', 1)[0]
+            counts[reason] = counts.get(reason, 0) + int(float(value))
+    return counts
+
+
 def point(
     urls: list[str], gateway: str, key: str, workload: str, policy: str, level: int, seconds: float
 ) -> Row:
@@ -171,6 +195,7 @@ def point(
     # A reset is a restart the gateway cannot see (the server never went down): until its
     # monitor polls `/api/ps` again it still holds the previous point's loaded models.
     time.sleep(SETTLE)
+    before = decisions(gateway)
     load = WORKLOADS[workload]
     result = anyio.run(
         lambda: drive(gateway, key, load, concurrency=level, seconds=seconds, seed=level)
@@ -181,6 +206,7 @@ def point(
     prompt = sum(s["total"]["prompt_tokens"] for s in stats)
     cached = sum(s["total"]["cached_tokens"] for s in stats)
     mean = sum(served) / len(served)
+    after = decisions(gateway)
     return Row(
         workload=workload,
         servers=len(urls),
@@ -196,6 +222,7 @@ def point(
         avoidable_loads=avoidable_loads(journals, int(stats[0]["parallel"])),
         imbalance=max(served) / mean if mean else 0.0,
         failures=result.failures,
+        decisions={r: n - before.get(r, 0) for r, n in after.items() if n > before.get(r, 0)},
     )
 
 
@@ -245,8 +272,9 @@ def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
                                 args.duration,
                             )
                             print(f"  {format_row(row)}", flush=True)
-                            for reason, count in row.failures.items():
-                                print(f"    {count} failed: {reason}", flush=True)
+                            print(f"    decisions: {row.decisions}", flush=True)
+                            for reason, failed in row.failures.items():
+                                print(f"    {failed} failed: {reason}", flush=True)
                             rows.append(row)
     return rows
 

@@ -266,6 +266,7 @@ async def admit_generation(
     routing = RouteTicket(
         request.model,
         tokens=0 if expected is None else capped(expected.total),
+        output=0 if expected is None else capped(expected.output),
         session=session_of(request.body, header, principal.key_id),
         request=request,
         scope=principal.key_id,

@@ -75,6 +75,8 @@ class Upstream:
     #: not hold (the prefix matched at the choice is cached there) and their expected output
     #: (`RouteTicket.work`).
     tokens_in_flight: int = 0
+    #: Of those, each request's uncached prompt tokens while it is not answered yet (prefill).
+    prefills: list[int] = field(default_factory=list)
     #: Requests in flight per model (`slot_key`: spellings of one model counted together; no
     #: entry at 0, so a client varying names cannot grow it past its own requests).
     models_in_flight: dict[str, int] = field(default_factory=dict)
@@ -247,6 +249,9 @@ class UpstreamPool:
         upstream.in_flight += 1
         ticket.charged = ticket.work
         upstream.tokens_in_flight += ticket.charged
+        ticket.prefill = ticket.charged - min(ticket.charged, ticket.output)
+        if ticket.prefill:
+            upstream.prefills.append(ticket.prefill)
         models = upstream.models_in_flight
         slot = slot_key(ticket.model)
         models[slot] = models.get(slot, 0) + 1
@@ -275,6 +280,7 @@ class UpstreamPool:
         upstream.in_flight -= 1
         if ticket is not None:
             upstream.tokens_in_flight -= ticket.charged
+            _prefilled(upstream, ticket)
             models = upstream.models_in_flight
             slot = slot_key(ticket.model)
             left = models.get(slot, 0) - 1
@@ -344,6 +350,13 @@ class UpstreamPool:
             self.scheduler.residency.served(upstream.name, model)
         if ticket is not None:
             ticket.answered_at = time.monotonic()
+            # Prefilled: its prompt is no longer work a request sent there would wait behind,
+            # only its output is (a long history counted to its end made every session homed
+            # on that server look expensive for the whole answer, and move).
+            left = min(ticket.charged, ticket.output)
+            upstream.tokens_in_flight -= ticket.charged - left
+            ticket.charged = left
+            _prefilled(upstream, ticket)
         if upstream.breaker.state is not CircuitState.CLOSED:
             upstream.breaker.record_success()
             self._set_state(upstream)
@@ -497,3 +510,10 @@ async def open_pool(
             f" ({weights})" if scheduling.mode == "scored" else "",
         )
     return UpstreamPool(upstreams, metrics, policy.scheduling)
+
+
+def _prefilled(upstream: Upstream, ticket: RouteTicket) -> None:
+    """The ticket's prompt is no longer being prefilled at `upstream` (answered, or ended)."""
+    if ticket.prefill:
+        upstream.prefills.remove(ticket.prefill)
+        ticket.prefill = 0

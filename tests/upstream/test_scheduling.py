@@ -64,6 +64,7 @@ class FakeServer:
     name: str
     in_flight: int = 0
     tokens_in_flight: int = 0
+    prefills: list[int] = field(default_factory=list)
     weight: float = 1.0
     capacity: int = 0
     loaded: list[LoadedModel] | None = None
@@ -121,6 +122,7 @@ def test_load_costs_are_server_load_and_queue_cost_to_the_bit():
             weight=rng.choice([0.5, 1.0, 3.0]),
             capacity=rng.choice([0, 0, 2, 8]),
             by_model={MODEL: rng.randint(0, 8)},
+            prefills=[rng.randint(0, 9000) for _ in range(rng.randint(0, 4))],
         )
         for n in range(200)
     ]
@@ -131,12 +133,31 @@ def test_load_costs_are_server_load_and_queue_cost_to_the_bit():
         for s in servers
     ]
     assert unrolled == expected  # exact: the choice compares these totals
+    own = [rng.randint(0, 8000) for _ in servers]
+    unrolled = load_costs(servers, MODEL, holds, own)
+    expected = [
+        server_load(s, own[i]) + queue_cost(s, MODEL, holds.get(s.name, DEFAULT_HOLD_SECONDS))
+        for i, s in enumerate(servers)
+    ]
+    assert unrolled == expected
+    assert unrolled != load_costs(servers, MODEL, holds)  # the clamp was exercised
     assert any(queue_cost(s, MODEL) > 0 for s in servers)  # the wait was exercised
 
 
 def test_server_load_counts_tokens_and_requests_per_weight():
     light = FakeServer("a", in_flight=1, tokens_in_flight=100, weight=2.0)
     assert server_load(light) == (100 + 256) / 2
+
+
+def test_a_long_prompt_being_prefilled_delays_a_newcomer_by_the_newcomers_size_at_most():
+    # 6,000 tokens of a moved history being prefilled, and 200 of answers decoding.
+    busy = FakeServer("a", in_flight=2, tokens_in_flight=6200, prefills=[6000])
+    assert server_load(busy) == 6200 + 2 * 256
+    assert server_load(busy, prefill=700) == 900 + 2 * 256  # a turn's tail: shares the GPU
+    assert server_load(busy, prefill=9000) == 6200 + 2 * 256  # a longer one waits it all
+    idle = FakeServer("b", in_flight=1, tokens_in_flight=700, prefills=[700])
+    costs = load_costs([busy, idle], MODEL, prefills=[700, 6700])
+    assert costs == [900 + 2 * 256, 700 + 256]
 
 
 def test_prefix_costs_are_the_prompt_tokens_left_to_prefill():
@@ -534,6 +555,29 @@ def test_scored_prefers_the_server_holding_the_model_and_never_starts_a_cold_loa
     assert metric_value(text, "gateway_route_cold_loads_total", upstream="cold") == 1
 
 
+def test_a_full_warm_server_keeps_its_conversation_until_its_queue_outweighs_the_history():
+    # The routing benchmark's `agents` near saturation: the session's server has its slots
+    # taken, another has room. Waiting a slot there (answers of half a second) is cheaper than
+    # prefilling the whole history elsewhere, and evicting other sessions from that cache.
+    scheduler, _ = _scheduler(balance_abs_threshold=1000)  # the guard has its own test
+    for name in ("home", "other"):
+        for _ in range(50):
+            scheduler.held(name, 0.5)
+    history = (SYSTEM, "tool output " * 2000, "ok")  # about 6,300 tokens
+    home = FakeServer("home", loaded=_loaded(MODEL))
+    other = FakeServer("other", loaded=_loaded(MODEL), in_flight=1)
+    cold = FakeServer("cold", loaded=[])
+    scheduler.chosen(home, RouteTicket(MODEL, request=_chat(*history)), "load")
+    home.in_flight = 6  # 4 running, 2 waiting: 2 x 0.5 s / 4 slots = 0.25 s of wait
+    ticket = RouteTicket(MODEL, request=_chat(*history, "more"))
+    assert _choose(scheduler, [cold, other, home], ticket) is home
+    assert ticket.reason == "prefix"
+    home.in_flight = 24  # 20 waiting: 2.5 s, longer than prefilling the history elsewhere
+    ticket = RouteTicket(MODEL, request=_chat(*history, "more"))
+    assert _choose(scheduler, [cold, other, home], ticket) is other  # never the cold one
+    assert ticket.reason == "residency"  # the warm servers' load decided (the operations table)
+
+
 def test_a_load_under_way_is_joined_not_started_again_on_another_server():
     scheduler, metrics = _scheduler()
     a = FakeServer("a", loaded=_loaded("other:1b", size=8_000_000_000), loaded_at=0.0)
@@ -739,3 +783,33 @@ def _noted(pool: UpstreamPool, ticket: RouteTicket) -> set[str]:
     blocks = ticket.blocks(policy.prefix_block_chars, prompt_limit(policy.prefix_blocks))
     found = pool.scheduler.prefixes.match(blocks.hashes, [u.name for u in pool.upstreams])
     return {name for name, count in found.items() if count}
+
+
+@pytest.mark.anyio
+async def test_a_request_weighs_its_prompt_until_its_first_chunk_then_its_output_only():
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    settings = Settings(upstreams=[{"url": url} for url in urls], routing="scored")
+    transport = httpx.MockTransport(lambda _: httpx.Response(500))
+    async with AsyncExitStack() as stack:
+        pool = await open_pool(PoolPolicy.of(settings), Metrics(), stack, transport)
+        ticket = RouteTicket(MODEL, tokens=6048, output=48, request=_chat(SYSTEM), scope="k")
+        upstream = pool.choose(MODEL, set(), ticket=ticket)
+        assert upstream is not None
+        assert upstream.tokens_in_flight == 6048  # nothing of it cached there yet
+        assert upstream.prefills == [6000]
+        pool.answering(upstream, MODEL, ticket)  # prefilled: a newcomer waits on its answer only
+        assert upstream.tokens_in_flight == 48
+        assert upstream.prefills == []
+        pool.finished(upstream, True, ticket=ticket)
+        assert upstream.tokens_in_flight == 0
+        short = RouteTicket(MODEL, tokens=30, output=48, scope="k")  # less work than its output
+        upstream = pool.choose(MODEL, set(), ticket=short)
+        assert upstream is not None
+        pool.answering(upstream, MODEL, short)
+        pool.finished(upstream, True, ticket=short)
+        assert upstream.tokens_in_flight == 0  # never below what it added
+        failed = RouteTicket(MODEL, tokens=500, output=48, scope="k")
+        upstream = pool.choose(MODEL, set(), ticket=failed)
+        assert upstream is not None
+        pool.finished(upstream, False, ticket=failed)  # never answered: its prefill ends too
+        assert (upstream.tokens_in_flight, upstream.prefills) == (0, [])

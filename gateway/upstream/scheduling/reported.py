@@ -123,7 +123,7 @@ def queued_beyond(server: Reporting, now: float) -> float:
 
     The `extra` of the module docstring; 0 without a fresh report. A warm server with such a
     queue has no free slot, whatever this gateway's own count says (`scheduler`'s residency
-    rule keeps only warm servers with room).
+    rule drops the servers without the model only when a warm one has room).
     """
     report = server.report
     if report is None or now > report.fresh_until or not report.waiting:

@@ -6,13 +6,15 @@ in the pool's order, and tries them in the order returned, the first whose circu
 - `least_in_flight` (the default): the fewest requests in flight per weight, ties at random;
 - `round_robin`: each choice starts one candidate further along;
 - `scored`: first, where the model is loaded on a server with a free slot (and no queue of
-  its own, as it reports it), only such servers (a cold load is never started while a warm
-  server has room), else where a load the gateway started is under way with room (never a
-  second load beside it); then SGLang's balance guard (the least loaded, a cold load
-  counted, when one server is far busier); else the lowest weighted sum of the costs in
-  tokens (`scores`): the prompt tokens a server must still prefill (none at the session's
-  last server when no server has a prefix match), its load, a cold load, and the load the
-  server itself reports beyond this gateway's own (`reported`) (`GATEWAY_ROUTING_SCORES`).
+  its own, as it reports it), only the servers with the model loaded, full ones too (a cold
+  load is never started while a warm server has room; a full one's short queue may still
+  cost less than a long history prefilled elsewhere), else where a load the gateway started
+  is under way with room (never a second load beside it); then SGLang's balance guard (the
+  least loaded, a cold load counted, when one server is far busier); else the lowest
+  weighted sum of the costs in tokens (`scores`): the prompt tokens a server must still
+  prefill (none at the session's last server when no server has a prefix match), its load,
+  a cold load, and the load the server itself reports beyond this gateway's own
+  (`reported`) (`GATEWAY_ROUTING_SCORES`).
 
 Each choice has a reason (`REASONS`), counted in `gateway_route_decisions_total{reason}`,
 logged with the request and set on its span. What the policy learns comes back through the
@@ -147,7 +149,7 @@ class Scheduler:
         return sorted(candidates, key=_in_flight), "least_in_flight"
 
     def _scored(self, candidates: list[S], ticket: RouteTicket) -> tuple[list[S], str]:
-        """The `scored` order: warm servers with room, the balance guard, the best total."""
+        """The `scored` order: warm servers beside room, the balance guard, the best total."""
         ticket.prefix_tokens = 0
         self._notice_downs(candidates)
         weighed = self._weighed
@@ -165,7 +167,12 @@ class Scheduler:
                 return has_free_slot(server, model) and not (reports and queued_beyond(server, now))
 
             warm = [i for i, c in enumerate(candidates) if states[i] and room(c)]
-            if not warm:  # a load under way with room beats a second load elsewhere
+            if warm:
+                # Only the servers without the model are dropped: a warm one that is full may
+                # still cost least (a slot's short wait against a long history to prefill
+                # elsewhere), which the `load` and `prefix` costs weigh below.
+                warm = [i for i, state in enumerate(states) if state]
+            else:  # a load under way with room beats a second load elsewhere
                 loading = self.residency.loading
                 warm = [
                     i
@@ -182,18 +189,23 @@ class Scheduler:
         if imbalanced(candidates, policy.balance_abs_threshold, policy.balance_rel_threshold):
             return self._guarded(candidates, states, model, now), "balance_guard"
         # A cost equal everywhere cannot change the choice: it is left out (cheaper).
+        affinity: dict[str, list[float]] = {}
+        matched: list[int] = []
+        if "prefix" in weighed:
+            matched = self._prefix_terms(candidates, states, ticket, affinity)
         terms: dict[str, list[float]] = {}
         if "load" in weighed:
-            loads = load_costs(candidates, model, self.holds)
+            # The request's own prefill on each: its prompt less what that server holds.
+            prompt = max(0, ticket.tokens - ticket.output)
+            prefills = [max(0, prompt - m // CHARS_PER_TOKEN) for m in matched] or None
+            loads = load_costs(candidates, model, self.holds, prefills)
             if max(loads) != min(loads):
                 terms["load"] = loads
         if "server" in weighed:
             reported = server_costs(candidates, ticket.tokens, now)
             if max(reported) != min(reported):
                 terms["server"] = reported
-        matched: list[int] = []
-        if "prefix" in weighed:
-            matched = self._prefix_terms(candidates, states, ticket, terms)
+        terms.update(affinity)
         if "residency" in weighed and _may_differ(states):
             costs = self._residency_costs(candidates, states, model, now)
             if max(costs) != min(costs):
@@ -202,7 +214,7 @@ class Scheduler:
             return candidates, "residency" if narrowed else "load"
         best, reason = pick(terms, self.weights)
         if narrowed and reason in ("only", "load"):
-            reason = "residency"  # the choice among warm servers with room was a tie
+            reason = "residency"  # the choice among the warm servers kept was a tie
         if matched:
             ticket.prefix_tokens = matched[best] // CHARS_PER_TOKEN
         rest = [c for i, c in enumerate(candidates) if i != best]

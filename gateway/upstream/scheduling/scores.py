@@ -13,7 +13,8 @@ made the smallest load difference weigh as much as the largest: on the routing b
 policy then did exactly what least-in-flight does.)
 
 - prefix: the prompt's estimated tokens the server was not recently sent (whole blocks);
-- load: the server's in-flight tokens plus `REQUEST_TOKENS` per request, per weight, and,
+- load: the server's in-flight tokens (a prompt until its first chunk, and at most the
+  request's own prefill there) plus `REQUEST_TOKENS` per request, per weight, and,
   for a request that would wait for a slot, the wait (a slot's hold, learned per server, over
   the slots, per request ahead of it, at `LOAD_TOKENS_PER_SECOND`; the slots are the gate's,
   else Ollama's per model);
@@ -70,6 +71,11 @@ class Server(Holder, Protocol):
         ...
 
     @property
+    def prefills(self) -> Sequence[int]:
+        """Of `tokens_in_flight`, each unanswered request's prompt tokens (being prefilled)."""
+        ...
+
+    @property
     def weight(self) -> float:
         """Its share of the load (`GATEWAY_UPSTREAMS` `weight`)."""
         ...
@@ -84,9 +90,18 @@ class Server(Holder, Protocol):
         ...
 
 
-def server_load(server: Server) -> float:
-    """In-flight tokens plus `REQUEST_TOKENS` per request, per unit of weight."""
-    return (server.tokens_in_flight + server.in_flight * REQUEST_TOKENS) / server.weight
+def server_load(server: Server, prefill: float | None = None) -> float:
+    """In-flight tokens plus `REQUEST_TOKENS` per request, per unit of weight.
+
+    With `prefill` (the newcomer's own prompt tokens to prefill there), each prompt being
+    prefilled counts at most that much: a GPU prefills the prompts it has together (the
+    emulator preset's shared rate, llama.cpp's batch), so one far longer than the newcomer's
+    delays it by about the newcomer's own size, not its whole length.
+    """
+    tokens: float = server.tokens_in_flight
+    if prefill is not None:
+        tokens -= sum(max(0.0, held - prefill) for held in server.prefills)
+    return (tokens + server.in_flight * REQUEST_TOKENS) / server.weight
 
 
 def _waiting(server: Server, model: str) -> int:
@@ -115,7 +130,10 @@ def queue_cost(server: Server, model: str, hold_seconds: float = DEFAULT_HOLD_SE
 
 
 def load_costs(
-    servers: Sequence[Server], model: str, holds: Mapping[str, float] | None = None
+    servers: Sequence[Server],
+    model: str,
+    holds: Mapping[str, float] | None = None,
+    prefills: Sequence[float] | None = None,
 ) -> list[float]:
     """Each server's work in tokens (`server_load`) and one more request's wait for a slot.
 
@@ -126,13 +144,20 @@ def load_costs(
         servers: The candidates.
         model: The request's model (slots without a gate are per model).
         holds: Seconds a request holds a slot, per server name, where measured.
+        prefills: The request's own prompt tokens to prefill on each (None: unknown).
     """
     holds = holds or {}
     costs = []
-    for server in servers:
+    for i, server in enumerate(servers):
         in_flight = server.in_flight
         weight = server.weight
-        cost = (server.tokens_in_flight + in_flight * REQUEST_TOKENS) / weight
+        tokens: float = server.tokens_in_flight
+        if prefills is not None:  # `server_load`'s clamp, written out
+            prefill = prefills[i]
+            for held in server.prefills:
+                if held > prefill:
+                    tokens -= held - prefill
+        cost = (tokens + in_flight * REQUEST_TOKENS) / weight
         capacity = server.capacity
         if capacity:
             waiting = in_flight + 1 - capacity

@@ -18,8 +18,10 @@ class RouteTicket:
     Attributes:
         model: The model that runs (after aliases).
         tokens: Estimated prompt + expected output tokens (`gateway.limits.estimate`), the
-            load the request adds to its upstream while in flight; at most
+            load the request adds to its upstream until its first chunk; at most
             `MAX_TICKET_TOKENS` (`capped`).
+        output: The expected output tokens among them: the load it leaves there from its first
+            chunk on, the prompt being prefilled by then.
         session: A hash of the client's session key (`x-claude-code-session-id`,
             `prompt_cache_key`, `user`), or None.
         request: The neutral request whose prompt is hashed; None: no prompt (tests,
@@ -28,6 +30,7 @@ class RouteTicket:
         prefix_tokens: Estimated prompt tokens the chosen upstream already had (0: none).
         charged: The tokens it added to its upstream's load at the choice (`work` then), taken
             off again when it ends.
+        prefill: Of those, its prompt tokens until its first chunk (0 after, or not sent).
         answered_at: `time.monotonic()` when the chosen upstream answered (None: not yet),
             so the slot's hold can be measured at the end (`Scheduler.held`).
         scope: Whose prompts these are (the API key's id): the prefix chain and the session
@@ -38,6 +41,7 @@ class RouteTicket:
 
     model: str
     tokens: int = 0
+    output: int = 0
     session: int | None = None
     request: GenerationRequest | None = None
     reason: str | None = None
@@ -45,6 +49,7 @@ class RouteTicket:
     scope: str | None = None
     answered_at: float | None = None
     charged: int = 0
+    prefill: int = 0
     _blocks: PromptBlocks | None = field(default=None, repr=False)
 
     @property

@@ -57,13 +57,16 @@ def test_the_quick_run_prints_one_table_per_workload_and_the_shared_prefix_hits(
     status = main(argv)
     rows = {row["workload"]: row for row in json.loads(out.read_text())}
     assert status == 0, {name: row["failures"] for name, row in rows.items()}
-    assert list(rows) == ["shared", "agents", "unique", "models"]
+    assert list(rows) == ["shared", "agents", "agents8k", "unique", "models"]
     for row in rows.values():
         assert (row["servers"], row["policy"], row["concurrency"]) == (2, DEFAULT_POLICY, 4)
         assert row["requests"] > 0
         assert row["ttft_p50"] is not None
+        # The gateway's own count of its choices in the point, read from its /metrics.
+        assert row["decisions"] == {DEFAULT_POLICY: row["requests"]}
     assert rows["shared"]["prefix_hit_rate"] > 0.3  # the shared system prompt and histories
     assert rows["agents"]["prefix_hit_rate"] > 0.3
+    assert rows["agents8k"]["prefix_hit_rate"] > 0.3
     assert rows["unique"]["prefix_hit_rate"] == 0
     assert rows["models"]["cold_loads"] >= 1  # the third model is preloaded nowhere
     printed = capsys.readouterr().out
