@@ -5,7 +5,8 @@ Run: `.venv/bin/python -m benchmarks.route_choice [--choices 20000] [--upstreams
 
 A pool of emulated upstreams (no network: the choice is pure CPU) with 64 requests in
 flight, spread over them. Each measured request builds its ticket as admission does, is
-chosen (`UpstreamPool.choose`), and finished (`UpstreamPool.finished`), while one of the 64
+chosen (`UpstreamPool.choose`), answered (`UpstreamPool.answering`, the relay's first chunk:
+most of the 64 are decoding) and finished (`UpstreamPool.finished`), while one of the 64
 in flight finishes and another starts, so the in-flight counts move. The prompts are those
 of multi-turn conversations (a shared system prompt, a history growing by a turn per request,
 64 conversations), in two sizes: a chat (~4 kB) and a coding agent (~50 kB, Claude Code's
@@ -108,8 +109,10 @@ def _cost(
     """
     held = []
     for n in range(STREAMS):
-        ticket = RouteTicket(MODEL, tokens=500, request=requests[n % len(requests)])
+        ticket = RouteTicket(MODEL, tokens=500, output=256, request=requests[n % len(requests)])
         upstream = pool.choose(MODEL, set(), ticket=ticket)
+        assert upstream is not None  # noqa: S101
+        pool.answering(upstream, MODEL, ticket)
         held.append((upstream, ticket))
     raw = [json.dumps(request.body) for request in requests] if fresh else []
     per_round = max(choices // ROUNDS, 1)
@@ -138,9 +141,13 @@ def _requests(
     numbers: range,
 ) -> None:
     for request, n in zip(batch, numbers, strict=True):
-        ticket = RouteTicket(MODEL, tokens=request.prompt_bytes // 4 + 256, request=request)
+        ticket = RouteTicket(
+            MODEL, tokens=request.prompt_bytes // 4 + 256, output=256, request=request
+        )
         upstream = pool.choose(MODEL, set(), ticket=ticket)
         assert upstream is not None  # noqa: S101
+        # Its first chunk (as the relay reports it): most of the 64 in flight are decoding.
+        pool.answering(upstream, MODEL, ticket)
         old, old_ticket = held[n % STREAMS]
         assert old is not None  # noqa: S101
         pool.finished(old, True, ticket=old_ticket)

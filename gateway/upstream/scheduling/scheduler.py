@@ -195,9 +195,12 @@ class Scheduler:
             matched = self._prefix_terms(candidates, states, ticket, affinity)
         terms: dict[str, list[float]] = {}
         if "load" in weighed:
-            # The request's own prefill on each: its prompt less what that server holds.
-            prompt = max(0, ticket.tokens - ticket.output)
-            prefills = [max(0, prompt - m // CHARS_PER_TOKEN) for m in matched] or None
+            # The request's own prefill on each: its prompt less what that server holds (only
+            # where some prompt is being prefilled: else the clamp changes nothing).
+            prefills = None
+            if matched and any(c.prefills for c in candidates):
+                prompt = max(0, ticket.tokens - ticket.output)
+                prefills = [max(0, prompt - m // CHARS_PER_TOKEN) for m in matched]
             loads = load_costs(candidates, model, self.holds, prefills)
             if max(loads) != min(loads):
                 terms["load"] = loads
