@@ -64,7 +64,6 @@ from gateway.clients.bench.quantiles import percentile
 from gateway.testing.stack import ManagedProcess, free_port
 
 PRESET = "rtx3090-llama3.1-8b"
-DEFAULT_POLICY = "least_in_flight"
 POLICIES = ("least_in_flight", "round_robin", "scored")
 MODELS = ("llama3.1:8b", "qwen2.5:7b", "gemma3:4b")
 
@@ -234,14 +233,12 @@ SETTLE = 2.5 * POLL_INTERVAL
 
 
 def gateway_env(urls: list[str], policy: str) -> dict[str, str]:
-    """The gateway's upstreams and, unless it is the default, its routing policy."""
-    env = {
+    """The gateway's upstreams and its routing policy, named even when it is the default."""
+    return {
         "GATEWAY_UPSTREAMS": json.dumps([{"url": url} for url in urls]),
         "GATEWAY_UPSTREAM_POLL_INTERVAL": str(POLL_INTERVAL),
+        "GATEWAY_ROUTING": policy,
     }
-    if policy != DEFAULT_POLICY:
-        env["GATEWAY_ROUTING"] = policy
-    return env
 
 
 def run(args: argparse.Namespace, workdir: Path) -> list[Row]:

@@ -243,10 +243,10 @@ class Settings(BaseSettings):
         "Ollama's loaded models, another server's own /metrics).",
     )
     routing: Literal["least_in_flight", "round_robin", "scored"] = Field(
-        "least_in_flight",
+        "scored",
         description="How a request's upstream is chosen among those that can take it: "
-        "`least_in_flight` (fewest requests in flight per weight), `round_robin`, or `scored` "
-        "(model residency, prompt-prefix affinity and token load, docs/operations.md).",
+        "`scored` (model residency, prompt-prefix affinity and token load, docs/operations.md), "
+        "`least_in_flight` (fewest requests in flight per weight), or `round_robin`.",
     )
     routing_scores: Annotated[dict[str, float], NoDecode] = Field(
         default_factory=lambda: {"prefix": 1.0, "load": 1.0, "residency": 1.0, "server": 1.0},

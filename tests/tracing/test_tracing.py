@@ -474,7 +474,10 @@ def test_a_failover_has_one_client_span_per_upstream_tried(
     ports = {int(url.rsplit(":", 1)[1]) for url in (emulator.url, second.url)}
     assert {span.attributes["server.port"] for span in clients if span.attributes} == ports
     reasons = [span.attributes["gateway.route.reason"] for span in clients if span.attributes]
-    assert sorted(reasons) == ["failover", "least_in_flight"]
+    # The first choice's reason is the default policy's (scored: the term that decided it).
+    assert len(reasons) == 2
+    assert reasons.count("failover") == 1
+    assert {"load", "prefix", "residency", "server", "session", "balance_guard"} & set(reasons)
     for client in clients:
         assert client.parent is not None
         assert client.parent.span_id == server.context.span_id

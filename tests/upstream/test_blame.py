@@ -274,7 +274,11 @@ def test_an_upstream_429_sends_requests_elsewhere_until_its_retry_after(
 ):
     upstream, url = scripted
     upstream.answers["x"] = (429, {"error": "slow down"}, {"Retry-After": "60"})
-    gw = _in_front_of(make_gateway, url, emulator.url, retry_backoff=0.01)
+    # Least in flight, whose ties are random: the default (scored) would keep this one prompt
+    # on whichever server took it first, which may never be the limited one.
+    gw = _in_front_of(
+        make_gateway, url, emulator.url, retry_backoff=0.01, routing="least_in_flight"
+    )
     for _ in range(30):  # ties go to a random upstream: ask until the limited one was asked
         assert _generate(gw).status_code == 200
         if upstream.total:

@@ -220,9 +220,13 @@ def test_a_server_that_restarts_empty_loses_its_affinity(make_gateway, caplog):
             server.__exit__(None, None, None)
 
 
-def test_the_default_policy_is_least_in_flight_and_counts_its_decisions(make_gateway, fleet):
+def test_least_in_flight_counts_its_decisions_and_hashes_nothing(make_gateway, fleet):
     emulators = fleet(2)
-    gw = make_gateway(upstreams=[{"url": em.url} for em in emulators], upstream_poll_interval=0.1)
+    gw = make_gateway(
+        upstreams=[{"url": em.url} for em in emulators],
+        upstream_poll_interval=0.1,
+        routing="least_in_flight",
+    )
     wait_polled(gw, 2)
     for _ in range(4):
         _chat(gw, _conversation("gus", 1))
@@ -230,3 +234,16 @@ def test_the_default_policy_is_least_in_flight_and_counts_its_decisions(make_gat
     assert metric_value(text, "gateway_route_decisions_total", reason="least_in_flight") == 4
     assert metric_value(text, "gateway_route_decisions_total") == 4
     assert metric_value(text, "gateway_route_prefix_hit_tokens_count") == 0
+
+
+def test_the_default_policy_is_scored(make_gateway, fleet):
+    emulators = fleet(2)
+    gw = make_gateway(upstreams=[{"url": em.url} for em in emulators], upstream_poll_interval=0.1)
+    wait_polled(gw, 2)
+    for turn in range(1, 5):
+        _chat(gw, _conversation("gus", turn))
+    text = gw.metrics_text()
+    assert metric_value(text, "gateway_route_decisions_total", reason="least_in_flight") == 0
+    assert metric_value(text, "gateway_route_decisions_total") == 4
+    assert metric_value(text, "gateway_route_prefix_hit_tokens_count") >= 1
+    assert sum(1 for em in emulators if _chats(em)) == 1  # the conversation stayed on one

@@ -725,7 +725,7 @@ def test_routing_scores_parse_and_bad_ones_are_refused_naming_the_variable():
             Settings(_env_file=None, routing_scores=bad)
     with pytest.raises(ValidationError, match="GATEWAY_ROUTING must be one of least_in_flight"):
         Settings(_env_file=None, routing="fastest")
-    assert Settings(_env_file=None).routing == "least_in_flight"
+    assert Settings(_env_file=None).routing == "scored"
 
 
 def test_the_metrics_are_exposed():

@@ -192,9 +192,12 @@ def test_readyz_reports_each_upstream_and_is_ready_while_one_answers(make_gatewa
 
 @pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_weights_share_the_load(make_gateway, emulator, second):
+    # Least in flight: the default (scored) keeps these identical prompts on the server that
+    # holds their prefix, as it should (tests/upstream/test_routing.py).
     gw = make_gateway(
         upstreams=[{"url": emulator.url, "weight": 3}, {"url": second.url}],
         upstream_poll_interval=0.2,
+        routing="least_in_flight",
     )
     wait_polled(gw, 2)
     for em in (emulator, second):

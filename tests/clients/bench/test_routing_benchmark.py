@@ -11,7 +11,9 @@ import json
 
 import pytest
 
-from benchmarks.routing import DEFAULT_POLICY, avoidable_loads, gateway_env, main
+from benchmarks.routing import avoidable_loads, gateway_env, main
+
+LIF = "least_in_flight"
 
 
 def event(t: float, model: str, kind: str, value: float = 0.0) -> dict[str, object]:
@@ -41,11 +43,11 @@ def test_a_cold_load_is_avoidable_only_while_another_server_holds_the_model_with
     assert avoidable_loads([later, [event(1, "m1", "load", 3.0)]], parallel=2) == 1
 
 
-def test_the_gateway_is_told_the_policy_only_when_it_is_not_the_default():
+def test_the_gateway_is_told_the_policy_even_the_default():
     urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
-    default = gateway_env(urls, DEFAULT_POLICY)
-    assert "GATEWAY_ROUTING" not in default
-    assert [entry["url"] for entry in json.loads(default["GATEWAY_UPSTREAMS"])] == urls
+    env = gateway_env(urls, LIF)
+    assert env["GATEWAY_ROUTING"] == LIF
+    assert [entry["url"] for entry in json.loads(env["GATEWAY_UPSTREAMS"])] == urls
     assert gateway_env(urls, "scored")["GATEWAY_ROUTING"] == "scored"
 
 
@@ -53,17 +55,17 @@ def test_the_gateway_is_told_the_policy_only_when_it_is_not_the_default():
 @pytest.mark.timeout(600)
 def test_the_quick_run_prints_one_table_per_workload_and_the_shared_prefix_hits(tmp_path, capsys):
     out = tmp_path / "rows.json"
-    argv = ["--quick", "--policies", DEFAULT_POLICY, "--out", str(out), "--workdir", str(tmp_path)]
+    argv = ["--quick", "--policies", LIF, "--out", str(out), "--workdir", str(tmp_path)]
     status = main(argv)
     rows = {row["workload"]: row for row in json.loads(out.read_text())}
     assert status == 0, {name: row["failures"] for name, row in rows.items()}
     assert list(rows) == ["shared", "agents", "agents8k", "unique", "models"]
     for row in rows.values():
-        assert (row["servers"], row["policy"], row["concurrency"]) == (2, DEFAULT_POLICY, 4)
+        assert (row["servers"], row["policy"], row["concurrency"]) == (2, LIF, 4)
         assert row["requests"] > 0
         assert row["ttft_p50"] is not None
         # The gateway's own count of its choices in the point, read from its /metrics.
-        assert row["decisions"] == {DEFAULT_POLICY: row["requests"]}
+        assert row["decisions"] == {LIF: row["requests"]}
     assert rows["shared"]["prefix_hit_rate"] > 0.3  # the shared system prompt and histories
     assert rows["agents"]["prefix_hit_rate"] > 0.3
     assert rows["agents8k"]["prefix_hit_rate"] > 0.3
