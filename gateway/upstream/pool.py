@@ -24,6 +24,7 @@ bookkeeping read the same per-upstream state; `open_pool` beside it is what buil
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import random
@@ -288,8 +289,10 @@ class UpstreamPool:
                 models[slot] = left
             else:
                 models.pop(slot, None)
-            if healthy is False and ticket.answered_at is None:
-                # The server failed before answering: whatever load it began is not under way.
+            if ticket.answered_at is None:
+                # Ended before any answer (failed, refused, the client gone, a 4xx): no load
+                # counts as under way for it, or cheap requests that never reach the model
+                # could keep every key's requests waiting on a cold server.
                 self.scheduler.residency.failed(upstream.name, ticket.model)
             if healthy and ticket.answered_at is not None:
                 self.scheduler.held(upstream.name, time.monotonic() - ticket.answered_at)
@@ -515,5 +518,7 @@ async def open_pool(
 def _prefilled(upstream: Upstream, ticket: RouteTicket) -> None:
     """The ticket's prompt is no longer being prefilled at `upstream` (answered, or ended)."""
     if ticket.prefill:
-        upstream.prefills.remove(ticket.prefill)
+        # Never raises into `finished`: its bookkeeping after this must run whatever happens.
+        with contextlib.suppress(ValueError):
+            upstream.prefills.remove(ticket.prefill)
         ticket.prefill = 0

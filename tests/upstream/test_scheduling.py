@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import sys
+import time
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ from gateway.upstream.scheduling.residency import (
     MAX_SERVED,
     SERVED_TTL,
     Residency,
+    slot_key,
 )
 from gateway.upstream.scheduling.scheduler import (
     HOLD_MAX_SECONDS,
@@ -813,3 +815,35 @@ async def test_a_request_weighs_its_prompt_until_its_first_chunk_then_its_output
         assert upstream is not None
         pool.finished(upstream, False, ticket=failed)  # never answered: its prefill ends too
         assert (upstream.tokens_in_flight, upstream.prefills) == (0, [])
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "ALPHA",
+        " alpha ",
+        "alpha:latest",
+        "library/alpha",
+        "registry.ollama.ai/library/Alpha:latest",
+        "https://registry.ollama.ai/library/alpha",
+    ],
+)
+def test_every_spelling_ollama_resolves_to_a_loaded_model_is_warm(spelling):
+    # A client's spelling must not make a warm server look cold (a cold load, and an eviction
+    # of another key's model) nor a full one look free (found by the review of this policy).
+    residency = Residency()
+    warm = FakeServer("warm", loaded=_loaded("alpha:latest"), loaded_at=time.monotonic())
+    assert residency.state(warm, spelling) is True
+    assert residency.size([warm], spelling) == 4_000_000_000
+    assert slot_key(spelling) == slot_key("alpha") == "alpha:latest"
+    answered = FakeServer("answered", loaded=[], loaded_at=0.0)
+    residency.served("answered", spelling)
+    assert residency.state(answered, "alpha") is True
+
+
+@pytest.mark.parametrize("other", ["alpha:7b", "someone/alpha", "alphabet", "hf.co/x/alpha"])
+def test_other_models_keep_their_own_name(other):
+    assert slot_key(other) != slot_key("alpha")
+    residency = Residency()
+    warm = FakeServer("warm", loaded=_loaded("alpha:latest"), loaded_at=time.monotonic())
+    assert residency.state(warm, other) is False

@@ -25,6 +25,7 @@ from gateway.testing.server import LoopbackServer
 from gateway.upstream.breaker import CircuitBreaker, CircuitState
 from gateway.upstream.headers import upstream_request_id
 from gateway.upstream.pool import open_pool
+from gateway.upstream.scheduling.ticket import RouteTicket
 from tests.support.client import MODEL
 from tests.support.metrics import metric_value, wait_polled
 from tests.support.stack import Emulator, Gateway
@@ -59,7 +60,11 @@ def _generate(gw: Gateway, model: str = MODEL, **body) -> httpx.Response:
 
 @pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
 def test_least_in_flight_spreads_concurrent_requests(make_gateway, emulator, second):
-    gw = make_gateway(upstreams=_upstreams(emulator.url, second.url), upstream_poll_interval=0.2)
+    gw = make_gateway(
+        upstreams=_upstreams(emulator.url, second.url),
+        upstream_poll_interval=0.2,
+        routing="least_in_flight",
+    )
     wait_polled(gw, 2)
     for em in (emulator, second):
         em.config.tokens = 10
@@ -335,3 +340,31 @@ async def test_panic_mode_offers_every_upstream_once_nearest_to_closing_first():
             pool.finished(upstream, None)
         assert order == [closed, half_open, old, young]
         assert young.breaker.state is CircuitState.OPEN  # panic mode passes a circuit by
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("healthy", [None, True, False])
+async def test_a_request_that_ends_unanswered_leaves_no_load_under_way(healthy):
+    """Refused, a 4xx, the client gone, failed: whatever ended before the first chunk started
+    no load a later request should wait for (a key could otherwise pin everyone's requests to
+    a cold server with cheap requests that never reach the model)."""
+    settings = Settings(upstreams=[{"url": "http://127.0.0.1:1"}], routing="scored")
+    transport = httpx.MockTransport(lambda _: httpx.Response(500))
+    async with AsyncExitStack() as stack:
+        pool = await open_pool(PoolPolicy.of(settings), Metrics(), stack, transport)
+        (upstream,) = pool.upstreams
+        residency = pool.scheduler.residency
+        ticket = RouteTicket(MODEL, tokens=1000, output=100)
+        assert pool.choose(MODEL, set(), ticket=ticket) is upstream
+        residency.started(upstream.name, MODEL, 5.0)  # as `chosen` notes a cold one
+        pool.finished(upstream, healthy, ticket=ticket)
+        assert residency.loading(upstream.name, MODEL) is None
+        assert (upstream.in_flight, upstream.tokens_in_flight, upstream.prefills) == (0, 0, [])
+        # Answered: the load is over (`served`), and the end keeps it so.
+        ticket = RouteTicket(MODEL, tokens=1000, output=100)
+        assert pool.choose(MODEL, set(), ticket=ticket) is upstream
+        residency.started(upstream.name, MODEL, 5.0)
+        pool.answering(upstream, MODEL, ticket)
+        assert upstream.prefills == []
+        pool.finished(upstream, healthy, ticket=ticket)
+        assert (upstream.in_flight, upstream.tokens_in_flight, upstream.prefills) == (0, 0, [])

@@ -75,17 +75,29 @@ def _tagged(model: str) -> str:
     return model if ":" in model.rsplit("/", 1)[-1] else f"{model}:latest"
 
 
+#: What Ollama fills in a name that leaves them out (`types/model/name.go`, `ParseName`): the
+#: default host and namespace, so `registry.ollama.ai/library/llama3.2` is `llama3.2`.
+_DEFAULT_PREFIXES = ("registry.ollama.ai/", "library/")
+
+
 @functools.lru_cache(maxsize=1024)
 def slot_key(model: str) -> str:
-    """The name a server's requests and loads of `model` are counted under.
+    """The name a server's requests, loads and loaded models of `model` are known under.
 
-    Ollama's implicit `:latest` added and the case folded, so `llama3.2`, `llama3.2:latest`
-    and `Llama3.2` share one count: a client's spelling must not make a full server look
-    free for the same model (counting two different models together could only make a
-    server look busier, the safe side). Cached (a few names in use, looked up several times
-    per request; bounded, as a client may vary the name without end).
+    As Ollama resolves names: surrounding spaces, a scheme, its default host and namespace
+    left out, its implicit `:latest` added and the case folded, so `llama3.2`, ` Llama3.2`,
+    `library/llama3.2` and `registry.ollama.ai/library/llama3.2:latest` are one model: a
+    client's spelling must not make a full server look free, or a warm one cold (counting
+    two different models together could only make a server look busier, the safe side).
+    Cached (a few names in use, looked up several times per request; bounded, as a client
+    may vary the name without end).
     """
-    return _tagged(model).casefold()
+    name = model.strip().casefold()
+    for scheme in ("https://", "http://"):
+        name = name.removeprefix(scheme)
+    for prefix in _DEFAULT_PREFIXES:
+        name = name.removeprefix(prefix)
+    return _tagged(name)
 
 
 class Residency:
@@ -101,11 +113,11 @@ class Residency:
     def state(self, server: Holder, model: str, now: float | None = None) -> bool | None:
         """True: `model` is loaded on `server`; False: it is not; None: unknown."""
         now = time.monotonic() if now is None else now
-        served = self._served.get((server.name, model))
+        key = slot_key(model)  # as Ollama matches names: `ALPHA` is `alpha:latest`
+        served = self._served.get((server.name, key))
         loaded = server.loaded
         if loaded is not None:
-            tagged = _tagged(model)
-            if any(entry.model in (model, tagged) for entry in loaded):
+            if any(slot_key(entry.model) == key for entry in loaded):
                 return True
             return served is not None and served >= server.loaded_at
         if served is not None and now - served < SERVED_TTL:
@@ -146,8 +158,9 @@ class Residency:
     def served(self, server: str, model: str, now: float | None = None) -> None:
         """`server` answered for `model` (its first chunk came): it has it loaded now."""
         now = time.monotonic() if now is None else now
-        self._served[(server, model)] = now
-        self._loading.pop((server, slot_key(model)), None)
+        key = slot_key(model)
+        self._served[(server, key)] = now
+        self._loading.pop((server, key), None)
         if len(self._served) > MAX_SERVED:
             fresh = {k: t for k, t in self._served.items() if now - t < SERVED_TTL}
             if len(fresh) > MAX_SERVED // 2:
@@ -172,14 +185,14 @@ class Residency:
         The last size read is remembered (for the names `served` remembers at most), so a
         model that no server holds any more still has one.
         """
-        tagged = _tagged(model)
+        key = slot_key(model)
         for server in servers:
             for entry in server.loaded or ():
-                if entry.model in (model, tagged):
-                    if len(self._sizes) < MAX_SERVED or model in self._sizes:
-                        self._sizes[model] = entry.size
+                if slot_key(entry.model) == key:
+                    if len(self._sizes) < MAX_SERVED or key in self._sizes:
+                        self._sizes[key] = entry.size
                     return entry.size
-        return self._sizes.get(model)
+        return self._sizes.get(key)
 
     def learn(self, server: str, size: int | None, load_ns: int | None) -> None:
         """Fold one measured load (`size` bytes in `load_ns` nanoseconds) into `server`'s rate."""
