@@ -3,13 +3,14 @@
 `UpstreamPool.choose` hands over the candidates it filtered (circuit, up, lists the model),
 in the pool's order, and tries them in the order returned, the first whose circuit admits it:
 
-- `least_in_flight` (the default): the fewest requests in flight per weight, ties at random;
+- `least_in_flight`: the fewest requests in flight per weight, ties at random;
 - `round_robin`: each choice starts one candidate further along;
-- `scored`: first, where the model is loaded on a server with a free slot (and no queue of
-  its own, as it reports it), only the servers with the model loaded, full ones too (a cold
-  load is never started while a warm server has room; a full one's short queue may still
-  cost less than a long history prefilled elsewhere), else where a load the gateway started
-  is under way with room (never a second load beside it); then SGLang's balance guard (the
+- `scored` (the default): first, where the model is loaded on a server with a free slot (and
+  no queue of its own, as it reports it), only the servers with the model loaded, full ones
+  too (a cold load is never started while a warm server has room; a full one's short queue
+  may still cost less than a long history prefilled elsewhere), else where a load the
+  gateway started is under way with room (never a second load beside it); then SGLang's
+  balance guard (the
   least loaded, a cold load counted, when one server is far busier); else the lowest
   weighted sum of the costs in tokens (`scores`): the prompt tokens a server must still
   prefill (none at the session's last server when no server has a prefix match), its load,
@@ -149,7 +150,7 @@ class Scheduler:
         return sorted(candidates, key=_in_flight), "least_in_flight"
 
     def _scored(self, candidates: list[S], ticket: RouteTicket) -> tuple[list[S], str]:
-        """The `scored` order: warm servers beside room, the balance guard, the best total."""
+        """The `scored` order: the warm servers, the balance guard, the best total."""
         ticket.prefix_tokens = 0
         self._notice_downs(candidates)
         weighed = self._weighed
