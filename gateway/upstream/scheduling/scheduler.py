@@ -10,11 +10,10 @@ in the pool's order, and tries them in the order returned, the first whose circu
   too (a cold load is never started while a warm server has room; a full one's short queue
   may still cost less than a long history prefilled elsewhere), else where a load the
   gateway started is under way with room (never a second load beside it); then SGLang's
-  balance guard (the
-  least loaded, a cold load counted, when one server is far busier); else the lowest
-  weighted sum of the costs in tokens (`scores`): the prompt tokens a server must still
-  prefill (none at the session's last server when no server has a prefix match), its load,
-  a cold load, and the load the server itself reports beyond this gateway's own
+  balance guard (the least loaded, a cold load counted, when one server is far busier); else
+  the lowest weighted sum of the costs in tokens (`scores`): the prompt tokens a server must
+  still prefill (none at the session's last server when no server has a prefix match), its
+  load, a cold load, and the load the server itself reports beyond this gateway's own
   (`reported`) (`GATEWAY_ROUTING_SCORES`).
 
 Each choice has a reason (`REASONS`), counted in `gateway_route_decisions_total{reason}`,
