@@ -64,6 +64,8 @@ def test_an_upstream_echo_of_a_hostile_model_name_writes_one_log_line(
     env = {
         "GATEWAY_UPSTREAM_URL": emulator.url,
         "GATEWAY_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path}/keys.db",
+        # The upstream's message is logged at debug level only (it may echo the prompt).
+        "GATEWAY_LOG_LEVEL": "debug",
     }
     key = str(create_key(env, "app")["key"])
     hostile = 'nope\n{"request_id":"forged","status":200}\n\x1b[31mred'
@@ -144,6 +146,8 @@ def test_invisible_characters_in_a_model_name_are_escaped_in_the_real_log(
     env = {
         "GATEWAY_UPSTREAM_URL": emulator.url,
         "GATEWAY_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path}/keys.db",
+        # The upstream's message is logged at debug level only (it may echo the prompt).
+        "GATEWAY_LOG_LEVEL": "debug",
     }
     key = str(create_key(env, "app")["key"])
     model = "marker-" + "-".join(INVISIBLE) + "-end"
