@@ -225,6 +225,9 @@ export async function load() {
 }
 
 function restart() {
+  // A search (Enter, a filter changed) also ends a pending typing pause: its timer would
+  // otherwise reload page 1 after the user had moved on to the next page.
+  clearTimeout(state.timer);
   state.cursors = [null];
   state.index = 0;
   return load();
