@@ -751,11 +751,8 @@ def test_the_served_table_stays_bounded_however_many_names_a_client_varies():
 @pytest.mark.anyio
 async def test_a_failure_one_key_may_have_caused_leaves_the_routing_state_alone():
     """Only the upstream's own failure (or one that opens its circuit) drops what it was sent."""
-    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
-    settings = Settings(upstreams=[{"url": url} for url in urls], routing="scored")
-    transport = httpx.MockTransport(lambda _: httpx.Response(500))
     async with AsyncExitStack() as stack:
-        pool = await open_pool(PoolPolicy.of(settings), Metrics(), stack, transport)
+        pool = await _scored_pool(stack)
         ticket = RouteTicket(MODEL, request=_chat(SYSTEM), scope="k")
         upstream = pool.choose(MODEL, set(), ticket=ticket)
         assert upstream is not None
@@ -780,6 +777,14 @@ async def test_a_failure_one_key_may_have_caused_leaves_the_routing_state_alone(
         assert _noted(pool, ticket) == set()
 
 
+async def _scored_pool(stack: AsyncExitStack) -> UpstreamPool:
+    """A `scored` pool of two upstreams that are never reached (its choices are pure CPU)."""
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    settings = Settings(upstreams=[{"url": url} for url in urls], routing="scored")
+    transport = httpx.MockTransport(lambda _: httpx.Response(500))
+    return await open_pool(PoolPolicy.of(settings), Metrics(), stack, transport)
+
+
 def _noted(pool: UpstreamPool, ticket: RouteTicket) -> set[str]:
     policy = pool.scheduler.policy
     blocks = ticket.blocks(policy.prefix_block_chars, prompt_limit(policy.prefix_blocks))
@@ -789,11 +794,8 @@ def _noted(pool: UpstreamPool, ticket: RouteTicket) -> set[str]:
 
 @pytest.mark.anyio
 async def test_a_request_weighs_its_prompt_until_its_first_chunk_then_its_output_only():
-    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
-    settings = Settings(upstreams=[{"url": url} for url in urls], routing="scored")
-    transport = httpx.MockTransport(lambda _: httpx.Response(500))
     async with AsyncExitStack() as stack:
-        pool = await open_pool(PoolPolicy.of(settings), Metrics(), stack, transport)
+        pool = await _scored_pool(stack)
         ticket = RouteTicket(MODEL, tokens=6048, output=48, request=_chat(SYSTEM), scope="k")
         upstream = pool.choose(MODEL, set(), ticket=ticket)
         assert upstream is not None
