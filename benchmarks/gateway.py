@@ -67,6 +67,18 @@ CHAT_BODY = {
 }
 """The body of `/api/chat` (Ollama) and `/v1/chat/completions` (OpenAI) alike."""
 
+PRESETS: dict[str, dict[str, Any]] = {
+    "today": {"ttft": 0.05, "inter_token": 0.01, "tokens": 64, "concurrency": [1, 16, 64, 256]},
+    "100x": {"ttft": 0.005, "inter_token": 0.0002, "tokens": 256, "concurrency": [1, 4, 16]},
+    "rig": {"ttft": 0.05, "inter_token": 0.01, "tokens": 64, "concurrency": [1, 8]},
+}
+"""Issue 27's profiles (`--preset`): `today` (a model of today's speed: TTFT 50 ms, 100 tokens/s
+per stream), `100x` (a model 100 times faster: TTFT 5 ms, 5,000 tokens/s per stream, 256-token
+answers) and `rig` (the open rig's definitions: added TTFT at one stream, CPU per request at 8).
+An explicit `--ttft`, `--inter-token`, `--tokens` or `--concurrency` wins over the preset's."""
+
+_DEFAULTS = PRESETS["today"]
+
 RESPONSES_BODY = {"model": "bench", "input": "Why is the sky blue?", "stream": True}
 """`/v1/responses`: the same prompt as `CHAT_BODY`, as OpenAI's Responses API takes it."""
 
@@ -201,13 +213,19 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m benchmarks.gateway", description=__doc__.split("\n\n")[0]
     )
     add = parser.add_argument
-    add("--concurrency", type=_levels, default=[1, 16, 64, 256], help="default: 1,16,64,256")
+    add(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="a profile of issue 27 (PRESETS): sets the emulator's timing and the levels, "
+        "and prints whether issue 27's targets were met",
+    )
+    add("--concurrency", type=_levels, help="default: 1,16,64,256 (or the preset's)")
     add("--duration", type=float, default=10.0, help="measured seconds per run (default 10)")
     add("--warmup", type=float, default=1.0, help="ramp-up seconds per run, unmeasured")
     add("--requests", type=int, help="measure this many requests per run instead of a duration")
-    add("--ttft", type=float, default=0.05, help="emulator seconds to first token (0.05)")
-    add("--inter-token", type=float, default=0.01, help="emulator seconds between tokens (0.01)")
-    add("--tokens", type=int, default=64, help="emulator tokens per answer (64)")
+    add("--ttft", type=float, help="emulator seconds to first token (0.05)")
+    add("--inter-token", type=float, help="emulator seconds between tokens (0.01)")
+    add("--tokens", type=int, help="emulator tokens per answer (64)")
     add(
         "--surfaces",
         type=_surfaces,
@@ -267,6 +285,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def apply_preset(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill the timing and levels the command line left out from `--preset` (or `today`'s)."""
+    preset = PRESETS[args.preset] if args.preset else _DEFAULTS
+    for name in ("ttft", "inter_token", "tokens", "concurrency"):
+        if getattr(args, name) is None:
+            setattr(args, name, preset[name])
+    return args
+
+
 def _machine() -> str:
     model = "unknown CPU"
     try:
@@ -301,6 +328,8 @@ def run_sweep(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         requests=args.requests,
         processes=args.load_processes,
         client=args.load_client,
+        pace=args.inter_token,
+        expect_chunks=args.tokens + 1,  # the tokens and the end (`done`, or the last event)
     )
     notes: list[str] = []
     result: dict[str, Any] = {"notes": notes}
@@ -484,7 +513,7 @@ def _idle_memory(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; returns 1 when `--compare` found regressions, else 0."""
-    args = build_parser().parse_args(argv)
+    args = apply_preset(build_parser().parse_args(argv))
     started = datetime.now(UTC)
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
         workdir = Path(tmp)
@@ -496,6 +525,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "commit": _commit(),
                 "command": "python -m benchmarks.gateway " + " ".join(argv or sys.argv[1:]),
                 "emulator": {"ttft": args.ttft, "inter_token": args.inter_token},
+                "preset": args.preset,
                 "tokens": args.tokens,
                 "duration": args.duration,
                 "key_limits": not args.no_key_limits,

@@ -14,7 +14,11 @@ so CPU per chunk compares the clients
 Each stream measures TTFT (request sent -> first line carrying non-empty text) and counts the
 lines (chunks) it receives; for the named SSE events of `/v1/responses` and `/v1/messages`
 (`--events`) a chunk is an event carrying a piece of the answer, or the last event
-(`benchmarks.stream.event_role`). In `--duration` mode the streams start spread over `--warmup`
+(`benchmarks.stream.event_role`). It also times the gap between pieces of the answer that carry
+chunks (the client's view of the relay's pacing: a proxy that holds chunks back, or stalls its
+event loop, widens it), kept as a histogram (`GAP_BIN`); with `--pace` each answer is judged: it
+holds when it lost no chunk (`--expect-chunks`) and no gap exceeded `HOLD_FACTOR` times the
+pace. In `--duration` mode the streams start spread over `--warmup`
 seconds, then a window of `--duration` seconds is measured: chunks received in it, requests
 finished in it, the TTFT of requests started in it; at the end of the window no new request
 starts and those in flight finish. In `--requests` mode the whole run is the window.
@@ -45,6 +49,26 @@ from gateway.clients.bench.wire import Connection, connect
 
 _EXAMPLES = 5  # error texts kept for the report
 
+GAP_BIN = 1.02
+"""Gaps between chunks are counted in bins 2 % wide (from 1 µs), so that the reports of several
+load processes merge exactly and a run of 100,000s of chunks stays a few hundred numbers."""
+
+_LOG_BIN = math.log(GAP_BIN)
+
+HOLD_FACTOR = 10.0
+"""A stream holds when no gap between its chunks exceeds this many times the pace (the open rig's
+definition, docs/performance.md) and no chunk is lost."""
+
+
+def gap_bin(seconds: float) -> int:
+    """The histogram bin of a gap of `seconds` (bin k holds gaps up to `gap_seconds(k)`)."""
+    return max(0, math.ceil(math.log(max(seconds, 1e-6) / 1e-6) / _LOG_BIN))
+
+
+def gap_seconds(index: int) -> float:
+    """The upper edge of bin `index`, in seconds (within 2 % of every gap it holds)."""
+    return 1e-6 * GAP_BIN**index
+
 
 @dataclass
 class Tally:
@@ -62,19 +86,34 @@ class Tally:
     errors: int = 0
     examples: list[str] = field(default_factory=list)
     last_end: float = 0.0
+    pace: float | None = None
+    expect_chunks: int | None = None
+    gap_bins: dict[int, int] = field(default_factory=dict)
+    held: int = 0
+    judged: int = 0
 
     def in_window(self, moment: float) -> bool:
         """Whether `moment` (perf_counter) falls in the measured window."""
         return self.window_start <= moment <= self.window_end
 
     def error(self, text: str) -> None:
-        """Count a failed request and keep the first few texts."""
+        """Count a failed request and keep the first few texts (it did not hold)."""
         self.errors += 1
+        self.judged += 1
         if len(self.examples) < _EXAMPLES:
             self.examples.append(text[:200])
 
     def record(self, reader: Reader, start: float, end: float) -> None:
         """Record one request that ended without a transport error."""
+        bins = self.gap_bins
+        for gap in reader.gaps:
+            index = gap_bin(gap)
+            bins[index] = bins.get(index, 0) + 1
+        if self.pace is not None and self.in_window(end):
+            self.judged += 1
+            lost = self.expect_chunks is not None and reader.chunk_count != self.expect_chunks
+            if reader.done and not lost and reader.max_gap <= HOLD_FACTOR * self.pace:
+                self.held += 1
         self.chunks += reader.window_chunks
         if reader.spec.parse_all:  # otherwise only each answer's first text is parsed
             self.tokens += reader.window_tokens
@@ -111,6 +150,9 @@ class Tally:
             "tokens_per_request": self.tokens_per_request,
             "cpu_seconds": cpu_seconds,
             "cpu_fraction": cpu_seconds / window,
+            "gap_bins": {str(k): n for k, n in sorted(self.gap_bins.items())},
+            "held": self.held,
+            "judged": self.judged if self.pace is not None else 0,
         }
 
 
@@ -193,7 +235,12 @@ async def run(args: argparse.Namespace, spec: Spec) -> dict[str, Any]:
     warmup = 0.0 if counted else args.warmup
     now = time.perf_counter()
     end = math.inf if counted else now + warmup + args.duration
-    tally = Tally(window_start=now + warmup, window_end=end)
+    tally = Tally(
+        window_start=now + warmup,
+        window_end=end,
+        pace=args.pace,
+        expect_chunks=args.expect_chunks,
+    )
     workers = [Worker(spec, tally, client) for _ in range(n)]
     try:
         if args.hold is not None:
@@ -291,6 +338,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--requests", type=int, help="measure this many requests instead")
     parser.add_argument("--hold", type=float, help="open the streams and hold them this long")
     parser.add_argument("--read-timeout", type=float, default=120.0, help="seconds per request")
+    parser.add_argument(
+        "--pace",
+        type=float,
+        help="seconds between the upstream's tokens: judge whether each stream holds "
+        f"(no gap over {HOLD_FACTOR:g} times this, no chunk lost)",
+    )
+    parser.add_argument("--expect-chunks", type=int, help="chunks every answer must have")
     return parser
 
 

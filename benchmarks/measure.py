@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from benchmarks.load import gap_seconds
 from benchmarks.procstat import cpu_seconds, load_average, rss_kib
 from benchmarks.servers import Target
 from gateway.clients.bench.quantiles import percentile
@@ -34,6 +35,9 @@ class LoadPlan:
         processes: Load generator processes; the streams are split between them.
         parse_all: Parse every line (token counts and decode rates; real model only).
         client: The load generator's HTTP client, `raw` (httptools) or `httpx`.
+        pace: The upstream's seconds between tokens: each answer is judged to hold or not
+            (`benchmarks.load.HOLD_FACTOR`); None: not judged.
+        expect_chunks: Chunks every answer must carry to hold (None: not checked).
     """
 
     duration: float = 10.0
@@ -42,6 +46,8 @@ class LoadPlan:
     processes: int = 1
     parse_all: bool = False
     client: str = "raw"
+    pace: float | None = None
+    expect_chunks: int | None = None
 
 
 def _load_argv(target: Target, streams: int, plan: LoadPlan, extra: Sequence[str]) -> list[str]:
@@ -57,6 +63,10 @@ def _load_argv(target: Target, streams: int, plan: LoadPlan, extra: Sequence[str
     if plan.parse_all:
         argv.append("--parse-all")
     argv += ["--client", plan.client]
+    if plan.pace is not None:
+        argv += ["--pace", str(plan.pace)]
+    if plan.expect_chunks is not None:
+        argv += ["--expect-chunks", str(plan.expect_chunks)]
     return [*argv, *extra]
 
 
@@ -73,7 +83,8 @@ def measure(
     Returns:
         The row: TTFT percentiles (ms), requests/s, chunks/s, tokens/s, the proxy's CPU ms per
         request (over every request the run completed, warm-up included), the upstream's and the
-        load generators' CPU share of one core, errors with a few examples.
+        load generators' CPU share of one core, errors with a few examples, the gaps between
+        chunks (`gap_ms` p50/p99) and, with `plan.pace`, the answers that held of those judged.
 
     Raises:
         RuntimeError: a load generator failed (its stderr is in the message).
@@ -143,10 +154,36 @@ def summarise(
         "load_cpu_share": max(r["cpu_fraction"] for r in reports),
         "load_average_before": load_before,
     }
+    bins: dict[int, int] = {}
+    for report in reports:
+        for index, count in (report.get("gap_bins") or {}).items():
+            bins[int(index)] = bins.get(int(index), 0) + count
+    row["gap_ms"] = {f"p{q}": gap_percentile(bins, q) for q in (50, 99)}
+    judged = sum(r.get("judged", 0) for r in reports)
+    row["held"] = sum(r.get("held", 0) for r in reports) if judged else None
+    row["judged"] = judged or None
     if per_request:
         row["tokens_per_request_p50"] = percentile(per_request, 50)
         row["decode_tokens_per_second_p50"] = percentile(decode, 50)
     return row
+
+
+def gap_percentile(bins: dict[int, int], q: float) -> float | None:
+    """The `q`th percentile (0-100) of the gaps counted in `bins`, in ms; None when empty.
+
+    Read as the upper edge of the bin the percentile falls in (`benchmarks.load.gap_seconds`),
+    so within 2 % above the exact value.
+    """
+    total = sum(bins.values())
+    if not total:
+        return None
+    rank = q / 100 * total
+    seen = 0
+    for index in sorted(bins):
+        seen += bins[index]
+        if seen >= rank:
+            return gap_seconds(index) * 1000
+    return gap_seconds(max(bins)) * 1000
 
 
 def idle_stream_memory(target: Target, gateway_pid: int, streams: int) -> dict[str, Any]:

@@ -54,7 +54,7 @@ def baseline_of(row: dict[str, Any]) -> str | None:
 
 
 def add_relative(rows: list[dict[str, Any]]) -> None:
-    """Add `added_ttft_ms` and `chunks_vs_direct` to every row that has a baseline, in place.
+    """Add `added_ttft_ms`, `added_gap_ms` and `chunks_vs_direct` to rows with a baseline, in place.
 
     Both are taken against the row's own baseline (`baseline_of`) at the same concurrency:
     `gw-chat` against `direct-chat`, `gateway` against `direct`. The key keeps its name
@@ -74,6 +74,8 @@ def add_relative(rows: list[dict[str, Any]]) -> None:
             else row["ttft_ms"][q] - base["ttft_ms"][q]
             for q in ("p50", "p95", "p99")
         }
+        gap, base_gap = (row.get("gap_ms") or {}).get("p99"), (base.get("gap_ms") or {}).get("p99")
+        row["added_gap_ms"] = {"p99": None if gap is None or base_gap is None else gap - base_gap}
         unit = "tokens_per_second" if base["tokens_per_second"] else "chunks_per_second"
         base_rate, rate = base[unit], row[unit]
         row["chunks_vs_direct"] = rate / base_rate if base_rate else None
@@ -194,6 +196,67 @@ def _row_targets(
     return checks
 
 
+def check_speed_targets(run: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    """Issue 27's targets for the run's `--preset` (`today` or `100x`); [] without one.
+
+    `today` (TTFT 50 ms, 10 ms a token, 64 tokens): every gateway row's CPU per request at 16
+    and 64 streams at most twice nginx's at the same level; at 256 streams at least 95 % of its
+    baseline's chunks/s and added TTFT p50 at most 5 ms. `100x` (TTFT 5 ms, 0.2 ms a token, 256
+    tokens): at 16 streams at least 95 % of the chunks/s and added TTFT p50 at most 1 ms; at one
+    stream added TTFT p50 at most 0.5 ms.
+    """
+    preset = run.get("meta", {}).get("preset")
+    rows = {(r["target"], r["concurrency"]): r for r in run["rows"]}
+    names = [name for name in GATEWAY_ROWS if any(target == name for target, _ in rows)]
+    checks: list[tuple[str, str, bool | None]] = []
+    for name in names:
+        if preset == "today":
+            for n in (16, 64):
+                cpu = (rows.get((name, n)) or {}).get("proxy_cpu_ms_per_request")
+                nginx = (rows.get(("nginx", n)) or {}).get("proxy_cpu_ms_per_request")
+                goal = f"{name}: CPU/request @{n} <= 2x nginx's"
+                if cpu is None or not nginx:
+                    checks.append((goal, "not run", None))
+                else:
+                    checks.append((goal, f"{cpu / nginx:.2f}x", cpu <= 2 * nginx))
+            checks += _pace_targets(name, rows, 256, share=0.95, added_p50=5.0)
+        elif preset == "100x":
+            checks += _pace_targets(name, rows, 16, share=0.95, added_p50=1.0)
+            checks += _pace_targets(name, rows, 1, share=None, added_p50=0.5)
+    return checks
+
+
+def _pace_targets(
+    name: str,
+    rows: dict[tuple[str, int], dict[str, Any]],
+    n: int,
+    *,
+    share: float | None,
+    added_p50: float,
+) -> list[tuple[str, str, bool | None]]:
+    """Chunks/s against the baseline (unless `share` is None) and added TTFT p50 at `n`."""
+    row = rows.get((name, n)) or {}
+    checks: list[tuple[str, str, bool | None]] = []
+    if share is not None:
+        ratio = row.get("chunks_vs_direct")
+        checks.append(
+            (
+                f"{name}: chunks/s @{n} >= {share:.0%} of its baseline",
+                "not run" if ratio is None else f"{ratio:.1%}",
+                None if ratio is None else ratio >= share,
+            )
+        )
+    added = (row.get("added_ttft_ms") or {}).get("p50")
+    checks.append(
+        (
+            f"{name}: added TTFT p50 @{n} <= {added_p50:g} ms",
+            "not run" if added is None else f"{added:+.2f} ms",
+            None if added is None else added <= added_p50,
+        )
+    )
+    return checks
+
+
 def _fmt(value: float | None, spec: str = ".1f", signed: bool = False) -> str:
     if value is None:
         return "-"
@@ -215,7 +278,8 @@ def print_sweep(rows: list[dict[str, Any]], regressions: list[Regression]) -> No
     """The emulator sweep table; `!` marks a regression against the baseline."""
     flags = {(r.target, r.concurrency, r.metric) for r in regressions if r.section == "rows"}
     header = ["target", "conc", "req/s", "chunks/s", "vs dir", "TTFT p50", "p95", "p99"]
-    header += ["+p50", "+p95", "+p99", "cpu ms/req", "proxy%", "up%", "load%", "err"]
+    header += ["+p50", "+p95", "+p99", "gap p99", "+gap", "held", "cpu ms/req", "proxy%"]
+    header += ["up%", "load%", "err"]
     lines = []
     for row in rows:
         ttft, added = row["ttft_ms"], row.get("added_ttft_ms") or {}
@@ -237,6 +301,9 @@ def print_sweep(rows: list[dict[str, Any]], regressions: list[Regression]) -> No
                 cell("added_ttft_ms.p50", added.get("p50"), ".2f", True),
                 cell("added_ttft_ms.p95", added.get("p95"), ".2f", True),
                 cell("added_ttft_ms.p99", added.get("p99"), ".2f", True),
+                _fmt((row.get("gap_ms") or {}).get("p99"), ".2f"),
+                _fmt((row.get("added_gap_ms") or {}).get("p99"), ".2f", True),
+                _held(row),
                 cell("proxy_cpu_ms_per_request", row["proxy_cpu_ms_per_request"], ".2f"),
                 _fmt(None if share is None else share * 100, ".0f"),
                 _fmt(row["upstream_cpu_share"] * 100, ".0f"),
@@ -245,6 +312,13 @@ def print_sweep(rows: list[dict[str, Any]], regressions: list[Regression]) -> No
             ]
         )
     _table(header, lines)
+
+
+def _held(row: dict[str, Any]) -> str:
+    """`held/judged` answers (the open rig's streams sustained), or `-` when not judged."""
+    if not row.get("judged"):
+        return "-"
+    return f"{row['held']}/{row['judged']}"
 
 
 def print_real_model(rows: list[dict[str, Any]]) -> None:
@@ -300,6 +374,12 @@ def print_run(run: dict[str, Any], regressions: list[Regression]) -> None:
     for goal, measured, met in check_targets(run):
         verdict = {True: "met", False: "MISSED", None: "-"}[met]
         print(f"  {verdict:6}  {goal}: {measured}")
+    speed = check_speed_targets(run)
+    if speed:
+        print(f"\nIssue 27 targets (--preset {run['meta']['preset']})")
+        for goal, measured, met in speed:
+            verdict = {True: "met", False: "MISSED", None: "-"}[met]
+            print(f"  {verdict:6}  {goal}: {measured}")
     for note in run.get("notes", []):
         print(f"note: {note}")
     if regressions:

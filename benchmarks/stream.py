@@ -17,7 +17,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.clients.bench.wire import Connection, request_bytes
 
@@ -124,6 +124,27 @@ class Reader:
     done: bool = False
     buffer: bytes = b""
     event: bytes = b""
+    chunk_count: int = 0
+    last_chunk: float | None = None
+    max_gap: float = 0.0
+    gaps: list[float] = field(default_factory=list)
+
+    def _arrived(self, count: int, now: float) -> None:
+        """Note `count` chunks that arrived together at `now` (perf_counter seconds).
+
+        The gap is the time since the previous piece that carried a chunk (none before the
+        first chunk: that wait is the TTFT); gaps in the measured window are kept for the run's
+        percentiles, and the longest of the answer for `benchmarks.load.Tally`'s hold rule.
+        """
+        if not count:
+            return
+        self.chunk_count += count
+        if self.last_chunk is not None:
+            gap = now - self.last_chunk
+            self.max_gap = max(self.max_gap, gap)
+            if self.in_window(now):
+                self.gaps.append(gap)
+        self.last_chunk = now
 
     def feed(self, piece: bytes) -> None:
         """Take the next piece of the (de-chunked) body.
@@ -158,6 +179,7 @@ class Reader:
                     if self.ready is not None:
                         self.ready.set()
         self.tokens += tokens
+        self._arrived(count, now)
         if self.in_window(now):
             self.window_chunks += count
             self.window_tokens += tokens
@@ -194,6 +216,7 @@ class Reader:
                     if self.ready is not None:
                         self.ready.set()
         self.tokens += tokens
+        self._arrived(count, now)
         if self.in_window(now):
             self.window_chunks += count
             self.window_tokens += tokens
