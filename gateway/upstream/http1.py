@@ -44,6 +44,7 @@ import time
 from typing import Protocol
 
 import anyio
+import anyio.to_thread
 import httptools
 import httpx
 
@@ -116,6 +117,7 @@ class Connection(asyncio.Protocol):
         self._headed = False  # the present answer's head arrived
         self._informational = False  # the message being parsed is a 1xx
         self._keep_alive = False
+        self._paused = False  # reading the socket is paused
         self._head_bytes = 0
         self._reason = b""
         self._headers: list[tuple[bytes, bytes]] = []
@@ -144,12 +146,14 @@ class Connection(asyncio.Protocol):
 
     def pause_reading(self) -> None:
         """Stop reading the socket (the answer's reader is behind)."""
-        if self._transport is not None and not self._transport.is_closing():
+        if not self._paused and self._transport is not None and not self._transport.is_closing():
+            self._paused = True
             self._transport.pause_reading()
 
     def resume_reading(self) -> None:
         """Read the socket again."""
-        if self._transport is not None and not self._transport.is_closing():
+        if self._paused and self._transport is not None and not self._transport.is_closing():
+            self._paused = False
             self._transport.resume_reading()
 
     def abandon(self) -> None:
@@ -187,7 +191,7 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(self._malformed(exc))
         else:
-            if not self._headed and self._head_bytes > MAX_HEAD_BYTES and self._answer:
+            if not self._headed and self._head_bytes > MAX_HEAD_BYTES and self._answer is not None:
                 message = f"upstream's answer head is over {MAX_HEAD_BYTES} bytes"
                 self._fail(httpx.RemoteProtocolError(message))
 
@@ -377,7 +381,7 @@ class ConnectionPool:
 
     async def _connect(self, origin: Origin, connect_timeout: float | None) -> Connection:
         scheme, host, port = origin
-        tls = self._tls_context() if scheme == "https" else None
+        tls = await self._tls_context() if scheme == "https" else None
         loop = asyncio.get_running_loop()
         try:
             with anyio.fail_after(connect_timeout):
@@ -391,9 +395,15 @@ class ConnectionPool:
         self._open.add(connection)
         return connection
 
-    def _tls_context(self) -> ssl.SSLContext:
+    async def _tls_context(self) -> ssl.SSLContext:
+        """The system's trust store, as aiohttp's (`SSL_CERT_FILE`, `SSL_CERT_DIR` apply).
+
+        Made once, in a thread: loading the certificates reads files.
+        """
         if self._tls is None:
-            self._tls = httpx.create_ssl_context()  # httpx's own trust (certifi), as before
+            tls = await anyio.to_thread.run_sync(ssl.create_default_context)
+            tls.set_alpn_protocols(["http/1.1"])
+            self._tls = tls
         return self._tls
 
     def _expired(self, connection: Connection, now: float) -> bool:

@@ -9,14 +9,22 @@ checked against the wire, not a mock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime
 import socket
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from http.cookiejar import CookieJar, DefaultCookiePolicy
+from pathlib import Path
 
 import anyio
 import httpx
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from gateway.upstream.httptools_transport import PAUSE_BYTES, HttptoolsTransport, ResponseBody
 from gateway.upstream.transport import AiohttpTransport
@@ -592,3 +600,58 @@ async def test_httptools_refuses_a_line_break_in_a_request_header():
     async with serving(answering()) as (url, _), client(url, HttptoolsTransport) as http:
         with pytest.raises(httpx.LocalProtocolError):
             await http.get("/", headers={"x-note": "a\r\nx-injected: 1"})
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for `localhost` signed by its own key: (certificate, key) PEM files."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+async def test_httptools_speaks_tls_and_checks_the_certificate_against_the_system_trust(
+    tmp_path, monkeypatch
+):
+    cert, key = self_signed(tmp_path)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            await answering(answer)(reader, writer)
+        writer.close()
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0, ssl=context)
+    url = f"https://localhost:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with client(url, HttptoolsTransport) as http:  # not trusted: refused
+            with pytest.raises(httpx.ConnectError):
+                await http.get("/")
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the system trust, as OpenSSL reads it
+        async with client(url, HttptoolsTransport) as http:
+            assert (await http.get("/")).content == b"ok"
+    finally:
+        server.close()
