@@ -11,16 +11,15 @@ tables and the issue-6 targets, writes JSON, flags regressions against `--compar
 (`benchmarks.report`, `benchmarks.plot`). Every process it starts is stopped when it ends, also on
 Ctrl-C.
 
-Five client surfaces, each a gateway row against a direct row (`--surfaces`):
-`generate` is `gateway` (`/v1/generate`) against `direct` (the emulator's `/api/generate`),
-with the optional `gw-httpx`, `gw-otel` (tracing on, exported to `benchmarks.otlp_sink`), `floor`
-and `nginx` rows; `chat` is `gw-chat` (`/api/chat`) against `direct-chat`; `sse` is `gw-sse`
-(OpenAI's `/v1/chat/completions`, which the gateway translates to `/api/chat` upstream and
-encodes as SSE itself) against `direct-sse` (the emulator's own `/v1/chat/completions`);
-`responses` is `gw-responses` (`/v1/responses`) and `messages` is `gw-messages`
-(`/v1/messages`), both against `direct-chat`: the upstream request the gateway translates them
-into (`api_targets`). One gateway process serves all of them. Idle memory and the profile use
-`/v1/generate`.
+Five client surfaces, each a gateway row against a direct row (`--surfaces`): `generate` is
+`gateway` (`/v1/generate`) against `direct` (the emulator's `/api/generate`), with the optional
+`gw-httpx`, `gw-aiohttp`, `gw-otel` (tracing on, exported to `benchmarks.otlp_sink`), `floor` and
+`nginx` rows; `chat` is `gw-chat` (`/api/chat`) against `direct-chat`; `sse` is `gw-sse` (OpenAI's
+`/v1/chat/completions`, which the gateway translates to `/api/chat` upstream and encodes as SSE
+itself) against `direct-sse` (the emulator's own `/v1/chat/completions`); `responses` is
+`gw-responses` (`/v1/responses`) and `messages` is `gw-messages` (`/v1/messages`), both against
+`direct-chat`: the upstream request the gateway translates them into (`api_targets`). One gateway
+process serves all of them. Idle memory and the profile use `/v1/generate`.
 
 Run time: about 13 s per target and level. The default sweep (1, 16, 64, 256 streams, the five
 surfaces: nine targets with nginx, idle memory) takes about 8.5 minutes, `--concurrency
@@ -256,6 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="also a gateway with GATEWAY_UPSTREAM_HTTP_CLIENT=httpx (row gw-httpx)",
     )
     add(
+        "--aiohttp-row",
+        action="store_true",
+        help="also a gateway with GATEWAY_UPSTREAM_HTTP_CLIENT=aiohttp (row gw-aiohttp)",
+    )
+    add(
         "--tracing-row",
         action="store_true",
         help="also a gateway with OpenTelemetry tracing on, exporting to a sink (row gw-otel)",
@@ -407,11 +411,14 @@ def _baseline_gateway(
 def _generate_variants(
     args: argparse.Namespace, workdir: Path, upstream_url: str, stack: ExitStack, notes: list[str]
 ) -> list[Target]:
-    """The optional rows of the generate surface: gw-httpx, floor, nginx (started on `stack`)."""
+    """The optional rows of the generate surface: gw-httpx, gw-aiohttp, gw-otel, floor, nginx."""
     targets = []
     variants: list[tuple[str, str, dict[str, str]]] = []
     if args.httpx_row:
         variants.append(("gw-httpx", "gateway-httpx", {"GATEWAY_UPSTREAM_HTTP_CLIENT": "httpx"}))
+    if args.aiohttp_row:
+        aiohttp = {"GATEWAY_UPSTREAM_HTTP_CLIENT": "aiohttp"}
+        variants.append(("gw-aiohttp", "gateway-aiohttp", aiohttp))
     if args.tracing_row:
         sink = stack.enter_context(otlp_sink_process(workdir))
         endpoint = {"GATEWAY_OTEL_EXPORTER_OTLP_ENDPOINT": sink.url}
