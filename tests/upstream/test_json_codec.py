@@ -57,18 +57,11 @@ def _outcome(function: Any, *args: Any) -> tuple[str, str]:
         return type(exc).__name__, f"{exc} (from {cause})"
 
 
-CHARACTERS = (
-    [chr(code) for code in range(0x80)]  # every control character, quote, backslash, slash
-    + ["\x80", "\x9f", "\xa0", "é", "ß", "世", "界", "\u2028", "\u2029", "\ufeff", "\uffff"]
-    + [
-        "😀",
-        "👩\u200d💻",
-        "\U0010ffff",
-        "\u0301",
-        "\ud800",
-        "\udfff",
-    ]  # emoji, ZWJ, lone surrogates
-)
+#: Every ASCII character (controls, quote, backslash, slash), C1 controls, non-ASCII letters,
+#: line and paragraph separators, a BOM, emoji and a ZWJ sequence, and lone surrogates.
+CHARACTERS = [chr(code) for code in range(0x80)]
+CHARACTERS += ["\x80", "\x9f", "\xa0", "é", "ß", "世", "界", "\u2028", "\u2029", "\ufeff", "\uffff"]
+CHARACTERS += ["😀", "👩\u200d💻", "\U0010ffff", "\u0301", "\ud800", "\udfff"]
 INTEGERS = [0, 1, -1, 2**31, 2**53, 2**53 + 1, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63)]
 INTEGERS += [-(2**63) - 1, 10**18, 10**19, 10**30, -(10**30)]
 #: Floats orjson writes as `repr` does (zero, magnitudes from 1e-4), and floats it does not.
@@ -137,6 +130,7 @@ PLAIN = [
     *[number for number in INTEGERS if -(2**63) <= number < 2**64],
     "".join(chr(code) for code in range(0x300)),
     [[[[[[[["deep"]]]]]]]],
+    [{"a": 1}] * 3,  # one object three times
 ]
 ODD = [
     *OTHER_FLOATS,
@@ -149,7 +143,6 @@ ODD = [
     [_Colour.RED],
     [_Level.HIGH, _Text("sub")],
     {_Text("key"): "value"},
-    [{"a": 1}] * 3,
     json.loads("[" * 254 + "]" * 254),
     json.loads("[" * 256 + "]" * 256),
     json.loads('{"a":' * 300 + "1" + "}" * 300),
