@@ -16,7 +16,7 @@ client's 422, never an upstream fault.
 The exchange reads the body itself and feeds each read to the dialect's decoder; the chunks one
 read completes travel together as a batch, so the client gets them in one write. A large whole
 answer (embeddings) is parsed in a worker thread at its end, so that the event loop goes on
-serving every other request meanwhile (`gateway.upstream.dialects.framing.THREADED_JSON`).
+serving every other request meanwhile (`gateway.upstream.dialects.json_codec.THREADED_JSON`).
 
 An answer over `MAX_LINE_BYTES` is the request's fault when the request asked for that much
 (embeddings of at least `MAX_LINE_BYTES // MAX_VECTOR_BYTES` inputs): the client gets 413

@@ -31,7 +31,8 @@ from starlette.responses import Response, StreamingResponse
 from gateway.neutral import GenerationRequest
 from gateway.testing.server import LoopbackServer
 from gateway.upstream.dialects.base import requested_vectors
-from gateway.upstream.dialects.framing import JsonList, encode_json, encode_json_stepwise
+from gateway.upstream.dialects.framing import JsonList, encode_json_stepwise
+from gateway.upstream.dialects.json_codec import encode_json
 from tests.support.batch import FAST, batch_line, chat_line, read_jsonl, upload_lines, wait_batch
 from tests.support.client import MODEL, worst_stream_gap
 from tests.support.lookalikes import OllamaLookalike, OpenAILookalike, served, sse

@@ -11,7 +11,7 @@ from typing import Any
 
 from gateway.errors import UnprocessableError
 from gateway.settings import Settings
-from gateway.upstream.dialects.framing import THREADED_JSON
+from gateway.upstream.dialects.json_codec import THREADED_JSON
 from gateway.wire.json import parse_object
 
 

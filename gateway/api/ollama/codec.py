@@ -17,10 +17,10 @@ from typing import Any
 from gateway.neutral import Chunk, GenerationRequest, ToolCall
 from gateway.upstream.dialects.framing import (
     JsonList,
-    encode_json,
     encode_json_stepwise,
     rfc3339_now,
 )
+from gateway.upstream.dialects.json_codec import encode_json
 from gateway.wire.json import parse_arguments
 
 NDJSON = b"application/x-ndjson"

@@ -18,7 +18,8 @@ import time
 from typing import Any
 
 from gateway.neutral import Chunk, GenerationRequest, ToolCall
-from gateway.upstream.dialects.framing import JsonList, encode_json, encode_json_stepwise
+from gateway.upstream.dialects.framing import JsonList, encode_json_stepwise
+from gateway.upstream.dialects.json_codec import encode_json
 
 SSE = b"text/event-stream; charset=utf-8"
 _DONE = b"data: [DONE]\n\n"

@@ -35,7 +35,7 @@ from typing import Any
 
 from gateway.api.responses.schema import Plan, ToolName
 from gateway.neutral import Chunk, GenerationRequest, ToolCall
-from gateway.upstream.dialects.framing import encode_json
+from gateway.upstream.dialects.json_codec import encode_json
 from gateway.wire.json import parse_arguments
 
 SSE = b"text/event-stream; charset=utf-8"

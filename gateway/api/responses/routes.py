@@ -50,7 +50,7 @@ from gateway.keys.store import KeyStore
 from gateway.neutral import GenerationRequest
 from gateway.relay.surface import Codec
 from gateway.settings import Settings
-from gateway.upstream.dialects.framing import encode_json
+from gateway.upstream.dialects.json_codec import encode_json
 from gateway.wire.body import read_body
 from gateway.wire.json import (
     INLINE_PARSE_BYTES,

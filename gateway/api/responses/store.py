@@ -22,7 +22,7 @@ from sqlalchemy import delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.db.tables import ResponseRow
-from gateway.upstream.dialects.framing import encode_json
+from gateway.upstream.dialects.json_codec import encode_json
 from gateway.wire.json import INLINE_PARSE_BYTES, json_thread_limiter
 
 #: Item id prefixes by item type, for input items that came without an id.

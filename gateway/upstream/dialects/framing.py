@@ -1,16 +1,15 @@
-"""The framing and JSON helpers the upstream dialects share: bytes in, lines and objects out.
+"""The framing helpers the upstream dialects share: bytes in, lines and objects out.
 
 Line splitting for NDJSON and SSE (`LineSplitter`), a whole JSON answer collected and parsed at
-its end (`BodyDecoder`, in a worker thread past `INLINE_PARSE_BYTES`), one object's decoding
-(`decode_object`), Ollama's counters (`ollama_stats`), and JSON encoding that stays off the
-event loop's critical path for large bodies (`encode_json`, `encode_body`,
-`encode_json_stepwise`, `JsonList`). No I/O: the dialects' decoders feed them what the relay
-read (`gateway.upstream.dialects.base`).
+its end (`BodyDecoder`, in a worker thread past `INLINE_PARSE_BYTES`), Ollama's counters
+(`ollama_stats`), and JSON encoding that stays off the event loop's critical path for large
+bodies (`encode_body`, `encode_json_stepwise`, `JsonList`), on top of one object's decoding and
+encoding (`gateway.upstream.dialects.json_codec`). No I/O: the dialects' decoders feed them what
+the relay read (`gateway.upstream.dialects.base`).
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 from datetime import UTC, datetime
 from typing import Any
@@ -21,6 +20,7 @@ from gateway.upstream.dialects.base import (
     AnswerTooLongError,
     StreamBrokenError,
 )
+from gateway.upstream.dialects.json_codec import THREADED_JSON, decode_object, encode_json
 from gateway.wire.json import INLINE_PARSE_BYTES
 
 
@@ -61,55 +61,6 @@ class LineSplitter:
         rest = bytes(self._pending)
         self._pending.clear()
         return rest
-
-
-_JSON = json.JSONDecoder()
-
-
-def _float(text: str) -> float:
-    return float(text)
-
-
-def _int(text: str) -> int:
-    return int(text)
-
-
-#: A decoder for answers parsed in a worker thread (`BodyDecoder.end`). The C parser holds the
-#: GIL for a whole parse, so a thread alone would still stall the event loop (a 30 MiB answer
-#: of floats: about a second); a hook written in Python runs the interpreter's loop at every
-#: number, where it hands the GIL over to the event loop's thread within a switch interval.
-THREADED_JSON = json.JSONDecoder(parse_float=_float, parse_int=_int)
-
-
-def decode_object(
-    line: bytes, what: str, decoder: json.JSONDecoder = _JSON
-) -> dict[str, Any] | None:
-    """Parse one JSON object from the upstream; None for a blank line.
-
-    `JSONDecoder.raw_decode` on the stripped text, with a check that nothing follows the
-    object: what `json.loads` does, without its two regular-expression scans (a third of a
-    parse of a token's line).
-
-    Args:
-        line: UTF-8 bytes, the object and surrounding whitespace.
-        what: Names the unit in errors: `NDJSON line`, `SSE event`.
-        decoder: `THREADED_JSON` when parsing in a worker thread.
-
-    Raises:
-        StreamBrokenError: not valid UTF-8 JSON, or not an object.
-    """
-    try:
-        text = line.decode().strip()
-        if not text:
-            return None
-        data, end = decoder.raw_decode(text)
-    except (ValueError, RecursionError) as exc:
-        raise StreamBrokenError(f"upstream sent a malformed {what}") from exc
-    if end != len(text):
-        raise StreamBrokenError(f"upstream sent a malformed {what}")
-    if not isinstance(data, dict):
-        raise StreamBrokenError(f"upstream sent a non-object {what}")
-    return data
 
 
 #: Largest count or duration trusted from an upstream: 2**53, the largest integer a float (and
@@ -163,8 +114,10 @@ class BodyDecoder:
     def end(self) -> list[Chunk]:
         """Parse the collected body into its final chunk."""
         raw = bytes(self._body)
-        decoder = THREADED_JSON if len(raw) > INLINE_PARSE_BYTES else _JSON
-        data = decode_object(raw, "JSON answer", decoder)
+        if len(raw) > INLINE_PARSE_BYTES:
+            data = decode_object(raw, "JSON answer", THREADED_JSON)
+        else:
+            data = decode_object(raw, "JSON answer")
         if data is None:
             raise StreamBrokenError("upstream sent an empty answer")
         try:
@@ -175,22 +128,10 @@ class BodyDecoder:
         return [chunk]
 
 
-def encode_json(data: Any) -> bytes:
-    r"""Serialize compactly as UTF-8, escaping to ASCII only if the text cannot be encoded.
-
-    JSON parsers accept lone surrogate escapes (`"\\ud800"`) that UTF-8 cannot encode; such a
-    value is re-escaped instead of failing the request.
-    """
-    try:
-        return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        return json.dumps(data, separators=(",", ":")).encode()
-
-
-#: Bytes of JSON about which one call of the C encoder writes (`encode_json_stepwise`).
+#: Bytes of JSON about which one call of the encoder writes (`encode_json_stepwise`).
 _STEP_BYTES = 256 * 1024
 
-#: Members of an object one call of the C encoder writes at most (`encode_json_stepwise`).
+#: Members of an object one call of the encoder writes at most (`encode_json_stepwise`).
 _STEP_MEMBERS = 1024
 
 
@@ -209,11 +150,11 @@ def encode_body(data: Any, request: GenerationRequest) -> bytes:
 def encode_json_stepwise(data: Any) -> bytes:
     """`encode_json` for a large answer, written in steps so that it may run in a thread.
 
-    The C encoder holds the GIL for a whole call: a 30 MiB answer of vectors written at once
-    held the event loop for a second, even from a worker thread. Here an object holding
-    containers is written member by member, and a list in slices of about `_STEP_BYTES` (sized
-    by its first element); the interpreter runs between the steps and hands the GIL over to
-    the event loop's thread. The bytes are `encode_json`'s.
+    The encoder (orjson, or `json`'s C one) holds the GIL for a whole call: a 30 MiB answer of
+    vectors written at once held the event loop for a second, even from a worker thread. Here
+    an object holding containers is written member by member, and a list in slices of about
+    `_STEP_BYTES` (sized by its first element); the interpreter runs between the steps and
+    hands the GIL over to the event loop's thread. The bytes are `encode_json`'s.
     """
     if isinstance(data, dict):
         if len(data) > _STEP_MEMBERS:  # a client's object of many members (tens of thousands)

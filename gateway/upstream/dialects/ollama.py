@@ -22,11 +22,10 @@ from gateway.upstream.dialects.base import ModelInfo, StreamBrokenError, Upstrea
 from gateway.upstream.dialects.framing import (
     BodyDecoder,
     LineSplitter,
-    decode_object,
     encode_body,
-    encode_json,
     ollama_stats,
 )
+from gateway.upstream.dialects.json_codec import decode_object, encode_json
 from gateway.upstream.dialects.ollama_request import to_ollama_request
 from gateway.wire.json import parse_listing
 

@@ -44,10 +44,10 @@ from gateway.upstream.dialects.base import (
 from gateway.upstream.dialects.framing import (
     BodyDecoder,
     LineSplitter,
-    decode_object,
     encode_body,
     trusted_count,
 )
+from gateway.upstream.dialects.json_codec import decode_object
 from gateway.upstream.dialects.openai_request import (
     embeds_nothing,
     to_openai_embedding,
