@@ -19,7 +19,8 @@ from limits.aio.storage import MemoryStorage
 
 from gateway.auth.principal import Principal
 from gateway.errors import RateLimitedError
-from gateway.limits.limiter import KeyLimiter, build_storage
+from gateway.limits.limiter import KeyLimiter
+from gateway.limits.storage import build_storage
 from gateway.metering.metrics import Metrics
 from gateway.policies import LimitPolicy
 from gateway.settings import Settings
