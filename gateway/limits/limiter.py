@@ -3,7 +3,9 @@
 Built on `limits`' async strategies and storages (the library slowapi itself uses). slowapi's
 own Redis path is synchronous (slowapi issue #130) and would block the event loop on every
 request, so the gateway calls `limits.aio` directly; the storage is in memory (one process) or
-Redis (`GATEWAY_RATE_LIMIT_STORAGE=redis://...`, shared by every replica).
+Redis (`GATEWAY_RATE_LIMIT_STORAGE=redis://...`, shared by every replica). It counts through
+four counter operations (`gateway.limits.storage.Counters`): on Redis `limits`' own calls, in
+memory the same counters read and written in place.
 
 * RPM: a moving window over the last 60 s (exact), one hit per request, counted at admission
   (`admit`), before the body is read: a flood of junk bodies spends the key's own RPM. Routes
@@ -32,10 +34,9 @@ Redis (`GATEWAY_RATE_LIMIT_STORAGE=redis://...`, shared by every replica).
   therefore share the window instead of all passing the same "tokens left" check (issue 11,
   class 5). Worst case: the requests admitted in one window spend at most twice the TPM, the
   reservations (at most TPM) plus the headroom (at most TPM); a request still running when its
-  window ends charges its excess to the next one. The reservation and the refund are
-  `limits`' own counter operations (`FixedWindowRateLimiter.hit(cost=n)`, `Storage.incr` with
-  a negative amount on the same key), atomic in Redis, so every replica sees them at once (the
-  answer history is per process).
+  window ends charges its excess to the next one. The reservation and the refund are one
+  counter's increments (`Storage.incr`, a refund with a negative amount on the same key),
+  atomic in Redis, so every replica sees them at once (the answer history is per process).
 
 When the storage fails or is slower than `GATEWAY_RATE_LIMIT_TIMEOUT`, the configured policy
 applies (`GATEWAY_RATE_LIMIT_FAIL_OPEN`): admit (open) or answer 503 (closed); each such event
