@@ -22,7 +22,8 @@ from limits.storage import RedisStorage as SyncRedisStorage
 from limits.strategies import MovingWindowRateLimiter as SyncMovingWindow
 
 from gateway.auth.principal import Principal
-from gateway.limits.limiter import KeyLimiter, build_storage, close_storage
+from gateway.limits.limiter import KeyLimiter
+from gateway.limits.storage import build_storage, close_storage
 from gateway.metering.metrics import Metrics
 from gateway.policies import LimitPolicy
 from gateway.settings import Settings

@@ -26,6 +26,7 @@ from gateway.api.ollama import manage, models
 from gateway.api.ollama.routes import generation_routes as ollama_routes
 from gateway.api.openai.routes import generation_routes as openai_routes
 from gateway.api.openai.routes import router as openai_router
+from gateway.api.relayed import RelayedRoutes
 from gateway.api.responses.routes import generation_routes as responses_routes
 from gateway.api.responses.routes import router as responses_router
 from gateway.deps import GatewayState
@@ -93,7 +94,8 @@ def create_app(
         redirect_slashes=False,  # a redirect would be built from the client's Host header
     )
     register_error_handlers(app, metrics, metrics_per_key=settings.metrics_per_key)
-    app.router.routes.extend([*ollama_routes, *openai_routes, *responses_routes, *anthropic_routes])
+    generation = [*ollama_routes, *openai_routes, *responses_routes, *anthropic_routes]
+    app.router.routes.extend(generation)
     app.include_router(openai_router)
     app.include_router(responses_router)
     app.include_router(anthropic_router)
@@ -108,7 +110,8 @@ def create_app(
     # Added innermost first. AccessMiddleware stamps and logs every request, the preflights the
     # CORS layer answers included; that layer adds its headers to every response inside it:
     # the error handlers' and UnexpectedErrorMiddleware's 500, which is why that sits inside.
-    # Innermost: each request's body charge is released once the app is done with it.
+    # Innermost: the generation routes' POSTs, past FastAPI's own layers (`RelayedRoutes`);
+    # inside the body budget, whose charge is released once the app is done with a request.
     budget = BodyBudget(
         settings.max_buffered_body_bytes,
         settings.max_buffered_body_bytes_per_key,
@@ -116,6 +119,7 @@ def create_app(
         grace=settings.body_timeout,
         min_rate=settings.body_min_bytes_per_second,
     )
+    app.add_middleware(RelayedRoutes, routes=generation, handlers=app.exception_handlers)
     app.add_middleware(BodyBudgetMiddleware, budget=budget)
     app.add_middleware(UnexpectedErrorMiddleware, rejections=metrics)
     if settings.cors_origins:

@@ -29,7 +29,8 @@ from gateway.deps import GatewayState
 from gateway.keys.store import KeyStore
 from gateway.lifecycle import Lifecycle
 from gateway.limits.address import AddressLimiter
-from gateway.limits.limiter import KeyLimiter, build_storage, close_storage
+from gateway.limits.limiter import KeyLimiter
+from gateway.limits.storage import build_storage, close_storage
 from gateway.metering.metrics import Metrics
 from gateway.metering.usage import open_usage
 from gateway.policies import AuthFailurePolicy, BatchPolicy, LimitPolicy, PoolPolicy

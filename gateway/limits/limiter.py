@@ -3,7 +3,9 @@
 Built on `limits`' async strategies and storages (the library slowapi itself uses). slowapi's
 own Redis path is synchronous (slowapi issue #130) and would block the event loop on every
 request, so the gateway calls `limits.aio` directly; the storage is in memory (one process) or
-Redis (`GATEWAY_RATE_LIMIT_STORAGE=redis://...`, shared by every replica).
+Redis (`GATEWAY_RATE_LIMIT_STORAGE=redis://...`, shared by every replica). It counts through
+four counter operations (`gateway.limits.storage.Counters`): on Redis `limits`' own calls, in
+memory the same counters read and written in place.
 
 * RPM: a moving window over the last 60 s (exact), one hit per request, counted at admission
   (`admit`), before the body is read: a flood of junk bodies spends the key's own RPM. Routes
@@ -32,10 +34,9 @@ Redis (`GATEWAY_RATE_LIMIT_STORAGE=redis://...`, shared by every replica).
   therefore share the window instead of all passing the same "tokens left" check (issue 11,
   class 5). Worst case: the requests admitted in one window spend at most twice the TPM, the
   reservations (at most TPM) plus the headroom (at most TPM); a request still running when its
-  window ends charges its excess to the next one. The reservation and the refund are
-  `limits`' own counter operations (`FixedWindowRateLimiter.hit(cost=n)`, `Storage.incr` with
-  a negative amount on the same key), atomic in Redis, so every replica sees them at once (the
-  answer history is per process).
+  window ends charges its excess to the next one. The reservation and the refund are one
+  counter's increments (`Storage.incr`, a refund with a negative amount on the same key),
+  atomic in Redis, so every replica sees them at once (the answer history is per process).
 
 When the storage fails or is slower than `GATEWAY_RATE_LIMIT_TIMEOUT`, the configured policy
 applies (`GATEWAY_RATE_LIMIT_FAIL_OPEN`): admit (open) or answer 503 (closed); each such event
@@ -56,9 +57,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import anyio
-from limits import RateLimitItemPerMinute
-from limits.aio.storage import MemoryStorage, RedisStorage, Storage
-from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
+from limits.aio.storage import MemoryStorage, Storage
 
 from gateway.auth.principal import Principal
 from gateway.errors import (
@@ -70,6 +69,7 @@ from gateway.errors import (
 from gateway.limits.estimate import TokenEstimate
 from gateway.limits.history import AnswerHistory
 from gateway.limits.inflight import SWEEP_INTERVAL, InFlight, LeasedInFlight, LocalInFlight
+from gateway.limits.storage import counters_for
 from gateway.metering.metrics import Metrics
 from gateway.policies import LimitPolicy
 
@@ -77,51 +77,6 @@ logger = logging.getLogger("gateway.ratelimit")
 
 #: Seconds two reads of one TPM window's end may differ by (Redis TTLs are whole seconds).
 _WINDOW_SLACK = 5.0
-
-
-def build_storage(policy: LimitPolicy) -> Storage:
-    """Open the limits storage named by `GATEWAY_RATE_LIMIT_STORAGE`.
-
-    `memory://` keeps counters in this process; `redis://host:port/db` (or `rediss://`) shares
-    them between replicas, through redis-py's asyncio client.
-    """
-    url = policy.storage_url
-    if url.startswith(("redis://", "rediss://")):
-        return RedisStorage(
-            f"async+{url}",
-            implementation="redispy",
-            key_prefix=policy.key_prefix,
-            socket_timeout=policy.timeout,
-            socket_connect_timeout=policy.timeout,
-        )
-    return HousekeptMemoryStorage()
-
-
-class HousekeptMemoryStorage(MemoryStorage):
-    """`limits`' in-memory async storage, pruning expired entries at most once a second.
-
-    `limits.aio.storage.MemoryStorage` schedules a pruning pass on every counter update, and the
-    pass hands a `bisect` per key to a worker thread (`asyncio.to_thread`): a thread wake-up and
-    a loop wake-up per request, about 1 ms of added latency per request on the benchmark's VM
-    (docs/performance.md). Pruning only frees memory: every read compares expiry times itself,
-    so limits stay exact when it runs less often. This overrides the private, name-mangled
-    `__schedule_expiry` (limits 5.x); `tests/limits/test_ratelimit.py` fails if it disappears.
-    """
-
-    #: Seconds between two pruning passes.
-    PRUNE_INTERVAL = 1.0
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._next_prune = 0.0
-
-    async def _MemoryStorage__schedule_expiry(self) -> None:
-        now = time.monotonic()
-        if now < self._next_prune:
-            return
-        self._next_prune = now + self.PRUNE_INTERVAL
-        # getattr: mypy cannot see a name-mangled private method of the base class
-        await getattr(super(), "_MemoryStorage__schedule_expiry")()  # noqa: B009
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,8 +157,7 @@ class KeyLimiter:
         self.history = AnswerHistory() if history is None else history
         self._policy = policy
         self._metrics = metrics
-        self._moving = MovingWindowRateLimiter(storage)
-        self._fixed = FixedWindowRateLimiter(storage)
+        self._counters = counters_for(storage)
         # The in-process storage never waits on anything: no deadline to arm for it.
         self._remote = not isinstance(storage, MemoryStorage)
         if in_flight is None:
@@ -267,6 +221,16 @@ class KeyLimiter:
             return anyio.fail_after(self._policy.timeout)
         return contextlib.nullcontext()
 
+    def _shield(self) -> AbstractContextManager[object]:
+        """A shield for a take-back that must happen; nothing in-process.
+
+        The in-process counters never suspend, so nothing can cancel them midway: the shield
+        would cost an anyio cancel scope per request for nothing.
+        """
+        if self._remote:
+            return anyio.CancelScope(shield=True)
+        return contextlib.nullcontext()
+
     async def admit(self, principal: Principal) -> Admission:
         """Check and count RPM, take an in-flight slot; needs nothing of the body.
 
@@ -308,13 +272,13 @@ class KeyLimiter:
 
     async def _check(self, key_id: str, limits: Limits, admission: Admission) -> None:
         if limits.rpm:
-            item = RateLimitItemPerMinute(limits.rpm)
-            allowed = await self._moving.hit(item, "rpm", key_id)
-            stats = await self._moving.get_window_stats(item, "rpm", key_id)
-            admission.headers = _headers(limits.rpm, stats.remaining, stats.reset_time)
+            allowed, remaining, reset_time = await self._counters.hit_moving(
+                "rpm", key_id, limits.rpm
+            )
+            admission.headers = _headers(limits.rpm, remaining, reset_time)
             if not allowed:
                 what = f"{limits.rpm} requests per minute"
-                raise self._refuse("rpm", what, admission.headers, stats.reset_time)
+                raise self._refuse("rpm", what, admission.headers, reset_time)
         if limits.max_concurrent:
             admission.ticket = await self._in_flight.acquire(key_id, limits.max_concurrent)
             if admission.ticket is None:
@@ -385,26 +349,24 @@ class KeyLimiter:
         self, admission: Admission, estimate: TokenEstimate, output: int
     ) -> int | None:
         tpm = admission.limits.tpm
-        item = RateLimitItemPerMinute(tpm)
+        counters, key_id = self._counters, admission.key_id
         cost = max(min(estimate.prompt + output, tpm), 1)  # at least one token must be left
         refusal = ""
-        if not await self._fixed.hit(item, "tpm", admission.key_id, cost=cost):
-            # `hit` counted the cost even though it failed: take it back at once, or this
+        if await counters.add("tpm", key_id, tpm, cost) > tpm:
+            # The cost was counted even though it did not fit: take it back at once, or this
             # refusal would crowd out requests that fit.
-            with anyio.CancelScope(shield=True):
-                await self._storage.incr(
-                    item.key_for("tpm", admission.key_id), item.get_expiry(), amount=-cost
-                )
+            with self._shield():
+                await counters.add("tpm", key_id, tpm, -cost)
             refusal = f"; this request needs about {cost}"
         else:
             admission.reserved = cost
-        stats = await self._fixed.get_window_stats(item, "tpm", admission.key_id)
-        admission.window_ends = stats.reset_time
-        left = min(stats.remaining + admission.reserved, tpm)
-        admission.headers.update(_headers(tpm, left, stats.reset_time, prefix="Tokens-"))
+        remaining, reset_time = await counters.fixed("tpm", key_id, tpm)
+        admission.window_ends = reset_time
+        left = min(remaining + admission.reserved, tpm)
+        admission.headers.update(_headers(tpm, left, reset_time, prefix="Tokens-"))
         if refusal:
             what = f"{tpm} tokens per minute"
-            raise self._refuse("tpm", what, admission.headers, stats.reset_time, refusal)
+            raise self._refuse("tpm", what, admission.headers, reset_time, refusal)
         if not output:
             return None
         reserved = max(cost - estimate.prompt, 0)  # the answer's part of the reservation
@@ -424,17 +386,15 @@ class KeyLimiter:
         """
         if wanted <= 0:
             return 0
-        tpm = admission.limits.tpm
-        item = RateLimitItemPerMinute(tpm)
-        key = item.key_for("tpm-headroom", admission.key_id)
-        total = await self._storage.incr(key, item.get_expiry(), amount=wanted)
+        tpm, counters, key_id = admission.limits.tpm, self._counters, admission.key_id
+        total = await counters.add("tpm-headroom", key_id, tpm, wanted)
         over = min(max(total - tpm, 0), wanted)
         if over:
-            with anyio.CancelScope(shield=True):
-                await self._storage.incr(key, item.get_expiry(), amount=-over)
+            with self._shield():
+                await counters.add("tpm-headroom", key_id, tpm, -over)
         admission.headroom = wanted - over
         if admission.headroom:
-            admission.headroom_ends = await self._storage.get_expiry(key)
+            admission.headroom_ends = await counters.expiry("tpm-headroom", key_id, tpm)
         return admission.headroom
 
     async def release(self, admission: Admission, tokens: int, answered: int | None = None) -> None:
@@ -484,29 +444,27 @@ class KeyLimiter:
         has ended, the new one never held it. Windows are told apart by their end, read back
         from the storage (Redis rounds it to the second; two windows end at least 60 s apart).
         """
-        item = RateLimitItemPerMinute(admission.limits.tpm)
+        tpm, counters, key_id = admission.limits.tpm, self._counters, admission.key_id
         if extra > 0:
-            await self._fixed.hit(item, "tpm", admission.key_id, cost=extra)
+            await counters.add("tpm", key_id, tpm, extra)
             return
-        key = item.key_for("tpm", admission.key_id)
-        if not extra or not _same_window(await self._storage.get_expiry(key), admission):
+        if not extra or not _same_window(await counters.expiry("tpm", key_id, tpm), admission):
             return
-        left = await self._storage.incr(key, item.get_expiry(), amount=extra)
+        left = await counters.add("tpm", key_id, tpm, extra)
         if left < 0:  # the window ended between the two calls: give the new one no credit
-            await self._storage.incr(key, item.get_expiry(), amount=-left)
+            await counters.add("tpm", key_id, tpm, -left)
 
     async def _give_back_headroom(self, admission: Admission, headroom: int) -> None:
         """Give the request's headroom back to the key's counter, if its window still runs."""
         if not headroom:
             return
-        item = RateLimitItemPerMinute(admission.limits.tpm)
-        key = item.key_for("tpm-headroom", admission.key_id)
-        ends = await self._storage.get_expiry(key)
+        tpm, counters, key_id = admission.limits.tpm, self._counters, admission.key_id
+        ends = await counters.expiry("tpm-headroom", key_id, tpm)
         if not (ends > time.time() and abs(ends - admission.headroom_ends) < _WINDOW_SLACK):
             return
-        left = await self._storage.incr(key, item.get_expiry(), amount=-headroom)
+        left = await counters.add("tpm-headroom", key_id, tpm, -headroom)
         if left < 0:  # the window ended between the two calls: give the new one no credit
-            await self._storage.incr(key, item.get_expiry(), amount=-left)
+            await counters.add("tpm-headroom", key_id, tpm, -left)
 
     def _refuse(
         self,
@@ -559,12 +517,3 @@ def _headers(limit: int, remaining: int, reset_time: float, prefix: str = "") ->
         f"X-RateLimit-{prefix}Remaining": str(max(remaining, 0)),
         f"X-RateLimit-{prefix}Reset": str(reset),
     }
-
-
-async def close_storage(storage: Storage) -> None:
-    """Close the storage's connections, if it holds any (Redis)."""
-    bridge = getattr(storage, "bridge", None)
-    client = getattr(bridge, "storage", None)
-    close = getattr(client, "aclose", None)
-    if close is not None:
-        await close()

@@ -297,23 +297,25 @@ class Generation:
             key: With a failure, the API key id when the request may have caused it.
         """
         with anyio.CancelScope(shield=True):
-            if self.exchange is not None:
-                await self.exchange.aclose()
-            if self.upstream is not None:
-                if self.holds_background and self.background is not None:
-                    self.upstream.slots.release_background(
-                        self.background, holds_slot=self.holds_slot
-                    )
-                elif self.holds_slot:
-                    self.upstream.slots.release()
-                final = self.meter.final
-                self.services.pool.finished(
-                    self.upstream,
-                    healthy,
-                    key,
-                    ticket=self.routing,
-                    load_ns=None if final is None or not healthy else final.load_duration,
-                )
+            await self._give_back(healthy, key)
+
+    async def _give_back(self, healthy: bool | None, key: str | None) -> None:
+        """`_release` without its shield, for a caller that holds one already (`finish`)."""
+        if self.exchange is not None:
+            await self.exchange.aclose()
+        if self.upstream is not None:
+            if self.holds_background and self.background is not None:
+                self.upstream.slots.release_background(self.background, holds_slot=self.holds_slot)
+            elif self.holds_slot:
+                self.upstream.slots.release()
+            final = self.meter.final
+            self.services.pool.finished(
+                self.upstream,
+                healthy,
+                key,
+                ticket=self.routing,
+                load_ns=None if final is None or not healthy else final.load_duration,
+            )
         self.holds_slot = self.holds_background = False
         self.upstream = self.exchange = None
 
@@ -332,7 +334,7 @@ class Generation:
         self.meter.drop()  # nor is it in flight any more (the gauge, the live view)
         with anyio.CancelScope(shield=True):
             try:
-                await self._release(None)
+                await self._give_back(None, None)
             finally:
                 await self.services.limiter.release(self.admission, 0)
 
@@ -350,7 +352,7 @@ class Generation:
             healthy, key = self._verdict(failure) if failure is not None else (False, None)
         with anyio.CancelScope(shield=True):
             try:
-                await self._release(healthy, key)
+                await self._give_back(healthy, key)
                 summary = self.meter.finish(outcome, status)
                 self.context.finish(summary)
                 if self.services.usage is not None:

@@ -15,7 +15,8 @@ from gateway.auth.principal import Principal
 from gateway.errors import OverTokenLimitError, RateLimitedError
 from gateway.limits.estimate import TokenEstimate
 from gateway.limits.history import AnswerHistory
-from gateway.limits.limiter import Admission, KeyLimiter, build_storage, close_storage
+from gateway.limits.limiter import Admission, KeyLimiter
+from gateway.limits.storage import build_storage, close_storage
 from gateway.metering.metrics import Metrics
 from gateway.policies import LimitPolicy
 from gateway.settings import Settings

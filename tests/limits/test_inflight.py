@@ -18,7 +18,8 @@ import redis.asyncio as aioredis
 from gateway.auth.principal import Principal
 from gateway.errors import RateLimitedError
 from gateway.limits.inflight import LeasedInFlight, LocalInFlight
-from gateway.limits.limiter import KeyLimiter, build_storage, close_storage
+from gateway.limits.limiter import KeyLimiter
+from gateway.limits.storage import build_storage, close_storage
 from gateway.metering.metrics import Metrics
 from gateway.policies import LimitPolicy
 from gateway.settings import Settings

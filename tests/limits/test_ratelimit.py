@@ -19,7 +19,13 @@ from limits.aio.storage import MemoryStorage
 
 from gateway.auth.principal import Principal
 from gateway.errors import RateLimitedError
-from gateway.limits.limiter import KeyLimiter, build_storage
+from gateway.limits.limiter import KeyLimiter
+from gateway.limits.storage import (
+    HousekeptMemoryStorage,
+    MemoryCounters,
+    StorageCounters,
+    build_storage,
+)
 from gateway.metering.metrics import Metrics
 from gateway.policies import LimitPolicy
 from gateway.settings import Settings
@@ -411,6 +417,38 @@ async def test_the_memory_storage_prunes_at_most_once_a_second_and_stays_exact(m
     assert len(calls) == 1
     with pytest.raises(RateLimitedError):
         await limiter.admit(principal)
+
+
+@pytest.mark.anyio
+async def test_the_in_place_counters_answer_as_limits_own_memory_storage(monkeypatch):
+    """The in-process counters (read in place, the moving window a deque) give, call for call,
+    the answers `limits`' own strategies give on its own in-memory storage, windows ending
+    included."""
+    clock = [1_000_000.0]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    ours = MemoryCounters(HousekeptMemoryStorage())
+    theirs = StorageCounters(MemoryStorage())
+    steps = [("hit", 3)] * 4 + [("tick", 20), ("hit", 3), ("tick", 41), ("hit", 3), ("hit", 3)]
+    steps += [("add", 5), ("add", 6), ("add", -11), ("add", 2), ("tick", 61), ("add", 1)]
+    counted = []
+    for what, n in steps:
+        if what == "tick":
+            clock[0] += n
+            continue
+        if what == "hit":
+            answers = [await c.hit_moving("rpm", "k1", n) for c in (ours, theirs)]
+            counted.append(answers[0][0])
+        else:
+            answers = [
+                (await c.add("tpm", "k1", 10, n), await c.fixed("tpm", "k1", 10))
+                for c in (ours, theirs)
+            ]
+            answers += [await c.expiry("tpm", "k1", 10) for c in (ours, theirs)]
+            assert answers[2] == answers[3], (what, n)
+            answers = answers[:2]
+        assert answers[0] == answers[1], (what, n)
+    # The fourth hit and the one 20 s later found 3 in the window; 61 s on, two fit again.
+    assert counted == [True, True, True, False, False, True, True]
 
 
 # --- a storage stall does not hold a one-at-a-time key's slot (issue 29) ------------------------

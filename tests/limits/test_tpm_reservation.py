@@ -24,7 +24,8 @@ from gateway.auth.principal import Principal
 from gateway.errors import RateLimitedError
 from gateway.limits.estimate import TokenEstimate
 from gateway.limits.estimate import estimate_tokens as _estimate_request
-from gateway.limits.limiter import KeyLimiter, build_storage
+from gateway.limits.limiter import KeyLimiter
+from gateway.limits.storage import build_storage
 from gateway.metering.metrics import Metrics
 from gateway.policies import LimitPolicy
 from gateway.settings import Settings

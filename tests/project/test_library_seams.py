@@ -116,7 +116,7 @@ def test_uvicorns_server_still_has_the_exit_handler_the_drain_wraps() -> None:
 
 
 def test_limits_memory_storage_still_schedules_expiry_under_the_overridden_name() -> None:
-    # gateway/limits/limiter.py: HousekeptMemoryStorage overrides the name-mangled private.
+    # gateway/limits/storage.py: HousekeptMemoryStorage overrides the name-mangled private.
     assert callable(getattr(MemoryStorage, "_MemoryStorage__schedule_expiry", None))
 
 
