@@ -29,6 +29,12 @@ _LIBRARIES = (
     ("/multidict/", "aiohttp (upstream wire, under httpx)"),
     ("/yarl/", "aiohttp (upstream wire, under httpx)"),
     ("/gateway/upstream/transport.py", "aiohttp (upstream wire, under httpx)"),
+    ("/httptools/", "httptools (llhttp: uvicorn's server side, the upstream wire's client side)"),
+    ("/gateway/upstream/http1.py", "gateway's HTTP/1.1 client (upstream wire, under httpx)"),
+    (
+        "/gateway/upstream/httptools_transport.py",
+        "gateway's HTTP/1.1 client (upstream wire, under httpx)",
+    ),
     ("/json/", "json (stdlib)"),
     ("/sqlalchemy/", "SQLAlchemy + aiosqlite (key store)"),
     ("/aiosqlite/", "SQLAlchemy + aiosqlite (key store)"),

@@ -104,7 +104,7 @@ class PoolPolicy:
 
     upstreams: tuple[UpstreamSpec, ...]
     timeouts: UpstreamTimeouts
-    http_client: Literal["aiohttp", "httpx"]
+    http_client: Literal["aiohttp", "httptools", "httpx"]
     max_connections: int
     max_concurrent: int
     queue_size: int

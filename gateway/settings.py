@@ -281,10 +281,11 @@ class Settings(BaseSettings):
     max_connections: int = Field(
         256, ge=1, description="Upper bound on open connections to each upstream (the pool)."
     )
-    upstream_http_client: Literal["aiohttp", "httpx"] = Field(
-        "aiohttp",
+    upstream_http_client: Literal["aiohttp", "httptools", "httpx"] = Field(
+        "httptools",
         description="What carries upstream requests under httpx's API: `aiohttp` (its C "
-        "parser; half the CPU per relayed chunk) or `httpx` (httpcore, pure Python).",
+        "parser; half the CPU per relayed chunk of `httpx`), `httptools` (the gateway's own "
+        "HTTP/1.1 client: asyncio Protocols and llhttp) or `httpx` (httpcore, pure Python).",
     )
 
     shutdown_drain: float = Field(

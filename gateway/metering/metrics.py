@@ -104,7 +104,8 @@ class Metrics:
         upstream_queue_length: Gauge `gateway_upstream_queue_length{upstream}`.
         upstream_slots_in_use: Gauge `gateway_upstream_slots_in_use{upstream}`.
         upstream_connections_in_use: Gauge `gateway_upstream_connections_in_use{upstream}`,
-            pooled connections held by open upstream responses (aiohttp transport only).
+            pooled connections held by open upstream responses (httptools and aiohttp
+            transports).
         route_decisions: Counter `gateway_route_decisions_total{reason}`.
         route_prefix_hit_tokens: Histogram `gateway_route_prefix_hit_tokens`.
         route_cold_loads: Counter `gateway_route_cold_loads_total{upstream}`.

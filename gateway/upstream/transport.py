@@ -6,6 +6,9 @@ by side as the load generator's client, against the same emulator at 16 streams
 (httpcore + h11) cost 222 µs of CPU per chunk, httpx over aiohttp 104 µs, aiohttp alone 81 µs
 and a raw asyncio protocol 43 µs. httpx stays the gateway's client API (requests, responses,
 timeouts, the transports tests inject); only the bytes on the wire go through aiohttp.
+It is no longer the default (`GATEWAY_UPSTREAM_HTTP_CLIENT=aiohttp` selects it): the gateway's
+own client, `gateway.upstream.httptools_transport`, keeps this contract for about 15 % less
+CPU per relayed request (docs/performance.md, issue 27).
 
 Not the `httpx-aiohttp` package: its exception map turns a refused connection and a dropped
 one into `httpx.ConnectTimeout`, which would break the relay's retry and error rules

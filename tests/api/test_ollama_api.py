@@ -423,7 +423,7 @@ def test_copy_delete_and_create_are_relayed(gateway: Gateway, emulator: Emulator
     assert "tuned:latest" in emulator.config.models
 
 
-@pytest.mark.parametrize("http_client", ["aiohttp", "httpx"])
+@pytest.mark.parametrize("http_client", ["aiohttp", "httptools", "httpx"])
 def test_blob_upload_streams_past_the_json_size_limit(make_gateway, emulator, http_client):
     gw = make_gateway(max_body_bytes=1024, upstream_http_client=http_client)
     admin = gw.create_key("admin", manage_models=True)[1]
@@ -520,7 +520,7 @@ def test_the_ollama_client_lists_shows_and_pulls(gateway: Gateway, admin: str):
         assert client.delete("phi4:14b").status == "success"
 
 
-@pytest.mark.parametrize("http_client", ["aiohttp", "httpx"])
+@pytest.mark.parametrize("http_client", ["aiohttp", "httptools", "httpx"])
 def test_client_leaving_mid_upload_ends_the_upstream_upload(make_gateway, emulator, http_client):
     gw = make_gateway(upstream_http_client=http_client)
     admin = gw.create_key("admin", manage_models=True)[1]

@@ -79,9 +79,9 @@ def spare() -> Iterator[tuple[FlakyUpstream, str]]:
     yield from served(FlakyUpstream(tags={"models": []}))
 
 
-@pytest.fixture(params=["aiohttp", "httpx"])
+@pytest.fixture(params=["aiohttp", "httptools", "httpx"])
 def upstream_client(request: pytest.FixtureRequest) -> str:
-    """Every retry rule holds for both upstream HTTP clients (GATEWAY_UPSTREAM_HTTP_CLIENT)."""
+    """Every retry rule holds for every upstream HTTP client (GATEWAY_UPSTREAM_HTTP_CLIENT)."""
     return str(request.param)
 
 

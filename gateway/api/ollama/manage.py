@@ -26,9 +26,10 @@ upstream client's per-read timeout applies (the longer of `GATEWAY_FIRST_BYTE_TI
 `GATEWAY_IDLE_TIMEOUT`), so a `stream:false` pull longer than that fails with 504: stream it.
 
 A blob body streams through, never held in memory and not bound by `GATEWAY_MAX_BODY_BYTES`
-(models are gigabytes; Ollama checks the digest). The aiohttp transport reads a request body
-whole before sending it (`gateway.upstream.transport`), so with it an upload goes through a
-short-lived httpx client of its own to the same upstream.
+(models are gigabytes; Ollama checks the digest). The httptools and aiohttp transports read a
+request body whole before sending it (`gateway.upstream.httptools_transport`,
+`gateway.upstream.transport`), so with them an upload goes through a short-lived httpx client of
+its own to the same upstream.
 
 Over ~300 lines for one reason: `Manager` applies the rules above to one set of routes
 (`admitted` with `_check_fields` for allow-lists, `targets`, `progress`, `each`, `blob` with
@@ -354,7 +355,7 @@ class Manager:
 
 @asynccontextmanager
 async def _uploader(upstream: Upstream, settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    """A client that streams request bodies: the upstream's own unless it runs over aiohttp."""
+    """A client that streams request bodies: the upstream's own only when it runs over httpx's."""
     if settings.upstream_http_client == "httpx":
         yield upstream.client
         return
