@@ -9,15 +9,17 @@ failures and detaching.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 
+import httpx
 import pytest
 
 from gateway.neutral import Chunk
 from gateway.relay.push import DRAIN_LIMIT, READ_SLICE, BodySink, ClientStalledError, Pump
 from gateway.upstream.dialects.base import StreamBrokenError
-
-pytestmark = pytest.mark.anyio
+from tests.support.client import MODEL
+from tests.support.stack import Gateway
 
 
 @pytest.fixture
@@ -122,6 +124,7 @@ async def started(p: Pump) -> asyncio.Task[str]:
     return task
 
 
+@pytest.mark.anyio
 async def test_each_read_is_delivered_from_the_callback_and_the_end_follows_the_body() -> None:
     p, source, _, _, delivered = pump()
     task = await started(p)
@@ -137,6 +140,7 @@ async def test_each_read_is_delivered_from_the_callback_and_the_end_follows_the_
     assert p.received == len(b"a\nb\ndone\n")
 
 
+@pytest.mark.anyio
 async def test_a_body_ended_before_the_final_chunk_is_left_to_the_decoder() -> None:
     p, _, _, _, delivered = pump()
     task = await started(p)
@@ -146,6 +150,7 @@ async def test_a_body_ended_before_the_final_chunk_is_left_to_the_decoder() -> N
     assert texts(delivered) == ["a"]
 
 
+@pytest.mark.anyio
 async def test_an_upstream_silent_for_the_idle_timeout_ends_with_one_error_chunk() -> None:
     p, source, _, lines, delivered = pump(Lines(idle=0.05))
     task = await started(p)
@@ -156,6 +161,7 @@ async def test_an_upstream_silent_for_the_idle_timeout_ends_with_one_error_chunk
     assert source.sink is None
 
 
+@pytest.mark.anyio
 async def test_reads_keep_moving_the_idle_deadline() -> None:
     p, _, _, lines, delivered = pump(Lines(idle=0.2))
     task = await started(p)
@@ -169,6 +175,7 @@ async def test_reads_keep_moving_the_idle_deadline() -> None:
     assert len(texts(delivered)) == 7
 
 
+@pytest.mark.anyio
 async def test_a_client_that_stops_reading_pauses_the_upstream_then_is_dropped() -> None:
     p, source, writer, lines, _ = pump(Lines(idle=0.05), client_idle=0.2)
     task = await started(p)
@@ -182,6 +189,7 @@ async def test_a_client_that_stops_reading_pauses_the_upstream_then_is_dropped()
     assert writer.listener is None  # detached
 
 
+@pytest.mark.anyio
 async def test_a_client_that_reads_again_resumes_the_upstream() -> None:
     p, source, writer, _, delivered = pump(client_idle=0.2)
     task = await started(p)
@@ -196,6 +204,7 @@ async def test_a_client_that_reads_again_resumes_the_upstream() -> None:
     assert texts(delivered) == ["done"]
 
 
+@pytest.mark.anyio
 async def test_a_long_read_is_decoded_a_slice_a_turn_with_reading_paused() -> None:
     p, source, _, lines, delivered = pump()
     task = await started(p)
@@ -211,6 +220,7 @@ async def test_a_long_read_is_decoded_a_slice_a_turn_with_reading_paused() -> No
     assert not source.paused
 
 
+@pytest.mark.anyio
 async def test_a_broken_stream_delivers_its_good_chunks_then_one_error() -> None:
     p, _, _, lines, delivered = pump()
     task = await started(p)
@@ -220,6 +230,7 @@ async def test_a_broken_stream_delivers_its_good_chunks_then_one_error() -> None
     assert lines.failures == [("StreamBrokenError", False)]
 
 
+@pytest.mark.anyio
 async def test_a_connection_lost_mid_answer_ends_with_one_error_chunk() -> None:
     p, _, _, _, delivered = pump()
     task = await started(p)
@@ -229,6 +240,7 @@ async def test_a_connection_lost_mid_answer_ends_with_one_error_chunk() -> None:
     assert texts(delivered) == ["a", "!failed: ConnectionResetError"]
 
 
+@pytest.mark.anyio
 async def test_a_connection_lost_after_the_final_chunk_loses_nothing() -> None:
     p, _, _, lines, delivered = pump()
     task = await started(p)
@@ -239,6 +251,7 @@ async def test_a_connection_lost_after_the_final_chunk_loses_nothing() -> None:
     assert lines.failures == []
 
 
+@pytest.mark.anyio
 async def test_the_drain_stops_at_its_limit() -> None:
     p, _, _, _, _ = pump()
     task = await started(p)
@@ -247,6 +260,7 @@ async def test_the_drain_stops_at_its_limit() -> None:
     assert await task == "done"
 
 
+@pytest.mark.anyio
 async def test_a_cancelled_wait_detaches_and_later_reads_deliver_nothing() -> None:
     p, source, writer, _, delivered = pump()
     task = await started(p)
@@ -257,3 +271,26 @@ async def test_a_cancelled_wait_detaches_and_later_reads_deliver_nothing() -> No
     assert writer.listener is None
     p.body(b"late\n")
     assert delivered == []
+
+
+def test_a_stream_through_the_gateway_takes_the_push_path(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waits: list[str] = []
+    wait = Pump.wait
+
+    async def counted(self: Pump) -> str:
+        how = await wait(self)
+        waits.append(how)
+        return how
+
+    monkeypatch.setattr(Pump, "wait", counted)
+    body = {"model": MODEL, "prompt": "hello", "stream": True}
+    with httpx.stream(
+        "POST", f"{gateway.url}/api/generate", json=body, headers=gateway.headers(), timeout=30
+    ) as response:
+        assert response.status_code == 200
+        lines = [json.loads(line) for line in response.iter_lines() if line]
+    assert lines[-1]["done"] is True
+    assert "".join(line["response"] for line in lines) != ""
+    assert waits == ["done"]
