@@ -19,6 +19,7 @@ from gateway.app import create_app
 from gateway.keys.store import KeyStore
 from gateway.settings import Settings
 from gateway.testing.emulator.app import EmulatorConfig, create_emulator_app
+from gateway.serve.coalesce import CoalescingHttpToolsProtocol
 from gateway.testing.server import LoopbackServer
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
 from tests.support.oidc import OidcProvider, start_oidc_provider
@@ -127,6 +128,9 @@ def emulator() -> Iterator[Emulator]:
 def make_gateway(tmp_path: Path, emulator: Emulator) -> Iterator[Callable[..., Gateway]]:
     """Start gateways in front of the emulator; keyword arguments override settings.
 
+    Each runs under the protocol `gateway serve` uses (`CoalescingHttpToolsProtocol`), so a
+    stream takes the push path (`gateway.relay.push`) as in production.
+
     `span_exporter` (an SDK `SpanExporter`) turns tracing on and receives the spans; `port`
     (from `free_port`) fixes the gateway's port, for settings that name its own URL.
     """
@@ -144,7 +148,10 @@ def make_gateway(tmp_path: Path, emulator: Emulator) -> Iterator[Callable[..., G
         database_url = values["database_url"]  # an override (PostgreSQL) holds the key too
         settings = Settings(**values)
         key_id, key = asyncio.run(store_key(database_url, "test-key"))
-        server = LoopbackServer(create_app(settings, span_exporter=span_exporter), port=port)
+        # The protocol `gateway serve` runs (the door, one write per head, the push path's
+        # writer), so that every relay test covers what production serves.
+        app = create_app(settings, span_exporter=span_exporter)
+        server = LoopbackServer(app, port=port, http=CoalescingHttpToolsProtocol)
         server.__enter__()
         servers.append(server)
         return Gateway(server.url, key, key_id, settings, database_url)

@@ -30,10 +30,11 @@ failure, `aclose`), and every step reads the same deadlines, response and failur
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TypeVar
 
 import anyio
@@ -51,6 +52,14 @@ from gateway.errors import (
 from gateway.metering.meter import RequestMeter
 from gateway.neutral import Chunk, GenerationRequest, Outcome
 from gateway.relay.deadline import IdleDeadline
+from gateway.relay.push import (
+    DRAIN_LIMIT,
+    DRAIN_SECONDS,
+    READ_SLICE,
+    Divertible,
+    Pump,
+    Writer,
+)
 from gateway.relay.retry import retryable, with_retries
 from gateway.settings import Settings
 from gateway.upstream.client import GenerationClient
@@ -79,13 +88,12 @@ E = TypeVar("E", bound=GatewayError)
 #: The client's error when the upstream is silent mid-stream for `GATEWAY_IDLE_TIMEOUT`.
 _IDLE_MESSAGE = "upstream sent nothing for {:g} s"
 
-#: Most bytes read after the final chunk to keep the connection (what Ollama sends after `done`
-#: is nothing at all).
-_DRAIN_LIMIT = 64 * 1024
-#: Longest wait, in seconds, for the body's end after the final chunk (Ollama ends it at once).
-_DRAIN_SECONDS = 1.0
-#: Most bytes of one read fed to the decoder in one turn of the event loop (`_next_batch`).
-READ_SLICE = 64 * 1024
+# Most bytes read after the final chunk to keep the connection (what Ollama sends after `done`
+# is nothing at all), the longest wait for the body's end after it, and the most bytes of one
+# read fed to the decoder in one turn of the event loop (`_next_batch`): one value each for the
+# pull path here and the push path (`gateway.relay.push`).
+_DRAIN_LIMIT = DRAIN_LIMIT
+_DRAIN_SECONDS = DRAIN_SECONDS
 
 
 class Exchange:
@@ -332,6 +340,101 @@ class Exchange:
                     return
         finally:
             deadline.close()
+
+    def divertible(self) -> bool:
+        """Whether `push` can relay the rest.
+
+        True when the body calls back (`gateway.relay.push`) and nothing of the first read is
+        left to decode.
+        """
+        return (
+            isinstance(self._reads, Divertible)
+            and self._rest is None
+            and self._broken is None
+            and self._decoder is not None
+        )
+
+    async def push(
+        self, deliver: Callable[[list[Chunk]], None], writer: Writer, client_idle: float
+    ) -> None:
+        """Deliver the first batch, then the rest from the upstream's callbacks (`Pump`).
+
+        `divertible()` must be true and `open()` must have succeeded. Ends as `batches` does:
+        after the final chunk (body drained), or after one error chunk that replaces a failure;
+        never raises for an upstream fault.
+
+        Raises:
+            ClientStalledError: the client read nothing for `client_idle` seconds.
+        """
+        assert self._first is not None  # noqa: S101 - open() succeeded
+        assert isinstance(self._reads, Divertible)  # noqa: S101 - divertible()
+        deliver(self._first)
+        if self._finished_by(self._first[-1]):
+            await self._drain()
+            return
+        pump = Pump(self._reads, self, deliver, writer, client_idle)
+        try:
+            how = await pump.wait()
+        finally:
+            self.received += pump.received
+        if how == "end":  # the body ended: the decoder says whether the answer was whole
+            try:
+                if self.received <= INLINE_PARSE_BYTES:
+                    chunks = self._decoder_end()
+                else:
+                    chunks = await anyio.to_thread.run_sync(self._decoder_end)
+            except Exception as exc:
+                deliver([self.failed(exc, request_deadline=False)])
+                return
+            if chunks:
+                deliver(chunks)
+                if self._finished_by(chunks[-1]):
+                    return
+            message = "upstream closed the stream before the answer ended"
+            deliver([self.failed(StreamBrokenError(message), request_deadline=False)])
+
+    def _decoder_end(self) -> list[Chunk]:
+        assert self._decoder is not None  # noqa: S101 - set with the response
+        return self._decoder.end()
+
+    # --- the push path's view of the exchange (`gateway.relay.push.Decoding`) ---------------
+
+    def feed(self, data: bytes) -> list[Chunk]:
+        """Decode one piece of the body (`Pump`'s callback).
+
+        Raises:
+            StreamBrokenError: the body is not the dialect's stream.
+        """
+        assert self._decoder is not None  # noqa: S101 - set with the response
+        return self._decoder.feed(data)
+
+    def finished_by(self, chunk: Chunk) -> bool:
+        """Whether `chunk` ends the answer; sets the outcome (and the failure) if it does."""
+        return self._finished_by(chunk)
+
+    def idle_due(self, last: float) -> tuple[float, bool]:
+        """When a wait after a read at loop time `last` must end (event-loop time).
+
+        Also whether that is the rest of `GATEWAY_REQUEST_TIMEOUT` rather than the idle timeout.
+        """
+        loop = asyncio.get_running_loop()
+        due = last + self._settings.idle_timeout
+        total = self._settings.request_timeout
+        if total:
+            end = loop.time() + (self._meter.arrival + total - time.perf_counter())
+            if end < due:
+                return end, True
+        return due, False
+
+    def failed(self, exc: BaseException, *, request_deadline: bool) -> Chunk:
+        """Record the mid-stream failure `exc` as `batches` does; the client's error chunk."""
+        idle = self._settings.idle_timeout
+        message = self._timeout_message(0.0 if request_deadline else idle, idle, _IDLE_MESSAGE)
+        error = self._classify(exc, message, request_deadline=request_deadline)
+        self.failure = error or UpstreamError("upstream stream failed")
+        self.outcome = self.failure.outcome
+        logger.warning("upstream stream failed: %s", self.failure.message)
+        return Chunk.failure(self.failure.message)
 
     async def _drain(self) -> None:
         """Read the upstream's body to its end after the answer (`_DRAIN_LIMIT`, `_DRAIN_SECONDS`).

@@ -13,6 +13,11 @@ reference section 4.3, or an SSE error event). A client that reads nothing for
 `GATEWAY_IDLE_TIMEOUT` (the server's flow control holds a write that long) is treated as gone:
 its stream is closed and its slot freed. The outcome is recorded exactly once; a
 `BackgroundTask` would be skipped on disconnect (STYLE section 5).
+
+Once its head is sent, a stream takes the push path when it can (`gateway.relay.push`: the server
+put the connection's writer in the scope, and the upstream body calls back): every chunk is then
+relayed inside the upstream's read callback, and this task only waits for the end; otherwise
+(tests' in-process transports, other servers, other upstream clients) it pulls each batch.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from gateway.lifecycle import Lifecycle
 from gateway.neutral import Chunk, Outcome
 from gateway.relay.deadline import IdleDeadline
 from gateway.relay.disconnect import watch_disconnect
+from gateway.relay.push import WRITER, ClientStalledError, Writer
 from gateway.relay.surface import Codec
 
 logger = logging.getLogger("gateway.relay")
@@ -54,6 +60,20 @@ class Stream(Protocol):
 
     def batches(self) -> AsyncGenerator[list[Chunk], None]:
         """The answer's chunks, one batch per upstream read; never raises an upstream fault."""
+        ...
+
+    def divertible(self) -> bool:
+        """Whether `push` can relay the rest of the answer (`gateway.relay.push`)."""
+        ...
+
+    async def push(
+        self, deliver: Callable[[list[Chunk]], None], writer: Writer, client_idle: float
+    ) -> None:
+        """Deliver every batch from the upstream's callbacks; never raises an upstream fault.
+
+        Raises:
+            ClientStalledError: the client read nothing for `client_idle` seconds.
+        """
         ...
 
 
@@ -130,7 +150,7 @@ class RelayResponse(Response):
         self.started = False
         self.client_gone = False
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:  # noqa: ARG002
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Connect, relay, finish; see the module docstring.
 
         Raises:
@@ -142,7 +162,7 @@ class RelayResponse(Response):
             with anyio.CancelScope() as cancel, self.lifecycle.ends_with(cancel):
                 watcher = watch_disconnect(receive, cancel, self._client_left)
                 try:
-                    await self._respond(send)
+                    await self._respond(send, (scope.get("extensions") or {}).get(WRITER))
                 except OSError:  # the server could not write: the client is gone
                     self.client_gone = True
                 except Exception as exc:  # recorded by the finish below, then re-raised
@@ -163,7 +183,7 @@ class RelayResponse(Response):
             raise error
         await self._end(send)
 
-    async def _respond(self, send: Send) -> None:
+    async def _respond(self, send: Send, writer: Writer | None) -> None:
         exchange = self.exchange = await self.generation.connect()
         stall = IdleDeadline()  # a client that reads nothing must not hold its slot forever
         limit = self.idle_timeout
@@ -172,19 +192,23 @@ class RelayResponse(Response):
             await stall.wait(send(message), limit)
 
         try:
-            await self._relay(exchange, write)
-        except TimeoutError:
+            await self._relay(exchange, write, writer)
+        except (TimeoutError, ClientStalledError):
             self.client_gone = True
             logger.warning("client read nothing for %g s; its stream is closed", limit)
         finally:
             stall.close()
 
-    async def _relay(self, exchange: Stream, write: Send) -> None:
+    async def _relay(self, exchange: Stream, write: Send, writer: Writer | None) -> None:
         """Send the answer: the codec's stream as chunks come, or one JSON object.
 
+        A stream goes on the push path (`gateway.relay.push`) when the server gave the
+        connection's `writer` and the upstream body can call back; else each batch is pulled
+        and sent through ASGI.
+
         Raises:
-            TimeoutError: the client read nothing for `GATEWAY_IDLE_TIMEOUT` (flow control
-                kept a write waiting that long).
+            TimeoutError, ClientStalledError: the client read nothing for
+                `GATEWAY_IDLE_TIMEOUT` (flow control kept a write waiting that long).
             GatewayError: the `stream:false` answer failed before anything was sent.
         """
         if not self.generation.streams:
@@ -200,6 +224,18 @@ class RelayResponse(Response):
         self.started = True
         headers = [(b"content-type", self.codec.media_type), *self.raw_headers]
         await write({"type": "http.response.start", "status": 200, "headers": headers})
+        if writer is not None and writer.ready() and exchange.divertible():
+
+            def deliver(batch: list[Chunk]) -> None:
+                for chunk in batch:
+                    observe(chunk)
+                body = encode(batch)
+                if body:
+                    writer.write(body)
+
+            await exchange.push(deliver, writer, self.idle_timeout)
+            await write({"type": "http.response.body", "body": b"", "more_body": False})
+            return
         async with aclosing(exchange.batches()) as batches:
             async for batch in batches:
                 for chunk in batch:

@@ -51,8 +51,10 @@ from typing import Any, ClassVar, Self, cast
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from gateway.errors import error_body
+from gateway.relay.push import WRITER
 from gateway.serve.logs import escape_text
 from gateway.serve.tallies import AddressShares, DoorReport, Network, shared_address
+from gateway.serve.writer import BodyWriter
 
 # The name from before the door had a module of its own: log lines and filters stay the same.
 logger = logging.getLogger("gateway.coalesce")
@@ -149,6 +151,7 @@ class DoorProtocol(HttpToolsProtocol):
         self._header_count = 0
         self._too_large = False
         self._body_seen_at = 0.0
+        self._writers: list[BodyWriter] = []  # the push path's writers of this connection
         self.url = b""  # uvicorn sets it per request head; an answer before one reads it
 
     # --- connection ---------------------------------------------------------------------------
@@ -249,6 +252,13 @@ class DoorProtocol(HttpToolsProtocol):
         self._head_pending = self._head_began = False
         self._disarm()
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:  # not a WebSocket upgrade
+            writer = BodyWriter(cycle)
+            self._writers = [w for w in self._writers if not w.done()]
+            self._writers.append(writer)
+            extensions = cast(dict[str, Any], self.scope.setdefault("extensions", {}))
+            extensions[WRITER] = writer
         if not self.parser.should_upgrade():
             self._body_seen_at = self.loop.time()
             self._arm(self.limits.body_timeout, self._body_timed_out)
@@ -283,6 +293,18 @@ class DoorProtocol(HttpToolsProtocol):
             and not self.transport.is_closing()
         ):
             self._arm(self.limits.header_timeout, self._head_timed_out)
+
+    def pause_writing(self) -> None:
+        """The client's write buffer is full: uvicorn's flow control, then the push path's."""
+        super().pause_writing()
+        for writer in self._writers:
+            writer.flow_changed(True)
+
+    def resume_writing(self) -> None:
+        """The client's write buffer drained: uvicorn's flow control, then the push path's."""
+        super().resume_writing()
+        for writer in self._writers:
+            writer.flow_changed(False)
 
     def _should_upgrade(self) -> bool:
         """Never hand a head cut short by a cap to uvicorn's WebSocket upgrade (no method)."""

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import Protocol
 
 import httpx
 
@@ -117,6 +118,22 @@ class HttptoolsTransport(httpx.AsyncBaseTransport):
         await self._pool.aclose()
 
 
+class BodySink(Protocol):
+    """Where a diverted body goes (`gateway.relay.push.BodySink`, the relay's push path)."""
+
+    def body(self, piece: bytes) -> None:
+        """A piece of the body."""
+        ...
+
+    def end(self) -> None:
+        """The body ended."""
+        ...
+
+    def fail(self, exc: Exception) -> None:
+        """The body failed (an `httpx.TransportError`)."""
+        ...
+
+
 class ResponseBody(httpx.AsyncByteStream):
     """One answer: the `gateway.upstream.http1.Answer` its connection feeds, read as httpx's stream.
 
@@ -138,6 +155,7 @@ class ResponseBody(httpx.AsyncByteStream):
         self._error: httpx.TransportError | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
+        self._sink: BodySink | None = None  # the relay's push path, once diverted
 
     async def start(self, connection: Connection, request: bytes, *, head_only: bool) -> None:
         """Send `request` on `connection` and wait for the answer's head.
@@ -159,6 +177,10 @@ class ResponseBody(httpx.AsyncByteStream):
         self._wake()
 
     def body(self, piece: bytes) -> None:  # noqa: D102
+        sink = self._sink
+        if sink is not None:
+            sink.body(piece)
+            return
         self._pieces.append(piece)
         self._buffered += len(piece)
         if self._buffered > PAUSE_BYTES and not self._paused and self._connection is not None:
@@ -174,11 +196,50 @@ class ResponseBody(httpx.AsyncByteStream):
         self._ended = True
         self._connection = None  # back in the pool, or closed: no longer this answer's
         self._wake()
+        if self._sink is not None:
+            self._sink.end()
 
     def fail(self, exc: httpx.TransportError) -> None:  # noqa: D102
         self._error = exc
         self._connection = None
         self._wake()
+        if self._sink is not None:
+            self._sink.fail(exc)
+
+    # gateway.relay.push.Divertible: the relay's push path
+
+    def divert(self, sink: BodySink | None) -> None:
+        """Give what is buffered, then every later piece and the end, to `sink`; None detaches.
+
+        Once diverted, nothing is buffered and reading is paused only by `pause_reading`.
+        """
+        self._sink = sink
+        if sink is None:
+            return
+        pieces, self._pieces, self._buffered = self._pieces, [], 0
+        if self._paused:
+            self._paused = False
+            self.resume_reading()
+        for piece in pieces:
+            if self._sink is not sink:  # the sink detached itself (the answer ended)
+                return
+            sink.body(piece)
+        if self._sink is not sink:
+            return
+        if self._error is not None:
+            sink.fail(self._error)
+        elif self._ended:
+            sink.end()
+
+    def pause_reading(self) -> None:
+        """Stop reading the upstream's socket (the push path's backpressure)."""
+        if self._connection is not None:
+            self._connection.pause_reading()
+
+    def resume_reading(self) -> None:
+        """Read the upstream's socket again."""
+        if self._connection is not None:
+            self._connection.resume_reading()
 
     # httpx.AsyncByteStream
 

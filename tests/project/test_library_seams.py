@@ -19,7 +19,12 @@ from limits.aio.storage import MemoryStorage
 from prometheus_client import CollectorRegistry, Gauge
 from starlette.middleware.cors import CORSMiddleware
 from uvicorn.config import STARTUP_FAILURE
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 from gateway.serve.coalesce import CoalescingHttpToolsProtocol, HeadHoldingProtocol
@@ -47,6 +52,8 @@ HTTPTOOLS_METHODS = (
     "on_message_complete",
     "on_response_complete",
     "_should_upgrade",
+    "pause_writing",
+    "resume_writing",
 )
 HTTPTOOLS_ATTRIBUTES = (
     "transport",
@@ -69,6 +76,30 @@ def test_the_httptools_protocol_still_has_the_methods_the_door_overrides(name: s
 @pytest.mark.parametrize("name", HTTPTOOLS_ATTRIBUTES)
 def test_the_httptools_protocol_still_sets_the_attributes_the_door_reads(name: str) -> None:
     assert _assigns(HttpToolsProtocol, name), name
+
+
+# gateway/serve/writer.py: what the push path's writer reads of uvicorn's request cycle.
+CYCLE_ATTRIBUTES = (
+    "response_started",
+    "response_complete",
+    "chunked_encoding",
+    "disconnected",
+    "transport",
+    "flow",
+    "scope",
+)
+
+
+@pytest.mark.parametrize("name", CYCLE_ATTRIBUTES)
+def test_the_request_cycle_still_sets_the_attributes_the_body_writer_reads(name: str) -> None:
+    assert _assigns(RequestResponseCycle, name), name
+
+
+def test_the_request_cycle_still_frames_each_body_piece_as_the_body_writer_does() -> None:
+    # BodyWriter writes `%x\r\n`, the piece, `\r\n`: the cycle's own chunked framing.
+    source = inspect.getsource(RequestResponseCycle.send)
+    assert 'b"%x\\r\\n" % len(body), body, b"\\r\\n"' in source
+    assert _assigns(FlowControl, "write_paused")
 
 
 def test_the_httptools_protocol_still_writes_its_status_lines_from_one_table() -> None:
