@@ -17,9 +17,9 @@ from sqlalchemy.pool import NullPool
 
 from gateway.app import create_app
 from gateway.keys.store import KeyStore
+from gateway.serve.coalesce import CoalescingHttpToolsProtocol
 from gateway.settings import Settings
 from gateway.testing.emulator.app import EmulatorConfig, create_emulator_app
-from gateway.serve.coalesce import CoalescingHttpToolsProtocol
 from gateway.testing.server import LoopbackServer
 from gateway.testing.stack import ManagedProcess, create_key, gateway_process
 from tests.support.oidc import OidcProvider, start_oidc_provider
