@@ -31,6 +31,10 @@ Everything the pull path guarantees holds, each from a timer or a callback inste
 The relay's modules hold the two ends only as the Protocols below: the upstream body
 (`gateway.upstream.httptools_transport.ResponseBody`) and the client's connection
 (`gateway.serve.writer.BodyWriter`, found in the ASGI scope's extensions under `WRITER`).
+
+Over ~300 lines for one reason: `Pump` is one state machine over callbacks (the source's
+pieces, end and failure, the client's flow, the idle, stall and drain timers, the slices), and
+each of them reads the state the others set.
 """
 
 from __future__ import annotations

@@ -30,7 +30,14 @@ is retried here at most once, and only for this race.
 The body: each piece the parser hands over is appended to the response's buffer and wakes the
 one waiting reader (one future per wait; no wait when data is buffered); a read takes every
 piece arrived since the last one, joined. Over `PAUSE_BYTES` unread, the connection stops
-reading the socket until the reader catches up (backpressure to the upstream).
+reading the socket until the reader catches up (backpressure to the upstream). The relay's push
+path (`gateway.relay.push`) may instead divert the body (`ResponseBody.divert`): what is buffered,
+then every later piece, its end or its failure go to the push path's sink from the connection's
+callbacks, and the push path pauses and resumes the reading itself.
+
+Over ~300 lines for one reason: `ResponseBody` is one answer's state (head, pieces, end, failure,
+the pause) that its connection feeds and that two readers take from (httpx's reads and the push
+path's sink); split, each would reach into the other's state.
 """
 
 from __future__ import annotations
