@@ -173,7 +173,8 @@ def test_a_stream_to_a_listed_origin_is_still_relayed_as_it_comes(
             if line:
                 arrivals.append(time.perf_counter() - start)
     assert len(arrivals) == 7
-    assert arrivals[0] < 0.3
+    # Buffered, the lines would arrive together; relayed as they come, they span the 1 s the
+    # emulator takes between the first token and the last (a lower bound: load only widens it).
     assert arrivals[-1] - arrivals[0] >= 0.9
 
 
