@@ -177,7 +177,8 @@ class Pump:
         self._writer = writer
         self._client_idle = client_idle
         self._done: asyncio.Future[str] = self._loop.create_future()
-        self._pending: deque[memoryview] = deque()
+        self._pending: deque[memoryview] = deque()  # an empty view: the body's end or failure
+        self._failure: Exception | None = None  # the failure queued behind the slices
         self._answered = False  # the final chunk was delivered: the rest is drained
         self._drained = 0
         self._last = self._loop.time()
@@ -242,8 +243,16 @@ class Pump:
         self._resolve("done" if self._answered else "end")
 
     def fail(self, exc: Exception) -> None:
-        """The upstream failed mid-stream: one error chunk ends the stream."""
+        """The upstream failed mid-stream: one error chunk ends the stream.
+
+        Queued behind the slices of earlier reads, as the pull path reads them first: a read
+        that held the final chunk, cut by a failure in the same callback, still completes.
+        """
         if self._done.done():
+            return
+        if self._pending:
+            self._failure = exc
+            self._pending.append(memoryview(b""))
             return
         if self._answered:  # the answer is whole; only the connection is lost
             self._resolve("done")
@@ -267,9 +276,19 @@ class Pump:
                 self._answer_complete()
 
     def _answer_complete(self) -> None:
-        """The final chunk went out: wait (bounded) for the body's end to keep the connection."""
+        """The final chunk went out: wait (bounded) for the body's end to keep the connection.
+
+        Unless the body's end (or failure) is queued already behind the slices: nothing is left
+        to drain, and the client must not wait `DRAIN_SECONDS` for it.
+        """
         self._answered = True
+        ended = bool(self._pending) and not self._pending[-1]
         self._pending.clear()
+        if ended:
+            self._slicing = False
+            self._source.resume_reading()  # left as found: no pause outlives the pump
+            self._resolve("done")
+            return
         if self._timer is not None:
             self._timer.cancel()
         self._timer = self._loop.call_later(DRAIN_SECONDS, self._resolve, "done")
@@ -305,9 +324,13 @@ class Pump:
                 self._source.resume_reading()
             return
         view = self._pending[0]
-        if not view:  # the body's end, queued behind the reads
+        if not view:  # the body's end or failure, queued behind the reads
             self._pending.popleft()
-            self._resolve("done" if self._answered else "end")
+            failure, self._failure = self._failure, None
+            if failure is not None and not self._answered:
+                self._fail(failure, request_deadline=False)
+            else:
+                self._resolve("done" if self._answered else "end")
             return
         data = bytes(view[:READ_SLICE])
         if len(view) > READ_SLICE:

@@ -191,7 +191,10 @@ class DoorProtocol(HttpToolsProtocol):
         self._arm(limits.header_timeout, self._head_timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """Stop the deadlines and give back the address's share (a refused one reached nothing)."""
+        """Stop the deadlines, give back the address's share (a refused one reached nothing).
+
+        Every request of the connection is told that its client left, not only the latest.
+        """
         self._disarm()
         if self._address is not None:
             self.shares.release(self._address)
@@ -199,6 +202,11 @@ class DoorProtocol(HttpToolsProtocol):
         if self.flow is None:  # refused in `connection_made`
             return
         super().connection_lost(exc)
+        # uvicorn tells only its latest request (`self.cycle`): a stream ahead of a pipelined
+        # request must learn that its client left too, or it relays its whole answer to nobody.
+        for writer in self._writers:
+            writer.client_gone()
+        self._writers = []
 
     def data_received(self, data: bytes) -> None:
         """Parse `data` (uvicorn), counting the bytes of a pending head; answer 431 over the cap."""

@@ -10,8 +10,9 @@ response's completion), and this writer frames each piece exactly as the cycle d
 (`RequestResponseCycle.send` in uvicorn's `httptools_impl`: `%x\r\n`, the piece, `\r\n`).
 
 It reaches into uvicorn's `RequestResponseCycle` (`response_started`, `response_complete`,
-`chunked_encoding`, `disconnected`, `transport`, `flow`): docs/architecture.md lists it with the
-other library seams, and tests/project/test_library_seams.py checks those attributes exist.
+`chunked_encoding`, `disconnected`, `message_event`, `transport`, `flow`): docs/architecture.md
+lists it with the other library seams, and tests/project/test_library_seams.py checks those
+attributes exist.
 """
 
 from __future__ import annotations
@@ -74,6 +75,19 @@ class BodyWriter:
     def done(self) -> bool:
         """The response completed or the client left: the writer is no longer used."""
         return bool(self._cycle.response_complete or self._cycle.disconnected)
+
+    def client_gone(self) -> None:
+        """The connection closed: the request's `receive` answers `http.disconnect` now.
+
+        uvicorn's `HttpToolsProtocol.connection_lost` tells only the connection's latest
+        request; a response still streaming ahead of a pipelined request would not learn that
+        its client left, and would relay its whole answer to nobody (the door calls this for
+        every request of the connection, `gateway.serve.door.DoorProtocol.connection_lost`).
+        """
+        cycle = self._cycle
+        if not cycle.response_complete:
+            cycle.disconnected = True
+        cycle.message_event.set()
 
     def flow_changed(self, paused: bool) -> None:
         """The connection paused (True) or resumed (False) writing: tell the listener."""

@@ -84,6 +84,7 @@ CYCLE_ATTRIBUTES = (
     "response_complete",
     "chunked_encoding",
     "disconnected",
+    "message_event",
     "transport",
     "flow",
     "scope",

@@ -221,6 +221,47 @@ async def test_a_long_read_is_decoded_a_slice_a_turn_with_reading_paused() -> No
 
 
 @pytest.mark.anyio
+async def test_a_body_ended_behind_the_slices_of_its_final_chunk_is_not_drained(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The final chunk and the body's end in one long read: nothing is left to drain, so the
+    # client must not wait for the drain's bound (made an hour here: a wait would fail below).
+    monkeypatch.setattr("gateway.relay.push.DRAIN_SECONDS", 3600.0)
+    p, source, _, lines, delivered = pump()
+    task = await started(p)
+    piece = (b"y" * 1000 + b"\n") * (3 * READ_SLICE // 1000)
+    p.body(piece + b"done\n")
+    p.end()
+    assert await asyncio.wait_for(task, 30) == "done"
+    assert texts(delivered)[-1] == "done"
+    assert lines.failures == []
+    assert source.sink is None
+
+
+@pytest.mark.anyio
+async def test_a_failure_behind_the_slices_of_a_long_read_comes_after_them() -> None:
+    # As on the pull path: what arrived before the failure is decoded first; a read that held
+    # the final chunk completes the answer, one that did not ends with one error chunk.
+    piece = (b"y" * 1000 + b"\n") * (3 * READ_SLICE // 1000)
+    p, _, _, lines, delivered = pump()
+    task = await started(p)
+    p.body(piece + b"done\n")
+    p.fail(ConnectionResetError())
+    assert await asyncio.wait_for(task, 30) == "done"
+    assert texts(delivered)[-1] == "done"
+    assert lines.failures == []
+
+    p, _, _, lines, delivered = pump()
+    task = await started(p)
+    p.body(piece)
+    p.fail(ConnectionResetError())
+    assert await asyncio.wait_for(task, 30) == "done"
+    assert texts(delivered)[-1] == "!failed: ConnectionResetError"
+    assert len(texts(delivered)) == piece.count(b"\n") + 1
+    assert lines.failures == [("ConnectionResetError", False)]
+
+
+@pytest.mark.anyio
 async def test_a_broken_stream_delivers_its_good_chunks_then_one_error() -> None:
     p, _, _, lines, delivered = pump()
     task = await started(p)

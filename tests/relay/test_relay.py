@@ -362,6 +362,34 @@ def test_client_leaving_mid_stream_closes_the_upstream_request(
     assert metric_value(metrics, "gateway_upstream_connections_in_use") == 0  # given back
 
 
+def test_client_leaving_with_a_request_pipelined_behind_its_stream_closes_the_upstream_request(
+    gateway: Gateway, emulator: Emulator
+):
+    """uvicorn tells only the connection's latest request that its client left: the stream
+    ahead of a pipelined request must learn it too (the door tells every request's cycle)."""
+    emulator.config.tokens = 2000
+    emulator.config.inter_token = 0.05  # 100 s of answer: only the client's leaving ends it
+    body = json.dumps({"model": "llama3.2", "prompt": "x"}).encode()
+    head = (
+        f"POST /api/generate HTTP/1.1\r\nHost: gateway\r\n"
+        f"Authorization: Bearer {gateway.key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    host, port = gateway.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as client:
+        client.sendall(head + body + head + body)  # the second waits behind the first's stream
+        received = b""
+        while b'"response"' not in received:
+            received += client.recv(65536)
+    [record, *_] = _generations(emulator)
+    assert record.wait_ended(10.0)
+    assert record.outcome == "client_disconnect"
+    assert _wait_in_flight_zero(gateway) == 0
+    metrics = gateway.metrics_text()
+    assert metric_value(metrics, "gateway_requests_total", outcome="client_disconnect") == 1
+    assert metric_value(metrics, "gateway_upstream_connections_in_use") == 0
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_client_leaving_before_the_first_byte_closes_the_upstream_request(
     gateway: Gateway, emulator: Emulator, stream
