@@ -268,12 +268,20 @@ class RelayResponse(Response):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             return
         if stopped and outcome is None:
+            # Recorded first: a client that reads nothing can hold the error chunk's write
+            # until the server cancels this task, and the request must still be counted.
+            await generation.finish(ending(outcome, shutdown=stopped))
             await self._end_with_error(send, "gateway is shutting down")
+            return
         await generation.finish(ending(outcome, shutdown=stopped))
 
     async def _end_with_error(self, send: Send, message: str) -> None:
-        """Send one final error chunk and end the body (reference section 4.3)."""
-        with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
+        """Send one final error chunk and end the body (reference section 4.3).
+
+        Shielded, but for at most `idle_timeout` seconds: a client that reads nothing must not
+        hold the task (and a shutdown) longer than any other write may.
+        """
+        with anyio.move_on_after(self.idle_timeout, shield=True), contextlib.suppress(OSError):
             line = self.codec.encode([Chunk.failure(message)])
             await send({"type": "http.response.body", "body": line, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
