@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -170,3 +171,45 @@ def test_a_second_signal_skips_the_drain_but_still_ends_streams_cleanly(
         _sigterm_and_exit(gateway, reader, after=0.5, signals=2)
     assert lines[-1] == {"error": "gateway is shutting down"}
     assert not any(line.get("done") for line in lines)
+
+
+def test_a_stream_whose_client_reads_nothing_is_still_recorded_at_shutdown(
+    emulator: Emulator, tmp_path: Path, serve_env: dict[str, str]
+):
+    # A fast, long answer to a client that reads only the head: the gateway's writes to it
+    # back up, so the shutdown's error line cannot be written. The request must be recorded
+    # anyway (its access line names its outcome) and the process must still exit.
+    emulator.config.ttft = 0.01
+    emulator.config.inter_token = 0.0
+    emulator.config.tokens = 2_000_000
+    env = {
+        **serve_env,
+        "GATEWAY_UPSTREAM_URL": emulator.url,
+        "GATEWAY_IDLE_TIMEOUT": "60",  # the client's stall alone must not end the stream
+        "GATEWAY_SHUTDOWN_DRAIN": "0.5",
+        "GATEWAY_SHUTDOWN_TIMEOUT": "1",
+    }
+    with gateway_process(tmp_path, env) as gateway:
+        key = str(create_key(gateway.extra_env, "k")["key"])
+        body = json.dumps({"model": MODEL, "prompt": "x"}).encode()
+        host, port = gateway.url.removeprefix("http://").split(":")
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.connect((host, int(port)))
+        try:
+            client.sendall(
+                b"POST /v1/generate HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                + f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            assert client.recv(12) == b"HTTP/1.1 200"
+            time.sleep(4)  # megabytes written and not read: the connection is backed up
+            assert gateway.process is not None
+            gateway.process.send_signal(signal.SIGTERM)
+            # uvicorn re-raises the signal it caught once it has shut down (exit by SIGTERM).
+            assert gateway.process.wait(30) in (0, -signal.SIGTERM)
+        finally:
+            client.close()
+        log = gateway.log_tail(200)
+    [access] = [x for x in log.splitlines() if "gateway.access" in x and "/v1/generate" in x]
+    assert json.loads(access[access.index("{") :])["outcome"] == "shutdown", log
