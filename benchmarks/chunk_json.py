@@ -31,29 +31,9 @@ from gateway.api.ollama import codec as ollama_codec
 from gateway.api.openai import codec as openai_codec
 from gateway.neutral import GenerationRequest
 from gateway.upstream.dialects import framing, ollama, openai
-from gateway.upstream.dialects.base import StreamBrokenError
+from gateway.upstream.dialects.json_codec import stdlib_decode_object
 from gateway.upstream.dialects.ollama import NdjsonDecoder
 from gateway.upstream.dialects.openai import SseDecoder
-
-_DECODER = json.JSONDecoder()
-
-
-def _json_decode_object(
-    line: bytes, what: str, decoder: json.JSONDecoder = _DECODER
-) -> dict[str, Any] | None:
-    """`decode_object` as it was before orjson (commit ce7af81)."""
-    try:
-        text = line.decode().strip()
-        if not text:
-            return None
-        data, end = decoder.raw_decode(text)
-    except (ValueError, RecursionError) as exc:
-        raise StreamBrokenError(f"upstream sent a malformed {what}") from exc
-    if end != len(text):
-        raise StreamBrokenError(f"upstream sent a malformed {what}")
-    if not isinstance(data, dict):
-        raise StreamBrokenError(f"upstream sent a non-object {what}")
-    return data
 
 
 def _json_encode(data: Any) -> bytes:
@@ -72,7 +52,7 @@ _CALLERS = (framing, ollama, openai, ollama_codec, openai_codec)
 def _stdlib_only() -> Iterator[None]:
     names = ("decode_object", "encode_json")
     saved = [(module, name, getattr(module, name, None)) for module in _CALLERS for name in names]
-    stdlib = {"decode_object": _json_decode_object, "encode_json": _json_encode}
+    stdlib = {"decode_object": stdlib_decode_object, "encode_json": _json_encode}
     try:
         for module, name, shipped in saved:
             if shipped is not None:
