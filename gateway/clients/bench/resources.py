@@ -210,6 +210,7 @@ class ResourceMonitor:
         self._gpu = GpuSampler(nvml) if gpu else None
         self._gateway = GatewayMetricsSampler(self._client, url) if through_gateway else None
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     def note(self, text: str) -> None:
         """Add a note once."""
@@ -244,7 +245,15 @@ class ResourceMonitor:
     async def _run(self) -> None:
         next_tick = self._clock() + self.interval
         while True:
-            await asyncio.sleep(max(0.0, next_tick - self._clock()))
+            # Wait for the tick or for stop(), never inside a sample: a sample cancelled half-way
+            # would lose the rows of samplers that had already moved their baseline (the
+            # gateway's counters are increases since the previous sample).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._stopping.wait(), timeout=max(0.0, next_tick - self._clock())
+                )
+            if self._stopping.is_set():
+                return
             try:
                 await self.sample()
             except Exception as exc:  # a sampler's bug must not end the monitoring
@@ -307,9 +316,8 @@ class ResourceMonitor:
         """
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            self._stopping.set()
+            await task  # ends after the sample in progress, if any (bounded by `timeout`)
             await self.sample()
         await self._client.aclose()
         if self._gpu is not None:

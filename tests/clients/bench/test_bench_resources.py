@@ -266,6 +266,31 @@ async def test_gateway_rows_report_gauges_and_increases() -> None:
     assert third["requests"] == 3  # after a reset the new total is the increase
 
 
+async def test_stop_during_a_sample_loses_no_increase() -> None:
+    """stop() lets the sample in progress finish: cancelling it after the gateway's counters were
+    read (the slow /api/ps still pending) lost that sample's increase (a CI failure, stop 37)."""
+    scrapes = {"n": 0}
+
+    async def metrics(request: Any) -> PlainTextResponse:
+        scrapes["n"] += 1  # one more request per scrape
+        return PlainTextResponse(
+            f'gateway_requests_total{{route="/api/generate"}} {scrapes["n"]}\n'
+        )
+
+    async def ps(request: Any) -> PlainTextResponse:
+        await asyncio.sleep(0.3)
+        return PlainTextResponse('{"models": []}', media_type="application/json")
+
+    app = Starlette(routes=[Route("/metrics", metrics), Route("/api/ps", ps)])
+    with LoopbackServer(app) as server:
+        monitor = ResourceMonitor(server.url, through_gateway=True, gpu=False, interval=0.05)
+        await monitor.start()
+        await asyncio.sleep(0.15)  # the second sample has read /metrics and waits on /api/ps
+        rows = await monitor.stop()
+    assert scrapes["n"] >= 3
+    assert [row["requests"] for row in rows][1:] == [1] * (scrapes["n"] - 1)
+
+
 @pytest.fixture
 def one_slot_gateway(make_gateway: Any) -> Any:
     """A gateway letting one request at a time reach the upstream (the rest queue)."""
