@@ -56,9 +56,9 @@ from gateway.relay.push import (
     DRAIN_LIMIT,
     DRAIN_SECONDS,
     READ_SLICE,
-    Divertible,
     Pump,
     Writer,
+    is_divertible,
 )
 from gateway.relay.retry import retryable, with_retries
 from gateway.settings import Settings
@@ -348,7 +348,7 @@ class Exchange:
         left to decode.
         """
         return (
-            isinstance(self._reads, Divertible)
+            is_divertible(self._reads)
             and self._rest is None
             and self._broken is None
             and self._decoder is not None
@@ -367,7 +367,7 @@ class Exchange:
             ClientStalledError: the client read nothing for `client_idle` seconds.
         """
         assert self._first is not None  # noqa: S101 - open() succeeded
-        assert isinstance(self._reads, Divertible)  # noqa: S101 - divertible()
+        assert is_divertible(self._reads)  # noqa: S101 - divertible()
         deliver(self._first)
         if self._finished_by(self._first[-1]):
             await self._drain()

@@ -16,7 +16,15 @@ import httpx
 import pytest
 
 from gateway.neutral import Chunk
-from gateway.relay.push import DRAIN_LIMIT, READ_SLICE, BodySink, ClientStalledError, Pump
+from gateway.relay.push import (
+    DRAIN_LIMIT,
+    READ_SLICE,
+    BodySink,
+    ClientStalledError,
+    Divertible,
+    Pump,
+    is_divertible,
+)
 from gateway.upstream.dialects.base import StreamBrokenError
 from tests.support.client import MODEL
 from tests.support.stack import Gateway
@@ -122,6 +130,19 @@ async def started(p: Pump) -> asyncio.Task[str]:
     task = asyncio.ensure_future(p.wait())
     await asyncio.sleep(0)  # the pump diverts the source
     return task
+
+
+def test_is_divertible_answers_as_isinstance_and_per_class() -> None:
+    async def reads():  # type: ignore[no-untyped-def]
+        yield b""
+
+    class Half:  # divert, but no flow control: not a Divertible
+        def divert(self, sink: object) -> None: ...
+
+    for source in (Source(), reads(), Half(), b"", None, Source()):
+        assert is_divertible(source) is isinstance(source, Divertible)
+    assert is_divertible(Source())
+    assert not is_divertible(reads())
 
 
 @pytest.mark.anyio
