@@ -282,6 +282,26 @@ class Connection(asyncio.Protocol):
         return True
 
 
+async def acquire_within(leases: anyio.Semaphore, pool_timeout: float | None) -> None:
+    """Take one of a pool's `leases`, waiting at most `pool_timeout` seconds (None: no limit).
+
+    Both upstream transports bound their connections this way (`ConnectionPool.lease`, and
+    `gateway.upstream.transport.AiohttpTransport`), with httpx's error for a pool that stays full.
+
+    Raises:
+        httpx.PoolTimeout: none was free in time.
+    """
+    try:
+        leases.acquire_nowait()  # no checkpoint (an event-loop turn) when one is free
+    except anyio.WouldBlock:
+        try:
+            with anyio.fail_after(pool_timeout):
+                await leases.acquire()
+        except TimeoutError as exc:
+            message = "no free upstream connection within the pool timeout"
+            raise httpx.PoolTimeout(message) from exc
+
+
 class ConnectionPool:
     """Keep-alive `Connection`s to upstream origins, and the leases that bound them.
 
@@ -309,15 +329,7 @@ class ConnectionPool:
             httpx.PoolTimeout: none was free in time.
         """
         if self._leases is not None:
-            try:
-                self._leases.acquire_nowait()  # no checkpoint (an event-loop turn) when free
-            except anyio.WouldBlock:
-                try:
-                    with anyio.fail_after(pool_timeout):
-                        await self._leases.acquire()
-                except TimeoutError as exc:
-                    message = "no free upstream connection within the pool timeout"
-                    raise httpx.PoolTimeout(message) from exc
+            await acquire_within(self._leases, pool_timeout)
         self._in_use.inc()
 
     def end_lease(self) -> None:

@@ -49,6 +49,8 @@ import anyio
 import httpx
 from aiohttp.client_proto import ResponseHandler
 
+from gateway.upstream.http1 import acquire_within
+
 #: Request headers aiohttp must not add on its own; httpx already set what is wanted.
 _SKIP_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 
@@ -142,12 +144,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
     async def _take_slot(self, pool_timeout: float | None) -> _Slot:
         if self._slots is not None:
-            try:
-                with anyio.fail_after(pool_timeout):
-                    await self._slots.acquire()
-            except TimeoutError as exc:
-                message = "no free upstream connection within the pool timeout"
-                raise httpx.PoolTimeout(message) from exc
+            await acquire_within(self._slots, pool_timeout)
         self._in_use.inc()
         return _Slot(self._slots, self._in_use)
 
