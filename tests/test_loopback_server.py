@@ -26,7 +26,9 @@ def _refuses(port: int) -> bool:
     with socket.socket() as sock:
         try:
             sock.connect(("127.0.0.1", port))
-        except ConnectionRefusedError:
+        except (ConnectionRefusedError, ConnectionResetError):
+            # Reset: the connection reached the listener's backlog as the listener closed (seen
+            # in a fast-tier run); either way the listener is gone.
             return True
     return False
 
