@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
+import pytest
 from starlette.applications import Starlette
 
 from gateway.testing.emulator.app import create_emulator_app
@@ -33,6 +34,7 @@ def _refuses(port: int) -> bool:
     return False
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_stream_in_flight_when_the_server_stops_is_answered_whole() -> None:
     tokens = 10
     server = LoopbackServer(create_emulator_app(fast_config(tokens=tokens, inter_token=0.05)))

@@ -150,7 +150,7 @@ def test_a_429_exposes_every_limit_header_it_carries(make_gateway: Callable[...,
     assert refused.headers["access-control-allow-origin"] == APP
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_stream_to_a_listed_origin_is_still_relayed_as_it_comes(
     make_gateway: Callable[..., Gateway], emulator: Emulator
 ):

@@ -81,6 +81,7 @@ def _generate(gw: Gateway, **body: Any) -> httpx.Response:
     return httpx.post(f"{gw.url}/v1/generate", json=payload, headers=gw.headers(), timeout=10)
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize(
     ("tags", "ps"),
     [
@@ -115,6 +116,7 @@ class ListingOnly(OpenAILookalike):
         return Response(status_code=404)
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize(
     "models",
     [
@@ -165,6 +167,7 @@ class ToolCaller(OpenAILookalike):
         return Response(sse(*events), media_type="text/event-stream")
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("stream", [False, True])
 def test_deeply_nested_tool_arguments_from_an_upstream_are_relayed_as_text(
     make_gateway: Callable[..., Gateway], caplog: pytest.LogCaptureFixture, stream: bool
@@ -350,6 +353,7 @@ def test_client_leaving_while_sending_its_body_is_not_a_500(gateway: Gateway):
     assert metric_value(text, "gateway_requests_total", status_class="5xx") == 0
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_an_upstream_that_never_answers_its_health_probe_is_unready_in_bounded_time(
     make_gateway: Callable[..., Gateway],
 ):
@@ -369,7 +373,7 @@ def test_an_upstream_that_never_answers_its_health_probe_is_unready_in_bounded_t
         silent.close()
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_an_upstream_that_trickles_its_probe_answer_cannot_hold_probes_or_connections(
     make_gateway: Callable[..., Gateway],
 ):
@@ -428,7 +432,7 @@ def test_a_compressed_answer_is_refused_not_inflated(weird_gateway, stream):
     assert response.json() == {"error": "upstream sent a compressed answer (gzip)"}
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_an_upstream_lingering_after_done_does_not_hold_the_answer(weird_gateway):
     upstream, gw = weird_gateway
     upstream.linger = 8.0  # with the default 60 s idle timeout the answer used to wait it out

@@ -226,6 +226,7 @@ def test_openai_upstream_answers_from_the_catalogue_and_gets_no_api_call(
 # --- model management -----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize(("method", "path"), MANAGEMENT)
 def test_management_is_refused_to_an_ordinary_key(gateway: Gateway, emulator, method, path):
     response = _call(gateway, method, path, json={"model": "llama3.2"})
@@ -235,7 +236,7 @@ def test_management_is_refused_to_an_ordinary_key(gateway: Gateway, emulator, me
     assert not _sent(emulator, method, path)
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_pull_streams_the_upstream_progress_as_it_comes(gateway: Gateway, emulator, admin):
     emulator.config.inter_token = 0.2
     arrivals: list[tuple[float, dict[str, object]]] = []
@@ -294,6 +295,7 @@ def test_client_leaving_mid_pull_closes_the_upstream_request(gateway: Gateway, e
     assert metric_value(text, "gateway_upstream_connections_in_use") == 0
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_client_leaving_a_silent_pull_closes_the_upstream_request(gateway, emulator, admin):
     emulator.config.inter_token = 0.5  # stream:false: nothing is sent until the pull is done
     with pytest.raises(httpx.ReadTimeout):
@@ -423,6 +425,7 @@ def test_copy_delete_and_create_are_relayed(gateway: Gateway, emulator: Emulator
     assert "tuned:latest" in emulator.config.models
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("http_client", ["aiohttp", "httptools", "httpx"])
 def test_blob_upload_streams_past_the_json_size_limit(make_gateway, emulator, http_client):
     gw = make_gateway(max_body_bytes=1024, upstream_http_client=http_client)
@@ -453,6 +456,7 @@ def test_blob_upload_streams_past_the_json_size_limit(make_gateway, emulator, ht
     assert metric_value(text, "gateway_requests_total", route=route, status_class="2xx") == 2
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_several_upstreams_need_a_selector_for_transfers(make_gateway, emulator, second):
     gw = make_gateway(upstreams=[{"url": emulator.url}, {"url": second.url}])
     admin = gw.create_key("admin", manage_models=True)[1]
@@ -575,6 +579,7 @@ def endless() -> Iterator[tuple[EndlessShow, str]]:
     yield from served(EndlessShow())
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_an_endless_upstream_answer_is_cut_at_the_limit_not_held(make_gateway, endless):
     """A hostile upstream's over-long /api/show (or copy) answer is refused at 32 MiB, 502."""
     _, url = endless
@@ -615,7 +620,7 @@ def test_show_counts_against_the_keys_rpm(make_gateway, emulator: Emulator):
         ("HEAD", f"/api/blobs/sha256:{'0' * 64}", None, "/api/blobs/sha256:" + "0" * 64),
     ],
 )
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_model_lists_and_management_count_against_the_keys_rpm(
     make_gateway, emulator: Emulator, method: str, path: str, body, upstream_path
 ):

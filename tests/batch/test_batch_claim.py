@@ -70,6 +70,7 @@ async def engine(database: Database) -> AsyncIterator[AsyncEngine]:
         await engine.dispose()
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_keys_take_turns_and_a_key_runs_its_oldest_batch_by_model_then_line(
     engine: AsyncEngine,
 ) -> None:
@@ -121,6 +122,7 @@ async def _claim_steps(tmp_path_factory: pytest.TempPathFactory, lines: int) -> 
         await engine.dispose()
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_a_claim_reads_a_bounded_number_of_lines_however_long_the_queue(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:

@@ -46,6 +46,7 @@ def _submit(gw: Gateway, path: Path, *extra: str) -> int:
     return main(["batch", "submit", str(path), "--url", gw.url, *endpoint, *extra])
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_submit_wait_completes_and_download_writes_every_custom_id(
     gw: Gateway, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -89,7 +89,7 @@ def _assert_full_text(output: list[dict]) -> None:
 @pytest.mark.parametrize(
     ("fault", "status"), [("busy", 503), ("status_before", 429)], ids=["busy", "429"]
 )
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_transient_faults_are_retried_until_every_line_succeeds(
     make_gateway: Callable[..., Gateway],
     emulator: Emulator,
@@ -121,6 +121,7 @@ def test_transient_faults_are_retried_until_every_line_succeeds(
     assert metric_value(metrics, "gateway_batch_lines_total", outcome="failed") == 0
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_persistent_500_fails_every_line_once_after_max_attempts(
     make_gateway: Callable[..., Gateway],
     emulator: Emulator,
@@ -161,7 +162,7 @@ def test_a_persistent_500_fails_every_line_once_after_max_attempts(
     assert metric_value(metrics, "gateway_batch_lines_total", outcome="retried") == 4
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_hung_upstream_times_out_and_the_lines_succeed_on_retry(
     make_gateway: Callable[..., Gateway],
     emulator: Emulator,
@@ -185,7 +186,7 @@ def test_a_hung_upstream_times_out_and_the_lines_succeed_on_retry(
     assert metric_value(gw.metrics_text(), "gateway_batch_lines_total", outcome="retried") > 0
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_dropped_stream_is_retried_and_the_output_is_whole(
     make_gateway: Callable[..., Gateway],
     emulator: Emulator,
@@ -209,7 +210,7 @@ def test_a_dropped_stream_is_retried_and_the_output_is_whole(
     assert metric_value(gw.metrics_text(), "gateway_batch_lines_total", outcome="retried") > 0
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_cancel_keeps_finished_lines_and_marks_the_rest_cancelled(
     make_gateway: Callable[..., Gateway],
     emulator: Emulator,
@@ -241,7 +242,7 @@ def test_cancel_keeps_finished_lines_and_marks_the_rest_cancelled(
     assert finished == {f"c-{i}" for i in range(len(output))}  # lines run in order
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_batch_past_its_window_expires_with_its_finished_lines(
     make_gateway: Callable[..., Gateway],
     emulator: Emulator,
@@ -370,6 +371,7 @@ def test_an_interactive_request_preempts_a_running_batch_line(
     assert metric_value(metrics, "gateway_batch_lines_total", outcome="failed") == 0
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_key_held_back_by_its_own_rpm_does_not_hold_back_another_keys_batch(
     make_gateway: Callable[..., Gateway], emulator: Emulator, sdk
 ) -> None:
@@ -399,6 +401,7 @@ def test_a_key_held_back_by_its_own_rpm_does_not_hold_back_another_keys_batch(
         slow.batches.cancel(hog)
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_line_that_can_never_pass_the_keys_tpm_fails_at_once(
     make_gateway: Callable[..., Gateway], emulator: Emulator
 ) -> None:

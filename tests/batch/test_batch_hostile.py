@@ -55,7 +55,7 @@ def _create(gw: Gateway, file_id: str, **extra: object) -> httpx.Response:
         "/v1/files/..%2f..%2fetc%2fpasswd",
     ],
 )
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_malformed_id_is_a_404(gw: Gateway, path: str) -> None:
     response = httpx.get(f"{gw.url}{path}", headers=gw.headers())
     assert response.status_code == 404, response.text
@@ -69,6 +69,7 @@ def test_a_malformed_cursor_is_a_400(gw: Gateway, listing: str) -> None:
     assert "after" in response.json()["error"]["message"]
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_nul_in_lines_metadata_and_file_name_is_refused_or_dropped(gw: Gateway) -> None:
     body = {"model": "llama3.2\x00x", "messages": [{"role": "user", "content": "hi"}]}
     lines = [batch_line("a\x00b", json.loads(chat_line("x"))["body"]), batch_line("ok", body)]
@@ -120,6 +121,7 @@ def test_the_cli_escapes_what_the_server_sends_and_checks_ids(
     assert "not a batch id" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_per_key_quotas_on_stored_bytes_and_queued_lines(
     make_gateway: Callable[..., Gateway],
 ) -> None:

@@ -38,7 +38,7 @@ def client(gw: Gateway) -> Iterator[openai.OpenAI]:
         yield sdk
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_batch_runs_to_completion_and_its_output_is_in_openai_shape(
     client: openai.OpenAI, gw: Gateway
 ) -> None:
@@ -99,6 +99,7 @@ def test_validation_fails_the_batch_with_line_numbers(client: openai.OpenAI) -> 
     assert any(line == 6 for line, _ in found)
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_another_key_sees_404_for_files_and_batches(client: openai.OpenAI, gw: Gateway) -> None:
     file_id = upload_lines(client, [chat_line("x")])
     batch = client.batches.create(
@@ -140,6 +141,7 @@ def test_a_disallowed_model_fails_validation(gw: Gateway) -> None:
     assert batch.errors.data[0].line == 1
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_lists_page_newest_first_and_a_foreign_or_deleted_cursor_is_refused(
     client: openai.OpenAI, gw: Gateway
 ) -> None:

@@ -80,6 +80,7 @@ def test_a_key_file_others_can_read_is_read_with_a_warning(tmp_path: Path, capsy
     assert "readable by others" in err
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("command", [["batch", "list"], ["bench", "run", "--model", "m"]])
 def test_no_client_command_takes_a_prefix_of_key_file(command: list[str], capsys) -> None:
     with pytest.raises(SystemExit):

@@ -122,6 +122,7 @@ async def together(count: int, send: Any) -> list[Timed]:
 # --- slots and queue ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_parallel_runs_n_at_once_and_queues_the_rest_fifo(client, state):
     # service time S = ttft + tokens * inter_token = 0.2 + 4 * 0.05 = 0.4 s
     state.config = EmulatorConfig(parallel=2, ttft=0.2, inter_token=0.05, tokens=4)
@@ -156,7 +157,7 @@ async def test_slots_are_per_model(client, state):
     assert all(0.19 <= run.ttft <= 0.35 for run in runs)
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_a_full_queue_answers_503_busy_at_once_on_both_faces(client, state):
     state.config = EmulatorConfig(parallel=1, max_queue=1, ttft=0.3, inter_token=0.05, tokens=6)
     async with anyio.create_task_group() as group:
@@ -174,6 +175,7 @@ async def test_a_full_queue_answers_503_busy_at_once_on_both_faces(client, state
     assert after.status_code == 200  # the queue drained
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_a_client_leaving_the_queue_frees_its_place(client, state):
     state.config = EmulatorConfig(parallel=1, max_queue=1, ttft=0.2, inter_token=0.05, tokens=4)
     async with anyio.create_task_group() as group:
@@ -190,7 +192,7 @@ async def test_a_client_leaving_the_queue_frees_its_place(client, state):
 # --- the decode rate grows with the batch ----------------------------------------------------
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_per_token_time_grows_with_the_batch_within_3_percent(client, state):
     inter_token, k, tokens = 0.04, 0.5, 20
     state.config = EmulatorConfig(
@@ -210,7 +212,7 @@ async def test_per_token_time_grows_with_the_batch_within_3_percent(client, stat
             assert final["eval_duration"] / 1e9 == pytest.approx(spent, abs=0.02)
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_a_change_of_batch_takes_effect_at_the_next_token(client, state):
     state.config = EmulatorConfig(ttft=0.05, inter_token=0.04, batch_slowdown=1.0, tokens=30)
     async with anyio.create_task_group() as group:
@@ -235,7 +237,7 @@ async def test_a_change_of_batch_takes_effect_at_the_next_token(client, state):
 # --- cold load ------------------------------------------------------------------------------
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_a_cold_load_is_paid_once_and_again_after_an_unload(client, state):
     state.config = EmulatorConfig(cold_load=0.4, ttft=0.1, inter_token=0.02, tokens=3)
     assert (await client.get("/api/ps")).json() == {"models": []}
@@ -271,7 +273,7 @@ async def test_a_cold_load_is_paid_once_and_again_after_an_unload(client, state)
 # --- the OpenAI face ------------------------------------------------------------------------
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_openai_face_queues_and_reports_llamacpp_timings(client, state):
     state.config = EmulatorConfig(
         parallel=1, ttft=0.1, inter_token=0.05, tokens=10, llamacpp_timings=True

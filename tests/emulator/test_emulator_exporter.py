@@ -40,7 +40,7 @@ def test_an_idle_gpu_server_reports_zeros_for_each_installed_model(gpu):
         assert f'vllm:{family}{{model_name="qwen2.5:7b"}}' in text
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_the_queue_the_batch_and_the_cache_fill_show(gpu):
     prompt = "words " * 400  # ~600 tokens: whole blocks held after the answer
     body = {"model": "llama3.2", "prompt": prompt, "stream": False, "options": {"num_predict": 1}}

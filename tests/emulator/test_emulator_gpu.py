@@ -226,6 +226,7 @@ async def test_a_full_memory_evicts_the_least_recently_used_model(served, client
     assert kinds.count("load") == 2
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.anyio
 async def test_an_idle_model_unloads_when_its_keep_alive_ends(served, client):
     configure(served, gpu(keep_alive=0.3))
@@ -282,6 +283,7 @@ async def test_a_repeated_prefix_is_prefilled_faster_and_counted(served, client)
     assert reset["loaded"] == ["a:latest"]  # the preload again
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.anyio
 async def test_a_shared_prefill_rate_makes_prompts_prefilled_together_take_longer(served, client):
     configure(served, gpu(preload=["a", "b"], prefill_rate=4_000.0, prefill_shared=True))

@@ -364,6 +364,7 @@ def test_bad_expires_in_is_a_usage_error(
     assert "--expires-in" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("duration", ["90s", "15m", "12h", "30d", "2w"])
 def test_documented_durations_are_accepted(
     database_url: str, capsys: pytest.CaptureFixture[str], duration: str

@@ -110,7 +110,7 @@ async def _seed(store: KeyStore) -> list[str]:
     return [row["id"] for row in rows]
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.anyio
 async def test_pages_over_ten_thousand_keys_hold_the_right_keys(store: KeyStore) -> None:
     ids = await _seed(store)

@@ -81,6 +81,7 @@ def _assert_limited(response: httpx.Response, path: str) -> None:
     assert message.startswith("too many failed authentications from this address")
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_failures_from_one_address_get_429_while_another_and_every_valid_key_are_served(
     make_gateway, clients, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -229,7 +230,7 @@ def _head_only(
             return b"no answer: the gateway waited for the body"
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_admin_requests_are_refused_before_their_body_is_read(make_gateway) -> None:
     off = make_gateway()
     on = make_gateway(admin_jwt_secret=SECRET)

@@ -72,7 +72,7 @@ async def test_leases_are_shared_between_processes_and_released(redis_prefix: st
         assert await b.acquire("k", 2) is not None
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_a_dead_processs_leases_lapse_and_free_the_keys_slots(redis_prefix: str) -> None:
     async with leased(redis_prefix, 3) as dead, leased(redis_prefix, 3) as live:
         assert await dead.acquire("k", 1) is not None
@@ -82,7 +82,7 @@ async def test_a_dead_processs_leases_lapse_and_free_the_keys_slots(redis_prefix
         assert waited > 1  # a lapse, not an early admission (the lease ran for 3 s)
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_a_live_process_renews_its_leases_past_many_lease_times(redis_prefix: str) -> None:
     async with leased(redis_prefix, 1.5) as holder, leased(redis_prefix, 1.5) as other:
         assert await holder.acquire("k", 1) is not None
@@ -106,7 +106,7 @@ async def test_a_renewal_never_brings_back_a_released_lease(redis_prefix: str) -
     client.close()
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_an_acquire_whose_answer_was_lost_lapses(redis_prefix: str) -> None:
     """The script ran in Redis but nobody knows the ticket to renew (nor to sweep: a process
     that died): it lapses within a lease."""

@@ -55,6 +55,7 @@ def _redis_up() -> bool:
         return False
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_rpm_refuses_the_excess_with_429_and_no_upstream_call(make_gateway, emulator: Emulator):
     """F-26: rpm 2, 5 requests: 2 x 200, 3 x 429, exactly 2 upstream calls."""
     gw = make_gateway(default_rpm=2)
@@ -90,6 +91,7 @@ def test_limited_responses_carry_ratelimit_headers(make_gateway, emulator: Emula
         streamed.read()
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_stream_under_a_limit_completes_then_the_next_gets_429(make_gateway, emulator: Emulator):
     """F-09: limiting never breaks a stream that was admitted."""
     gw = make_gateway(default_rpm=1)
@@ -104,6 +106,7 @@ def test_a_stream_under_a_limit_completes_then_the_next_gets_429(make_gateway, e
     assert _post(gw).status_code == 429
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_each_key_is_limited_on_its_own_and_spoofed_addresses_do_not_help(
     make_gateway, emulator: Emulator
 ):
@@ -121,6 +124,7 @@ def test_each_key_is_limited_on_its_own_and_spoofed_addresses_do_not_help(
     assert [_post(gw, other).status_code for _ in range(3)] == [200, 200, 429]
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_key_own_limit_overrides_the_default(make_gateway, emulator: Emulator):
     gw = make_gateway(default_rpm=1)
     emulator.config.ttft = emulator.config.inter_token = 0.001
@@ -130,6 +134,7 @@ def test_key_own_limit_overrides_the_default(make_gateway, emulator: Emulator):
     assert {_post(gw, unlimited).status_code for _ in range(5)} == {200}
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_tpm_charges_what_a_stream_used_and_refuses_the_next(make_gateway, emulator: Emulator):
     """F-24: tpm 100; an answer the model would make 150 tokens long is served, bounded by
     what one window holds (100 less the 1-token prompt: the gateway sends `num_predict` 99
@@ -169,7 +174,7 @@ def test_tpm_counts_non_streamed_and_cut_streams(make_gateway, emulator: Emulato
     assert int(_post(gw).headers["x-ratelimit-tokens-remaining"]) == 1000 - 50 - 50 - 7
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_max_concurrent_caps_requests_in_flight_per_key(make_gateway, emulator: Emulator):
     gw = make_gateway(default_max_concurrent=1)
     emulator.config.tokens = 10
@@ -192,7 +197,7 @@ def _wait_metric(gw, name: str, value: float, within: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_upstream_gate_queues_then_refuses_when_full_or_too_slow(make_gateway, emulator: Emulator):
     gw = make_gateway(upstream_max_concurrent=1, upstream_queue_size=1, upstream_queue_timeout=3)
     emulator.config.tokens = 40
@@ -216,7 +221,7 @@ def test_upstream_gate_queues_then_refuses_when_full_or_too_slow(make_gateway, e
     assert metric_value(text, "gateway_upstream_queue_length") == 0
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_queued_request_gets_the_slot_when_it_frees(make_gateway, emulator: Emulator):
     gw = make_gateway(upstream_max_concurrent=1, upstream_queue_size=4, upstream_queue_timeout=10)
     emulator.config.tokens = 5
@@ -354,6 +359,7 @@ class _SilentServer:
             conn.close()
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("failure", ["down", "hanging"])
 def test_limiter_storage_failure_fails_open_by_default(make_gateway, emulator: Emulator, failure):
     """F-25: no 500s, the policy is followed, /healthz stays up, the loop is never blocked."""
@@ -560,7 +566,7 @@ def _served_again_soon(gw: Gateway) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_request_admitted_during_a_redis_stall_leaves_no_slot_behind(
     make_gateway, emulator: Emulator, redis_prefix: str
 ):
@@ -586,7 +592,7 @@ def test_a_request_admitted_during_a_redis_stall_leaves_no_slot_behind(
         assert slow.result().status_code == 200
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_release_lost_to_a_cut_connection_is_retried_once_redis_answers(
     make_gateway, emulator: Emulator, redis_prefix: str
 ):

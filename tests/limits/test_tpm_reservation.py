@@ -90,7 +90,7 @@ def _assert_bounded(emulator: Emulator, responses: list[httpx.Response], tpm: in
     assert int(refused.headers["retry-after"]) >= 1
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_parallel_requests_share_the_tpm_window_instead_of_overshooting(
     make_gateway, emulator: Emulator
 ):
@@ -101,7 +101,7 @@ def test_parallel_requests_share_the_tpm_window_instead_of_overshooting(
     _assert_bounded(emulator, _burst([gw], gw.key, 50, num_predict=10), tpm=50)
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.skipif(not _redis_up(), reason="Redis is not running on 127.0.0.1:6379")
 def test_two_gateways_on_one_redis_share_the_reservations(make_gateway, emulator: Emulator):
     """The same burst spread over two gateways sharing one Redis and one key store."""
@@ -118,7 +118,7 @@ def test_two_gateways_on_one_redis_share_the_reservations(make_gateway, emulator
     _assert_bounded(emulator, _burst([a, b], a.key, 50, num_predict=10), tpm=50)
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_reservation_holds_while_running_and_is_refunded_when_it_ends(
     make_gateway, emulator: Emulator
 ):
@@ -188,7 +188,7 @@ def test_a_bound_above_the_whole_tpm_is_served_with_the_bound_a_window_holds(
         assert 40 <= bound < 50, upstream_body  # 50 less the prompt's few tokens
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("dialect", ["ollama", "openai"])
 def test_fifty_agents_declaring_32000_share_the_window_and_spend_at_most_twice_the_tpm(
     make_gateway, emulator: Emulator, dialect: str
@@ -243,6 +243,7 @@ def _abandon_body(gw: Gateway) -> None:
         )
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_rpm_is_spent_before_the_body_and_refusals_after_it_leak_no_slot(
     make_gateway, emulator: Emulator
 ):
@@ -484,7 +485,7 @@ def _tool(description: str, parameters: dict[str, Any] | None = None) -> dict[st
         "openai-new-field",
     ],
 )
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_every_field_the_model_prefills_counts_in_the_prompt_bound(
     make_gateway, emulator: Emulator, path: str, body: dict[str, Any], openai_shaped: bool
 ):
@@ -512,6 +513,7 @@ def test_concurrent_huge_tool_lists_are_all_refused(make_gateway, emulator: Emul
     assert _generations(emulator) == []
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_concurrent_tool_lists_share_the_window(make_gateway, emulator: Emulator):
     """TPM 1,000; 10 concurrent chats each carrying ~600 tokens of tools and `num_predict`
     10: each reserves ~620 tokens, so at most one is admitted (before: ~11 each, all 10)."""
@@ -664,7 +666,7 @@ def _usage_input_tokens(gw: Gateway) -> int:
     "how",
     ["stream-ollama", "stream-openai", "before-first-byte", "non-streamed-mid-answer"],
 )
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_client_that_hangs_up_is_charged_the_prompt_the_upstream_took(
     make_gateway, emulator: Emulator, how: str
 ):
@@ -696,7 +698,7 @@ def test_a_client_that_hangs_up_is_charged_the_prompt_the_upstream_took(
     assert _usage_input_tokens(gw) >= 1000
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_client_that_leaves_before_its_request_is_sent_is_charged_nothing(
     make_gateway, emulator: Emulator
 ):

@@ -81,6 +81,7 @@ def _exported(gw: Gateway, wait_for_outcome: str | None = None) -> dict[str, flo
     }
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("dialect", ["ollama", "openai"])
 def test_streamed_ttft_and_decode_rate_match_the_truth(make_gateway, emulator: Emulator, dialect):
     gw = make_gateway(upstream_dialect=dialect)
@@ -99,7 +100,7 @@ def test_streamed_ttft_and_decode_rate_match_the_truth(make_gateway, emulator: E
     assert exported["prefill_count"] == (1 if dialect == "ollama" else 0)
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("dialect", ["ollama", "openai"])
 def test_non_streamed_ttft_is_the_first_token_at_the_gateway(
     make_gateway, emulator: Emulator, dialect
@@ -117,6 +118,7 @@ def test_non_streamed_ttft_is_the_first_token_at_the_gateway(
     assert exported["rate"] == pytest.approx(1 / INTER_TOKEN, rel=0.15)
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_empty_first_chunk_does_not_start_the_ttft_clock_early(
     gateway: Gateway, emulator: Emulator
 ):
@@ -128,7 +130,7 @@ def test_empty_first_chunk_does_not_start_the_ttft_clock_early(
     assert_ttft(exported["ttft"], client["ttft"], None)
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_thinking_counts_as_the_first_token(gateway: Gateway, emulator: Emulator):
     """F-16 (c): documented choice: a thinking token is a generated token (docs/metrics.md)."""
     _warm_up(gateway, emulator)
@@ -140,6 +142,7 @@ def test_thinking_counts_as_the_first_token(gateway: Gateway, emulator: Emulator
     assert exported["tokens_out"] == TOKENS + 5
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("dialect", ["ollama", "openai"])
 def test_client_leaving_halfway_still_records_what_was_observed(
     make_gateway, emulator: Emulator, dialect
@@ -154,6 +157,7 @@ def test_client_leaving_halfway_still_records_what_was_observed(
     assert 10 <= exported["tokens_out"] <= 20
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_cut_openai_stream_counts_the_relayed_tokens(make_gateway, emulator: Emulator):
     """F-17: no usage arrives when the stream is cut; the relayed chunks are counted."""
     gw = make_gateway(upstream_dialect="openai")

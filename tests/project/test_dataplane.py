@@ -62,7 +62,7 @@ def _texts(lines: list[bytes]) -> list[str]:
     return [json.loads(line).get("response", "") for line in lines]
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("variant", ["floor", "uvicorn-raw", "protocols"])
 def test_each_relay_hands_over_the_emulators_answer_line_for_line(
     variant: str, emulator: Emulator, tmp_path: Path
@@ -77,7 +77,7 @@ def test_each_relay_hands_over_the_emulators_answer_line_for_line(
     assert json.loads(relayed[-1])["done"] is True
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_the_translating_relay_writes_one_sse_event_per_line_then_done(
     emulator: Emulator, tmp_path: Path
 ) -> None:

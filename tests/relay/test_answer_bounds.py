@@ -253,6 +253,7 @@ def test_embeddings_too_large_for_their_many_inputs_are_the_requests_fault(
     assert metric_value(metrics, "gateway_upstream_failovers_total") == 0
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_an_openai_upstreams_answer_too_large_for_many_inputs_is_the_requests_fault(
     make_gateway, openai_upstream
 ):
@@ -278,6 +279,7 @@ def test_an_over_long_answer_to_a_small_request_is_still_the_upstreams_fault(
     assert _circuit(gw, url) == 2
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_non_streamed_answer_over_the_cap_is_the_requests_fault(make_gateway, upstream):
     lookalike, url = upstream
     gw = _gateway(make_gateway, url, **OPEN_AT_ONE)
@@ -301,7 +303,7 @@ def test_a_non_streamed_answer_over_the_cap_is_the_requests_fault(make_gateway, 
     assert len(lines) == 35
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_batch_lines_too_large_for_their_inputs_fail_at_once_and_leave_the_circuit_closed(
     make_gateway, upstream
 ):
@@ -441,6 +443,7 @@ def test_a_json_list_is_spliced_where_its_placeholder_is():
     assert JsonList().splice(b'{"a":1}') == b'{"a":1}'
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_batch_line_that_outruns_its_own_deadline_is_not_retried(make_gateway, emulator):
     # Tokens flow, but the answer is longer than GATEWAY_REQUEST_TIMEOUT: the same line runs
     # out of it on every try, so each try would only cost another generation.

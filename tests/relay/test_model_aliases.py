@@ -83,6 +83,7 @@ def test_the_allow_list_is_checked_on_the_target(
     assert _sent_models(emulator) == [TARGET]
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_batch_line_is_checked_and_runs_as_the_target(make_gateway, emulator: Emulator) -> None:
     """Checked at upload and run as the target, like an interactive request."""
     gw = make_gateway(model_aliases=ALIASES, **FAST)

@@ -49,7 +49,7 @@ def test_generate_streams_ollama_ndjson_with_final_metrics(gateway: Gateway, emu
     assert "".join(line["response"] for line in lines[:-1]).strip()
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_stream_is_relayed_as_each_line_arrives(gateway: Gateway, emulator: Emulator):
     """F-01: 20 tokens 250 ms apart reach the client spread out, the first within ~300 ms."""
     emulator.config.tokens = 20
@@ -86,7 +86,7 @@ def test_non_streaming_generate_returns_one_aggregated_object(gateway: Gateway, 
     assert "prompt_eval_count" in body
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_non_streaming_chat_aggregates_message_content(gateway: Gateway, emulator: Emulator):
     emulator.config.tokens = 4
     body = {"model": "llama3.2", "messages": [{"role": "user", "content": "x"}], "stream": False}
@@ -146,7 +146,7 @@ def test_revoked_key_is_rejected_at_once_without_the_key_cache(make_gateway):
     assert "revoked" in response.json()["error"]
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_revocation_reaches_every_replica_within_the_key_cache_bound(make_gateway):
     # F-27: two replicas share one key store; a key revoked there is refused by both within
     # GATEWAY_KEY_CACHE_SECONDS, though both had it cached.
@@ -254,6 +254,7 @@ def test_upstream_error_before_first_byte_gets_a_real_status(
     assert ("retry-after" in response.headers) is retry_after
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize(
     "fault", ["error_midstream", "drop_midstream", "eof_without_done", "malformed"]
 )
@@ -283,6 +284,7 @@ def test_failure_mid_answer_without_streaming_gets_502(gateway: Gateway, emulato
     assert "error" in response.json()
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_upstream_down_gets_502(make_gateway):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -295,7 +297,7 @@ def test_upstream_down_gets_502(make_gateway):
     assert httpx.get(f"{gw.url}/healthz").status_code == 200
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_silent_upstream_gets_504_after_the_first_byte_timeout(make_gateway, emulator: Emulator):
     """F-07: a hang before headers gives 504 after the first-byte timeout; upstream closed."""
     gw = make_gateway(first_byte_timeout=1.0)
@@ -310,7 +312,7 @@ def test_silent_upstream_gets_504_after_the_first_byte_timeout(make_gateway, emu
     assert record.outcome == "client_disconnect"
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_idle_timeout_mid_stream_ends_with_an_error_line(make_gateway, emulator: Emulator):
     gw = make_gateway(idle_timeout=0.5)
     emulator.config.fault = "hang_midstream"
@@ -390,6 +392,7 @@ def test_client_leaving_with_a_request_pipelined_behind_its_stream_closes_the_up
     assert metric_value(metrics, "gateway_upstream_connections_in_use") == 0
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("stream", [True, False])
 def test_client_leaving_before_the_first_byte_closes_the_upstream_request(
     gateway: Gateway, emulator: Emulator, stream
@@ -453,7 +456,7 @@ def test_unknown_route_gets_404_in_ollama_shape(gateway: Gateway):
     assert "error" in response.json()
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_metrics_record_ttft_and_decode_rate(gateway: Gateway, emulator: Emulator):
     emulator.config.tokens = 10
     emulator.config.ttft = 0.2
@@ -497,6 +500,7 @@ def test_rejected_requests_are_counted_with_bounded_labels(gateway: Gateway):
     assert gateway.key not in text
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("dialect", ["ollama", "openai"])
 @pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize("chunked", [False, True])

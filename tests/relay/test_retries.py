@@ -91,6 +91,7 @@ def _generate(url: str, key: str, **body) -> httpx.Response:
     return httpx.post(f"{url}/v1/generate", json=payload, headers=headers, timeout=30)
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("status", [502, 503, 504])
 def test_failures_before_the_first_byte_are_retried_into_one_clean_stream(
     flaky,
@@ -160,7 +161,7 @@ def test_connection_refused_is_retried_then_502(make_gateway, upstream_client):
     assert metric_value(gw.metrics_text(), "gateway_upstream_retries_total", reason="connect") == 2
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("stream", [True, False])
 def test_the_whole_request_is_bounded_by_the_request_timeout(
     make_gateway,
@@ -282,6 +283,7 @@ def _retries(gw: Gateway, reason: str) -> float:
     return metric_value(gw.metrics_text(), "gateway_upstream_retries_total", reason=reason)
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_refused_connection_is_retried_then_fails_over(make_gateway, spare, upstream_client):
     """Row: connection refused. Nothing listens, so the gateway's own count of its tries."""
     doomed = FlakyUpstream()
@@ -297,6 +299,7 @@ def test_a_refused_connection_is_retried_then_fails_over(make_gateway, spare, up
     assert metric_value(gw.metrics_text(), "gateway_upstream_failovers_total") == 1
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("alone", [True, False], ids=["alone", "with-spare"])
 def test_a_reset_connection_is_retried_then_fails_over(
     make_gateway, resetting, spare, upstream_client, alone
@@ -331,6 +334,7 @@ def test_a_busy_upstream_without_retry_after_is_retried_then_fails_over(
     assert other.calls == (0 if alone else 1)
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("alone", [True, False], ids=["alone", "with-spare"])
 def test_a_busy_upstream_with_retry_after_is_not_asked_sooner_but_fails_over(
     make_gateway, flaky, spare, alone
@@ -353,7 +357,7 @@ def test_a_busy_upstream_with_retry_after_is_not_asked_sooner_but_fails_over(
     assert _retries(gw, "status") == 0
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_silent_upstream_is_not_asked_again_but_fails_over(make_gateway, flaky, spare):
     """Row: timeout before the first byte. One try, then the next upstream."""
     upstream, url = flaky
@@ -366,6 +370,7 @@ def test_a_silent_upstream_is_not_asked_again_but_fails_over(make_gateway, flaky
     assert _retries(gw, "status") + _retries(gw, "connect") == 0
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("fault", [500, ERROR_LINE])
 def test_a_500_gets_one_more_try_on_the_only_upstream(make_gateway, flaky, fault):
     """Row: 500 with one upstream. Two tries, not three: each costs a generation."""
@@ -395,7 +400,7 @@ def test_a_500_gets_its_one_more_try_on_another_upstream(make_gateway, flaky, sp
     assert _retries(gw, "status") == 0
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_second_500_ends_the_request_whatever_upstreams_are_left(make_gateway, flaky, spare):
     """Row: 500 with three upstreams, each answering 500: two tries in all, then 502."""
     upstream, url = flaky
@@ -412,6 +417,7 @@ def test_a_second_500_ends_the_request_whatever_upstreams_are_left(make_gateway,
     assert metric_value(gw.metrics_text(), "gateway_upstream_failovers_total") == 1
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize(
     ("status", "message", "client_status"),
     [
@@ -438,7 +444,7 @@ def test_what_the_request_caused_is_never_retried_nor_failed_over(
     assert metric_value(text, "gateway_upstream_failovers_total") == 0
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_the_requests_own_deadline_is_not_failed_over(make_gateway, flaky, spare):
     """Row: the request's own `GATEWAY_REQUEST_TIMEOUT` runs out before the first byte. No
     other upstream is tried: the request has no time left, and the upstream is not to blame."""
@@ -453,6 +459,7 @@ def test_the_requests_own_deadline_is_not_failed_over(make_gateway, flaky, spare
     assert metric_value(gw.metrics_text(), "gateway_upstream_failovers_total") == 0
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_busy_answer_is_what_the_client_gets_and_no_open_circuit_is_tried_after_it(
     make_gateway, flaky, spare
 ):

@@ -77,6 +77,7 @@ def test_head_and_first_body_bytes_share_one_write(server: LoopbackServer) -> No
     assert b"".join(data for _, data in WRITES) == answer
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_head_whose_body_is_late_is_sent_at_once(server: LoopbackServer) -> None:
     WRITES.clear()
     _get(server.port, "/0.5")

@@ -211,6 +211,7 @@ def _post(gateway: Gateway, headers: list[tuple[str, str]]) -> httpx.Response:
     )
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_repeated_or_conflicting_credentials_are_refused(
     make_gateway: Callable[..., Gateway],
 ) -> None:

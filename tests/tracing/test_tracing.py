@@ -94,6 +94,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize(("path", "body", "operation", "route"), CASES)
 def test_request_span_follows_the_http_and_genai_conventions(
     make_gateway: Callable[..., Gateway],
@@ -199,6 +200,7 @@ def test_a_request_without_traceparent_starts_a_trace(
     assert received.headers["traceparent"].split("-")[1] == f"{server.context.trace_id:032x}"
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_client_cannot_turn_its_trace_off_or_fork_it(
     make_gateway: Callable[..., Gateway], emulator: Emulator
 ) -> None:
@@ -405,6 +407,7 @@ def _count(message: ExportTraceServiceRequest) -> int:
     return sum(len(scope.spans) for r in message.resource_spans for scope in r.scope_spans)
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_collector_that_is_down_holds_the_shutdown_only_briefly(
     emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

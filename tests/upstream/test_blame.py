@@ -107,7 +107,7 @@ def _in_front_of(make_gateway: Callable[..., Gateway], *urls: str, **settings: A
 # --- class 1: failures a client causes do not open the circuit ------------------------------
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_non_ascii_user_agent_is_served_without_it_and_never_opens_the_circuit(
     make_gateway, emulator
 ):
@@ -131,7 +131,7 @@ def test_an_over_long_forwarded_header_is_not_forwarded(gateway, emulator):
     assert "accept-language" not in emulator.state.records[-1].headers
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_one_keys_ambiguous_500s_do_not_eject_the_upstream_for_other_keys(scripted, make_gateway):
     upstream, url = scripted
     upstream.answers["crash me"] = (500, {"error": CRASH}, {})
@@ -145,6 +145,7 @@ def test_one_keys_ambiguous_500s_do_not_eject_the_upstream_for_other_keys(script
     assert _generate(gw, other).status_code == 200
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_ambiguous_500s_from_two_keys_do_open_the_circuit(scripted, make_gateway):
     """The rule's other half: a 500 every key sees is the upstream's, and ejects it."""
     upstream, url = scripted
@@ -164,6 +165,7 @@ def test_ambiguous_500s_from_two_keys_do_open_the_circuit(scripted, make_gateway
     assert _generate(gw).status_code == 503  # out of rotation
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_500_that_blames_the_request_is_a_400_and_not_retried(scripted, make_gateway):
     upstream, url = scripted
     message = "prediction aborted, token repeat limit reached"
@@ -181,6 +183,7 @@ def test_a_500_that_blames_the_request_is_a_400_and_not_retried(scripted, make_g
     assert metric_value(text, "gateway_upstream_errors_total", kind="status_4xx") == 3
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_body_the_dialect_cannot_translate_is_a_422_not_an_upstream_fault(make_gateway, emulator):
     # Ollama takes only inline images: an OpenAI image given by URL cannot reach it.
     gw = make_gateway(upstream_dialect="ollama", circuit_failures=2, circuit_cooldown=60)
@@ -200,6 +203,7 @@ def test_a_body_the_dialect_cannot_translate_is_a_422_not_an_upstream_fault(make
     assert response.status_code == 200
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_the_requests_own_deadline_mid_stream_is_not_an_upstream_failure(make_gateway, emulator):
     gw = make_gateway(circuit_failures=1, circuit_cooldown=60, request_timeout=0.5)
     emulator.config.tokens = 100
@@ -237,7 +241,7 @@ def test_when_every_circuit_is_open_requests_reach_the_open_upstreams(make_gatew
     assert _circuit(gw, emulator.url) == 0  # A's success closed its circuit
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_busy_upstream_is_skipped_without_opening_its_circuit(make_gateway, emulator, second):
     # Least in flight, whose ties are random: the default (scored) keeps one prompt on the
     # server that took it first, which may never be the busy one.
@@ -279,7 +283,7 @@ def test_an_upstream_429_passes_its_retry_after_to_the_client(scripted, make_gat
     )
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_an_upstream_429_sends_requests_elsewhere_until_its_retry_after(
     scripted, make_gateway, emulator
 ):
@@ -331,7 +335,7 @@ def test_the_breaker_counts_ambiguous_failures_only_from_two_keys():
 # --- the half-open trial: it proves something, or it is handed on -----------------------------
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_trial_that_proves_nothing_hands_the_trial_to_the_next_request(emulator, make_gateway):
     """A half-open circuit whose trial ends without a verdict (here: a busy 503) must not stay
     half-open: that refused every request of every key for as long as the process ran."""
@@ -348,7 +352,7 @@ def test_a_trial_that_proves_nothing_hands_the_trial_to_the_next_request(emulato
     assert _circuit(gw, emulator.url) == 0
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_long_trial_stream_does_not_hold_other_keys_off(emulator, make_gateway):
     """The trial closes the circuit with its first chunk, not when its stream ends."""
     gw = make_gateway(circuit_failures=1, circuit_cooldown=0.3, retry_attempts=1)

@@ -177,7 +177,7 @@ def test_good_sse_events_before_a_malformed_one_travel_with_the_error() -> None:
     assert [c.text for c in raised.value.chunks] == ["Hi"]
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_sse_a_tool_call_of_many_deltas_is_joined_in_order() -> None:
     """100,000 argument deltas (a long patch an agent writes): one call, its pieces in order.
 

@@ -166,6 +166,7 @@ def test_random_values_are_written_as_json_does(floats: bool) -> None:
         assert _outcome(encode_json, value) == _outcome(_reference_encode, value), repr(value)
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_orjson_writes_floats_of_zero_or_from_1e_4_up_as_repr_does() -> None:
     rng = random.Random(27)  # noqa: S311 - test data, not secrets
     bits = [struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0] for _ in range(50_000)]

@@ -506,7 +506,7 @@ def _queued(gw: Gateway, emulator: Emulator, count: int) -> None:
     _wait(check, "the monitor to read the queue")
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_new_requests_go_around_a_queue_another_client_made(make_gateway, gpus, caplog):
     caplog.set_level("INFO", logger="gateway.access")
     loaded, free = gpus(2)
@@ -528,7 +528,7 @@ def test_new_requests_go_around_a_queue_another_client_made(make_gateway, gpus, 
             thread.join(timeout=30)
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_the_one_warm_server_loses_its_room_to_a_queue_of_its_own(make_gateway, gpus, caplog):
     caplog.set_level("INFO", logger="gateway.access")
     emulators = gpus(2)
@@ -561,6 +561,7 @@ def test_an_ollama_upstream_is_never_asked_for_metrics(make_gateway, gpus):
     assert "gateway_upstream_reported_waiting{" not in gw.metrics_text()
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_server_without_metrics_is_asked_once_and_its_gauges_stay_absent(make_gateway, gpus):
     emulators = gpus(2, prefill_rate=0.0)  # not GPU mode: /metrics is a 404, as on Ollama
     gw = _gateway(make_gateway, emulators)

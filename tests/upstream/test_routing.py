@@ -93,6 +93,7 @@ def _loaded(gw: Gateway, emulator: Emulator) -> float:
     return metric_value(gw.metrics_text(), "gateway_upstream_models_loaded", upstream=name)
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_residency_from_ps_steers_requests_to_the_server_holding_the_model(
     make_gateway, fleet, caplog
 ):
@@ -115,6 +116,7 @@ def test_residency_from_ps_steers_requests_to_the_server_holding_the_model(
     assert metric_value(text, "gateway_route_cold_loads_total") == 0
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_each_model_goes_to_the_server_holding_it_without_a_cold_load(make_gateway, fleet):
     first, second = fleet(2, cold_load=0.3, models=["alpha:latest", "beta:latest"])
     gw = _gateway(make_gateway, [first, second])
@@ -130,6 +132,7 @@ def test_each_model_goes_to_the_server_holding_it_without_a_cold_load(make_gatew
     assert metric_value(gw.metrics_text(), "gateway_route_cold_loads_total") == 0
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_the_next_turn_goes_to_the_server_that_served_the_conversation(make_gateway, fleet, caplog):
     caplog.set_level("INFO", logger="gateway.access")
     emulators = fleet(3)
@@ -151,6 +154,7 @@ def test_the_next_turn_goes_to_the_server_that_served_the_conversation(make_gate
     assert metric_value(text, "gateway_route_prefix_hit_tokens_sum") > 12 * 1500
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_when_the_preferred_server_dies_the_turn_fails_over_and_its_affinity_moves(
     make_gateway, caplog
 ):
@@ -181,6 +185,7 @@ def test_when_the_preferred_server_dies_the_turn_fails_over_and_its_affinity_mov
             server.__exit__(None, None, None)
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_server_that_restarts_empty_loses_its_affinity(make_gateway, caplog):
     caplog.set_level("INFO", logger="gateway.access")
     servers: list[LoopbackServer] = []
@@ -220,6 +225,7 @@ def test_a_server_that_restarts_empty_loses_its_affinity(make_gateway, caplog):
             server.__exit__(None, None, None)
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_least_in_flight_counts_its_decisions_and_hashes_nothing(make_gateway, fleet):
     emulators = fleet(2)
     gw = make_gateway(
@@ -236,6 +242,7 @@ def test_least_in_flight_counts_its_decisions_and_hashes_nothing(make_gateway, f
     assert metric_value(text, "gateway_route_prefix_hit_tokens_count") == 0
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_the_default_policy_is_scored(make_gateway, fleet):
     emulators = fleet(2)
     gw = make_gateway(upstreams=[{"url": em.url} for em in emulators], upstream_poll_interval=0.1)

@@ -58,7 +58,7 @@ def _generate(gw: Gateway, model: str = MODEL, **body) -> httpx.Response:
     return httpx.post(f"{gw.url}/v1/generate", json=payload, headers=gw.headers(), timeout=30)
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_least_in_flight_spreads_concurrent_requests(make_gateway, emulator, second):
     gw = make_gateway(
         upstreams=_upstreams(emulator.url, second.url),
@@ -77,7 +77,7 @@ def test_least_in_flight_spreads_concurrent_requests(make_gateway, emulator, sec
     assert metric_value(text, "gateway_upstream_in_flight") == 0
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_requests_go_to_the_upstream_that_has_the_model(make_gateway, emulator, second):
     emulator.config.models = ["alpha:latest"]
     second.config.models = ["beta:latest"]
@@ -91,7 +91,7 @@ def test_requests_go_to_the_upstream_that_has_the_model(make_gateway, emulator, 
     assert [m["id"] for m in models["data"]] == ["alpha:latest", "beta:latest"]
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_connect_failure_fails_over_and_the_circuit_opens(make_gateway, emulator):
     """An upstream that dies between health probes: requests fail over, then its circuit opens."""
     doomed = LoopbackServer(create_emulator_app(EmulatorConfig()))
@@ -123,7 +123,7 @@ def test_connect_failure_fails_over_and_the_circuit_opens(make_gateway, emulator
     assert metric_value(gw.metrics_text(), "gateway_upstream_failovers_total") == 2
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_an_open_circuit_lets_one_trial_through_after_the_cooldown(make_gateway, emulator, second):
     gw = make_gateway(
         upstreams=_upstreams(emulator.url, second.url),
@@ -157,7 +157,7 @@ def test_an_open_circuit_lets_one_trial_through_after_the_cooldown(make_gateway,
     assert circuit() == 0  # the trial succeeded: closed again
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_silent_upstream_fails_over_before_the_first_byte(make_gateway, emulator, second):
     """F-07: nothing was sent yet, so another upstream is tried after the first-byte timeout."""
     gw = make_gateway(upstreams=_upstreams(emulator.url, second.url), first_byte_timeout=1.0)
@@ -195,7 +195,7 @@ def test_readyz_reports_each_upstream_and_is_ready_while_one_answers(make_gatewa
     assert upstreams[dead.removeprefix("http://")].startswith("down")
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_weights_share_the_load(make_gateway, emulator, second):
     # Least in flight: the default (scored) keeps these identical prompts on the server that
     # holds their prefix, as it should (tests/upstream/test_routing.py).

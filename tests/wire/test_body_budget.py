@@ -125,7 +125,7 @@ def _generate(gw: Gateway, key: str, prompt: str = "hi") -> httpx.Response:
     )
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_key_holding_bodies_is_refused_past_its_share_while_others_are_served(
     make_gateway: Callable[..., Gateway],
 ) -> None:
@@ -161,6 +161,7 @@ def test_a_key_holding_bodies_is_refused_past_its_share_while_others_are_served(
     _wait_held(gw, 0)
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_past_the_process_budget_any_key_is_refused_with_503_and_the_budget_returns(
     make_gateway: Callable[..., Gateway],
 ) -> None:
@@ -278,7 +279,7 @@ def test_a_declared_body_charges_only_what_arrives(
         assert _generate(gw, gw.key, "c" * (700 * KIB)).status_code == 200
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_trickled_body_is_cut_at_the_minimum_pace(make_gateway: Callable[..., Gateway]) -> None:
     """A body that keeps arriving, but slower than `GATEWAY_BODY_MIN_BYTES_PER_SECOND` after
     the grace (`GATEWAY_BODY_TIMEOUT`), gets 408 and gives its bytes back: before, a byte

@@ -112,6 +112,7 @@ def _raw_token(header: str, claims: str) -> str:
     return f"{_b64(header.encode())}.{_b64(claims.encode())}.{_b64(b'x' * 32)}"
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize(
     ("header", "claims"),
     [
@@ -232,6 +233,7 @@ def test_an_audit_page_of_the_largest_size_is_served(admin: Admin, reader: Admin
         {"name": "a", "expires_at": "0001-01-01T00:00:00+14:00"},
     ],
 )
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_names_models_and_expiries_that_would_corrupt_output_are_refused(
     admin: Admin, body: dict[str, Any]
 ) -> None:

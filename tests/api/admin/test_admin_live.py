@@ -180,6 +180,7 @@ def test_models_lists_the_upstreams_models(admin_gateway: Gateway, emulator: Emu
     }
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_the_views_need_an_admin_token(make_gateway: Callable[..., Gateway]) -> None:
     # Six refusals from one address: more than the default budget of failed authentications.
     admin_gateway = make_gateway(admin_jwt_secret=SECRET, admin_auth_failures_per_minute=100)
@@ -197,6 +198,7 @@ def test_the_views_do_not_exist_with_the_admin_api_off(gateway: Gateway) -> None
         assert response.status_code == 404, path
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_the_views_are_in_the_openapi_document(admin_gateway: Gateway) -> None:
     document = _get(admin_gateway, "/openapi.json", _token("read")).json()
 

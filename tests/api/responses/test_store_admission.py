@@ -44,6 +44,7 @@ def test_a_key_over_its_rpm_is_refused_before_its_body_is_read(
         assert refused.headers["Retry-After"]
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("dialect", ["ollama", "openai"])
 def test_a_stored_conversation_still_continues_and_errors_keep_their_status(
     make_gateway: Callable[..., Gateway], dialect: str
@@ -82,6 +83,7 @@ def _in_flight(gw: Gateway) -> float:
     )
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("dialect", ["ollama", "openai"])
 def test_a_client_leaving_while_its_body_or_answer_is_read_frees_its_slot(
     make_gateway: Callable[..., Gateway], emulator: Emulator, dialect: str
@@ -127,7 +129,7 @@ async def _rows(gw: Gateway) -> int:
         await engine.dispose()
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("dialect", ["ollama", "openai"])
 def test_a_conversation_by_previous_response_id_stops_at_the_body_limit(
     make_gateway: Callable[..., Gateway], dialect: str

@@ -28,6 +28,7 @@ def _created_id(stream: str) -> str:
     raise AssertionError("no response.created event")
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("dialect", ["ollama", "openai"])
 @pytest.mark.parametrize("fault", ["error_midstream", "drop_midstream"])
 def test_an_answer_the_upstream_cuts_is_not_stored(

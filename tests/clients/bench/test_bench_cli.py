@@ -164,6 +164,7 @@ def test_the_installed_command_runs_a_benchmark(emulator, tmp_path):
     assert "|" in done.stdout  # a Markdown table
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_answers_without_tokens_fail_as_empty_answers(emulator, tmp_path):
     model = _fast(emulator)
     emulator.config.tokens = 0  # like llama-cpp-python cutting a running answer short
@@ -172,6 +173,7 @@ def test_answers_without_tokens_fail_as_empty_answers(emulator, tmp_path):
     assert "empty answer" in (tmp_path / "run.json").read_text()
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_key_the_server_echoes_is_redacted_everywhere(emulator, tmp_path, monkeypatch, capsys):
     model = _fast(emulator)
     key = "gw_echoed_" + "k" * 30
@@ -187,6 +189,7 @@ def test_a_key_the_server_echoes_is_redacted_everywhere(emulator, tmp_path, monk
     assert "[key redacted]" in saved
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("pad", [163, 180])
 def test_an_echoed_key_cut_short_is_redacted_too(emulator, tmp_path, monkeypatch, capsys, pad):
     model = _fast(emulator)

@@ -138,6 +138,7 @@ async def test_server_failures_become_failed_records(emulator, fault, status, er
         assert (record.error or "").startswith(error), record.error
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_a_hanging_answer_times_out_and_the_connection_is_replaced(emulator):
     fast(emulator, fault="hang_midstream", fault_after=1)
     target = Target(emulator.url, "ollama", timeout=0.3)
@@ -149,6 +150,7 @@ async def test_a_hanging_answer_times_out_and_the_connection_is_replaced(emulato
     assert again.records[0].ok
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_duration_mode_stops_sending_at_the_end_and_keeps_answers_in_flight(emulator):
     emulator.state.config = EmulatorConfig(ttft=0.02, inter_token=0.02, tokens=5)
     seen = []
@@ -315,7 +317,7 @@ async def test_a_refused_key_is_named_but_never_shown(gateway: Gateway, emulator
     assert wrong not in repr(target)
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_errors_back_off_and_retry_after_is_honoured(emulator):
     fast(emulator, fault="status_before", fault_status=503)
     target = Target(emulator.url, "ollama")
@@ -372,7 +374,7 @@ async def canned_server(answer: bytes) -> AsyncIterator[tuple[str, list[bytes]]]
         await server.wait_closed()
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_retry_after_zero_does_not_turn_the_backoff_off():
     async with busy_server(b"0") as (url, seen):
         run = await run_concurrency(Target(url, "ollama"), WORKLOAD, MODEL, 1, duration=1.0)
@@ -382,6 +384,7 @@ async def test_retry_after_zero_does_not_turn_the_backoff_off():
     assert 2 <= len(seen) <= 10
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_the_open_loop_holds_arrivals_back_while_the_server_asks_to_wait():
     async with busy_server(b"30") as (url, seen):
         run = await run_rate(Target(url, "ollama"), WORKLOAD, MODEL, 20.0, requests=20)
@@ -393,7 +396,7 @@ async def test_the_open_loop_holds_arrivals_back_while_the_server_asks_to_wait()
     assert {r.error for r in held} == {"not sent: the server asked to wait 30 s"}
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_the_open_loop_backs_off_after_failures_in_a_row(emulator):
     fast(emulator, fault="status_before", fault_status=500)
     run = await run_rate(Target(emulator.url, "ollama"), WORKLOAD, MODEL, 20.0, requests=40)
@@ -512,7 +515,7 @@ async def test_open_loop_warmup_and_duration(emulator):
     assert all(r.ok for r in run.records)
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_arrivals_past_the_in_flight_cap_are_client_failures(emulator):
     emulator.state.config = EmulatorConfig(ttft=2.0, inter_token=0.01, tokens=2)
     run = await run_rate(

@@ -375,7 +375,7 @@ def test_single_runs_on_the_emulator_gate_with_a_warning(
     assert "fewer than --require-repeats 2" in capsys.readouterr().out
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_run_failing_more_requests_than_allowed_exits_3(
     emulator: Emulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -207,7 +207,7 @@ async def test_a_quality_answer_past_max_answer_is_an_error() -> None:
     assert answer["error"] == f"ValueError: the answer is longer than {quality.MAX_ANSWER} bytes"
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_a_trickled_quality_answer_hits_the_per_question_deadline() -> None:
     async def answer(writer: asyncio.StreamWriter) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
@@ -238,7 +238,7 @@ async def drip(writer: asyncio.StreamWriter) -> None:
         await asyncio.sleep(0.05)
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_a_trickled_metrics_scrape_is_a_note_not_a_hang(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -215,6 +215,7 @@ def test_a_question_file_is_read_with_its_name_and_digest(tmp_path: Path) -> Non
         load_questions(bad)
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.anyio
 @pytest.mark.parametrize(("api", "endpoint"), [("openai", "completions"), ("ollama", "completions"),
                                                ("openai", "chat")])  # fmt: skip
@@ -277,7 +278,7 @@ def _parse(page: str) -> _Page:
     return parser
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_the_html_report_is_self_contained_and_holds_the_tables() -> None:
     pytest.importorskip("matplotlib")
     hostile = 'x<script>alert(1)</script><img src="https://evil.example/p.png">'
@@ -324,7 +325,7 @@ def test_the_html_report_without_matplotlib_still_holds_the_tables(
 # --- the tutorial's table in one command ---------------------------------------------------
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_two_builds_in_one_command_show_size_speed_knee_and_quality(
     emulator: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -358,6 +359,7 @@ def test_two_builds_in_one_command_show_size_speed_knee_and_quality(
     assert all(value.startswith("data:image/png") for _, _, value in parsed.urls)
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_report_writes_the_html_from_a_saved_run(tmp_path: Path) -> None:
     run = tmp_path / "run.json"
     run.write_text(json.dumps(run_doc()))
@@ -403,6 +405,7 @@ def test_a_bad_size_or_question_file_is_a_usage_error_before_anything_is_sent(
     assert said in capsys.readouterr().err
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.anyio
 async def test_the_runner_reports_progress_per_level_with_what_it_knows(emulator: Any) -> None:
     for name, value in FAST.items():

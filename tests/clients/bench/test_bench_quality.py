@@ -121,7 +121,7 @@ async def test_round_trip_scores_the_right_answers(api: Any) -> None:
         assert seen[0]["stream"] is False
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.anyio
 @pytest.mark.parametrize("api", ["ollama", "openai"])
 async def test_round_trip_against_the_emulator(emulator: Any, api: Any) -> None:

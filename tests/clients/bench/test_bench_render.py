@@ -266,6 +266,7 @@ def test_plots_are_written_per_model_and_as_a_matrix(tmp_path: Path) -> None:
     assert all(_png(path) for path in written)
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_single_model_has_no_matrix_and_the_command_writes_the_plots(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -369,6 +370,7 @@ def test_a_matplotlib_failure_is_a_plot_error_not_a_traceback(
     assert not [p for p in (tmp_path / "plots").iterdir() if p.name.endswith(".tmp")]
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_knee_far_outside_the_levels_is_not_drawn(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -400,6 +402,7 @@ def test_a_knee_far_outside_the_levels_is_not_drawn(
     assert marked == [None] * 3 + [other["knee"]["level"]] * 3
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_plots_replace_a_symlink_instead_of_writing_through_it(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     out = tmp_path / "plots"
@@ -414,6 +417,7 @@ def test_plots_replace_a_symlink_instead_of_writing_through_it(tmp_path: Path) -
     assert sorted(p.name for p in out.iterdir()) == ["a-latency.png", "a-throughput.png"]
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_at_most_max_models_are_plotted_with_a_note(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -469,6 +473,7 @@ def test_markdown_shows_links_and_mentions_as_text(name: str, shown: str) -> Non
     assert f"## {shown}" in out
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_legends_sit_outside_the_data_and_the_load_matrix_has_headroom() -> None:
     # Inside the axes a legend hid the level-1 points (issue 30); matrix-load's TTFT line ran
     # along the top edge. Drawn and measured in display coordinates.

@@ -266,6 +266,7 @@ async def test_gateway_rows_report_gauges_and_increases() -> None:
     assert third["requests"] == 3  # after a reset the new total is the increase
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_stop_during_a_sample_loses_no_increase() -> None:
     """stop() lets the sample in progress finish: cancelling it after the gateway's counters were
     read (the slow /api/ps still pending) lost that sample's increase (a CI failure, stop 37)."""
@@ -297,7 +298,7 @@ def one_slot_gateway(make_gateway: Any) -> Any:
     return make_gateway(upstream_max_concurrent=1)
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_monitor_through_the_gateway_sees_in_flight_queue_and_waits(
     one_slot_gateway: Any, emulator: Any
 ) -> None:

@@ -121,6 +121,7 @@ async def test_a_sweep_stops_when_the_slo_is_missed_at_two_consecutive_levels() 
     assert result.slo_limit["level"] == 4
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 async def test_a_rate_knee_search_stays_on_the_grid_of_its_start() -> None:
     server = SimulatedServer(slots=4, base=1 / 64, k=1 / 4, tokens=8)
 

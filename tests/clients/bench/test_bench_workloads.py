@@ -247,7 +247,7 @@ def test_the_schedules_realise_their_rate():
     assert achieved_rate([1.0, 1.5, 2.0]) == pytest.approx(2.0)
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 @pytest.mark.parametrize("arrivals", ["poisson", "constant"])
 async def test_the_achieved_rate_is_the_requested_one(emulator: Emulator, arrivals):
     """400 arrivals at 50/s (8 s): the realised schedule is within 1% of 50/s for this seed
@@ -365,7 +365,7 @@ async def test_a_failed_turn_ends_its_conversation(emulator: Emulator):
 # --- the command line ----------------------------------------------------------------------------
 
 
-@pytest.mark.slow  # over 1 s on 2 cores (the fast tier's rule)
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_the_command_line_runs_each_new_mode(emulator: Emulator, tmp_path: Path, capsys):
     emulator.state.config = EmulatorConfig(ttft=0.002, inter_token=0.001, tokens=1000)
     base = ["run", "--target", emulator.url, "--model", MODEL, "--no-gpu"]
@@ -414,6 +414,7 @@ def test_bad_workload_options_are_usage_errors(capsys, args, message):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_a_surface_endpoint_speaks_the_openai_api_without_detection(gateway: Gateway, tmp_path):
     out = tmp_path / "run.json"
     env_key = {"GATEWAY_BENCH_API_KEY": gateway.key}

@@ -44,6 +44,7 @@ def test_admin_redirects_relatively_so_a_path_prefix_survives(on: str) -> None:
     assert response.headers["location"] == "admin/"  # /llm/admin -> /llm/admin/ behind a proxy
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_the_page_and_each_asset_carry_the_policy_and_their_types(on: str) -> None:
     page = httpx.get(f"{on}/admin/")
     assert page.status_code == 200
@@ -68,6 +69,7 @@ def test_the_page_and_each_asset_carry_the_policy_and_their_types(on: str) -> No
     )
 
 
+@pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)
 def test_head_answers_like_get_without_a_body(on: str) -> None:
     for path in ("/admin", "/admin/", *(f"/admin/ui/{name}" for name in ASSETS)):
         got, head = httpx.get(f"{on}{path}"), httpx.head(f"{on}{path}")
