@@ -26,12 +26,17 @@ class Finalizer:
     Args:
         engine: The gateway's database.
         files: Where the output and error files go.
+
+    Attributes:
+        open_batches: Batches in progress or cancelling at the last `finalize`, less the ones
+            it ended: 0 means no line of any batch can be claimed or counted as queued.
     """
 
     def __init__(self, engine: AsyncEngine, files: FileStore) -> None:
         self._sessions = async_sessionmaker(engine, expire_on_commit=False)
         self._postgres = engine.dialect.name == "postgresql"
         self._files = files
+        self.open_batches = 0
 
     async def finalize(self) -> list[str]:
         """End every batch that has no line left to run; return their ids and end states.
@@ -52,6 +57,7 @@ class Finalizer:
         for batch_id in candidates:
             if await self._finalize_one(batch_id, now):
                 ended.append(batch_id)
+        self.open_batches = len(candidates) - len(ended)
         return ended
 
     async def _finalize_one(self, batch_id: str, now: datetime) -> bool:

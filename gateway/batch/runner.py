@@ -143,6 +143,11 @@ class BatchRunner:
     async def _look(self, lines: anyio.abc.TaskGroup, lease: float) -> None:
         for batch_id in await self.finalizer.finalize():
             logger.info("batch %s ended", batch_id)
+        if not self.finalizer.open_batches:
+            # No batch left to run, on any replica: nothing is queued or can be claimed. The
+            # idle look is this one query, not three (it was most of an idle gateway's CPU).
+            self.metrics.batch_queue_depth.set(0)
+            return
         self.metrics.batch_queue_depth.set(await self.queue.queue_depth())
         room = self.policy.max_concurrent - self.running
         if room <= 0 or self.relay.lifecycle.draining or not self._room():
