@@ -84,5 +84,20 @@ class HeadHoldingTransport:
         self.flush()
         self._transport.close()
 
+    # The calls made per request or per written chunk, delegated explicitly: reaching them
+    # through `__getattr__` first fails the normal lookup (an AttributeError raised and caught
+    # inside the interpreter), about 0.8 us a call against 0.1 (timeit, uvloop's transport).
+    def is_closing(self) -> bool:
+        """The wrapped transport is closing or closed."""
+        return self._transport.is_closing()
+
+    def pause_reading(self) -> None:
+        """Stop reading the client's socket (uvicorn's flow control)."""
+        self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        """Read the client's socket again."""
+        self._transport.resume_reading()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
