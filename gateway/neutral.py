@@ -122,6 +122,8 @@ class GenerationRequest:
         prompt_tokens: Prompt tokens the client sent as tokens already (a generate `context`).
         body_bytes: Bytes of the client's body: over `INLINE_PARSE_BYTES` the upstream request
             is built in a worker thread (`gateway.relay.exchange`).
+        alias: The name the client asked for when it was an alias (`for_model`), else None:
+            what a refusal names, so that a key learns no alias's hidden target.
     """
 
     surface: Surface
@@ -135,14 +137,17 @@ class GenerationRequest:
     prompt_bytes: int = 0
     prompt_tokens: int = 0
     body_bytes: int = 0
+    alias: str | None = None
 
     def for_model(self, model: str) -> GenerationRequest:
         """This request for `model` instead (an alias's target, `GATEWAY_MODEL_ALIASES`).
 
         `model` and the body's `model` are both rewritten (the body is copied, one level), so
-        the upstream, the allow-list and everything measured after see the same name.
+        the upstream, the allow-list and everything measured after see the same name; `alias`
+        keeps the name the client asked for.
         """
-        return replace(self, model=model, body={**self.body, "model": model})
+        asked = self.model if self.alias is None else self.alias
+        return replace(self, model=model, body={**self.body, "model": model}, alias=asked)
 
     def with_output_bound(self, tokens: int) -> GenerationRequest:
         """This request with its answer bounded to `tokens` (what the key's TPM granted).

@@ -302,6 +302,6 @@ def _check_line(
     # An alias is checked, and its line grouped, as the model that runs; the line's bytes keep
     # the alias, resolved again when it runs (`gateway.relay.admission`).
     model = settings.aliases.resolve(request.model)
-    if not principal.allows_model(model):
-        return fail("model_not_allowed", f"this API key may not use model '{model}'")
+    if not principal.allows_model(model):  # named as asked: an alias's target stays hidden
+        return fail("model_not_allowed", f"this API key may not use model '{request.model}'")
     return None, InputLine(line_no, custom_id, model, encoded)

@@ -29,7 +29,7 @@ choice of upstream, and the interactive path's usage row for a refusal (`Relay.h
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -102,6 +102,7 @@ async def admit(
     context: RequestContext,
     tokens: Callable[[T], TokenEstimate] | None = None,
     note_refused_model: bool = True,
+    asked: Callable[[T], Mapping[str, str]] | None = None,
 ) -> Admitted[T]:
     """Admit one request on the key's limits and check its body (the module docstring's path).
 
@@ -118,6 +119,9 @@ async def admit(
         tokens: The body's expected tokens, reserved in the key's TPM; None: no reservation.
         note_refused_model: Whether `model` is noted before the allow-list check, so that a
             refusal names it too (generations), or only once every check passed (management).
+        asked: The names the client used for the models `models` returns, where they differ
+            (an alias and its target): a refusal names what the client asked for, never an
+            alias's target.
 
     Returns:
         The admitted request; the caller (or the `Generation` it builds) must release it.
@@ -138,7 +142,8 @@ async def admit(
             context.model = first
         for model in named:
             if not principal.allows_model(model):
-                raise ForbiddenError(f"this API key may not use model '{model}'")
+                shown = asked(parsed).get(model, model) if asked is not None else model
+                raise ForbiddenError(f"this API key may not use model '{shown}'")
         if not note_refused_model:
             context.model = first
         headers = upstream_headers(body, context)
@@ -163,6 +168,7 @@ async def admitted(
     models: Callable[[T], Sequence[str]],
     *,
     context: RequestContext,
+    asked: Callable[[T], Mapping[str, str]] | None = None,
 ) -> AsyncIterator[Admitted[T]]:
     """`admit` a request that spends no tokens (model management) for a block, then release.
 
@@ -181,6 +187,7 @@ async def admitted(
         models,
         context=context,
         note_refused_model=False,
+        asked=asked,
     )
     try:
         yield ticket
@@ -191,6 +198,11 @@ async def admitted(
 
 def _named_model(request: GenerationRequest) -> list[str]:
     return [request.model]
+
+
+def asked_model(request: GenerationRequest) -> dict[str, str]:
+    """`{target: alias}` when `request` came for an alias, else empty (`admit`'s `asked`)."""
+    return {} if request.alias is None else {request.model: request.alias}
 
 
 def aliased(request: GenerationRequest, settings: Settings) -> GenerationRequest:
@@ -247,6 +259,7 @@ async def admit_generation(
         _named_model,
         context=context,
         tokens=lambda request: estimate_tokens(request, settings.tpm_reserve_tokens),
+        asked=asked_model,
     )
     request = ticket.body
     if ticket.bound is not None:  # what the TPM granted is what the upstream is told

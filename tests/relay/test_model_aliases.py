@@ -79,7 +79,9 @@ def test_the_allow_list_is_checked_on_the_target(
     for key in (alias_only, other):
         refused = _post(gw, path, body, key)
         assert refused.status_code == 403
-        assert TARGET in refused.text  # the message names the model that would have run
+        # Named as the client asked: a key learns no alias's target it may not use.
+        assert "'gpt-5-codex'" in refused.text, refused.text
+        assert TARGET not in refused.text
     assert _sent_models(emulator) == [TARGET]
 
 
@@ -100,6 +102,10 @@ def test_a_batch_line_is_checked_and_runs_as_the_target(make_gateway, emulator: 
             assert batch.status == "failed"
             assert batch.errors is not None
             assert [e.code for e in batch.errors.data or []] == ["model_not_allowed"]
+            [error] = batch.errors.data or []
+            assert error.message is not None
+            assert "'claude-x'" in error.message
+            assert TARGET not in error.message
         else:
             assert batch.status == "completed", batch
             assert batch.request_counts is not None
@@ -138,6 +144,7 @@ def test_an_alias_is_found_by_name_exact_or_pattern(gw: Gateway) -> None:
         f"{gw.url}/api/show", json={"model": "gpt-5-codex"}, headers=gw.headers(fenced), timeout=30
     )
     assert hidden.status_code == 404
+    assert hidden.json() == {"error": "model 'gpt-5-codex:latest' not found"}  # not the target
 
 
 def _get(gw: Gateway, path: str, key: str | None = None) -> httpx.Response:
@@ -188,4 +195,5 @@ def test_count_tokens_checks_the_allow_list_on_the_target(gw: Gateway) -> None:
     assert counted.json()["input_tokens"] > 0
     refused = _post(gw, "/v1/messages/count_tokens", body, alias_only)
     assert refused.status_code == 403
-    assert TARGET in refused.text
+    assert "'claude-sonnet-4-5'" in refused.text, refused.text
+    assert TARGET not in refused.text

@@ -35,7 +35,7 @@ from gateway.deps import RelayDep
 from gateway.errors import BadRequestError, UnprocessableError
 from gateway.limits.estimate import estimate_tokens
 from gateway.neutral import GenerationRequest
-from gateway.relay.admission import admitted, aliased
+from gateway.relay.admission import admitted, aliased, asked_model
 from gateway.relay.surface import Codec
 from gateway.settings import Settings
 
@@ -94,7 +94,14 @@ async def count_tokens(request: Request, principal: PrincipalDep, relay: RelayDe
     """
     context = request_context(request.scope)
     async with admitted(
-        relay.limiter, relay.settings, principal, request, parse_count, _model, context=context
+        relay.limiter,
+        relay.settings,
+        principal,
+        request,
+        parse_count,
+        _model,
+        context=context,
+        asked=asked_model,
     ) as ticket:
         tokens = estimate_tokens(ticket.body, 0).prompt
     answer: dict[str, Any] = {"input_tokens": tokens}

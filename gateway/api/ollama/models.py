@@ -252,13 +252,14 @@ async def _show(
     model = requested_model(body)
     if model is None:
         raise BadRequestError("model is required")
+    asked = model
     target = settings.aliases.target(model)
     if target is not None:  # an alias shows its target's details (`GATEWAY_MODEL_ALIASES`)
         body = {name: value for name, value in body.items() if name != "name"}
         raw, model = json.dumps({**body, "model": target}).encode(), target
     request_context(request.scope).model = model
-    if not principal.allows_model(model):
-        raise NotFoundError(f"model '{tagged(model)}' not found")
+    if not principal.allows_model(model):  # named as asked: an alias's target stays hidden
+        raise NotFoundError(f"model '{tagged(asked)}' not found")
     ollama = [u for u in pool.upstreams if u.dialect.name == "ollama"]
     knowing = [u for u in ollama if u.catalog.label(model) != OTHER_MODEL]
     knowing.sort(key=lambda u: u.monitor.up is False)  # stable: those that answer first
