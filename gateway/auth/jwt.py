@@ -39,9 +39,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 
 import httpx
-from jose import ExpiredSignatureError, JWTError, jwk, jwt
+from jose import ExpiredSignatureError, JWTError, jwk, jws, jwt
 from jose.backends.base import Key
-from jose.exceptions import JWKError, JWTClaimsError
+from jose.exceptions import JWKError, JWSError, JWTClaimsError
 
 from gateway.auth.identity import SCOPES, AdminAuthError, AdminIdentity, Scope
 from gateway.auth.jwks import FETCH_TIMEOUT, JwksCache
@@ -139,8 +139,12 @@ def _segment(text: str) -> Any:
         raise AdminAuthError(401, "malformed token") from None
 
 
-def _parse(token: str) -> dict[str, Any]:
-    """The unverified header, after the checks of the header and claims that need no key."""
+def _structure(token: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The unverified header and claims, checked only for size and shape (JSON objects).
+
+    All that is said of a token before its signature is checked: `token too large` or
+    `malformed token`, so that a forged token learns nothing of how far it got.
+    """
     if len(token) > MAX_TOKEN_CHARS:
         raise AdminAuthError(401, "token too large")
     if not _SHAPE.fullmatch(token):
@@ -152,13 +156,24 @@ def _parse(token: str) -> dict[str, Any]:
         raise AdminAuthError(401, "malformed token")
     if not isinstance(claims, dict):
         raise AdminAuthError(401, "malformed token")
+    return header, claims
+
+
+def _parse(token: str) -> dict[str, Any]:
+    """The unverified header, after the checks of the header and claims that need no key."""
+    header, claims = _structure(token)
+    _check_claims(header, claims)
+    return header
+
+
+def _check_claims(header: Mapping[str, Any], claims: Mapping[str, Any]) -> None:
+    """The rules of a token's header and time claims that jose does not enforce (or mishandles)."""
     if "crit" in header:
         raise AdminAuthError(401, "token uses an unsupported critical header")
     if "exp" not in claims:
         raise AdminAuthError(401, "token lacks exp")
     if not all(_is_time(claims[name]) for name in ("exp", "nbf", "iat") if name in claims):
         raise AdminAuthError(401, "malformed token")
-    return header
 
 
 def unverified_claims(token: str) -> dict[str, Any]:
@@ -220,6 +235,18 @@ def unverified_header(token: str) -> dict[str, Any]:
         AdminAuthError: 401 as `unverified_claims`.
     """
     return _parse(token)
+
+
+def _signed(token: str, key: Key, alg: str) -> None:
+    """Check the signature alone, before any claim is judged (jose checks it again with them).
+
+    Raises:
+        AdminAuthError: 401 `token signature invalid`.
+    """
+    try:
+        jws.verify(token, key, algorithms=[alg])
+    except (JWSError, JWTError, TypeError, ValueError):
+        raise AdminAuthError(401, "token signature invalid") from None
 
 
 def _fits(key: Mapping[str, Any], alg: str) -> bool:
@@ -348,9 +375,11 @@ class AdminTokenVerifier:
                 `token expired`, `wrong audience`, `unknown signing key`, ...); 403 `token
                 grants no admin scope` for a valid token that maps to no scope.
         """
-        header = _parse(token)
+        header, unverified = _structure(token)
         alg = header["alg"]
         if alg == "HS256" and self._hmac is not None:
+            _signed(token, self._hmac, alg)
+            _check_claims(header, unverified)
             claims = self._decode(token, self._hmac, alg, ISSUER, AUDIENCE)
             if claims["exp"] - time.time() > MAX_TTL.total_seconds() + self._leeway:
                 raise AdminAuthError(401, "token lifetime exceeds 24 hours")
@@ -359,6 +388,8 @@ class AdminTokenVerifier:
             return self._identity(claims, SCOPES.intersection(values))
         if alg in self._algorithms and self._jwks is not None:
             key = await self._signing_key(self._jwks, header, alg)
+            _signed(token, key, alg)
+            _check_claims(header, unverified)
             audience = self._expected_audience(token)
             claims = self._decode(token, key, alg, self._issuer, audience)
             if self._client_id is not None and audience == self._client_id != self._audience:

@@ -264,6 +264,23 @@ def _attacks(idp: IdentityProvider, attacker: IdentityProvider) -> dict[str, tup
         "missing exp": (forge(rs256, _without(good, "exp"), idp.keys[rsa_kid]), "token lacks exp"),
         "HS256 missing exp": (_hs(_without(_gateway_claims(), "exp")), "token lacks exp"),
         "exp as a string": (_hs(_gateway_claims(exp=str(now + 600))), "malformed token"),
+        # A forged token learns nothing of its claims: the signature is checked first.
+        "forged, missing exp": (
+            _hs(_without(_gateway_claims(), "exp"), key=secrets.token_bytes(32)),
+            "token signature invalid",
+        ),
+        "forged, exp as a string": (
+            _hs(_gateway_claims(exp=str(now + 600)), key=secrets.token_bytes(32)),
+            "token signature invalid",
+        ),
+        "forged RS256, missing exp": (
+            forge(rs256, _without(good, "exp"), evil_key),
+            "token signature invalid",
+        ),
+        "forged, crit header": (
+            forge({**rs256, "crit": ["exp-override"], "exp-override": True}, good, evil_key),
+            "token signature invalid",
+        ),
         "exp as true": (_hs(_gateway_claims(exp=True)), "malformed token"),
         "missing sub": (forge(rs256, _without(good, "sub"), idp.keys[rsa_kid]), "token lacks sub"),
         "blank sub": (_hs(_gateway_claims(sub="\x00\x01")), "token lacks sub"),
@@ -391,6 +408,10 @@ ATTACK_NAMES = [
     "embedded jwk, its own kid",
     "embedded x5c",
     "crit header",
+    "forged, missing exp",
+    "forged, exp as a string",
+    "forged RS256, missing exp",
+    "forged, crit header",
 ]
 
 

@@ -179,10 +179,13 @@ def test_addresses_are_counted_by_ipv4_address_and_ipv6_slash_64() -> None:
     assert address_bucket("unix-socket") == "unix-socket"
 
 
-def test_the_admin_api_has_a_tighter_budget_of_its_own(make_gateway, clients) -> None:
+def test_the_admin_api_has_a_tighter_budget_of_its_own(
+    make_gateway, clients, caplog: pytest.LogCaptureFixture
+) -> None:
     gateway = make_gateway(
         admin_jwt_secret=SECRET, auth_failures_per_minute=6, admin_auth_failures_per_minute=3
     )
+    caplog.set_level(logging.INFO)
     client = clients["127.0.0.1"]
     admin = f"{gateway.url}/admin/v1"
     refused = [
@@ -207,6 +210,10 @@ def test_the_admin_api_has_a_tighter_budget_of_its_own(make_gateway, clients) ->
     text = gateway.metrics_text()
     assert metric_value(text, "gateway_address_limited_total", budget="admin") == 2
     assert metric_value(text, "gateway_address_limited_total", budget="api") == 0
+    # A warning per 401; past the budget one line a minute, not one per request sent.
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert sum("admin API refused" in m for m in warnings) == 3, warnings
+    assert sum("answering its failures with 429" in m for m in warnings) == 1, warnings
 
 
 def _head_only(

@@ -118,12 +118,17 @@ AdminDep = Annotated[Actor, Depends(_scope_checker("admin"))]
 
 
 async def _refused(request: Request, reason: str, challenge: str = _CHALLENGE) -> GatewayError:
-    """The 401 for `reason`, or a 429 once the client's address has spent its admin budget."""
-    _log_refusal(request, reason)
+    """The 401 for `reason`, or a 429 once the client's address has spent its admin budget.
+
+    Each 401 is logged; past the budget only the address limiter's one line a minute is, so an
+    anonymous client cannot write a warning per request it sends.
+    """
     limiter = await get_address_limiter(request)
-    return await limiter.failed(
-        request.scope, "admin", UnauthorizedError(reason, challenge=challenge)
-    )
+    refusal = UnauthorizedError(reason, challenge=challenge)
+    answer = await limiter.failed(request.scope, "admin", refusal)
+    if answer is refusal:
+        _log_refusal(request, reason)
+    return answer
 
 
 def _log_refusal(request: Request, reason: str) -> None:
