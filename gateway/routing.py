@@ -21,8 +21,9 @@ router did not match, and a request answered before the router ran (a CORS prefl
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
-from starlette.routing import Match
+from starlette.routing import BaseRoute, Match
 from starlette.types import Scope
 
 #: The `route` label of a request that matched no route.
@@ -61,3 +62,27 @@ def route_label(scope: Scope) -> str:
             path = getattr(route, "path", None)
             return _template(path) if isinstance(path, str) else OTHER_ROUTE
     return OTHER_ROUTE
+
+
+#: The methods a 405's `Allow` may name: RFC 9110's and PATCH (RFC 5789), but CONNECT and TRACE.
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(scope: Scope, routes: Sequence[BaseRoute]) -> list[str]:
+    """Every method `routes` accept on `scope`'s path, sorted: a 405's `Allow`.
+
+    RFC 9110 section 15.5.6: a 405 lists the target's supported methods. Starlette's router
+    answers with the methods of the first route whose path matched, and a path served by two
+    routes (`GET` and `POST /v1/files`, one route each) listed only one of them. Each method
+    is asked of the routes' public `matches`, so FastAPI's included routers are asked too.
+
+    Args:
+        scope: The request's ASGI scope.
+        routes: The app's routes (`app.router.routes`).
+    """
+    allowed = []
+    for method in _METHODS:
+        probe = {**scope, "method": method}
+        if any(route.matches(probe)[0] == Match.FULL for route in routes):
+            allowed.append(method)
+    return allowed

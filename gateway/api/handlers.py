@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway.context import request_context
 from gateway.errors import GatewayError, error_response
 from gateway.neutral import Outcome
-from gateway.routing import route_label
+from gateway.routing import allowed_methods, route_label
 
 
 class RejectionCounter(Protocol):
@@ -63,7 +63,10 @@ def _rejection_handlers(
         status = exc.status_code
         message = {404: "not found", 405: "method not allowed"}.get(status, str(exc.detail))
         count(request, status, "not_found" if status == 404 else "error")
-        return error_response(request.url.path, status, message, exc.headers)
+        headers = exc.headers
+        if status == 405 and (allowed := allowed_methods(request.scope, request.app.router.routes)):
+            headers = {**(headers or {}), "Allow": ", ".join(allowed)}  # every route's (RFC 9110)
+        return error_response(request.url.path, status, message, headers)
 
     return gateway_error, http_exception
 

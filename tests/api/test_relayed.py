@@ -38,6 +38,24 @@ def test_another_method_on_a_generation_path_still_gets_the_routers_405(
     assert response.headers["x-request-id"]
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [
+        ("PUT", "/v1/files", "GET, POST"),  # two routes: GET lists, POST uploads
+        ("PUT", "/v1/batches", "GET, POST"),
+        ("PUT", "/v1/files/file-x", "DELETE, GET"),
+        ("GET", "/api/chat", "POST"),  # a generation route, on the fast path for POST
+    ],
+)
+def test_a_405_lists_every_method_the_path_accepts(
+    gateway: Gateway, method: str, path: str, allow: str
+) -> None:
+    """RFC 9110 section 15.5.6; Starlette's router names the first matching route's only."""
+    response = httpx.request(method, f"{gateway.url}{path}", headers=gateway.headers(), timeout=30)
+    assert response.status_code == 405, response.text
+    assert response.headers["allow"] == allow
+
+
 def test_a_refusal_on_the_fast_path_is_rendered_counted_and_labelled(gateway: Gateway):
     """A `GatewayError` from the handler goes through the app's registered handler."""
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
