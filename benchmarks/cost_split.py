@@ -21,6 +21,7 @@ length. About 6 minutes on 2 cores with the defaults.
 
     .venv/bin/python -m benchmarks.cost_split              # the table (docs/performance.md)
     .venv/bin/python -m benchmarks.cost_split --rows nginx,gateway --rounds 1
+    .venv/bin/python -m benchmarks.cost_split --steady 1000 --rows nginx,protocols,gw-chat
 """
 
 from __future__ import annotations
@@ -144,6 +145,36 @@ def run(
     return least
 
 
+def steady(rows: Sequence[str], streams: int, tokens: int) -> dict[str, float]:
+    """CPU µs per chunk with answers so long that the per-request part vanishes.
+
+    Each row relays `2 x streams` answers of `tokens` tokens at the usual pace (10 ms a token):
+    at 1,000 tokens a request's own cost (about 2 ms) is 2 µs a chunk, under the runs' noise.
+
+    Returns:
+        `{row: CPU µs per chunk}`.
+
+    Raises:
+        RuntimeError: a run had errors.
+    """
+    per_chunk: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="cost-split-") as tmp, ExitStack() as stack:
+        workdir = Path(tmp)
+        emulator = stack.enter_context(
+            emulator_process(workdir, ttft=0.05, inter_token=0.01, tokens=tokens)
+        )
+        targets = _targets(stack, workdir, emulator.url, rows)
+        for target in targets:  # connections, caches and lazy imports before measuring
+            measure(target, 4, LoadPlan(warmup=0.0, requests=8), None)
+        for target in targets:
+            print(f"  {target.name}: {tokens} tokens x {2 * streams} ...", file=sys.stderr)
+            row = measure(target, streams, LoadPlan(warmup=0.0, requests=2 * streams), None)
+            if row["errors"]:
+                raise RuntimeError(f"{target.name}: {row['error_examples']}")
+            per_chunk[target.name] = float(row["proxy_cpu_ms_per_request"]) * 1000 / (tokens + 1)
+    return per_chunk
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure and print the table."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cost_split", description=__doc__)
@@ -151,11 +182,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=16, help="concurrent streams (16)")
     parser.add_argument("--requests", type=int, default=256, help="requests per run (256)")
     parser.add_argument("--rounds", type=int, default=3, help="runs of every row per length (3)")
+    parser.add_argument(
+        "--steady",
+        type=int,
+        metavar="TOKENS",
+        help="instead: CPU per chunk of answers this long (1000: the per-request part vanishes)",
+    )
     args = parser.parse_args(argv)
     rows = [row for row in args.rows.split(",") if row]
     unknown = sorted(set(rows) - set(ROWS))
     if unknown:
         parser.error(f"unknown rows {unknown}; choose from {', '.join(ROWS)}")
+    if args.steady is not None:
+        if args.steady < 1:
+            parser.error("--steady needs at least 1 token")
+        measured = steady(rows, args.streams, args.steady)
+        print(f"CPU per chunk, {args.streams} streams, {args.steady}-token answers (µs)")
+        for name in (row for row in ROWS if row in measured):
+            print(f"{name:10s} {measured[name]:8.1f}")
+        return 0
     least = run(rows, args.streams, args.requests, args.rounds)
     reference = least.get("nginx")
     print(f"CPU per request, {args.streams} streams, least of {args.rounds} (ms; per chunk µs)")

@@ -28,3 +28,9 @@ def test_unknown_rows_are_refused_before_anything_starts(
         main(["--rows", "nginx,envoy"])
     assert "envoy" in capsys.readouterr().err
     assert "nginx" in ROWS
+
+
+def test_a_steady_run_needs_a_token(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--steady", "0", "--rows", "nginx"])
+    assert "--steady" in capsys.readouterr().err

@@ -1,0 +1,201 @@
+# ruff: noqa: T201 (a benchmark prints its table)
+"""`python -m benchmarks.chunk_path`: the push path's Python per chunk, hot and with cold caches.
+
+Issue 27's steady-state profile (`python -m benchmarks.cost_split --steady 1000`) puts the
+gateway's CPU per relayed chunk at about twice the bare Protocol relay's, with the difference in
+the interpreter (perf by shared object), although the push path runs about 20 Python calls per
+chunk. This measures that chain in process, without sockets: httptools parses one chunked
+upstream piece (an Ollama `/api/chat` line) and calls the real `gateway.relay.push.Pump`, which
+decodes it (`NdjsonDecoder`), meters it (the meter's token clock), encodes it (`NdjsonCodec`) and
+writes it through the real `gateway.serve.writer.BodyWriter` to a transport that drops it.
+Three ways:
+
+- **hot**: one chain, the same piece again and again: everything in the CPU's caches;
+- **16 chains in turn**: 16 streams' objects, one chunk each in turn (as 16 streams arrive);
+- **caches evicted**: the same, with a write to every cache line of 8 MiB before each chunk,
+  as the kernel's network stack, the event loop and other processes leave the caches between
+  two chunks of a real run.
+
+    .venv/bin/python -m benchmarks.chunk_path          # about 20 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+import httptools
+import orjson
+
+from gateway.api.ollama.codec import NdjsonCodec
+from gateway.neutral import Chunk, GenerationRequest, TokenClock
+from gateway.relay.push import Pump
+from gateway.serve.writer import BodyWriter
+from gateway.upstream.dialects.ollama import NdjsonDecoder
+
+LINE = (
+    orjson.dumps(
+        {
+            "model": "bench:latest",
+            "created_at": "2026-12-07T14:00:00.000000Z",
+            "message": {"role": "assistant", "content": "word "},
+            "done": False,
+        }
+    )
+    + b"\n"
+)
+PIECE = b"%x\r\n%b\r\n" % (len(LINE), LINE)
+"""One upstream read: a token's NDJSON line in its HTTP/1.1 chunk."""
+
+EVICT_BYTES = 8 * 1024 * 1024
+"""Bytes written (one per cache line) before each chunk of the cold run: more than L2 and most
+L3 caches of a VM's share."""
+
+
+class _Transport:
+    """The client connection's transport: counts the writes, keeps the last."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+        self.last = b""
+
+    def write(self, data: bytes) -> None:
+        """Count `data`, keep it as the last write."""
+        self.writes += 1
+        self.last = data
+
+    def is_closing(self) -> bool:
+        """Never closing."""
+        return False
+
+
+class _Flow:
+    write_paused = False
+
+
+class _Cycle:
+    """What `BodyWriter` reads of uvicorn's `RequestResponseCycle`: a chunked response under way."""
+
+    def __init__(self) -> None:
+        self.response_started = True
+        self.response_complete = False
+        self.chunked_encoding = True
+        self.disconnected = False
+        self.transport = _Transport()
+        self.flow = _Flow()
+
+
+class _Source:
+    """The upstream body: the pieces come from the parser below, not from `divert`."""
+
+    def divert(self, sink: object) -> None:
+        """Nothing buffered."""
+
+    def pause_reading(self) -> None:
+        """No socket."""
+
+    def resume_reading(self) -> None:
+        """No socket."""
+
+
+class _Decoding:
+    """`gateway.relay.push.Decoding` over the real NDJSON decoder (as `Exchange` is)."""
+
+    def __init__(self) -> None:
+        self._decoder = NdjsonDecoder()
+
+    def feed(self, data: bytes) -> list[Chunk]:
+        return self._decoder.feed(data)
+
+    def finished_by(self, chunk: Chunk) -> bool:
+        return chunk.error is not None or chunk.done
+
+    def idle_due(self, last: float) -> tuple[float, bool]:
+        return last + 3600.0, False
+
+    def failed(self, exc: BaseException, *, request_deadline: bool) -> Chunk:  # noqa: ARG002
+        return Chunk.failure("failed")
+
+
+def chain() -> tuple[Callable[[bytes], None], _Transport]:
+    """One stream's push path, from the upstream parser to the client's transport.
+
+    Must be called in a running event loop (`Pump` takes it). Returns the parser's `feed_data`
+    and the transport the client's bytes reach.
+    """
+    clock = TokenClock()
+    request = GenerationRequest(surface="ollama", operation="chat", body={}, model="bench:latest")
+    codec = NdjsonCodec(request)
+    cycle = _Cycle()
+    writer = BodyWriter(cycle)
+
+    def deliver(batch: list[Chunk]) -> None:  # as `RelayResponse._relay` delivers
+        for chunk in batch:
+            if chunk.text or chunk.thinking or chunk.tool_calls:
+                clock.tick(time.perf_counter())
+        body = codec.encode(batch)
+        if body:
+            writer.write(body)
+
+    pump = Pump(_Source(), _Decoding(), deliver, writer, 3600.0)
+
+    class Parser:
+        def on_body(self, body: bytes) -> None:
+            pump.body(body)
+
+    parser = httptools.HttpResponseParser(Parser())
+    parser.feed_data(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+    return parser.feed_data, cycle.transport
+
+
+async def run(chunks: int) -> dict[str, float]:
+    """µs per chunk, three ways: `{"hot": ..., "in turn": ..., "evicted": ...}`.
+
+    `chunks` chunks hot and in turn; a quarter as many with the caches evicted (each eviction
+    writes `EVICT_BYTES`).
+    """
+    one, _ = chain()
+    started = time.perf_counter()
+    for _ in range(chunks):
+        one(PIECE)
+    hot = time.perf_counter() - started
+    streams = [chain()[0] for _ in range(16)]
+    started = time.perf_counter()
+    for n in range(chunks):
+        streams[n % 16](PIECE)
+    in_turn = time.perf_counter() - started
+    junk = bytearray(EVICT_BYTES)
+    fill = b"x" * (EVICT_BYTES // 64)
+    evicted = 0.0
+    cold = max(chunks // 4, 1)
+    for n in range(cold):
+        junk[::64] = fill
+        started = time.perf_counter()
+        streams[n % 16](PIECE)
+        evicted += time.perf_counter() - started
+    return {
+        "hot": hot / chunks * 1e6,
+        "in turn": in_turn / chunks * 1e6,
+        "evicted": evicted / cold * 1e6,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Measure and print µs per chunk, three ways."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.chunk_path", description=__doc__)
+    parser.add_argument("--chunks", type=int, default=40000, help="chunks per way (40000)")
+    args = parser.parse_args(argv)
+    if args.chunks < 1:
+        parser.error("--chunks must be at least 1")
+    result = asyncio.run(run(args.chunks))
+    print("push path, Python per chunk (µs): one /api/chat line, parse to write")
+    print(f"  hot, one chain             {result['hot']:6.2f}")
+    print(f"  16 chains in turn          {result['in turn']:6.2f}")
+    print(f"  16 chains, caches evicted  {result['evicted']:6.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,29 @@
+"""The per-chunk benchmark measures the real push path: each piece reaches the client, framed."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.chunk_path import LINE, PIECE, chain, main, run
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_each_upstream_piece_is_written_to_the_client_as_one_chunk() -> None:
+    feed, transport = chain()
+    for _ in range(3):
+        feed(PIECE)
+    assert transport.writes == 3
+    assert transport.last == b"%x\r\n%b\r\n" % (len(LINE), LINE)  # the line, relayed unchanged
+
+
+async def test_a_short_run_gives_three_timings() -> None:
+    result = await run(64)
+    assert set(result) == {"hot", "in turn", "evicted"}
+    assert all(value > 0 for value in result.values())
+
+
+def test_no_chunks_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--chunks", "0"])
+    assert "--chunks" in capsys.readouterr().err
