@@ -14,7 +14,8 @@ Three ways:
 - **16 chains in turn**: 16 streams' objects, one chunk each in turn (as 16 streams arrive);
 - **caches evicted**: the same, with a write to every cache line of 8 MiB before each chunk,
   as the kernel's network stack, the event loop and other processes leave the caches between
-  two chunks of a real run.
+  two chunks of a real run;
+- and the same two for `collapsed_chain`, a prototype of the relay as one function per read.
 
     .venv/bin/python -m benchmarks.chunk_path          # about 20 s
 """
@@ -150,11 +151,62 @@ def chain() -> tuple[Callable[[bytes], None], _Transport]:
     return parser.feed_data, cycle.transport
 
 
-async def run(chunks: int) -> dict[str, float]:
-    """µs per chunk, three ways: `{"hot": ..., "in turn": ..., "evicted": ...}`.
+def collapsed_chain() -> tuple[Callable[[bytes], None], _Transport]:
+    """A prototype, not the gateway's code: the same relay as one function per upstream piece.
 
-    `chunks` chunks hot and in turn; a quarter as many with the caches evicted (each eviction
-    writes `EVICT_BYTES`).
+    For an answer relayed as the upstream wrote it (an Ollama line to an Ollama client), one
+    `on_body` notes the read's time, checks the piece is one JSON object line (orjson), meters
+    a token, and writes the piece framed: what issue 27's next step could build. It keeps none
+    of the push path's other duties (the idle and stall timers, the client's flow control, long
+    reads in slices, the final chunk's stats), so it bounds what collapsing the chain can save.
+    Must be called in a running event loop.
+    """
+    transport = _Transport()
+    clock = TokenClock()
+    loop_time = asyncio.get_running_loop().time
+    loads = orjson.loads
+
+    class Parser:
+        last = 0.0
+
+        def on_body(self, body: bytes) -> None:
+            self.last = loop_time()
+            if body.find(b"\n") != len(body) - 1:
+                raise ValueError("the prototype takes one whole line a read")
+            data = loads(body)
+            if type(data) is not dict:
+                raise ValueError("not a JSON object")
+            message = data.get("message")
+            done = data.get("done") is True or "error" in data
+            if not done and isinstance(message, dict) and message.get("content"):
+                clock.tick(time.perf_counter())
+            transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+
+    parser = httptools.HttpResponseParser(Parser())
+    parser.feed_data(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+    return parser.feed_data, transport
+
+
+def _timed(streams: list[Callable[[bytes], None]], chunks: int, evict: bool) -> float:
+    """µs per chunk, the streams fed one piece each in turn (caches evicted before each)."""
+    junk = bytearray(EVICT_BYTES) if evict else bytearray()
+    fill = b"x" * (EVICT_BYTES // 64)
+    spent = 0.0
+    for n in range(chunks):
+        if evict:
+            junk[::64] = fill
+        started = time.perf_counter()
+        streams[n % len(streams)](PIECE)
+        spent += time.perf_counter() - started
+    return spent / chunks * 1e6
+
+
+async def run(chunks: int) -> dict[str, float]:
+    """µs per chunk, five ways (the keys of the returned dict).
+
+    `hot`, `in turn` and `evicted` for the push path; `one function, in turn` and `one function,
+    evicted` for the prototype (`collapsed_chain`). `chunks` chunks hot and in turn; a quarter
+    as many with the caches evicted (each eviction writes `EVICT_BYTES`).
     """
     one, _ = chain()
     started = time.perf_counter()
@@ -175,10 +227,13 @@ async def run(chunks: int) -> dict[str, float]:
         started = time.perf_counter()
         streams[n % 16](PIECE)
         evicted += time.perf_counter() - started
+    prototype = [collapsed_chain()[0] for _ in range(16)]
     return {
         "hot": hot / chunks * 1e6,
         "in turn": in_turn / chunks * 1e6,
         "evicted": evicted / cold * 1e6,
+        "one function, in turn": _timed(prototype, chunks, evict=False),
+        "one function, evicted": _timed(prototype, cold, evict=True),
     }
 
 
@@ -194,6 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  hot, one chain             {result['hot']:6.2f}")
     print(f"  16 chains in turn          {result['in turn']:6.2f}")
     print(f"  16 chains, caches evicted  {result['evicted']:6.2f}")
+    print("a prototype of one function per read (collapsed_chain: bounds the saving)")
+    print(f"  16 chains in turn          {result['one function, in turn']:6.2f}")
+    print(f"  16 chains, caches evicted  {result['one function, evicted']:6.2f}")
     return 0
 
 

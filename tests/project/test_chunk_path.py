@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.chunk_path import LINE, PIECE, chain, main, run
+from benchmarks.chunk_path import LINE, PIECE, chain, collapsed_chain, main, run
 
 pytestmark = pytest.mark.anyio
 
@@ -19,7 +19,13 @@ async def test_each_upstream_piece_is_written_to_the_client_as_one_chunk() -> No
 
 async def test_a_short_run_gives_three_timings() -> None:
     result = await run(64)
-    assert set(result) == {"hot", "in turn", "evicted"}
+    assert set(result) == {
+        "hot",
+        "in turn",
+        "evicted",
+        "one function, in turn",
+        "one function, evicted",
+    }
     assert all(value > 0 for value in result.values())
 
 
@@ -27,3 +33,12 @@ def test_no_chunks_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--chunks", "0"])
     assert "--chunks" in capsys.readouterr().err
+
+
+async def test_the_prototype_relays_each_piece_unchanged_and_refuses_a_broken_one() -> None:
+    feed, transport = collapsed_chain()
+    feed(PIECE)
+    assert transport.writes == 1
+    assert transport.last == PIECE
+    with pytest.raises(Exception, match="callback"):  # httptools wraps the callback's error
+        feed(b"%x\r\n%b\r\n" % (len(b"[1]\n"), b"[1]\n"))
