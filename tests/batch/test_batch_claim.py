@@ -7,7 +7,6 @@ throughput for every key fell to ~2.5 lines/s and interactive requests waited on
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
@@ -17,7 +16,6 @@ from sqlalchemy.pool import StaticPool
 
 from gateway.batch.queue import LineQueue
 from gateway.db.tables import Base, BatchLineRow, BatchRow, as_utc
-from tests.support.servers import Database
 
 pytestmark = pytest.mark.anyio
 
@@ -57,17 +55,6 @@ async def _queue(engine: AsyncEngine, key_id: str, batch_id: str, lines: int, ag
         ]
         for start in range(0, len(rows), 5000):
             await conn.execute(insert(BatchLineRow), rows[start : start + 5000])
-
-
-@pytest.fixture
-async def engine(database: Database) -> AsyncIterator[AsyncEngine]:
-    engine = create_async_engine(database.url, **database.options)
-    async with engine.begin() as conn:
-        await conn.run_sync(Base.metadata.create_all)
-    try:
-        yield engine
-    finally:
-        await engine.dispose()
 
 
 @pytest.mark.slow  # over 0.5 s on 2 cores (the fast tier's rule)

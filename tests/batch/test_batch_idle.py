@@ -7,23 +7,20 @@ the queue depth, a claim) whatever the queue held, most of an idle gateway's CPU
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
 import anyio
 import pytest
 from sqlalchemy import event
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.batch.files import FileStore
 from gateway.batch.finalize import Finalizer
 from gateway.batch.queue import LineQueue
 from gateway.batch.runner import BatchRunner
-from gateway.db.tables import Base
 from gateway.policies import BatchPolicy
 from tests.batch.test_batch_claim import _queue
-from tests.support.servers import Database
 
 pytestmark = pytest.mark.anyio
 
@@ -36,17 +33,6 @@ POLICY = BatchPolicy(
     lease_seconds=60.0,
     poll_seconds=1.0,
 )
-
-
-@pytest.fixture
-async def engine(database: Database) -> AsyncIterator[AsyncEngine]:
-    engine = create_async_engine(database.url, **database.options)
-    async with engine.begin() as conn:
-        await conn.run_sync(Base.metadata.create_all)
-    try:
-        yield engine
-    finally:
-        await engine.dispose()
 
 
 class Depth:
