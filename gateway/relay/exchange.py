@@ -359,9 +359,17 @@ class Exchange:
         )
 
     async def push(
-        self, deliver: Callable[[list[Chunk]], None], writer: Writer, client_idle: float
+        self,
+        deliver: Callable[[list[Chunk]], None],
+        writer: Writer,
+        client_idle: float,
+        tick: Callable[[float], None] | None = None,
     ) -> None:
         """Deliver the first batch, then the rest from the upstream's callbacks (`Pump`).
+
+        With `tick`, the caller says the codec writes each chunk's `raw` and that `tick` is all
+        its `deliver` does beyond that for an in-between chunk with text: the decoder's lane
+        (`StreamDecoder.lane`) then relays such a read in one call, writing to `writer`.
 
         `divertible()` must be true and `open()` must have succeeded. Ends as `batches` does:
         after the final chunk (body drained), or after one error chunk that replaces a failure;
@@ -372,11 +380,13 @@ class Exchange:
         """
         assert self._first is not None  # noqa: S101 - open() succeeded
         assert is_divertible(self._reads)  # noqa: S101 - divertible()
+        assert self._decoder is not None  # noqa: S101 - divertible()
         deliver(self._first)
         if self._finished_by(self._first[-1]):
             await self._drain()
             return
-        pump = Pump(self._reads, self, deliver, writer, client_idle)
+        lane = self._decoder.lane(tick, writer.write) if tick is not None else None
+        pump = Pump(self._reads, self, deliver, writer, client_idle, lane)
         try:
             how = await pump.wait()
         finally:

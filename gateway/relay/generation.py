@@ -87,6 +87,10 @@ class Generation:
         observe: What each chunk passes through before the client gets it: the meter's
             `observe`, or, with `GATEWAY_OTEL_CAPTURE_CONTENT`, one that also keeps the text
             for the span (chosen once here, so no chunk pays for a test).
+        tick: All that `observe` does with a chunk that carries text and neither ends nor
+            fails the answer: the token clock's `tick`; None when `observe` does more (it keeps
+            the text), so that a decoder's lane (`gateway.upstream.dialects.base.Lane`) may
+            stand in for it only when nothing is skipped.
     """
 
     def __init__(
@@ -121,9 +125,11 @@ class Generation:
         self.span: Span | None = None
         self.answer: list[str] | None = None  # the text, kept only for a span that shows it
         self.observe: Callable[[Chunk], None] = meter.observe
+        self.tick: Callable[[float], None] | None = meter.tokens.tick
         if services.tracing is not None and services.tracing.capture_content:
             self.answer = []
             self.observe = self._observe_keeping_text
+            self.tick = None
 
     async def connect(self) -> Exchange:
         """Open an exchange with the best upstream, failing over to the next ones.

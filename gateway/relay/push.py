@@ -170,6 +170,9 @@ class Pump:
         deliver: Called with each batch of chunks, in order; writes them to the client.
         writer: The client's connection (its flow control).
         client_idle: Seconds the client may read nothing (`GATEWAY_IDLE_TIMEOUT`).
+        lane: The decoder's one-call relay of the usual read (`Lane` in
+            `gateway.upstream.dialects.base`), tried first for a read that is neither sliced
+            nor after the answer; None: none.
 
     `wait()` returns when the answer ended (completed, or ended by one error chunk) and its
     body was drained; it returns "end" when the body ended with bytes still undecoded, so that
@@ -186,8 +189,10 @@ class Pump:
         deliver: Callable[[list[Chunk]], None],
         writer: Writer,
         client_idle: float,
+        lane: Callable[[bytes], bool] | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
+        self._lane = lane
         self._source = source
         self._decoding = decoding
         self._deliver = deliver
@@ -248,6 +253,9 @@ class Pump:
             self._pending.append(memoryview(piece))
             self._start_slicing()
             return
+        lane = self._lane
+        if lane is not None and lane(piece):
+            return  # relayed as it came: never the final chunk, never a failure
         self._decode(piece)
 
     def end(self) -> None:

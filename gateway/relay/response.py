@@ -67,9 +67,16 @@ class Stream(Protocol):
         ...
 
     async def push(
-        self, deliver: Callable[[list[Chunk]], None], writer: Writer, client_idle: float
+        self,
+        deliver: Callable[[list[Chunk]], None],
+        writer: Writer,
+        client_idle: float,
+        tick: Callable[[float], None] | None = None,
     ) -> None:
         """Deliver every batch from the upstream's callbacks; never raises an upstream fault.
+
+        With `tick` (the codec writes the upstream's own bytes and `tick` is all the meter does
+        with an in-between chunk) the decoder's lane may relay the usual read in one call.
 
         Raises:
             ClientStalledError: the client read nothing for `client_idle` seconds.
@@ -97,6 +104,11 @@ class Run(Protocol):
     @property
     def observe(self) -> Callable[[Chunk], None]:
         """What each chunk passes through just before the client gets it (the meter)."""
+        ...
+
+    @property
+    def tick(self) -> Callable[[float], None] | None:
+        """All `observe` does with an in-between chunk with text (`Generation.tick`), or None."""
         ...
 
     async def connect(self) -> Stream:
@@ -233,7 +245,8 @@ class RelayResponse(Response):
                 if body:
                     writer.write(body)
 
-            await exchange.push(deliver, writer, self.idle_timeout)
+            tick = self.generation.tick if self.codec.writes_raw else None
+            await exchange.push(deliver, writer, self.idle_timeout, tick)
             await write({"type": "http.response.body", "body": b"", "more_body": False})
             return
         async with aclosing(exchange.batches()) as batches:

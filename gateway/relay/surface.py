@@ -18,9 +18,13 @@ class Codec(Protocol):
 
     Attributes:
         media_type: The `Content-Type` of a streamed answer (NDJSON, SSE).
+        writes_raw: `encode` writes a chunk that has `raw` (the upstream's own bytes, set only
+            by a decoder of the client's own format) as exactly those bytes, and nothing else
+            for it: a decoder's lane may then write a read itself (`gateway.relay.push`).
     """
 
     media_type: bytes
+    writes_raw: bool
 
     def encode(self, chunks: list[Chunk]) -> bytes:
         """The bytes that send `chunks` (one upstream read's) to a streaming client.

@@ -356,3 +356,72 @@ def test_a_stream_through_the_gateway_takes_the_push_path(
     assert lines[-1]["done"] is True
     assert "".join(line["response"] for line in lines) != ""
     assert waits == ["done"]
+
+
+@pytest.mark.anyio
+async def test_the_lane_relays_the_reads_it_takes_and_the_decoder_gets_the_rest() -> None:
+    taken: list[bytes] = []
+
+    def lane(piece: bytes) -> bool:  # takes the reads that begin with `fast`
+        if piece.startswith(b"fast"):
+            taken.append(piece)
+            return True
+        return False
+
+    source, writer, lines = Source(), Writer(), Lines()
+    delivered: list[list[Chunk]] = []
+    p = Pump(source, lines, delivered.append, writer, 5.0, lane)
+    task = await started(p)
+    p.body(b"fast 1\n")
+    p.body(b"a\n")
+    p.body(b"fast 2\n")
+    assert taken == [b"fast 1\n", b"fast 2\n"]
+    assert texts(delivered) == ["a"]
+    assert lines.fed == [2]  # the decoder saw only the read the lane refused
+    long = b"fast" + b"x" * READ_SLICE + b"\n"
+    p.body(long)  # a long read is sliced by the pump, never given to the lane whole
+    assert taken == [b"fast 1\n", b"fast 2\n"]
+    await asyncio.sleep(0.01)
+    assert sum(lines.fed[1:]) == len(long)
+    p.body(b"done\n")
+    p.body(b"fast 3\n")  # after the final chunk: drained, not relayed
+    assert taken == [b"fast 1\n", b"fast 2\n"]
+    assert texts(delivered)[-1] == "done"
+    assert p.received == 7 + 2 + 7 + len(long) + 5 + 7
+    p.end()
+    assert await task == "done"
+
+
+def test_a_streamed_ollama_answer_goes_through_the_decoders_lane(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gateway.upstream.dialects.ollama import NdjsonDecoder
+
+    relayed: list[bytes] = []
+    make = NdjsonDecoder.lane
+
+    def counting(self: NdjsonDecoder, tick, write):  # type: ignore[no-untyped-def]
+        relay = make(self, tick, write)
+
+        def counted(piece: bytes) -> bool:
+            taken = relay(piece)
+            if taken:
+                relayed.append(piece)
+            return taken
+
+        return counted
+
+    monkeypatch.setattr(NdjsonDecoder, "lane", counting)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with httpx.stream(
+        "POST", f"{gateway.url}/api/chat", json=body, headers=gateway.headers(), timeout=30
+    ) as response:
+        assert response.status_code == 200
+        lines = [line for line in response.iter_lines() if line]
+    objects = [json.loads(line) for line in lines]
+    assert objects[-1]["done"] is True
+    assert len(objects) >= 4
+    # Every line but the first (delivered with the answer's start) and the final one took the
+    # lane, and reached the client as the upstream wrote it.
+    assert [piece.rstrip(b"\n").decode() for piece in relayed] == lines[1:-1]
+    assert objects[-1]["eval_count"] == len(objects) - 1

@@ -39,6 +39,7 @@ class MessagesCodec:
     """The answer to `/v1/messages` (`gateway.relay.surface.Codec`); one per request."""
 
     media_type = SSE
+    writes_raw = False
 
     def __init__(self, request: GenerationRequest) -> None:
         self._model = request.model

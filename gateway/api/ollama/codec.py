@@ -30,6 +30,7 @@ class NdjsonCodec:
     """The answer to one `/api/generate` or `/api/chat` request (`gateway.relay.surface.Codec`)."""
 
     media_type = NDJSON
+    writes_raw = True  # an Ollama upstream's lines, as they came
 
     def __init__(self, request: GenerationRequest) -> None:
         self._chat = request.operation == "chat"
@@ -121,6 +122,7 @@ class EmbedCodec:
     """The answer to `/api/embed` or the legacy `/api/embeddings` (reference section 6.6)."""
 
     media_type = b"application/json; charset=utf-8"
+    writes_raw = False
 
     def __init__(self, request: GenerationRequest) -> None:
         self._request = request

@@ -34,6 +34,7 @@ class CompletionCodec:
     """The answer to `/v1/chat/completions` or `/v1/completions` (`relay.surface.Codec`)."""
 
     media_type = SSE
+    writes_raw = False
 
     def __init__(self, request: GenerationRequest) -> None:
         self._chat = request.operation == "chat"
@@ -158,6 +159,7 @@ class EmbeddingsCodec:
     """The answer to `/v1/embeddings` (section 7.4): `float` lists or `base64` float32."""
 
     media_type = b"application/json; charset=utf-8"
+    writes_raw = False
 
     def __init__(self, request: GenerationRequest) -> None:
         body = request.body

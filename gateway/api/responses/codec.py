@@ -58,6 +58,7 @@ class ResponsesCodec:
     """The answer to `/v1/responses` (`relay.surface.Codec`; module docstring)."""
 
     media_type = SSE
+    writes_raw = False
 
     def __init__(self, request: GenerationRequest) -> None:
         self._plan: Plan = getattr(request, "plan", None) or Plan()

@@ -12,6 +12,7 @@ encoding) are in `gateway.upstream.dialects.framing`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -93,6 +94,19 @@ class UpstreamCall:
     headers: dict[str, str]
 
 
+Lane = Callable[[bytes], bool]
+"""A decoder's fast path for one upstream read, `lane(piece) -> handled` (issue 27).
+
+Given a read that is exactly one whole, in-between unit of the answer (an NDJSON line neither
+final nor an error), it does in one call what decoding, metering, encoding and writing would:
+calls `tick(time.perf_counter())` when the unit carries generated text, writes the piece
+unchanged, returns True. For any other read it changes nothing and returns False: the caller
+then feeds the read to `StreamDecoder.feed`, whose checks and errors apply (a lane never
+raises). It accepts only what `feed` accepts and writes only what the codec would (the chunk's
+`raw`), so the client gets the same bytes either way (tests/upstream/test_lane.py).
+"""
+
+
 class StreamDecoder(Protocol):
     """Turns one upstream answer body into neutral chunks: bytes in, chunks out, no I/O.
 
@@ -117,6 +131,15 @@ class StreamDecoder(Protocol):
 
         Raises:
             StreamBrokenError: the answer ended before its final chunk (reference section 9.2).
+        """
+        ...
+
+    def lane(self, tick: Callable[[float], None], write: Callable[[bytes], None]) -> Lane | None:
+        """A one-call relay of the usual read when the client gets the upstream's own bytes.
+
+        Only a decoder whose chunks carry the upstream's bytes as `raw` in the client's format
+        offers one (`NdjsonDecoder`: an Ollama line to an Ollama client); others return None.
+        See `Lane` for what it must do and leave.
         """
         ...
 

@@ -11,6 +11,7 @@ the relay read (`gateway.upstream.dialects.base`).
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,6 +19,7 @@ from gateway.neutral import Chunk, GenerationRequest, Stats
 from gateway.upstream.dialects.base import (
     MAX_LINE_BYTES,
     AnswerTooLongError,
+    Lane,
     StreamBrokenError,
 )
 from gateway.upstream.dialects.json_codec import THREADED_JSON, decode_object, encode_json
@@ -28,10 +30,14 @@ class LineSplitter:
     r"""Splits a byte stream into lines as its pieces arrive; each line keeps its `\n`.
 
     A `bytearray` holds an unfinished line, so a long line's cost stays linear in its length.
+
+    Attributes:
+        pending: The unfinished line so far; the same object for the splitter's life (changed
+            in place), so a decoder's fast lane can hold it and see whether it is empty.
     """
 
     def __init__(self) -> None:
-        self._pending = bytearray()
+        self.pending = bytearray()
 
     def feed(self, data: bytes) -> list[bytes]:
         r"""Return the lines `data` completes, each ending in `\n`.
@@ -41,14 +47,14 @@ class LineSplitter:
         """
         newline = data.find(b"\n")
         if newline < 0:
-            self._pending += data
-            if len(self._pending) > MAX_LINE_BYTES:
+            self.pending += data
+            if len(self.pending) > MAX_LINE_BYTES:
                 raise AnswerTooLongError("upstream sent an over-long line")
             return []
-        if self._pending:
-            self._pending += data
-            data = bytes(self._pending)
-            self._pending.clear()
+        if self.pending:
+            self.pending += data
+            data = bytes(self.pending)
+            self.pending.clear()
         elif newline == len(data) - 1:
             return [data]  # the usual piece: one whole line (a token) per read
         *lines, rest = data.split(b"\n")
@@ -58,8 +64,8 @@ class LineSplitter:
 
     def rest(self) -> bytes:
         """Return (and forget) the unterminated last line, at the end of the stream."""
-        rest = bytes(self._pending)
-        self._pending.clear()
+        rest = bytes(self.pending)
+        self.pending.clear()
         return rest
 
 
@@ -103,6 +109,10 @@ class BodyDecoder:
         self.finished = False
         self._parse = parse
         self._body = bytearray()
+
+    def lane(self, tick: Callable[[float], None], write: Callable[[bytes], None]) -> Lane | None:  # noqa: ARG002
+        """None: a whole answer is parsed at its end (`StreamDecoder.lane`)."""
+        return None
 
     def feed(self, data: bytes) -> list[Chunk]:
         """Collect `data`; the chunk comes at the end (see `StreamDecoder.feed`)."""

@@ -12,13 +12,16 @@ unchanged to an Ollama client (`NdjsonDecoder`).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import httpx
+import orjson
 
 from gateway.neutral import Chunk, GenerationRequest, ToolCall
-from gateway.upstream.dialects.base import ModelInfo, StreamBrokenError, UpstreamCall
+from gateway.upstream.dialects.base import Lane, ModelInfo, StreamBrokenError, UpstreamCall
 from gateway.upstream.dialects.framing import (
     BodyDecoder,
     LineSplitter,
@@ -125,6 +128,48 @@ class NdjsonDecoder:
             exc.chunks = chunks
             raise
         return chunks
+
+    def lane(self, tick: Callable[[float], None], write: Callable[[bytes], None]) -> Lane:
+        """The one-call relay of a token's line, for a client of Ollama's API (`Lane`).
+
+        Why: the usual read of a streamed answer is one line, one token; decoded into a chunk,
+        metered, encoded and written it passes through about 15 Python calls, and their cost
+        with the CPU's caches cold between two reads is most of the gateway's CPU per chunk
+        (docs/performance.md, issue 27). The lane takes a read that is one whole JSON object
+        line, with no unfinished line before it, neither final (`done: true`) nor an error, and
+        without tool calls: the same test of the line `feed` makes (orjson accepts no line the
+        standard library refuses; a line orjson refuses goes to `feed`), the same token rule as
+        `from_ollama` and the meter (`content` or `thinking` text), and the line itself written,
+        as `NdjsonCodec` writes a chunk's `raw`.
+        """
+        pending = self._lines.pending
+        loads = orjson.loads
+        now = time.perf_counter
+
+        def relay(piece: bytes) -> bool:
+            if pending or self.finished or piece.find(b"\n") != len(piece) - 1:
+                return False
+            try:
+                data = loads(piece)
+            except orjson.JSONDecodeError:
+                return False
+            if type(data) is not dict or "error" in data or data.get("done") is True:
+                return False
+            message = data.get("message")
+            if type(message) is dict:
+                text, thinking = message.get("content"), message.get("thinking")
+                if message.get("tool_calls"):
+                    return False
+            else:
+                text, thinking = data.get("response"), data.get("thinking")
+                if data.get("tool_calls"):
+                    return False
+            if (type(text) is str and text) or (type(thinking) is str and thinking):
+                tick(now())
+            write(piece)
+            return True
+
+        return relay
 
     def end(self) -> list[Chunk]:
         """Return the chunk of an unterminated last line; raise if none ended the answer."""

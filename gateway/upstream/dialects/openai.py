@@ -29,6 +29,7 @@ the fallback); the translation of Ollama bodies is in `openai_request` already.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -37,6 +38,7 @@ from gateway.neutral import Chunk, GenerationRequest, Stats, TokenClock, ToolCal
 from gateway.upstream.dialects.base import (
     MAX_LINE_BYTES,
     AnswerTooLongError,
+    Lane,
     ModelInfo,
     StreamBrokenError,
     UpstreamCall,
@@ -145,6 +147,10 @@ class SseDecoder:
         self._lines = LineSplitter()
         self._data: list[bytes] = []  # the `data:` lines of the event being read
         self._data_bytes = 0  # their length, kept as they come (not summed per line)
+
+    def lane(self, tick: Callable[[float], None], write: Callable[[bytes], None]) -> Lane | None:  # noqa: ARG002
+        """None: the events are translated, never relayed as they came (`StreamDecoder.lane`)."""
+        return None
 
     def feed(self, data: bytes) -> list[Chunk]:
         """Return the chunks of the events `data` completes (see `StreamDecoder.feed`)."""

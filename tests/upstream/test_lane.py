@@ -1,0 +1,152 @@
+"""`NdjsonDecoder.lane`: the one-call relay of a token's line gives what the long way gives.
+
+The long way is what `RelayResponse` does with a read on the push path: `feed` decodes it,
+the meter observes each chunk (`RequestMeter.observe`: a token ticks the clock), `NdjsonCodec`
+encodes the batch, and the writer gets the bytes. For every read the lane takes (it returns
+True) the client must get the same bytes and the clock the same ticks; for every read it
+refuses it must change nothing, so that `feed` then decodes it exactly as before, errors and
+all (`gateway.upstream.dialects.base.Lane`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.api.ollama.codec import NdjsonCodec
+from gateway.neutral import Chunk, GenerationRequest, TokenClock
+from gateway.upstream.dialects.base import StreamBrokenError
+from gateway.upstream.dialects.ollama import NdjsonDecoder
+
+
+def line(obj: object) -> bytes:
+    return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
+
+
+CHAT = {"model": "m", "created_at": "2026-12-07T18:00:00Z", "done": False}
+
+TAKEN = [
+    line({**CHAT, "message": {"role": "assistant", "content": "word "}}),
+    line({**CHAT, "message": {"role": "assistant", "content": "é 世界 \u2028"}}),
+    line({**CHAT, "message": {"role": "assistant", "content": "", "thinking": "hmm"}}),
+    line({**CHAT, "message": {"role": "assistant", "content": ""}}),  # no token: no tick
+    line({**CHAT, "message": {"role": "assistant", "content": 7}}),  # not text: no tick
+    line({"model": "m", "response": "tok", "done": False}),  # /api/generate
+    line({"model": "m", "response": "", "thinking": "t", "done": False}),
+    line({"model": "m", "response": "x"}),  # no `done` at all: not final
+    line({"model": "m", "response": "x", "done": "true"}),  # a string is not `done: true`
+    line({"model": "m", "message": "not an object", "response": "r", "done": False}),
+    line({**CHAT, "message": {"content": "x", "tool_calls": []}}),  # empty: no call
+    line({**CHAT, "message": {"content": "x"}, "logprobs": [{"token": "x", "logprob": -0.1}]}),
+    line({"model": "m", "response": "big", "context": [12345678901234567890], "done": False}),
+    b'  {"model":"m","response":"spaced","done":false}  \r\n',
+]
+"""Reads the lane relays itself: one whole in-between object line."""
+
+REFUSED = [
+    line({**CHAT, "done": True, "done_reason": "stop", "eval_count": 3}),  # final
+    line({"error": "model exploded"}),  # an error line
+    line({**CHAT, "message": {"content": "", "tool_calls": [{"function": {"name": "f"}}]}}),
+    line({"model": "m", "response": "", "tool_calls": [{"function": {"name": "f"}}]}),
+    b"\n",  # blank: `feed` skips it
+    b"   \n",
+    line({**CHAT, "message": {"content": "a"}}) + line({**CHAT, "message": {"content": "b"}}),
+    line({**CHAT, "message": {"content": "a"}})[:-1],  # no newline yet
+    b'{"model":"m","response":NaN,"done":false}\n',  # orjson refuses; `json` decides
+    b'{"model":"m","response":"x","done":false} trailing\n',  # not one object
+    b"[1, 2]\n",  # not an object
+    b'"text"\n',
+    b"\xff\xfe\n",  # not UTF-8
+    b'{"model":"m","response":"x"\n',  # cut JSON
+]
+"""Reads the lane must leave to `feed` (which may decode, skip or refuse them)."""
+
+
+class Sink:
+    """The lane's `tick` and `write`, recorded."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.written: list[bytes] = []
+
+    def tick(self, now: float) -> None:
+        assert now > 0
+        self.ticks += 1
+
+    def write(self, body: bytes) -> None:
+        self.written.append(body)
+
+
+def long_way(piece: bytes, operation: str = "chat") -> tuple[bytes, int, list[Chunk]]:
+    """What the push path's decode, observe and encode make of `piece`: bytes, ticks, chunks."""
+    decoder = NdjsonDecoder()
+    chunks = decoder.feed(piece)
+    clock = TokenClock()
+    for chunk in chunks:  # as RequestMeter.observe
+        if chunk.text or chunk.thinking or chunk.tool_calls:
+            clock.tick(1.0)
+    request = GenerationRequest(surface="ollama", operation=operation, body={}, model="m")
+    return NdjsonCodec(request).encode(chunks) if chunks else b"", clock.count, chunks
+
+
+@pytest.mark.parametrize("piece", TAKEN, ids=range(len(TAKEN)))
+def test_a_token_line_is_relayed_by_the_lane_exactly_as_the_long_way(piece: bytes) -> None:
+    body, ticks, chunks = long_way(piece)
+    assert len(chunks) == 1
+    assert not chunks[0].done
+    assert chunks[0].error is None
+    decoder, sink = NdjsonDecoder(), Sink()
+    assert decoder.lane(sink.tick, sink.write)(piece) is True
+    assert sink.written == [body] == [piece]
+    assert sink.ticks == ticks
+    assert not decoder.finished
+
+
+@pytest.mark.parametrize("piece", REFUSED, ids=range(len(REFUSED)))
+def test_any_other_read_is_left_to_feed_untouched(piece: bytes) -> None:
+    decoder, sink = NdjsonDecoder(), Sink()
+    assert decoder.lane(sink.tick, sink.write)(piece) is False
+    assert (sink.written, sink.ticks) == ([], 0)
+    # `feed` then does what it does for a decoder that never saw the lane.
+    fresh = NdjsonDecoder()
+    try:
+        expected: object = [c.raw for c in fresh.feed(piece)]
+    except StreamBrokenError as exc:
+        expected = str(exc)
+    try:
+        got: object = [c.raw for c in decoder.feed(piece)]
+    except StreamBrokenError as exc:
+        got = str(exc)
+    assert got == expected
+    assert decoder.finished == fresh.finished
+
+
+def test_a_line_begun_in_an_earlier_read_is_left_to_feed() -> None:
+    whole = line({**CHAT, "message": {"content": "joined"}})
+    decoder, sink = NdjsonDecoder(), Sink()
+    relay = decoder.lane(sink.tick, sink.write)
+    assert relay(whole[:10]) is False
+    assert decoder.feed(whole[:10]) == []
+    rest = whole[10:]
+    assert relay(rest) is False  # whole on its own, but the start is in `feed`'s buffer
+    assert [c.raw for c in decoder.feed(rest)] == [whole]
+    assert relay(TAKEN[0]) is True  # the buffer is empty again
+    assert sink.written == [TAKEN[0]]
+
+
+def test_after_the_final_line_the_lane_takes_nothing() -> None:
+    decoder, sink = NdjsonDecoder(), Sink()
+    relay = decoder.lane(sink.tick, sink.write)
+    assert decoder.feed(REFUSED[0])[0].done
+    assert relay(TAKEN[0]) is False
+    assert decoder.feed(TAKEN[0]) == []  # ignored after the end, as before
+    assert sink.written == []
+
+
+def test_a_generate_line_gives_the_same_bytes_through_its_codec() -> None:
+    piece = line({"model": "m", "response": "tok", "done": False})
+    body, ticks, _ = long_way(piece, operation="generate")
+    sink = Sink()
+    assert NdjsonDecoder().lane(sink.tick, sink.write)(piece) is True
+    assert (sink.written, sink.ticks) == ([body], ticks) == ([piece], 1)
