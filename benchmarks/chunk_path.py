@@ -15,6 +15,8 @@ Three ways:
 - **caches evicted**: the same, with a write to every cache line of 8 MiB before each chunk,
   as the kernel's network stack, the event loop and other processes leave the caches between
   two chunks of a real run;
+- the same two with the decoder's lane (`NdjsonDecoder.lane`), as the gateway relays an
+  Ollama client's answer from an Ollama upstream;
 - and the same two for `collapsed_chain`, a prototype of the relay as one function per read.
 
     .venv/bin/python -m benchmarks.chunk_path          # about 20 s
@@ -105,10 +107,10 @@ class _Decoding:
     """`gateway.relay.push.Decoding` over the real NDJSON decoder (as `Exchange` is)."""
 
     def __init__(self) -> None:
-        self._decoder = NdjsonDecoder()
+        self.decoder = NdjsonDecoder()
 
     def feed(self, data: bytes) -> list[Chunk]:
-        return self._decoder.feed(data)
+        return self.decoder.feed(data)
 
     def finished_by(self, chunk: Chunk) -> bool:
         return chunk.error is not None or chunk.done
@@ -120,11 +122,14 @@ class _Decoding:
         return Chunk.failure("failed")
 
 
-def chain() -> tuple[Callable[[bytes], None], _Transport]:
+def chain(*, lane: bool = False) -> tuple[Callable[[bytes], None], _Transport]:
     """One stream's push path, from the upstream parser to the client's transport.
 
-    Must be called in a running event loop (`Pump` takes it). Returns the parser's `feed_data`
-    and the transport the client's bytes reach.
+    With `lane`, the pump tries the decoder's lane first (`NdjsonDecoder.lane`), as the
+    gateway does for an Ollama client of an Ollama upstream; without, every read is decoded,
+    metered, encoded and written (as for a translated surface). Must be called in a running
+    event loop (`Pump` takes it). Returns the parser's `feed_data` and the transport the
+    client's bytes reach.
     """
     clock = TokenClock()
     request = GenerationRequest(surface="ollama", operation="chat", body={}, model="bench:latest")
@@ -140,7 +145,9 @@ def chain() -> tuple[Callable[[bytes], None], _Transport]:
         if body:
             writer.write(body)
 
-    pump = Pump(_Source(), _Decoding(), deliver, writer, 3600.0)
+    decoding = _Decoding()
+    fast = decoding.decoder.lane(clock.tick, writer.write) if lane else None
+    pump = Pump(_Source(), decoding, deliver, writer, 3600.0, fast)
 
     class Parser:
         def on_body(self, body: bytes) -> None:
@@ -202,9 +209,10 @@ def _timed(streams: list[Callable[[bytes], None]], chunks: int, evict: bool) -> 
 
 
 async def run(chunks: int) -> dict[str, float]:
-    """µs per chunk, five ways (the keys of the returned dict).
+    """µs per chunk, seven ways (the keys of the returned dict).
 
-    `hot`, `in turn` and `evicted` for the push path; `one function, in turn` and `one function,
+    `hot`, `in turn` and `evicted` for the push path without the lane (every read decoded);
+    `lane, in turn` and `lane, evicted` with it; `one function, in turn` and `one function,
     evicted` for the prototype (`collapsed_chain`). `chunks` chunks hot and in turn; a quarter
     as many with the caches evicted (each eviction writes `EVICT_BYTES`).
     """
@@ -228,17 +236,20 @@ async def run(chunks: int) -> dict[str, float]:
         streams[n % 16](PIECE)
         evicted += time.perf_counter() - started
     prototype = [collapsed_chain()[0] for _ in range(16)]
+    laned = [chain(lane=True)[0] for _ in range(16)]
     return {
         "hot": hot / chunks * 1e6,
         "in turn": in_turn / chunks * 1e6,
         "evicted": evicted / cold * 1e6,
+        "lane, in turn": _timed(laned, chunks, evict=False),
+        "lane, evicted": _timed(laned, cold, evict=True),
         "one function, in turn": _timed(prototype, chunks, evict=False),
         "one function, evicted": _timed(prototype, cold, evict=True),
     }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Measure and print µs per chunk, three ways."""
+    """Measure and print µs per chunk, seven ways."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.chunk_path", description=__doc__)
     parser.add_argument("--chunks", type=int, default=40000, help="chunks per way (40000)")
     args = parser.parse_args(argv)
@@ -249,6 +260,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  hot, one chain             {result['hot']:6.2f}")
     print(f"  16 chains in turn          {result['in turn']:6.2f}")
     print(f"  16 chains, caches evicted  {result['evicted']:6.2f}")
+    print("the same with the decoder's lane (NdjsonDecoder.lane, as the gateway relays /api/chat)")
+    print(f"  16 chains in turn          {result['lane, in turn']:6.2f}")
+    print(f"  16 chains, caches evicted  {result['lane, evicted']:6.2f}")
     print("a prototype of one function per read (collapsed_chain: bounds the saving)")
     print(f"  16 chains in turn          {result['one function, in turn']:6.2f}")
     print(f"  16 chains, caches evicted  {result['one function, evicted']:6.2f}")

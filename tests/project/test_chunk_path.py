@@ -9,8 +9,9 @@ from benchmarks.chunk_path import LINE, PIECE, chain, collapsed_chain, main, run
 pytestmark = pytest.mark.anyio
 
 
-async def test_each_upstream_piece_is_written_to_the_client_as_one_chunk() -> None:
-    feed, transport = chain()
+@pytest.mark.parametrize("lane", [False, True])
+async def test_each_upstream_piece_is_written_to_the_client_as_one_chunk(lane: bool) -> None:
+    feed, transport = chain(lane=lane)
     for _ in range(3):
         feed(PIECE)
     assert transport.writes == 3
@@ -23,6 +24,8 @@ async def test_a_short_run_gives_three_timings() -> None:
         "hot",
         "in turn",
         "evicted",
+        "lane, in turn",
+        "lane, evicted",
         "one function, in turn",
         "one function, evicted",
     }
