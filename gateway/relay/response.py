@@ -75,8 +75,7 @@ class Stream(Protocol):
     ) -> None:
         """Deliver every batch from the upstream's callbacks; never raises an upstream fault.
 
-        With `tick` (the codec writes the upstream's own bytes and `tick` is all the meter does
-        with an in-between chunk) the decoder's lane may relay the usual read in one call.
+        `tick`: see `Exchange.push` (the decoder's lane relays a token's read in one call).
 
         Raises:
             ClientStalledError: the client read nothing for `client_idle` seconds.
@@ -106,10 +105,8 @@ class Run(Protocol):
         """What each chunk passes through just before the client gets it (the meter)."""
         ...
 
-    @property
-    def tick(self) -> Callable[[float], None] | None:
-        """All `observe` does with an in-between chunk with text (`Generation.tick`), or None."""
-        ...
+    tick: Callable[[float], None] | None
+    """All `observe` does with an in-between chunk with text (`Generation.tick`), or None."""
 
     async def connect(self) -> Stream:
         """Open the upstream answer (upstream choice, slot, failover).

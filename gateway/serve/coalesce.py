@@ -67,6 +67,15 @@ class HeadHoldingTransport:
         else:
             self._transport.write(data)
 
+    def bare(self) -> asyncio.Transport | HeadHoldingTransport:
+        """The wrapped transport while no head is held (a body may be written to it), else self.
+
+        Why: the push path writes every chunk of a streamed body (`gateway.serve.writer`);
+        once the head went out with the first piece, each later write through this proxy cost
+        two Python calls more (`is_closing`, `write`) for nothing.
+        """
+        return self._transport if self._held is None else self
+
     def flush(self) -> None:
         """Send a held head now."""
         if self._held is not None:

@@ -31,10 +31,11 @@ class BodyWriter:
     `pause_writing` and `resume_writing` (`listener` below).
     """
 
-    __slots__ = ("_cycle", "listener")
+    __slots__ = ("_cycle", "_transport", "listener")
 
     def __init__(self, cycle: Any) -> None:
         self._cycle = cycle
+        self._transport: Any = None  # the socket's own transport, once the head went out
         self.listener: Callable[[bool], None] | None = None
 
     def ready(self) -> bool:
@@ -55,7 +56,18 @@ class BodyWriter:
         cycle = self._cycle
         if cycle.disconnected or cycle.response_complete:
             return
-        transport = cycle.transport
+        transport = self._transport
+        if transport is None:  # the first piece: it takes the held head along
+            transport = cycle.transport
+            if transport.is_closing():
+                return
+            transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+            # Later pieces past the head-holding proxy (`gateway.serve.coalesce`): no head of
+            # this response is left to hold, and the next response's head is written after
+            # this one completed, when nothing is written here any more.
+            bare = getattr(transport, "bare", None)
+            self._transport = bare() if bare is not None else transport
+            return
         if transport.is_closing():
             return
         transport.write(b"%x\r\n%b\r\n" % (len(body), body))

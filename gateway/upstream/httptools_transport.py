@@ -221,6 +221,8 @@ class ResponseBody(httpx.AsyncByteStream):
         Once diverted, nothing is buffered and reading is paused only by `pause_reading`.
         """
         self._sink = sink
+        if self._connection is not None:  # later pieces straight from the connection
+            self._connection.send_body_to(sink.body if sink is not None else None)
         if sink is None:
             return
         pieces, self._pieces, self._buffered = self._pieces, [], 0

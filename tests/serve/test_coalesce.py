@@ -127,3 +127,49 @@ async def test_body_writes_pass_straight_through() -> None:
     held = HeadHoldingTransport(fake, asyncio.get_running_loop())  # type: ignore[arg-type]
     held.write(b"5\r\nhello\r\n")
     assert fake.writes == [b"5\r\nhello\r\n"]
+
+
+class Cycle:
+    """What `BodyWriter` reads of uvicorn's cycle: a chunked response under way."""
+
+    def __init__(self, transport: object) -> None:
+        self.transport = transport
+        self.disconnected = False
+        self.response_complete = False
+
+
+@pytest.mark.anyio
+async def test_the_push_path_writes_past_the_proxy_once_the_head_went_out() -> None:
+    from gateway.serve.writer import BodyWriter
+
+    fake = FakeTransport()
+    held = HeadHoldingTransport(fake, asyncio.get_running_loop())  # type: ignore[arg-type]
+    held.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    assert held.bare() is held  # a head is held: writes must go through the proxy
+    proxied: list[bytes] = []
+    write = held.write
+
+    def counted(data: bytes) -> None:
+        proxied.append(data)
+        write(data)
+
+    held.write = counted  # type: ignore[method-assign]
+    cycle = Cycle(held)
+    writer = BodyWriter(cycle)
+    writer.write(b"one")
+    writer.write(b"two")
+    writer.write(b"three")
+    # The first piece took the held head along; the others reached the socket's transport.
+    assert proxied == [b"3\r\none\r\n"]
+    assert held.bare() is fake
+    assert fake.writes == [
+        b"HTTP/1.1 200 OK\r\n\r\n3\r\none\r\n",
+        b"3\r\ntwo\r\n",
+        b"5\r\nthree\r\n",
+    ]
+    fake.closed = True
+    writer.write(b"lost")  # a closing transport is not written to, directly either
+    cycle.response_complete = True
+    fake.closed = False
+    writer.write(b"late")  # nor is a completed response's
+    assert len(fake.writes) == 3

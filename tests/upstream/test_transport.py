@@ -596,6 +596,72 @@ async def test_httptools_pauses_reading_while_the_reader_is_behind():
     assert received == size
 
 
+async def test_httptools_a_diverted_body_goes_from_the_connection_to_the_sink_and_back():
+    go = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\none\r\n")
+        for piece in (b"two", b"six"):
+            await go.wait()
+            go.clear()
+            writer.write(b"3\r\n%b\r\n" % piece)
+        await go.wait()
+        writer.write(b"0\r\n\r\n")
+        await reader.read()
+
+    class Sink:
+        def __init__(self) -> None:
+            self.pieces: list[bytes] = []
+            self.ended = False
+
+        def body(self, piece: bytes) -> None:
+            self.pieces.append(piece)
+
+        def end(self) -> None:
+            self.ended = True
+
+        def fail(self, exc: Exception) -> None:
+            raise AssertionError(exc)
+
+    transport = HttptoolsTransport(httpx.Limits(max_connections=1))
+    async with serving(handler) as (url, _):
+        response = await transport.handle_async_request(httpx.Request("GET", url))
+        body = response.stream
+        assert isinstance(body, ResponseBody)
+        buffered = body.body
+        calls: list[bytes] = []
+
+        def counted(piece: bytes) -> None:  # the answer's own `body`, from here on
+            calls.append(piece)
+            buffered(piece)
+
+        body.body = counted  # type: ignore[method-assign]
+        await asyncio.sleep(0.05)  # `one` arrived and is buffered
+        sink = Sink()
+        body.divert(sink)
+        assert sink.pieces == [b"one"]
+        go.set()
+        with anyio.fail_after(5):
+            while len(sink.pieces) < 2:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        assert sink.pieces == [b"one", b"two"]
+        assert calls == []  # the connection called the sink itself
+        body.divert(None)  # detached: the body is buffered for a reader again
+        go.set()
+        with anyio.fail_after(5):
+            assert await body.__anext__() == b"six"
+        assert calls == [b"six"]
+        assert sink.pieces == [b"one", b"two"]
+        go.set()
+        with anyio.fail_after(5):
+            with pytest.raises(StopAsyncIteration):
+                await body.__anext__()
+        assert not sink.ended
+        await body.aclose()
+        await transport.aclose()
+
+
 async def test_httptools_refuses_a_line_break_in_a_request_header():
     async with serving(answering()) as (url, _), client(url, HttptoolsTransport) as http:
         with pytest.raises(httpx.LocalProtocolError):
