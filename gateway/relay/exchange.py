@@ -70,6 +70,7 @@ from gateway.upstream.dialects.base import (
     Dialect,
     StreamBrokenError,
     StreamDecoder,
+    TextEvent,
     requested_vectors,
 )
 from gateway.upstream.errors import (
@@ -364,12 +365,15 @@ class Exchange:
         writer: Writer,
         client_idle: float,
         tick: Callable[[float], None] | None = None,
+        text_event: TextEvent | None = None,
     ) -> None:
         """Deliver the first batch, then the rest from the upstream's callbacks (`Pump`).
 
-        With `tick`, the caller says the codec writes each chunk's `raw` and that `tick` is all
-        its `deliver` does beyond that for an in-between chunk with text: the decoder's lane
-        (`StreamDecoder.lane`) then relays such a read in one call, writing to `writer`.
+        With `tick`, the caller says that `tick` is all its `deliver` does, beyond encoding
+        and writing, with an in-between chunk that carries text, and that its codec writes
+        each chunk's `raw` (`text_event` None) or writes a chunk of text alone as
+        `text_event` does: the decoder's lane (`StreamDecoder.lane`) then relays such a read
+        in one call, writing to `writer`.
 
         `divertible()` must be true and `open()` must have succeeded. Ends as `batches` does:
         after the final chunk (body drained), or after one error chunk that replaces a failure;
@@ -385,7 +389,7 @@ class Exchange:
         if self._finished_by(self._first[-1]):
             await self._drain()
             return
-        lane = self._decoder.lane(tick, writer.write) if tick is not None else None
+        lane = None if tick is None else self._decoder.lane(tick, writer.write, text_event)
         pump = Pump(self._reads, self, deliver, writer, client_idle, lane)
         try:
             how = await pump.wait()

@@ -10,6 +10,10 @@ reach 2x nginx?"). Here, once the answer has started, each upstream read is deco
 encoded and written to the client inside the upstream protocol's `data_received`: the response's
 task only waits for the end.
 
+A read that is one whole in-between unit of the answer (a token's line) is first offered to the
+decoder's lane (`gateway.upstream.dialects.base.Lane`), which decodes, meters, encodes and writes
+it in one call; what it refuses takes the long way (the decoder, `deliver`).
+
 Everything the pull path guarantees holds, each from a timer or a callback instead of an
 `await`:
 
@@ -254,8 +258,13 @@ class Pump:
             self._start_slicing()
             return
         lane = self._lane
-        if lane is not None and lane(piece):
-            return  # relayed as it came: never the final chunk, never a failure
+        if lane is not None:
+            try:
+                if lane(piece):
+                    return  # relayed in one call: never the final chunk, never a failure
+            except Exception as exc:  # a bug: one error chunk ends the stream, as in `_decode`
+                self._fail(exc, request_deadline=False)
+                return
         self._decode(piece)
 
     def end(self) -> None:

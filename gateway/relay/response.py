@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, Callable
-from contextlib import aclosing
 from typing import Protocol
 
 import anyio
@@ -40,6 +39,7 @@ from gateway.relay.deadline import IdleDeadline
 from gateway.relay.disconnect import watch_disconnect
 from gateway.relay.push import WRITER, ClientStalledError, Writer
 from gateway.relay.surface import Codec
+from gateway.upstream.dialects.base import TextEvent
 
 logger = logging.getLogger("gateway.relay")
 
@@ -72,10 +72,9 @@ class Stream(Protocol):
         writer: Writer,
         client_idle: float,
         tick: Callable[[float], None] | None = None,
+        text_event: TextEvent | None = None,
     ) -> None:
-        """Deliver every batch from the upstream's callbacks; never raises an upstream fault.
-
-        `tick`: see `Exchange.push` (the decoder's lane relays a token's read in one call).
+        """Deliver each batch from upstream callbacks (`Exchange.push`); raises no upstream fault.
 
         Raises:
             ClientStalledError: the client read nothing for `client_idle` seconds.
@@ -242,11 +241,12 @@ class RelayResponse(Response):
                 if body:
                     writer.write(body)
 
-            tick = self.generation.tick if self.codec.writes_raw else None
-            await exchange.push(deliver, writer, self.idle_timeout, tick)
+            text_event = None if self.codec.writes_raw else self.codec.text_event
+            tick = self.generation.tick if self.codec.writes_raw or text_event else None
+            await exchange.push(deliver, writer, self.idle_timeout, tick, text_event)
             await write({"type": "http.response.body", "body": b"", "more_body": False})
             return
-        async with aclosing(exchange.batches()) as batches:
+        async with contextlib.aclosing(exchange.batches()) as batches:
             async for batch in batches:
                 for chunk in batch:
                     observe(chunk)

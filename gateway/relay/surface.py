@@ -11,6 +11,7 @@ from typing import Protocol
 
 from gateway.neutral import Chunk, GenerationRequest
 from gateway.settings import Settings
+from gateway.upstream.dialects.base import TextEvent
 
 
 class Codec(Protocol):
@@ -21,10 +22,13 @@ class Codec(Protocol):
         writes_raw: `encode` writes a chunk that has `raw` (the upstream's own bytes, set only
             by a decoder of the client's own format) as exactly those bytes, and nothing else
             for it: a decoder's lane may then write a read itself (`gateway.relay.push`).
+        text_event: For a translated surface, the bytes `encode` writes for a chunk of text
+            alone, in one call (`TextEvent`, for a decoder's lane); None: none.
     """
 
     media_type: bytes
     writes_raw: bool
+    text_event: TextEvent | None
 
     def encode(self, chunks: list[Chunk]) -> bytes:
         """The bytes that send `chunks` (one upstream read's) to a streaming client.

@@ -400,7 +400,8 @@ def test_a_streamed_ollama_answer_goes_through_the_decoders_lane(
     relayed: list[bytes] = []
     make = NdjsonDecoder.lane
 
-    def counting(self: NdjsonDecoder, tick, write):  # type: ignore[no-untyped-def]
+    def counting(self: NdjsonDecoder, tick, write, text_event=None):  # type: ignore[no-untyped-def]
+        assert text_event is None  # an Ollama client: the upstream's own lines
         relay = make(self, tick, write)
 
         def counted(piece: bytes) -> bool:
@@ -425,3 +426,75 @@ def test_a_streamed_ollama_answer_goes_through_the_decoders_lane(
     # lane, and reached the client as the upstream wrote it.
     assert [piece.rstrip(b"\n").decode() for piece in relayed] == lines[1:-1]
     assert objects[-1]["eval_count"] == len(objects) - 1
+
+
+def test_an_openai_client_gets_the_same_stream_with_the_lane_as_without(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import openai
+
+    from gateway.upstream.dialects.ollama import NdjsonDecoder
+
+    taken: list[bytes] = []
+    make = NdjsonDecoder.lane
+    enabled = True
+
+    def counting(self: NdjsonDecoder, tick, write, text_event=None):  # type: ignore[no-untyped-def]
+        assert text_event is not None  # an SSE client: the codec's text events
+        relay = make(self, tick, write, text_event)
+
+        def counted(piece: bytes) -> bool:
+            if not enabled:
+                return False  # the long way, for the comparison
+            done = relay(piece)
+            if done:
+                taken.append(piece)
+            return done
+
+        return counted
+
+    monkeypatch.setattr(NdjsonDecoder, "lane", counting)
+
+    def stream() -> list[tuple[object, ...]]:
+        with openai.OpenAI(
+            base_url=f"{gateway.url}/v1", api_key=gateway.key, max_retries=0
+        ) as client:
+            events = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hello"}], stream=True
+            )
+            return [
+                (
+                    event.object,
+                    event.model,
+                    choice.index,
+                    choice.delta.role,
+                    choice.delta.content,
+                    choice.finish_reason,
+                )
+                for event in events
+                for choice in event.choices
+            ]
+
+    laned = stream()
+    # Every token's line but the first (which carries the role) took the lane; the finish
+    # event came from the final line, the long way.
+    assert len(taken) == len(laned) - 2 > 0
+    assert laned[-1][-1] == "stop"
+    enabled = False
+    assert stream() == laned
+
+
+@pytest.mark.anyio
+async def test_a_lane_that_raises_ends_the_stream_with_one_error_chunk() -> None:
+    def lane(piece: bytes) -> bool:
+        raise RuntimeError("a bug")
+
+    source, writer, lines = Source(), Writer(), Lines()
+    delivered: list[list[Chunk]] = []
+    p = Pump(source, lines, delivered.append, writer, 5.0, lane)
+    task = await started(p)
+    p.body(b"a\n")
+    assert await task == "done"
+    assert texts(delivered) == ["!failed: RuntimeError"]
+    assert lines.failures == [("RuntimeError", False)]
+    assert source.sink is None

@@ -1,5 +1,8 @@
 """`NdjsonDecoder.lane`: the one-call relay of a token's line gives what the long way gives.
 
+Two ways: to an Ollama client (the line relayed as it came) and to an OpenAI client (the line's
+text written as `CompletionCodec.text_event` writes it).
+
 The long way is what `RelayResponse` does with a read on the push path: `feed` decodes it,
 the meter observes each chunk (`RequestMeter.observe`: a token ticks the clock), `NdjsonCodec`
 encodes the batch, and the writer gets the bytes. For every read the lane takes (it returns
@@ -15,6 +18,7 @@ import json
 import pytest
 
 from gateway.api.ollama.codec import NdjsonCodec
+from gateway.api.openai.codec import CompletionCodec
 from gateway.neutral import Chunk, GenerationRequest, TokenClock
 from gateway.upstream.dialects.base import StreamBrokenError
 from gateway.upstream.dialects.ollama import NdjsonDecoder
@@ -150,3 +154,72 @@ def test_a_generate_line_gives_the_same_bytes_through_its_codec() -> None:
     sink = Sink()
     assert NdjsonDecoder().lane(sink.tick, sink.write)(piece) is True
     assert (sink.written, sink.ticks) == ([body], ticks) == ([piece], 1)
+
+
+TEXTS = [
+    "word ",
+    "é 世界",
+    'quote " and \\ back',
+    "line\nbreak\ttab\x01",
+    "\u2028\u2029",
+    "🙂",
+    "<\x7f>",
+]
+
+
+def completion_codec(operation: str = "chat", model: str = "m") -> CompletionCodec:
+    request = GenerationRequest(surface="openai", operation=operation, body={}, model=model)
+    return CompletionCodec(request)
+
+
+@pytest.mark.parametrize("operation", ["chat", "generate"])
+def test_a_text_line_is_translated_by_the_lane_exactly_as_the_codec_encodes_it(
+    operation: str,
+) -> None:
+    lane_codec, long_codec = completion_codec(operation), completion_codec(operation)
+    lane_codec._id = long_codec._id  # the same stream's id and time on both sides
+    lane_codec._created = long_codec._created
+    first = Chunk(text="first")  # the role goes out with the first delta, the long way
+    assert lane_codec.encode([first]) == long_codec.encode([first])
+    assert lane_codec.text_event is not None
+    decoder, sink = NdjsonDecoder(), Sink()
+    relay = decoder.lane(sink.tick, sink.write, lane_codec.text_event)
+    for text in TEXTS:
+        piece = line({**CHAT, "message": {"role": "assistant", "content": text}})
+        assert relay(piece) is True
+        assert sink.written[-1] == long_codec.encode(NdjsonDecoder().feed(piece))
+    assert sink.ticks == len(TEXTS)
+    final = Chunk(done=True, done_reason="stop")
+    assert lane_codec.encode([final]) == long_codec.encode([final])  # the same count kept
+    assert lane_codec._generated == long_codec._generated == len(TEXTS) + 1
+
+
+def test_the_translating_lane_leaves_all_but_text_alone_to_the_long_way() -> None:
+    codec = completion_codec()
+    assert codec.text_event is not None
+    decoder, sink = NdjsonDecoder(), Sink()
+    relay = decoder.lane(sink.tick, sink.write, codec.text_event)
+    token = line({**CHAT, "message": {"content": "x"}})
+    assert relay(token) is False  # the first delta carries the role: the codec says no
+    codec.encode([Chunk(text="first")])
+    others = [
+        line({**CHAT, "message": {"content": "", "thinking": "hmm"}}),
+        line({**CHAT, "message": {"content": "x", "thinking": "hmm"}}),
+        line({**CHAT, "message": {"content": ""}}),
+        line({**CHAT, "message": {"content": "x"}, "logprobs": [{"token": "x", "logprob": -1}]}),
+        *REFUSED,
+    ]
+    for piece in others:
+        assert relay(piece) is False
+    assert (sink.written, sink.ticks) == ([], 0)
+    assert codec._generated == 1
+    assert relay(token) is True
+
+
+def test_no_text_event_is_spliced_where_the_encoder_would_escape_the_whole_event() -> None:
+    codec = completion_codec(model="lone \ud800 surrogate")  # written ASCII-escaped, all of it
+    codec.encode([Chunk(text="first")])
+    assert codec.text_event is not None
+    assert codec.text_event("é") is None
+    assert codec.text_event("x") is None
+    assert codec._generated == 1

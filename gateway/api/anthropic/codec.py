@@ -22,6 +22,7 @@ import secrets
 from typing import Any
 
 from gateway.neutral import Chunk, GenerationRequest, ToolCall
+from gateway.upstream.dialects.base import TextEvent
 from gateway.upstream.dialects.json_codec import encode_json
 from gateway.wire.json import parse_arguments
 
@@ -40,6 +41,7 @@ class MessagesCodec:
 
     media_type = SSE
     writes_raw = False
+    text_event: TextEvent | None = None
 
     def __init__(self, request: GenerationRequest) -> None:
         self._model = request.model

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.neutral import Chunk, GenerationRequest, ToolCall
+from gateway.upstream.dialects.base import TextEvent
 from gateway.upstream.dialects.framing import (
     JsonList,
     encode_json_stepwise,
@@ -31,6 +32,7 @@ class NdjsonCodec:
 
     media_type = NDJSON
     writes_raw = True  # an Ollama upstream's lines, as they came
+    text_event: TextEvent | None = None
 
     def __init__(self, request: GenerationRequest) -> None:
         self._chat = request.operation == "chat"
@@ -123,6 +125,7 @@ class EmbedCodec:
 
     media_type = b"application/json; charset=utf-8"
     writes_raw = False
+    text_event: TextEvent | None = None
 
     def __init__(self, request: GenerationRequest) -> None:
         self._request = request

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from gateway.neutral import Chunk, GenerationRequest, ToolCall
+from gateway.upstream.dialects.base import TextEvent
 from gateway.upstream.dialects.framing import JsonList, encode_json_stepwise
 from gateway.upstream.dialects.json_codec import encode_json
 
@@ -51,6 +52,37 @@ class CompletionCodec:
         self._tool_calls: list[ToolCall] = []
         self._logprobs = JsonList()  # in OpenAI's shape already (`_token_logprobs`)
         self._last: Chunk | None = None
+        self._around_text: tuple[bytes, bytes] | None = None  # a text event but its text
+        self._no_text_events = False  # the event's other fields cannot be kept apart
+        self.text_event: TextEvent | None = self._text_event
+
+    def _text_event(self, text: str) -> bytes | None:
+        """A text delta's event (`TextEvent`): `encode([Chunk(text=text)])`, in one splice.
+
+        None until the role went out with the first delta (chat), and for a stream whose
+        other fields the JSON encoder would write differently around another text (a model
+        name it can write only ASCII-escaped: never with `_around_text`'s splice).
+        """
+        around = self._around_text
+        if around is None:
+            if self._no_text_events or (self._chat and not self._role_sent):
+                return None
+            around = self._text_frame()
+            if around is None:
+                self._no_text_events = True
+                return None
+        self._generated += 1
+        return around[0] + encode_json(text) + around[1]
+
+    def _text_frame(self) -> tuple[bytes, bytes] | None:
+        """The bytes of a text delta's event before and after its JSON string, if they hold."""
+        probe = 'probe "é\n\u2028'
+        delta = {"content": probe} if self._chat else {"text": probe}
+        event = _event(self._frame(delta, None, None))
+        before, found, after = event.rpartition(encode_json(probe))
+        if not found:
+            return None
+        return before, after
 
     def encode(self, chunks: list[Chunk]) -> bytes:
         """SSE events for `chunks` (module docstring)."""
@@ -160,6 +192,7 @@ class EmbeddingsCodec:
 
     media_type = b"application/json; charset=utf-8"
     writes_raw = False
+    text_event: TextEvent | None = None
 
     def __init__(self, request: GenerationRequest) -> None:
         body = request.body

@@ -35,6 +35,7 @@ from typing import Any
 
 from gateway.api.responses.schema import Plan, ToolName
 from gateway.neutral import Chunk, GenerationRequest, ToolCall
+from gateway.upstream.dialects.base import TextEvent
 from gateway.upstream.dialects.json_codec import encode_json
 from gateway.wire.json import parse_arguments
 
@@ -59,6 +60,7 @@ class ResponsesCodec:
 
     media_type = SSE
     writes_raw = False
+    text_event: TextEvent | None = None
 
     def __init__(self, request: GenerationRequest) -> None:
         self._plan: Plan = getattr(request, "plan", None) or Plan()

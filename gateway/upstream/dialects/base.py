@@ -99,12 +99,20 @@ Lane = Callable[[bytes], bool]
 
 Given a read that is exactly one whole, in-between unit of the answer (an NDJSON line neither
 final nor an error), it does in one call what decoding, metering, encoding and writing would:
-calls `tick(time.perf_counter())` when the unit carries generated text, writes the piece
-unchanged, returns True. For any other read it changes nothing and returns False: the caller
-then feeds the read to `StreamDecoder.feed`, whose checks and errors apply (a lane never
-raises). It accepts only what `feed` accepts and writes only what the codec would (the chunk's
-`raw`), so the client gets the same bytes either way (tests/upstream/test_lane.py).
+calls `tick(time.perf_counter())` when the unit carries generated text, writes what the
+client's codec would write for it, returns True. For any other read it changes nothing and
+returns False: the caller then feeds the read to `StreamDecoder.feed`, whose checks and errors
+apply (a lane never raises). It accepts only what `feed` accepts and writes only what the codec
+would: the piece unchanged when the codec writes a chunk's `raw`, else the codec's `TextEvent`
+for a unit that carries text alone; so the client gets the same bytes either way
+(tests/upstream/test_lane.py).
 """
+
+TextEvent = Callable[[str], bytes | None]
+"""A codec's bytes for an in-between chunk that carries only `text` (no thinking, tool calls or
+log probabilities), as `encode([Chunk(text=text)])` would write them now, with the codec's state
+moved on as `encode` would move it; None when the codec's state asks for more (say, the
+first delta's role): then nothing was changed, and the chunk goes the long way."""
 
 
 class StreamDecoder(Protocol):
@@ -134,12 +142,17 @@ class StreamDecoder(Protocol):
         """
         ...
 
-    def lane(self, tick: Callable[[float], None], write: Callable[[bytes], None]) -> Lane | None:
-        """A one-call relay of the usual read when the client gets the upstream's own bytes.
+    def lane(
+        self,
+        tick: Callable[[float], None],
+        write: Callable[[bytes], None],
+        text_event: TextEvent | None = None,
+    ) -> Lane | None:
+        """A one-call relay of the usual read (`Lane`), or None when the decoder has none.
 
-        Only a decoder whose chunks carry the upstream's bytes as `raw` in the client's format
-        offers one (`NdjsonDecoder`: an Ollama line to an Ollama client); others return None.
-        See `Lane` for what it must do and leave.
+        Without `text_event` the client's codec writes each chunk's `raw` (the upstream's own
+        bytes in the client's format: an Ollama line to an Ollama client); with it, a chunk of
+        text alone is written as `text_event(text)` (a translated surface).
         """
         ...
 

@@ -21,6 +21,7 @@ from gateway.upstream.dialects.base import (
     AnswerTooLongError,
     Lane,
     StreamBrokenError,
+    TextEvent,
 )
 from gateway.upstream.dialects.json_codec import THREADED_JSON, decode_object, encode_json
 from gateway.wire.json import INLINE_PARSE_BYTES
@@ -110,7 +111,12 @@ class BodyDecoder:
         self._parse = parse
         self._body = bytearray()
 
-    def lane(self, tick: Callable[[float], None], write: Callable[[bytes], None]) -> Lane | None:  # noqa: ARG002
+    def lane(
+        self,
+        tick: Callable[[float], None],  # noqa: ARG002
+        write: Callable[[bytes], None],  # noqa: ARG002
+        text_event: TextEvent | None = None,  # noqa: ARG002
+    ) -> Lane | None:
         """None: a whole answer is parsed at its end (`StreamDecoder.lane`)."""
         return None
 

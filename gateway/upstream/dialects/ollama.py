@@ -21,7 +21,13 @@ import httpx
 import orjson
 
 from gateway.neutral import Chunk, GenerationRequest, ToolCall
-from gateway.upstream.dialects.base import Lane, ModelInfo, StreamBrokenError, UpstreamCall
+from gateway.upstream.dialects.base import (
+    Lane,
+    ModelInfo,
+    StreamBrokenError,
+    TextEvent,
+    UpstreamCall,
+)
 from gateway.upstream.dialects.framing import (
     BodyDecoder,
     LineSplitter,
@@ -129,8 +135,13 @@ class NdjsonDecoder:
             raise
         return chunks
 
-    def lane(self, tick: Callable[[float], None], write: Callable[[bytes], None]) -> Lane:
-        """The one-call relay of a token's line, for a client of Ollama's API (`Lane`).
+    def lane(
+        self,
+        tick: Callable[[float], None],
+        write: Callable[[bytes], None],
+        text_event: TextEvent | None = None,
+    ) -> Lane:
+        """The one-call relay of a token's line (`Lane`).
 
         Why: the usual read of a streamed answer is one line, one token; decoded into a chunk,
         metered, encoded and written it passes through about 15 Python calls, and their cost
@@ -138,9 +149,11 @@ class NdjsonDecoder:
         (docs/performance.md, issue 27). The lane takes a read that is one whole JSON object
         line, with no unfinished line before it, neither final (`done: true`) nor an error, and
         without tool calls: the same test of the line `feed` makes (orjson accepts no line the
-        standard library refuses; a line orjson refuses goes to `feed`), the same token rule as
-        `from_ollama` and the meter (`content` or `thinking` text), and the line itself written,
-        as `NdjsonCodec` writes a chunk's `raw`.
+        standard library refuses; a line orjson refuses goes to `feed`), and the same token rule
+        as `from_ollama` and the meter (`content` or `thinking` text). Without `text_event` it
+        writes the line itself, as `NdjsonCodec` writes a chunk's `raw`; with it, only a line
+        whose one output is text (no thinking, no `logprobs`) is taken, and written as
+        `text_event(text)` says.
         """
         pending = self._lines.pending
         loads = orjson.loads
@@ -156,14 +169,20 @@ class NdjsonDecoder:
             if type(data) is not dict or "error" in data or data.get("done") is True:
                 return False
             message = data.get("message")
-            if type(message) is dict:
-                text, thinking = message.get("content"), message.get("thinking")
-                if message.get("tool_calls"):
+            source = message if type(message) is dict else data
+            if source.get("tool_calls"):
+                return False
+            text = source.get("content") if source is message else data.get("response")
+            thinking = source.get("thinking")
+            if text_event is not None:  # a translated surface: text alone, or the long way
+                if type(text) is not str or not text or thinking or data.get("logprobs"):
                     return False
-            else:
-                text, thinking = data.get("response"), data.get("thinking")
-                if data.get("tool_calls"):
+                body = text_event(text)
+                if body is None:
                     return False
+                tick(now())
+                write(body)
+                return True
             if (type(text) is str and text) or (type(thinking) is str and thinking):
                 tick(now())
             write(piece)

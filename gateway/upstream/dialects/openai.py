@@ -41,6 +41,7 @@ from gateway.upstream.dialects.base import (
     Lane,
     ModelInfo,
     StreamBrokenError,
+    TextEvent,
     UpstreamCall,
 )
 from gateway.upstream.dialects.framing import (
@@ -148,7 +149,12 @@ class SseDecoder:
         self._data: list[bytes] = []  # the `data:` lines of the event being read
         self._data_bytes = 0  # their length, kept as they come (not summed per line)
 
-    def lane(self, tick: Callable[[float], None], write: Callable[[bytes], None]) -> Lane | None:  # noqa: ARG002
+    def lane(
+        self,
+        tick: Callable[[float], None],  # noqa: ARG002
+        write: Callable[[bytes], None],  # noqa: ARG002
+        text_event: TextEvent | None = None,  # noqa: ARG002
+    ) -> Lane | None:
         """None: the events are translated, never relayed as they came (`StreamDecoder.lane`)."""
         return None
 
