@@ -145,6 +145,11 @@ def test_uvicorns_server_still_has_the_exit_handler_the_drain_wraps() -> None:
     # gateway/serve/server.py: DrainingServer delays handle_exit by the drain.
     assert callable(getattr(uvicorn.Server, "handle_exit", None))
     assert "handle_exit" in vars(DrainingServer)
+    # DrainingServer.main_loop replaces uvicorn's, calling on_tick with its 0.1 s tick count.
+    assert "main_loop" in vars(DrainingServer)
+    assert list(inspect.signature(uvicorn.Server.on_tick).parameters) == ["self", "counter"]
+    assert "counter % 10 == 0" in inspect.getsource(uvicorn.Server.on_tick)
+    assert _assigns(uvicorn.Server, "should_exit")
 
 
 def test_limits_memory_storage_still_schedules_expiry_under_the_overridden_name() -> None:
