@@ -235,6 +235,8 @@ class BatchPolicy:
         retry_max_seconds: Longest backoff.
         lease_seconds: A claimed line's lease (renewed while it runs).
         poll_seconds: Seconds between two looks for work when nothing wakes the runner.
+        idle_poll_seconds: The same while no batch is open on any replica (at least
+            `poll_seconds`).
     """
 
     max_concurrent: int
@@ -244,6 +246,7 @@ class BatchPolicy:
     retry_max_seconds: float
     lease_seconds: float
     poll_seconds: float
+    idle_poll_seconds: float
 
     @classmethod
     def of(cls, settings: Settings) -> BatchPolicy:
@@ -256,4 +259,5 @@ class BatchPolicy:
             retry_max_seconds=settings.batch_retry_max_seconds,
             lease_seconds=settings.batch_lease_seconds,
             poll_seconds=settings.batch_poll_seconds,
+            idle_poll_seconds=max(settings.batch_idle_poll_seconds, settings.batch_poll_seconds),
         )

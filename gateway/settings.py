@@ -436,6 +436,14 @@ class Settings(BaseSettings):
     batch_poll_seconds: float = Field(
         1.0, gt=0, le=60, description="Seconds between looks for new batch work."
     )
+    batch_idle_poll_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="Seconds between looks while no batch is open on any replica (at least "
+        "GATEWAY_BATCH_POLL_SECONDS): a batch created in this process starts at once, one "
+        "created through another replica within this long.",
+    )
     batch_storage_dir: str = Field(
         "",
         description="Directory for file contents; empty keeps them in the database.",

@@ -113,6 +113,9 @@ def test_upload_limits_and_batch_policy_of_settings() -> None:
     assert batch.retry_base_seconds == settings.batch_retry_base_seconds
     assert batch.retry_max_seconds == settings.batch_retry_max_seconds
     assert batch.poll_seconds == settings.batch_poll_seconds
+    assert batch.idle_poll_seconds == settings.batch_idle_poll_seconds == 10.0
+    slow = _settings(batch_poll_seconds=20.0)  # the idle pace is never faster than the busy
+    assert BatchPolicy.of(slow).idle_poll_seconds == 20.0
 
 
 @pytest.mark.parametrize(

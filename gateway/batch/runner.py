@@ -1,8 +1,9 @@
 """The batch runner: claims lines, runs them through the relay, records each result once.
 
 One runner per gateway process (`GATEWAY_BATCH_WORKER`). Each look (every
-`GATEWAY_BATCH_POLL_SECONDS`, or at once when a line ends or a batch is created) it ends the
-batches that are done, and claims as many lines as it has room for
+`GATEWAY_BATCH_POLL_SECONDS`, or `GATEWAY_BATCH_IDLE_POLL_SECONDS` while no batch is open on any
+replica, or at once when a line ends or a batch is created here) it ends the batches that are
+done, and claims as many lines as it has room for
 (`GATEWAY_BATCH_MAX_CONCURRENT`) while some upstream has a slot spare for batch work. A line's
 outcome decides what happens next:
 
@@ -111,11 +112,13 @@ class BatchRunner:
             async with anyio.create_task_group() as lines:
                 lines.start_soon(self._renew_leases)
                 while not self._stopping:
+                    wait = self.policy.poll_seconds
                     try:
                         await self._look(lines, lease)
+                        wait = self._next_look()
                     except Exception:  # the database went away: try again next look
                         logger.exception("batch runner: a look for work failed")
-                    with anyio.move_on_after(self.policy.poll_seconds):
+                    with anyio.move_on_after(wait):
                         await self._wake.wait()
                     self._wake = anyio.Event()
                 # Only the relay calls are cut short: a database call cancelled halfway can
@@ -129,6 +132,18 @@ class BatchRunner:
                 lines.cancel_scope.cancel()
         finally:
             self._stopped.set()
+
+    def _next_look(self) -> float:
+        """Seconds to the next look unless woken: longer while no batch is open anywhere.
+
+        Why: an idle gateway's look was most of its CPU when idle (docs/performance.md, "Idle
+        CPU"); a batch created here wakes the runner, and one created through another replica
+        waits at most `idle_poll_seconds`. An open batch (its lines, expiry, cancel) or a
+        running line keeps the usual pace.
+        """
+        if self.finalizer.open_batches or self.running:
+            return self.policy.poll_seconds
+        return self.policy.idle_poll_seconds
 
     async def stop(self, grace: float = 10.0) -> None:
         """Stop looking, hand the running lines back to `pending`, and return once done.

@@ -32,6 +32,7 @@ POLICY = BatchPolicy(
     retry_max_seconds=10.0,
     lease_seconds=60.0,
     poll_seconds=1.0,
+    idle_poll_seconds=10.0,
 )
 
 
@@ -89,3 +90,15 @@ async def test_a_running_batch_is_counted_again(engine: AsyncEngine) -> None:
     assert runner.finalizer.open_batches == 1
     assert depth.value == 3
     assert len(seen) > 1  # the queue depth was read
+    assert runner._next_look() == POLICY.poll_seconds  # an open batch keeps the usual pace
+
+
+async def test_with_no_batch_open_the_next_look_waits_the_idle_interval(
+    engine: AsyncEngine,
+) -> None:
+    runner = _runner(engine, Depth())
+    async with anyio.create_task_group() as lines:
+        await runner._look(lines, POLICY.lease_seconds)
+    assert runner._next_look() == POLICY.idle_poll_seconds
+    runner.running = 1  # a line still running (its batch may have ended meanwhile)
+    assert runner._next_look() == POLICY.poll_seconds
