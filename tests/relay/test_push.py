@@ -498,3 +498,70 @@ async def test_a_lane_that_raises_ends_the_stream_with_one_error_chunk() -> None
     assert texts(delivered) == ["!failed: RuntimeError"]
     assert lines.failures == [("RuntimeError", False)]
     assert source.sink is None
+
+
+def _scrub(value: object) -> object:
+    """An event as a comparable value: ids, times and sequence-free of per-response values."""
+    if isinstance(value, dict):
+        return {
+            k: _scrub(v)
+            for k, v in value.items()
+            if k not in {"id", "item_id", "created_at", "completed_at"}
+        }
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("surface", ["responses", "messages"])
+def test_an_agent_sdk_gets_the_same_stream_with_the_lane_as_without(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch, surface: str
+) -> None:
+    import anthropic
+    import openai
+
+    from gateway.upstream.dialects.ollama import NdjsonDecoder
+
+    taken: list[bytes] = []
+    make = NdjsonDecoder.lane
+    enabled = True
+
+    def counting(self: NdjsonDecoder, tick, write, text_event=None):  # type: ignore[no-untyped-def]
+        assert text_event is not None  # a translated surface: the codec's text events
+        relay = make(self, tick, write, text_event)
+
+        def counted(piece: bytes) -> bool:
+            if not enabled:
+                return False  # the long way, for the comparison
+            done = relay(piece)
+            if done:
+                taken.append(piece)
+            return done
+
+        return counted
+
+    monkeypatch.setattr(NdjsonDecoder, "lane", counting)
+
+    def stream() -> tuple[list[object], str]:
+        if surface == "responses":
+            with openai.OpenAI(
+                base_url=f"{gateway.url}/v1", api_key=gateway.key, max_retries=0
+            ) as client:
+                events = list(client.responses.create(model=MODEL, input="hello", stream=True))
+                text = events[-1].response.output_text  # type: ignore[union-attr]
+                return [_scrub(event.model_dump()) for event in events], text
+        with (
+            anthropic.Anthropic(base_url=gateway.url, api_key=gateway.key, max_retries=0) as ac,
+            ac.messages.stream(
+                model=MODEL, max_tokens=64, messages=[{"role": "user", "content": "hello"}]
+            ) as events,
+        ):
+            seen = [_scrub(event.model_dump()) for event in events]
+            final = events.get_final_message().content
+            return seen, "".join(block.text for block in final if block.type == "text")
+
+    laned, text = stream()
+    assert taken  # the lane relayed the tokens after the first
+    assert text
+    enabled = False
+    assert stream() == (laned, text)

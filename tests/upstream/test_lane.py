@@ -1,7 +1,8 @@
 """`NdjsonDecoder.lane`: the one-call relay of a token's line gives what the long way gives.
 
-Two ways: to an Ollama client (the line relayed as it came) and to an OpenAI client (the line's
-text written as `CompletionCodec.text_event` writes it).
+Two ways: to an Ollama client (the line relayed as it came) and to a client of a translated
+surface (the line's text written as the codec's `text_event` writes it: OpenAI's chat and
+completions, the Responses API, Anthropic's Messages).
 
 The long way is what `RelayResponse` does with a read on the push path: `feed` decodes it,
 the meter observes each chunk (`RequestMeter.observe`: a token ticks the clock), `NdjsonCodec`
@@ -14,11 +15,14 @@ all (`gateway.upstream.dialects.base.Lane`).
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
+from gateway.api.anthropic.codec import MessagesCodec
 from gateway.api.ollama.codec import NdjsonCodec
 from gateway.api.openai.codec import CompletionCodec
+from gateway.api.responses.codec import ResponsesCodec
 from gateway.neutral import Chunk, GenerationRequest, TokenClock
 from gateway.upstream.dialects.base import StreamBrokenError
 from gateway.upstream.dialects.ollama import NdjsonDecoder
@@ -223,3 +227,70 @@ def test_no_text_event_is_spliced_where_the_encoder_would_escape_the_whole_event
     assert codec.text_event("é") is None
     assert codec.text_event("x") is None
     assert codec._generated == 1
+
+
+@pytest.fixture
+def fixed_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same ids and times in two codecs of one test (the long way's and the lane's)."""
+    import gateway.api.anthropic.codec as anthropic_codec
+    import gateway.api.responses.codec as responses_codec
+
+    for module in (anthropic_codec, responses_codec):
+        monkeypatch.setattr(module.secrets, "token_hex", lambda n=16: "ab" * n)
+    monkeypatch.setattr(responses_codec.time, "time", lambda: 1_800_000_000.0)
+
+
+def agent_codec(kind: str) -> Any:
+    surface = "responses" if kind == "responses" else "anthropic"
+    request = GenerationRequest(surface=surface, operation="chat", body={}, model="m")
+    return ResponsesCodec(request) if kind == "responses" else MessagesCodec(request)
+
+
+@pytest.mark.parametrize("kind", ["responses", "messages"])
+@pytest.mark.usefixtures("fixed_ids")
+def test_an_agent_surface_gets_the_same_events_through_the_lane(kind: str) -> None:
+    lane_codec, long_codec = agent_codec(kind), agent_codec(kind)
+    assert lane_codec.text_event is not None
+    assert lane_codec.text_event("early") is None  # nothing open yet: the long way opens it
+    first = [Chunk(text="first")]
+    assert lane_codec.encode(first) == long_codec.encode(first)
+    decoder, sink = NdjsonDecoder(), Sink()
+    relay = decoder.lane(sink.tick, sink.write, lane_codec.text_event)
+    for text in TEXTS:
+        piece = line({**CHAT, "message": {"role": "assistant", "content": text}})
+        assert relay(piece) is True
+        assert sink.written[-1] == long_codec.encode(NdjsonDecoder().feed(piece))
+    # A thinking chunk goes the long way (it opens another block or item); text after it is
+    # spliced around the new one.
+    thought = [Chunk(thinking="hmm")]
+    assert relay(line({**CHAT, "message": {"content": "", "thinking": "hmm"}})) is False
+    assert lane_codec.encode(thought) == long_codec.encode(thought)
+    assert lane_codec.text_event("x") is None  # the open block is not text
+    again = [Chunk(text="again")]
+    assert lane_codec.encode(again) == long_codec.encode(again)
+    piece = line({**CHAT, "message": {"content": "more"}})
+    assert relay(piece) is True
+    assert sink.written[-1] == long_codec.encode(NdjsonDecoder().feed(piece))
+    final = [Chunk(done=True, done_reason="stop")]
+    assert lane_codec.encode(final) == long_codec.encode(final)  # the texts and counts agree
+    if kind == "responses":
+        assert lane_codec.final == long_codec.final
+
+
+@pytest.mark.parametrize("kind", ["responses", "messages"])
+@pytest.mark.usefixtures("fixed_ids")
+def test_an_agent_surface_splices_its_delta_whatever_the_model_is_called(kind: str) -> None:
+    # The delta events hold no model name (unlike OpenAI's chunks): one the encoder can only
+    # write ASCII-escaped does not stop the splice, whose bytes stay the long way's.
+    surface = "responses" if kind == "responses" else "anthropic"
+    codecs = [
+        (ResponsesCodec if kind == "responses" else MessagesCodec)(
+            GenerationRequest(surface=surface, operation="chat", body={}, model="lone \ud800")
+        )
+        for _ in range(2)
+    ]
+    lane_codec, long_codec = codecs
+    first = [Chunk(text="first")]
+    assert lane_codec.encode(first) == long_codec.encode(first)
+    assert lane_codec.text_event is not None
+    assert lane_codec.text_event("é") == long_codec.encode([Chunk(text="é")])

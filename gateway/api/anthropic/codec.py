@@ -23,7 +23,7 @@ from typing import Any
 
 from gateway.neutral import Chunk, GenerationRequest, ToolCall
 from gateway.upstream.dialects.base import TextEvent
-from gateway.upstream.dialects.json_codec import encode_json
+from gateway.upstream.dialects.json_codec import encode_json, text_splice
 from gateway.wire.json import parse_arguments
 
 SSE = b"text/event-stream; charset=utf-8"
@@ -41,7 +41,6 @@ class MessagesCodec:
 
     media_type = SSE
     writes_raw = False
-    text_event: TextEvent | None = None
 
     def __init__(self, request: GenerationRequest) -> None:
         self._model = request.model
@@ -53,6 +52,28 @@ class MessagesCodec:
         self._blocks: list[dict[str, Any]] = []  # the non-streamed answer's content
         self._called = False
         self._last: Chunk | None = None
+        self._around_text: tuple[int, tuple[bytes, bytes] | None] | None = None  # per block
+        self.text_event: TextEvent | None = self._text_event
+
+    def _text_event(self, text: str) -> bytes | None:
+        """A text delta in the open text block (`TextEvent`): `encode`'s bytes, in one splice.
+
+        None before the message started and while no text block is open (the long way opens
+        one), and when the event's other fields would be written differently around another
+        text (`text_splice`).
+        """
+        if self._open != "text":
+            return None
+        cached = self._around_text
+        if cached is None or cached[0] != self._block:
+            delta = {"type": "text_delta"}
+            around = text_splice(lambda t: self._block_delta({**delta, "text": t}))
+            cached = self._around_text = (self._block, around)
+        around = cached[1]
+        if around is None:
+            return None
+        self._generated += 1
+        return around[0] + encode_json(text) + around[1]
 
     # --- streamed -------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from typing import Any
 from gateway.neutral import Chunk, GenerationRequest, ToolCall
 from gateway.upstream.dialects.base import TextEvent
 from gateway.upstream.dialects.framing import JsonList, encode_json_stepwise
-from gateway.upstream.dialects.json_codec import encode_json
+from gateway.upstream.dialects.json_codec import encode_json, text_splice
 
 SSE = b"text/event-stream; charset=utf-8"
 _DONE = b"data: [DONE]\n\n"
@@ -76,13 +76,8 @@ class CompletionCodec:
 
     def _text_frame(self) -> tuple[bytes, bytes] | None:
         """The bytes of a text delta's event before and after its JSON string, if they hold."""
-        probe = 'probe "é\n\u2028'
-        delta = {"content": probe} if self._chat else {"text": probe}
-        event = _event(self._frame(delta, None, None))
-        before, found, after = event.rpartition(encode_json(probe))
-        if not found:
-            return None
-        return before, after
+        key = "content" if self._chat else "text"
+        return text_splice(lambda text: _event(self._frame({key: text}, None, None)))
 
     def encode(self, chunks: list[Chunk]) -> bytes:
         """SSE events for `chunks` (module docstring)."""

@@ -36,10 +36,15 @@ from typing import Any
 from gateway.api.responses.schema import Plan, ToolName
 from gateway.neutral import Chunk, GenerationRequest, ToolCall
 from gateway.upstream.dialects.base import TextEvent
-from gateway.upstream.dialects.json_codec import encode_json
+from gateway.upstream.dialects.json_codec import encode_json, text_splice
 from gateway.wire.json import parse_arguments
 
 SSE = b"text/event-stream; charset=utf-8"
+
+
+#: The sequence number a text event is rendered with, to be found and cut (`_splice`): no
+#: stream gets this far, and no other field of the event holds its digits.
+_SEQUENCE_PROBE = 9_876_543_210_123
 
 
 class _Item:
@@ -60,7 +65,6 @@ class ResponsesCodec:
 
     media_type = SSE
     writes_raw = False
-    text_event: TextEvent | None = None
 
     def __init__(self, request: GenerationRequest) -> None:
         self._plan: Plan = getattr(request, "plan", None) or Plan()
@@ -81,6 +85,47 @@ class ResponsesCodec:
         #: The `response` object once the answer completed (or stopped at its bound): what a
         #: stored response keeps. None while it runs, and after a failure.
         self.final: dict[str, Any] | None = None
+        # A text delta's event for the open message item: before the text, between it and
+        # the sequence number, after that; None when it cannot be spliced (`_text_event`).
+        self._around_text: tuple[_Item, tuple[bytes, bytes, bytes] | None] | None = None
+        self.text_event: TextEvent | None = self._text_event
+
+    def _text_event(self, text: str) -> bytes | None:
+        """A text delta in the open message item (`TextEvent`): `encode`'s bytes, spliced.
+
+        None while no message item is open (the long way opens one, after the response's
+        first events), and when the event's other fields would be written differently around
+        another text or number (`text_splice`).
+        """
+        item = self._open
+        if item is None or item.kind != "message":
+            return None
+        cached = self._around_text
+        if cached is None or cached[0] is not item:
+            cached = self._around_text = (item, self._splice(item))
+        around = cached[1]
+        if around is None:
+            return None
+        self._generated += 1
+        item.parts.append(text)
+        sequence = self._sequence
+        self._sequence += 1
+        return around[0] + encode_json(text) + around[1] + b"%d" % sequence + around[2]
+
+    def _splice(self, item: _Item) -> tuple[bytes, bytes, bytes] | None:
+        """`_delta`'s text event for `item` cut around its text and its sequence number."""
+        kind = "response.output_text.delta"
+        probe = _SEQUENCE_PROBE
+
+        def render(text: str) -> bytes:
+            fields = self._part(item, delta=text, logprobs=[])
+            return self._event_bytes(kind, fields, probe)
+
+        around = text_splice(render)
+        if around is None:
+            return None
+        middle, found, after = around[1].rpartition(b"%d" % probe)
+        return (around[0], middle, after) if found else None
 
     # --- streamed -------------------------------------------------------------------------
 
@@ -111,8 +156,13 @@ class ResponsesCodec:
         return b"".join(events)
 
     def _event(self, kind: str, fields: dict[str, Any]) -> bytes:
-        data = {"type": kind, **fields, "sequence_number": self._sequence}
+        event = self._event_bytes(kind, fields, self._sequence)
         self._sequence += 1
+        return event
+
+    @staticmethod
+    def _event_bytes(kind: str, fields: dict[str, Any], sequence: int) -> bytes:
+        data = {"type": kind, **fields, "sequence_number": sequence}
         return b"event: " + kind.encode() + b"\ndata: " + encode_json(data) + b"\n\n"
 
     def _delta(self, kind: str, text: str) -> list[bytes]:

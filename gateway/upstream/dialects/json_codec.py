@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -166,3 +166,23 @@ def encode_json(data: Any) -> bytes:
         return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
     except UnicodeEncodeError:
         return json.dumps(data, separators=(",", ":")).encode()
+
+
+#: The text `text_splice` renders: quotes, a non-ASCII letter, a control and a line separator,
+#: so that an event its encoder can only write ASCII-escaped (or otherwise differently around
+#: another text) is found out.
+_PROBE = 'probe "é\n\u2028'
+
+
+def text_splice(render: Callable[[str], bytes]) -> tuple[bytes, bytes] | None:
+    """The bytes `render(text)` writes before and after `encode_json(text)`, for any text.
+
+    Why: a codec's event for a token's text is the same bytes each time but for the text (a
+    decoder's lane splices it: `gateway.upstream.dialects.base.TextEvent`). `render` must put
+    the text in one JSON string value, after every other field that could hold the probe's
+    bytes. None when the event does not hold `encode_json(text)` as such (the encoder escaped
+    the whole event to ASCII: a field it cannot write as UTF-8); then no splice is made.
+    """
+    event = render(_PROBE)
+    before, found, after = event.rpartition(encode_json(_PROBE))
+    return (before, after) if found else None
