@@ -392,27 +392,42 @@ async def test_the_lane_relays_the_reads_it_takes_and_the_decoder_gets_the_rest(
     assert await task == "done"
 
 
+class LaneWatch:
+    """`NdjsonDecoder.lane` wrapped: records the reads it took; `enabled = False` turns it off.
+
+    Args:
+        translated: Whether the streams watched are translated (a codec's `text_event` given)
+            or the upstream's own lines (none given); asserted for every lane made.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, translated: bool) -> None:
+        from gateway.upstream.dialects.ollama import NdjsonDecoder
+
+        self.taken: list[bytes] = []
+        self.enabled = True
+        make = NdjsonDecoder.lane
+
+        def watched(decoder, tick, write, text_event=None):  # type: ignore[no-untyped-def]
+            assert (text_event is not None) is translated
+            relay = make(decoder, tick, write, text_event)
+
+            def counted(piece: bytes) -> bool:
+                if not self.enabled:
+                    return False  # the long way, for a comparison
+                done = relay(piece)
+                if done:
+                    self.taken.append(piece)
+                return done
+
+            return counted
+
+        monkeypatch.setattr(NdjsonDecoder, "lane", watched)
+
+
 def test_a_streamed_ollama_answer_goes_through_the_decoders_lane(
     gateway: Gateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gateway.upstream.dialects.ollama import NdjsonDecoder
-
-    relayed: list[bytes] = []
-    make = NdjsonDecoder.lane
-
-    def counting(self: NdjsonDecoder, tick, write, text_event=None):  # type: ignore[no-untyped-def]
-        assert text_event is None  # an Ollama client: the upstream's own lines
-        relay = make(self, tick, write)
-
-        def counted(piece: bytes) -> bool:
-            taken = relay(piece)
-            if taken:
-                relayed.append(piece)
-            return taken
-
-        return counted
-
-    monkeypatch.setattr(NdjsonDecoder, "lane", counting)
+    lane = LaneWatch(monkeypatch, translated=False)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
     with httpx.stream(
         "POST", f"{gateway.url}/api/chat", json=body, headers=gateway.headers(), timeout=30
@@ -424,7 +439,7 @@ def test_a_streamed_ollama_answer_goes_through_the_decoders_lane(
     assert len(objects) >= 4
     # Every line but the first (delivered with the answer's start) and the final one took the
     # lane, and reached the client as the upstream wrote it.
-    assert [piece.rstrip(b"\n").decode() for piece in relayed] == lines[1:-1]
+    assert [piece.rstrip(b"\n").decode() for piece in lane.taken] == lines[1:-1]
     assert objects[-1]["eval_count"] == len(objects) - 1
 
 
@@ -433,27 +448,7 @@ def test_an_openai_client_gets_the_same_stream_with_the_lane_as_without(
 ) -> None:
     import openai
 
-    from gateway.upstream.dialects.ollama import NdjsonDecoder
-
-    taken: list[bytes] = []
-    make = NdjsonDecoder.lane
-    enabled = True
-
-    def counting(self: NdjsonDecoder, tick, write, text_event=None):  # type: ignore[no-untyped-def]
-        assert text_event is not None  # an SSE client: the codec's text events
-        relay = make(self, tick, write, text_event)
-
-        def counted(piece: bytes) -> bool:
-            if not enabled:
-                return False  # the long way, for the comparison
-            done = relay(piece)
-            if done:
-                taken.append(piece)
-            return done
-
-        return counted
-
-    monkeypatch.setattr(NdjsonDecoder, "lane", counting)
+    lane = LaneWatch(monkeypatch, translated=True)
 
     def stream() -> list[tuple[object, ...]]:
         with openai.OpenAI(
@@ -478,9 +473,9 @@ def test_an_openai_client_gets_the_same_stream_with_the_lane_as_without(
     laned = stream()
     # Every token's line but the first (which carries the role) took the lane; the finish
     # event came from the final line, the long way.
-    assert len(taken) == len(laned) - 2 > 0
+    assert len(lane.taken) == len(laned) - 2 > 0
     assert laned[-1][-1] == "stop"
-    enabled = False
+    lane.enabled = False
     assert stream() == laned
 
 
@@ -520,27 +515,7 @@ def test_an_agent_sdk_gets_the_same_stream_with_the_lane_as_without(
     import anthropic
     import openai
 
-    from gateway.upstream.dialects.ollama import NdjsonDecoder
-
-    taken: list[bytes] = []
-    make = NdjsonDecoder.lane
-    enabled = True
-
-    def counting(self: NdjsonDecoder, tick, write, text_event=None):  # type: ignore[no-untyped-def]
-        assert text_event is not None  # a translated surface: the codec's text events
-        relay = make(self, tick, write, text_event)
-
-        def counted(piece: bytes) -> bool:
-            if not enabled:
-                return False  # the long way, for the comparison
-            done = relay(piece)
-            if done:
-                taken.append(piece)
-            return done
-
-        return counted
-
-    monkeypatch.setattr(NdjsonDecoder, "lane", counting)
+    lane = LaneWatch(monkeypatch, translated=True)
 
     def stream() -> tuple[list[object], str]:
         if surface == "responses":
@@ -561,7 +536,7 @@ def test_an_agent_sdk_gets_the_same_stream_with_the_lane_as_without(
             return seen, "".join(block.text for block in final if block.type == "text")
 
     laned, text = stream()
-    assert taken  # the lane relayed the tokens after the first
+    assert lane.taken  # the lane relayed the tokens after the first
     assert text
-    enabled = False
+    lane.enabled = False
     assert stream() == (laned, text)
