@@ -39,10 +39,14 @@ def canonical_model(model: str | None) -> str:
     Lower case, trimmed, with Ollama's default tag (`llama3.2` is `llama3.2:latest`, reference
     section 2.1): the same rule `Principal.allows_model` compares names by, so usage rows match
     the key's allow-list. None or blank is `UNKNOWN_MODEL`, which no canonical name equals
-    (every one has a tag).
+    (every one has a tag). A character no database can store as text (a lone surrogate, which
+    a client's JSON may escape, or NUL) becomes `?`: one such row would otherwise fail every
+    flush of the batch it is in, and so every key's usage after it.
     """
-    name = canonical(model or "")
-    return name[:MODEL_CHARS] if name else UNKNOWN_MODEL
+    name = canonical(model or "")[:MODEL_CHARS]
+    if not name.isascii():
+        name = name.encode("utf-8", "replace").decode("utf-8")
+    return name.replace("\x00", "?") if name else UNKNOWN_MODEL
 
 
 def is_error(outcome: str, status: int) -> bool:

@@ -65,6 +65,24 @@ def test_canonical_model_is_the_allow_lists_form():
     assert canonical_model("x" * 500) == "x" * 200
     assert canonical_model(None) == canonical_model("  ") == UNKNOWN_MODEL
     assert ":" not in UNKNOWN_MODEL  # so no model a client names can be recorded under it
+    # What no database stores as text is replaced, so that one request cannot stop every flush.
+    assert canonical_model("m1\ud800") == "m1?:latest"
+    assert canonical_model("m\x00x") == "m?x:latest"
+    assert canonical_model("Llamé") == "llamé:latest"
+
+
+@pytest.mark.anyio
+async def test_a_model_name_no_database_can_store_does_not_stop_the_flushes(store: KeyStore):
+    sink = _sink(store)
+    sink.record(replace(SUMMARY, requested_model="m1\ud800"))  # a lone surrogate, as escaped
+    sink.record(replace(SUMMARY, requested_model="m2\x00"))
+    sink.record(replace(SUMMARY, key_id="k2"))
+    assert await sink.flush()
+    rows = await _totals(store)
+    assert {(key, model) for key, model, _ in rows} >= {
+        ("k1", "m1?:latest"),
+        ("k2", "llama3.2:latest"),
+    }
 
 
 @pytest.mark.parametrize(
