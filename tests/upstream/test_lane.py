@@ -47,7 +47,6 @@ TAKEN = [
     line({"model": "m", "message": "not an object", "response": "r", "done": False}),
     line({**CHAT, "message": {"content": "x", "tool_calls": []}}),  # empty: no call
     line({**CHAT, "message": {"content": "x"}, "logprobs": [{"token": "x", "logprob": -0.1}]}),
-    line({"model": "m", "response": "big", "context": [12345678901234567890], "done": False}),
     b'  {"model":"m","response":"spaced","done":false}  \r\n',
 ]
 """Reads the lane relays itself: one whole in-between object line."""
@@ -67,6 +66,13 @@ REFUSED = [
     b'"text"\n',
     b"\xff\xfe\n",  # not UTF-8
     b'{"model":"m","response":"x"\n',  # cut JSON
+    # A run of 19 digits: `feed` parses with `json` (exact big integers), whose nesting limit
+    # is below orjson's: the lane must not take what `feed` would refuse (found by an attack).
+    line({"model": "m", "response": "big", "context": [12345678901234567890], "done": False}),
+    b'{"response":"q","done":false,"n":1234567890123456789,"x":'
+    + b"[" * 1000
+    + b"]" * 1000
+    + b"}\n",
 ]
 """Reads the lane must leave to `feed` (which may decode, skip or refuse them)."""
 

@@ -59,6 +59,15 @@ _DIGITS = bytes.maketrans(b"123456789", b"000000000")
 _LONG_RUN = b"0" * 19
 
 
+def orjson_decides(line: bytes) -> bool:
+    """Whether `decode_object` parses `line` with orjson first (no run of 19 digits in it).
+
+    A decoder's lane (`gateway.upstream.dialects.base.Lane`) parses with orjson only such a
+    line, so that it accepts what `decode_object` accepts and nothing more.
+    """
+    return _LONG_RUN not in line.translate(_DIGITS)
+
+
 def decode_object(
     line: bytes, what: str, decoder: json.JSONDecoder = _JSON
 ) -> dict[str, Any] | None:
@@ -77,7 +86,7 @@ def decode_object(
     Raises:
         StreamBrokenError: not valid UTF-8 JSON, or not an object.
     """
-    if decoder is _JSON and _LONG_RUN not in line.translate(_DIGITS):
+    if decoder is _JSON and orjson_decides(line):
         try:
             parsed = orjson.loads(line)
         except orjson.JSONDecodeError:

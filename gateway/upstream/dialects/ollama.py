@@ -34,7 +34,7 @@ from gateway.upstream.dialects.framing import (
     encode_body,
     ollama_stats,
 )
-from gateway.upstream.dialects.json_codec import decode_object, encode_json
+from gateway.upstream.dialects.json_codec import decode_object, encode_json, orjson_decides
 from gateway.upstream.dialects.ollama_request import to_ollama_request
 from gateway.wire.json import parse_listing
 
@@ -148,8 +148,10 @@ class NdjsonDecoder:
         with the CPU's caches cold between two reads is most of the gateway's CPU per chunk
         (docs/performance.md, issue 27). The lane takes a read that is one whole JSON object
         line, with no unfinished line before it, neither final (`done: true`) nor an error, and
-        without tool calls: the same test of the line `feed` makes (orjson accepts no line the
-        standard library refuses; a line orjson refuses goes to `feed`), and the same token rule
+        without tool calls: the same test of the line `feed` makes (orjson, on the lines
+        `decode_object` gives orjson: `orjson_decides`; a line orjson refuses goes to `feed`,
+        and so does one with a run of 19 digits, which `feed` parses with the standard
+        library, whose nesting limit is lower), and the same token rule
         as `from_ollama` and the meter (`content` or `thinking` text). Without `text_event` it
         writes the line itself, as `NdjsonCodec` writes a chunk's `raw`; with it, only a line
         whose one output is text (no thinking, no `logprobs`) is taken, and written as
@@ -161,6 +163,8 @@ class NdjsonDecoder:
 
         def relay(piece: bytes) -> bool:
             if pending or self.finished or piece.find(b"\n") != len(piece) - 1:
+                return False
+            if not orjson_decides(piece):  # `feed` parses it with `json`, whose limits differ
                 return False
             try:
                 data = loads(piece)
