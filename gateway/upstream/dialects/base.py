@@ -157,6 +157,19 @@ class StreamDecoder(Protocol):
         ...
 
 
+class WithoutLane:
+    """For a decoder with no lane: `StreamDecoder.lane` is None, every read takes the long way."""
+
+    def lane(
+        self,
+        tick: Callable[[float], None],  # noqa: ARG002
+        write: Callable[[bytes], None],  # noqa: ARG002
+        text_event: TextEvent | None = None,  # noqa: ARG002
+    ) -> Lane | None:
+        """None (`StreamDecoder.lane`)."""
+        return None
+
+
 class Dialect(Protocol):
     """The contract between the relay and one upstream protocol."""
 

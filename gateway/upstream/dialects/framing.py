@@ -11,7 +11,6 @@ the relay read (`gateway.upstream.dialects.base`).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,9 +18,8 @@ from gateway.neutral import Chunk, GenerationRequest, Stats
 from gateway.upstream.dialects.base import (
     MAX_LINE_BYTES,
     AnswerTooLongError,
-    Lane,
     StreamBrokenError,
-    TextEvent,
+    WithoutLane,
 )
 from gateway.upstream.dialects.json_codec import THREADED_JSON, decode_object, encode_json
 from gateway.wire.json import INLINE_PARSE_BYTES
@@ -95,7 +93,7 @@ def ollama_stats(data: dict[str, Any]) -> Stats:
     )
 
 
-class BodyDecoder:
+class BodyDecoder(WithoutLane):
     """A whole JSON answer (embeddings): collected up to `MAX_LINE_BYTES`, parsed at EOF.
 
     `parse` turns the object and the raw body into the one final chunk. The relay runs `end`
@@ -110,15 +108,6 @@ class BodyDecoder:
         self.finished = False
         self._parse = parse
         self._body = bytearray()
-
-    def lane(
-        self,
-        tick: Callable[[float], None],  # noqa: ARG002
-        write: Callable[[bytes], None],  # noqa: ARG002
-        text_event: TextEvent | None = None,  # noqa: ARG002
-    ) -> Lane | None:
-        """None: a whole answer is parsed at its end (`StreamDecoder.lane`)."""
-        return None
 
     def feed(self, data: bytes) -> list[Chunk]:
         """Collect `data`; the chunk comes at the end (see `StreamDecoder.feed`)."""

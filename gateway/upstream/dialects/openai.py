@@ -29,7 +29,6 @@ the fallback); the translation of Ollama bodies is in `openai_request` already.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -38,11 +37,10 @@ from gateway.neutral import Chunk, GenerationRequest, Stats, TokenClock, ToolCal
 from gateway.upstream.dialects.base import (
     MAX_LINE_BYTES,
     AnswerTooLongError,
-    Lane,
     ModelInfo,
     StreamBrokenError,
-    TextEvent,
     UpstreamCall,
+    WithoutLane,
 )
 from gateway.upstream.dialects.framing import (
     BodyDecoder,
@@ -125,7 +123,7 @@ class OpenAIDialect:
         ]
 
 
-class SseDecoder:
+class SseDecoder(WithoutLane):
     """One SSE answer translated into neutral chunks. Times are `time.perf_counter()` seconds.
 
     Events are dispatched at the blank line that ends them; `data: [DONE]` brings the final
@@ -148,15 +146,6 @@ class SseDecoder:
         self._lines = LineSplitter()
         self._data: list[bytes] = []  # the `data:` lines of the event being read
         self._data_bytes = 0  # their length, kept as they come (not summed per line)
-
-    def lane(
-        self,
-        tick: Callable[[float], None],  # noqa: ARG002
-        write: Callable[[bytes], None],  # noqa: ARG002
-        text_event: TextEvent | None = None,  # noqa: ARG002
-    ) -> Lane | None:
-        """None: the events are translated, never relayed as they came (`StreamDecoder.lane`)."""
-        return None
 
     def feed(self, data: bytes) -> list[Chunk]:
         """Return the chunks of the events `data` completes (see `StreamDecoder.feed`)."""
