@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 from fastapi import FastAPI
+from fastapi.telemetry import TelemetryConfig
 
 from gateway import __version__
 from gateway.api.admin.oidc import router as admin_oidc_router
@@ -40,6 +41,16 @@ from gateway.wire.budget import BodyBudget, BodyBudgetMiddleware
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
+
+
+#: `FastAPI(telemetry=...)`: the gateway's own tracing is the one (`gateway.tracing`).
+_NO_FASTAPI_TELEMETRY: TelemetryConfig = {
+    "tracing": False,
+    "metrics": False,
+    "logs": False,
+    "operation_spans": False,
+    "auto_configure": False,  # `FASTAPI_OTEL_AUTO_CONFIGURE=true` would set up exporters
+}
 
 
 def create_app(
@@ -92,6 +103,11 @@ def create_app(
         redoc_url=None,
         openapi_url=None,
         redirect_slashes=False,  # a redirect would be built from the client's Host header
+        # FastAPI's own OpenTelemetry (0.165) would trace, meter and log every request as soon
+        # as any global provider is set (`opentelemetry-instrument`, a library): spans beside
+        # the gateway's (`gateway.tracing`), validation failures and exception messages in
+        # logs that may quote a prompt, and three provider look-ups on every request when off.
+        telemetry=_NO_FASTAPI_TELEMETRY,
     )
     register_error_handlers(app, metrics, metrics_per_key=settings.metrics_per_key)
     generation = [*ollama_routes, *openai_routes, *responses_routes, *anthropic_routes]

@@ -560,3 +560,44 @@ def test_a_grpc_protocol_is_ignored_with_a_warning(caplog: pytest.LogCaptureFixt
     assert traced is not None
     traced.provider.shutdown()
     assert "OTEL_EXPORTER_OTLP_PROTOCOL is ignored" in caplog.text
+
+
+_GLOBAL_PROVIDER_SCRIPT = """
+import asyncio, sys, httpx
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+from gateway.app import create_app
+from gateway.settings import Settings
+settings = Settings(upstream_url="http://127.0.0.1:9", database_url=sys.argv[1])
+app = create_app(settings)
+async def main():
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        status = (await client.get("/healthz")).status_code
+    print(status, [span.name for span in exporter.get_finished_spans()])
+asyncio.run(main())
+"""
+
+
+def test_a_global_tracer_provider_gets_no_spans_from_fastapi_itself(tmp_path: Path) -> None:
+    # A process that sets a global provider (`opentelemetry-instrument`, a library) made
+    # FastAPI 0.165 trace every request itself ('GET /healthz', 'fastapi.endpoint', ...),
+    # beside the gateway's own spans. Its own process: the global provider is set only once.
+    env = {"FASTAPI_OTEL_AUTO_CONFIGURE": "true", "PATH": "/usr/bin:/bin"}
+    database = f"sqlite+aiosqlite:///{tmp_path}/keys.db"
+    result = subprocess.run(  # noqa: S603 - this interpreter, a fixed script
+        [sys.executable, "-c", _GLOBAL_PROVIDER_SCRIPT, database],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["200", "[]"]
