@@ -136,22 +136,37 @@ class GenerationClient:
             "pool": timeout.pool,
         }
         self._transport = transport
-        self._urls: dict[str, httpx.URL] = {}
+        #: Per path: its URL and the `Host` field httpx would derive from it.
+        self._urls: dict[str, tuple[httpx.URL, tuple[bytes, bytes]]] = {}
 
     def request(self, path: str, content: bytes, headers: dict[str, str]) -> httpx.Request:
         """Build a POST of `content` to `path` (absolute, e.g. `/api/chat`).
 
-        `headers` are added to the upstream's default headers and win over them; httpx adds
-        `Host` (unless the defaults override it) and `Content-Length`.
+        `headers` are added to the upstream's default headers and win over them; `Host` (unless
+        the defaults override it) and `Content-Length` are added as httpx adds them, in the same
+        order: the fields are the ones `httpx.Request(content=...)` makes. Built here from the
+        cached URL and `stream=`, which skips httpx's derivation of them (two header
+        normalisations and the body's encoding): about 6 µs against 19 (docs/performance.md).
+
+        Raises:
+            UnicodeEncodeError: a header value is not ASCII (as httpx raises it).
         """
-        url = self._urls.get(path)
-        if url is None:
-            url = self._urls[path] = httpx.URL(self._base + path)
+        target = self._urls.get(path)
+        if target is None:
+            url = httpx.URL(self._base + path)
+            target = self._urls[path] = (url, (b"Host", url.netloc))
+        url, host = target
+        merged = {**self._headers, **headers}
+        # ASCII, as httpx encodes `str` fields (and raises for anything else).
+        fields = [(name.encode("ascii"), value.encode("ascii")) for name, value in merged.items()]
+        if "host" not in merged:
+            fields.insert(0, host)
+        fields.append((b"Content-Length", b"%d" % len(content)))
         return httpx.Request(
             "POST",
             url,
-            content=content,
-            headers={**self._headers, **headers},
+            headers=fields,
+            stream=httpx.ByteStream(content),
             extensions={"timeout": self._timeout},
         )
 
