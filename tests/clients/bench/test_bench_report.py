@@ -20,6 +20,7 @@ from benchmarks.gateway import (
     _surfaces,
     api_targets,
     build_parser,
+    least_cpu,
     tree_surfaces,
 )
 from benchmarks.measure import summarise
@@ -399,3 +400,23 @@ def test_named_events_without_an_event_line_are_read_by_their_type() -> None:
     reader = _count(body, sse=True, events="messages")
     assert reader.window_chunks == len(TOKENS) + 1
     assert reader.done
+
+
+def test_rounds_keep_each_rows_least_cpu_round_and_note_every_round() -> None:
+    rounds = [
+        {"name": "gateway", "proxy_cpu_ms_per_request": 5.0, "ttft_ms": {"p50": 52.0}},
+        {"name": "gateway", "proxy_cpu_ms_per_request": 4.2, "ttft_ms": {"p50": 51.0}},
+        {"name": "gateway", "proxy_cpu_ms_per_request": 4.6, "ttft_ms": {"p50": 50.5}},
+    ]
+    kept = least_cpu(rounds)
+    assert kept["proxy_cpu_ms_per_request"] == 4.2
+    assert kept["ttft_ms"] == {"p50": 51.0}  # the same round's, not a mix of rounds
+    assert kept["cpu_ms_rounds"] == [5.0, 4.2, 4.6]
+
+
+def test_a_row_without_a_proxy_or_a_single_round_is_kept_as_it_is() -> None:
+    direct = [{"name": "direct", "proxy_cpu_ms_per_request": None}] * 2
+    assert least_cpu(direct) is direct[0]
+    one = [{"name": "gateway", "proxy_cpu_ms_per_request": 3.0}]
+    assert least_cpu(one) == one[0]
+    assert "cpu_ms_rounds" not in least_cpu(one)
