@@ -25,9 +25,10 @@ process serves all of them. Idle memory and the profile use `/v1/generate`.
 row's round with the least CPU per request (`least_cpu`: interference only ever adds CPU; the
 TTFT and chunks/s shown are that round's): one 10 s row on a shared 2-core VM spreads about 20 %.
 
-Run time: about 13 s per target, level and round. The default sweep (1, 16, 64, 256 streams, the five
-surfaces: nine targets with nginx, idle memory) takes about 8.5 minutes, `--concurrency
-1,16,64` about 6.5, `--surfaces generate` (the rows of the earlier runs) about 3 and 2.3.
+Run time: about 13 s per target, level and round. The default sweep (1, 16, 64, 256 streams,
+the five surfaces: nine targets with nginx, idle memory) takes about 8.5 minutes,
+`--concurrency 1,16,64` about 6.5, `--surfaces generate` (the rows of the earlier runs) about 3
+and 2.3.
 """
 
 from __future__ import annotations
