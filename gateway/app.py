@@ -49,7 +49,8 @@ _NO_FASTAPI_TELEMETRY: TelemetryConfig = {
     "metrics": False,
     "logs": False,
     "operation_spans": False,
-    "auto_configure": False,  # `FASTAPI_OTEL_AUTO_CONFIGURE=true` would set up exporters
+    # `FASTAPI_OTEL_AUTO_CONFIGURE=true` (with an OTLP endpoint) would set up exporters at start.
+    "auto_configure": False,
 }
 
 
@@ -105,8 +106,8 @@ def create_app(
         redirect_slashes=False,  # a redirect would be built from the client's Host header
         # FastAPI's own OpenTelemetry (0.165) would trace, meter and log every request as soon
         # as any global provider is set (`opentelemetry-instrument`, a library): spans beside
-        # the gateway's (`gateway.tracing`), validation failures and exception messages in
-        # logs that may quote a prompt, and three provider look-ups on every request when off.
+        # the gateway's (`gateway.tracing`), unhandled exceptions' messages and stack traces
+        # in logs (which may quote a body), and three provider look-ups on every request.
         telemetry=_NO_FASTAPI_TELEMETRY,
     )
     register_error_handlers(app, metrics, metrics_per_key=settings.metrics_per_key)

@@ -585,11 +585,12 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.processes
 def test_a_global_tracer_provider_gets_no_spans_from_fastapi_itself(tmp_path: Path) -> None:
     # A process that sets a global provider (`opentelemetry-instrument`, a library) made
     # FastAPI 0.165 trace every request itself ('GET /healthz', 'fastapi.endpoint', ...),
     # beside the gateway's own spans. Its own process: the global provider is set only once.
-    env = {"FASTAPI_OTEL_AUTO_CONFIGURE": "true", "PATH": "/usr/bin:/bin"}
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)}
     database = f"sqlite+aiosqlite:///{tmp_path}/keys.db"
     result = subprocess.run(  # noqa: S603 - this interpreter, a fixed script
         [sys.executable, "-c", _GLOBAL_PROVIDER_SCRIPT, database],

@@ -36,6 +36,7 @@ def _reference(spec: UpstreamSpec, path: str, headers: dict[str, str]) -> httpx.
     [
         (UpstreamSpec(url="http://127.0.0.1:11434"), {"x-request-id": "abc"}),  # type: ignore[arg-type]
         (UpstreamSpec(url="http://gpu-1:80/ollama"), {"user-agent": "app/1"}),  # type: ignore[arg-type]
+        (UpstreamSpec(url="http://[::1]:8080"), {"x-request-id": "abc"}),  # type: ignore[arg-type]
         (
             UpstreamSpec(  # type: ignore[arg-type]
                 url="http://[::1]:8080",
