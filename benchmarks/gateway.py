@@ -23,7 +23,8 @@ process serves all of them. Idle memory and the profile use `/v1/generate`.
 
 `--rounds N` measures every row N times at each level, the rows interleaved, and keeps each
 row's round with the least CPU per request (`least_cpu`: interference only ever adds CPU; the
-TTFT and chunks/s shown are that round's): one 10 s row on a shared 2-core VM spreads about 20 %.
+TTFT and chunks/s shown are that round's, the errors every round's): one 10 s row on a shared
+2-core VM spreads 10-30 %, sometimes more.
 
 Run time: about 13 s per target, level and round. The default sweep (1, 16, 64, 256 streams,
 the five surfaces: nine targets with nginx, idle memory) takes about 8.5 minutes,
@@ -199,6 +200,16 @@ def _surfaces(text: str) -> list[str]:
     return [surface for surface in SURFACES if surface in chosen]
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
 def _levels(text: str) -> list[int]:
     try:
         levels = [int(part) for part in text.split(",") if part.strip()]
@@ -228,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--warmup", type=float, default=1.0, help="ramp-up seconds per run, unmeasured")
     add(
         "--rounds",
-        type=int,
+        type=_positive,
         default=1,
         help="measure every row N times, interleaved, and keep each row's round with the least "
         "CPU per request (default 1): on a shared VM one 10 s row spreads about 20 %%",
@@ -408,20 +419,34 @@ def least_cpu(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     Other work on a shared VM only ever adds CPU, so the least of several interleaved rounds is
     the least disturbed figure (as `benchmarks.gate` takes it); its TTFT and chunks/s come from
-    the same round. A row without a proxy (direct) keeps its first round.
+    the same round. A row without a proxy (direct), or whose every round completed nothing,
+    keeps its first round: a gateway row's added TTFT and share of chunks/s compare its kept
+    round with that one. No failure is hidden: `errors` counts every round's.
 
     Args:
         rounds: One row's results at one level (`measure`), at least one.
 
     Returns:
-        That round's row, with `cpu_ms_rounds` (every round's CPU ms per request, in order) when
-        there was more than one.
+        The kept round's row; with more than one round, also `cpu_ms_rounds` (every round's CPU
+        ms per request, in order; None where it completed nothing) and `errors_rounds`, and
+        `errors` and `error_examples` over every round.
+
+    Raises:
+        ValueError: `rounds` is empty.
     """
-    cpu = [row.get("proxy_cpu_ms_per_request") for row in rounds]
-    if len(rounds) == 1 or any(value is None for value in cpu):
+    if not rounds:
+        raise ValueError("no round to keep")
+    if len(rounds) == 1:
         return rounds[0]
-    least = min(range(len(rounds)), key=lambda i: cpu[i])
-    return {**rounds[least], "cpu_ms_rounds": [round(value, 3) for value in cpu]}
+    cpu = [row.get("proxy_cpu_ms_per_request") for row in rounds]
+    measured = [i for i, value in enumerate(cpu) if value is not None]
+    kept = dict(rounds[min(measured, key=lambda i: cpu[i]) if measured else 0])
+    if measured:
+        kept["cpu_ms_rounds"] = [None if value is None else round(value, 3) for value in cpu]
+    kept["errors_rounds"] = [row.get("errors", 0) for row in rounds]
+    kept["errors"] = sum(kept["errors_rounds"])
+    kept["error_examples"] = [e for row in rounds for e in row.get("error_examples", [])][:5]
+    return kept
 
 
 def _baseline_gateway(

@@ -415,8 +415,30 @@ def test_rounds_keep_each_rows_least_cpu_round_and_note_every_round() -> None:
 
 
 def test_a_row_without_a_proxy_or_a_single_round_is_kept_as_it_is() -> None:
-    direct = [{"name": "direct", "proxy_cpu_ms_per_request": None}] * 2
-    assert least_cpu(direct) is direct[0]
+    direct = [{"name": "direct", "proxy_cpu_ms_per_request": None, "errors": 0}] * 2
+    assert least_cpu(direct)["name"] == "direct"
+    assert "cpu_ms_rounds" not in least_cpu(direct)
     one = [{"name": "gateway", "proxy_cpu_ms_per_request": 3.0}]
     assert least_cpu(one) == one[0]
     assert "cpu_ms_rounds" not in least_cpu(one)
+
+
+def test_no_round_s_failures_are_hidden_by_the_round_kept() -> None:
+    rounds = [
+        {"proxy_cpu_ms_per_request": None, "errors": 16, "error_examples": ["refused"]},
+        {"proxy_cpu_ms_per_request": 4.0, "errors": 0, "error_examples": []},
+        {"proxy_cpu_ms_per_request": 4.4, "errors": 2, "error_examples": ["reset"]},
+    ]
+    kept = least_cpu(rounds)
+    assert kept["proxy_cpu_ms_per_request"] == 4.0  # a round that completed nothing is no least
+    assert kept["cpu_ms_rounds"] == [None, 4.0, 4.4]
+    assert kept["errors"] == 18
+    assert kept["errors_rounds"] == [16, 0, 2]
+    assert kept["error_examples"] == ["refused", "reset"]
+
+
+def test_rounds_must_be_at_least_one() -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--rounds", "0"])
+    with pytest.raises(ValueError, match="no round"):
+        least_cpu([])
