@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive,
         default=1,
         help="measure every row N times, interleaved, and keep each row's round with the least "
-        "CPU per request (default 1): on a shared VM one 10 s row spreads about 20 %%",
+        "CPU per request (default 1): on a shared VM one 10 s row spreads 10-30 %%",
     )
     add("--requests", type=int, help="measure this many requests per run instead of a duration")
     add("--ttft", type=float, help="emulator seconds to first token (0.05)")

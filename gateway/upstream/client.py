@@ -145,10 +145,10 @@ class GenerationClient:
         `headers` (lower-case names, as `upstream_request_headers` and the dialects make them;
         no `Content-Length`) are added to the upstream's default headers and win over them;
         `Host` (unless the defaults override it) and `Content-Length` are added as httpx adds
-        them, in the same
-        order: the fields are the ones `httpx.Request(content=...)` makes. Built here from the
-        cached URL and `stream=`, which skips httpx's derivation of them (two header
-        normalisations and the body's encoding): about 6 µs against 19 (docs/performance.md).
+        them, in the same order: the fields are the ones `httpx.Request(content=...)` makes.
+        Built here from the cached URL and `stream=`, which skips httpx's derivation of them
+        (two header normalisations and the body's encoding): about 6 µs against 19
+        (docs/performance.md).
 
         Raises:
             UnicodeEncodeError: a header value is not ASCII (as httpx raises it).
